@@ -1,0 +1,100 @@
+"""The field interface every vector field implements.
+
+A field is an ``nn.Module`` with ``forward(t, y)`` (torchdiffeq's convention, so it also works with plain
+``torchdiffeq.odeint``). Its parameters are :class:`~cde_nets.pieces.Pieces` over one :class:`TimeGrid`;
+``forward(t, y)`` looks up the piece in force and calls ``evaluate(l, y)``, which discrete mode calls directly
+(one scheme step per piece). Capabilities are declared, not guessed: schemes and blocks check them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from solvers.errors import check_finite
+
+from ..pieces import TimeGrid
+
+__all__ = ["Field"]
+
+
+class Field(nn.Module):
+    """Base class of all vector fields.
+
+    Declared capabilities (class or instance attributes):
+
+    - ``state_shape``: per-sample shape of the state, e.g. ``(dim,)`` or ``(C, H, W)``.
+    - ``split``: ``(n_p, n_q)`` when the state is a ``(p, q)`` pair whose halves drive each other (separable
+      Hamiltonian fields); ``None`` otherwise.
+    - ``order``: ``k`` when the state is ``(x, x', ..., x^(k-1))`` stacked along the last feature axis.
+    - ``hamiltonian``: has ``energy(t, y)``.
+    - ``needs_input``: non-autonomous in an input ``u`` that must be bound before integrating (NAIS).
+    """
+
+    state_shape: tuple[int, ...] = ()
+    split: tuple[int, int] | None = None
+    order: int = 1
+    hamiltonian: bool = False
+    needs_input: bool = False
+
+    def __init__(self, T: float = 1.0, layers: int = 1):
+        super().__init__()
+        self.grid = TimeGrid(T, layers)
+
+    # -- time -----------------------------------------------------------------------------------------
+    @property
+    def T(self) -> float:
+        return self.grid.T
+
+    @property
+    def layers(self) -> int:
+        return self.grid.L
+
+    @property
+    def autonomous(self) -> bool:
+        """True when the parameters do not depend on time (one piece)."""
+        return self.grid.L == 1
+
+    def forward(self, t: torch.Tensor | float, y: torch.Tensor) -> torch.Tensor:
+        return self.evaluate(self.grid.index(t), y)
+
+    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
+        """``F(y)`` with the parameters of piece ``l``; ``y`` has shape ``(batch, *state_shape)``."""
+        raise NotImplementedError
+
+    def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
+        """The ``p`` (``part=0``) or ``q`` (``part=1``) block of ``evaluate(l, y)`` for split fields.
+
+        Separable fields override this to compute only the half asked for.
+        """
+        if self.split is None:
+            raise TypeError(f"{type(self).__name__} has no (p, q) split; `evaluate_part` needs one.")
+        n_p = self.split[0]
+        f = self.evaluate(l, y)
+        return f[..., :n_p] if part == 0 else f[..., n_p:]
+
+    @contextmanager
+    def rows(self, idx: torch.Tensor) -> Iterator[Field]:
+        """Restrict per-sample data bound to the field (e.g. NAIS's input ``u``) to batch rows ``idx``.
+
+        Per-sample stopping compacts the batch; fields holding per-sample data override this. Default: no-op.
+        """
+        yield self
+
+    # -- validation ---------------------------------------------------------------------------------
+    def check_state(self, y: torch.Tensor, name: str = "y0") -> None:
+        """Raise a ``ValueError`` naming ``name`` if ``y`` is not ``(batch, *state_shape)`` or not finite."""
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(y).__name__}.")
+        want = tuple(self.state_shape)
+        if y.dim() != len(want) + 1 or tuple(y.shape[1:]) != want:
+            raise ValueError(
+                f"`{name}` has shape {tuple(y.shape)}, but {type(self).__name__} expects (batch, "
+                f"{', '.join(map(str, want))}); reshape it or build the field with matching size."
+            )
+        if not y.is_floating_point():
+            raise TypeError(f"`{name}` must be a floating-point tensor, got {y.dtype}; call `.float()` or `.double()`.")
+        check_finite(name, y)

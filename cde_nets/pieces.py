@@ -1,0 +1,152 @@
+"""Time-varying parameters: ``L`` constant pieces over ``[0, T]``.
+
+SPEC conventions: piece ``l`` holds for ``t`` in ``[l h, (l + 1) h)`` with ``h = T / L``; the last piece also
+holds at ``t = T``. One trained tensor serves both modes: continuous mode looks the piece up from ``t``
+(:meth:`TimeGrid.index`), discrete mode runs one scheme step per piece and indexes it by ``l`` directly, so no
+rounding of ``l * h`` can ever pick a neighbouring piece.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["TimeGrid", "Pieces", "smoothness", "piece_modules"]
+
+
+class TimeGrid:
+    """The partition ``0 = t_0 < t_1 < ... < t_L = T`` with ``t_l = l T / L``.
+
+    ``index(t)`` is exact with respect to the float64 boundaries handed to torchdiffeq as ``jump_t``: the
+    solver evaluates just before a jump (``nextafter(t_l, -inf)``) with piece ``l - 1`` and just after it with
+    piece ``l``, so an adaptive step never straddles a discontinuity.
+    """
+
+    def __init__(self, T: float, layers: int):
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise ValueError(f"`layers` must be a positive integer (number of parameter pieces), got {layers!r}.")
+        T = float(T)
+        if not math.isfinite(T) or T <= 0:
+            raise ValueError(f"`T` must be a finite positive end time, got {T!r}.")
+        self.T = T
+        self.L = layers
+        self.h = T / layers
+        # Same formula as torchdiffeq's fixed-grid constructor (arange * step), so grid points coincide bitwise.
+        self._bounds = (torch.arange(layers + 1, dtype=torch.float64) * self.h).tolist()
+        self._bounds[-1] = T
+
+    @property
+    def boundaries(self) -> torch.Tensor:
+        """All ``L + 1`` boundaries, float64."""
+        return torch.tensor(self._bounds, dtype=torch.float64)
+
+    @property
+    def jumps(self) -> torch.Tensor:
+        """Interior boundaries ``t_1 .. t_{L-1}`` (empty when time-invariant), float64: torchdiffeq's ``jump_t``."""
+        return torch.tensor(self._bounds[1:-1], dtype=torch.float64)
+
+    def index(self, t: float | torch.Tensor) -> int:
+        """Piece holding at time ``t`` (clamped to ``[0, L - 1]`` outside ``[0, T]``)."""
+        if self.L == 1:
+            return 0
+        i = bisect.bisect_right(self._bounds, float(t)) - 1
+        return min(max(i, 0), self.L - 1)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TimeGrid) and self.L == other.L and self.T == other.T
+
+    def __hash__(self) -> int:
+        return hash((self.T, self.L))
+
+    def __repr__(self) -> str:
+        return f"TimeGrid(T={self.T}, layers={self.L})"
+
+
+class Pieces(nn.Module):
+    """A parameter that is constant on each of ``L`` pieces: a tensor of shape ``(L, *shape)``.
+
+    ``pieces[l]`` is piece ``l``; ``pieces.at(t)`` is the piece in force at time ``t``. ``trainable=False`` keeps
+    it as a buffer (moved with the module, excluded from optimisers and from ``adjoint_params``).
+    """
+
+    def __init__(
+        self,
+        grid: TimeGrid,
+        shape: tuple[int, ...],
+        init: torch.Tensor | Callable[[torch.Tensor], object] | float | None = None,
+        trainable: bool = True,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        self.grid = grid
+        self.shape = tuple(shape)
+        data = torch.empty(grid.L, *self.shape, dtype=dtype or torch.get_default_dtype())
+        if init is None:
+            nn.init.zeros_(data)
+        elif isinstance(init, (int, float)):
+            data.fill_(float(init))
+        elif isinstance(init, torch.Tensor):
+            init = init.to(data.dtype)
+            if tuple(init.shape) == self.shape:
+                data.copy_(init.expand_as(data))
+            elif tuple(init.shape) == tuple(data.shape):
+                data.copy_(init)
+            else:
+                raise ValueError(
+                    f"`init` has shape {tuple(init.shape)}; expected one piece {self.shape} "
+                    f"or all pieces {tuple(data.shape)}."
+                )
+        else:
+            with torch.no_grad():
+                for piece in data:
+                    init(piece)
+        if trainable:
+            self.data = nn.Parameter(data)
+        else:
+            self.register_buffer("data", data)
+
+    @property
+    def L(self) -> int:
+        return self.grid.L
+
+    def __getitem__(self, l: int) -> torch.Tensor:
+        return self.data[l]
+
+    def at(self, t: float | torch.Tensor) -> torch.Tensor:
+        return self.data[self.grid.index(t)]
+
+    def differences(self) -> torch.Tensor:
+        """``data[l] - data[l - 1]`` for ``l = 1 .. L - 1`` (empty when ``L == 1``)."""
+        return self.data[1:] - self.data[:-1]
+
+    def extra_repr(self) -> str:
+        return f"L={self.L}, shape={self.shape}, trainable={isinstance(self.data, nn.Parameter)}"
+
+
+def piece_modules(module: nn.Module) -> Iterator[Pieces]:
+    """Every trainable :class:`Pieces` inside ``module``."""
+    for m in module.modules():
+        if isinstance(m, Pieces) and isinstance(m.data, nn.Parameter):
+            yield m
+
+
+def smoothness(module: nn.Module, scale: float | None = None) -> torch.Tensor:
+    """Smoothness penalty over depth: ``scale * Σ_l Σ_pieces ‖θ_l − θ_{l−1}‖²``.
+
+    With ``scale = 1 / (2h)`` this is eq. R82 (SPEC §1); with ``scale = h / 2`` it is R_K of SPEC §2.
+    ``scale=None`` uses ``1 / (2h)`` of the first piece grid found.
+    """
+    total = None
+    for p in piece_modules(module):
+        if p.L < 2:
+            continue
+        s = 1.0 / (2.0 * p.grid.h) if scale is None else scale
+        term = s * p.differences().pow(2).sum()
+        total = term if total is None else total + term
+    if total is None:
+        return torch.zeros(())
+    return total
