@@ -53,7 +53,8 @@ class TimeGrid:
         """Piece holding at time ``t`` (clamped to ``[0, L - 1]`` outside ``[0, T]``)."""
         if self.L == 1:
             return 0
-        i = bisect.bisect_right(self._bounds, float(t)) - 1
+        tf = float(t.detach()) if isinstance(t, torch.Tensor) else float(t)
+        i = bisect.bisect_right(self._bounds, tf) - 1
         return min(max(i, 0), self.L - 1)
 
     def __eq__(self, other: object) -> bool:

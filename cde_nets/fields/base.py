@@ -26,7 +26,7 @@ class Field(nn.Module):
 
     Declared capabilities (class or instance attributes):
 
-    - ``state_shape``: per-sample shape of the state, e.g. ``(dim,)`` or ``(C, H, W)``.
+    - ``state_shape``: per-sample shape of the state, e.g. ``(dim,)`` or ``(C, None, None)`` (``None``: any size).
     - ``split``: ``(n_p, n_q)`` when the state is a ``(p, q)`` pair whose halves drive each other (separable
       Hamiltonian fields); ``None`` otherwise.
     - ``order``: ``k`` when the state is ``(x, x', ..., x^(k-1))`` stacked along the last feature axis.
@@ -34,7 +34,7 @@ class Field(nn.Module):
     - ``needs_input``: non-autonomous in an input ``u`` that must be bound before integrating (NAIS).
     """
 
-    state_shape: tuple[int, ...] = ()
+    state_shape: tuple[int | None, ...] = ()
     split: tuple[int, int] | None = None
     order: int = 1
     hamiltonian: bool = False
@@ -90,10 +90,11 @@ class Field(nn.Module):
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"`{name}` must be a torch.Tensor, got {type(y).__name__}.")
         want = tuple(self.state_shape)
-        if y.dim() != len(want) + 1 or tuple(y.shape[1:]) != want:
+        if y.dim() != len(want) + 1 or any(w is not None and w != s for w, s in zip(want, y.shape[1:])):
+            sizes = ", ".join("*" if w is None else str(w) for w in want)
             raise ValueError(
-                f"`{name}` has shape {tuple(y.shape)}, but {type(self).__name__} expects (batch, "
-                f"{', '.join(map(str, want))}); reshape it or build the field with matching size."
+                f"`{name}` has shape {tuple(y.shape)}, but {type(self).__name__} expects (batch, {sizes}); "
+                "reshape it or build the field with matching size."
             )
         if not y.is_floating_point():
             raise TypeError(f"`{name}` must be a floating-point tensor, got {y.dtype}; call `.float()` or `.double()`.")

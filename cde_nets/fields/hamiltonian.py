@@ -1,0 +1,206 @@
+"""Hamiltonian field ``y' = J(t) K(t)ᵀ σ(K(t) y + b(t))`` (SPEC §2, eq. H8; Hamiltonian eq. H5)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..pieces import Pieces
+from .activations import ANTIDERIVATIVES, resolve_activation
+from .base import Field
+
+__all__ = ["Hamiltonian", "canonical_J"]
+
+
+def canonical_J(dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``[[0, −I], [I, 0]]`` of size ``dim`` (even), acting on ``y = (p, q)``."""
+    if dim % 2:
+        raise ValueError(f"`dim` must be even for J = [[0, -I], [I, 0]], got {dim}; pad the state with a zero feature.")
+    n = dim // 2
+    J = torch.zeros(dim, dim, dtype=dtype or torch.get_default_dtype())
+    J[:n, n:] = -torch.eye(n)
+    J[n:, :n] = torch.eye(n)
+    return J
+
+
+class Hamiltonian(Field):
+    r"""``y' = J K(t)ᵀ σ(K(t) y + b(t))`` with ``H(y, t) = Σ σ̃(K(t) y + b(t))`` (SPEC §2, eqs. H5, H8).
+
+    Args:
+        dim: state size ``n`` (even unless ``J`` is a user tensor of odd size).
+        layers: number of parameter pieces ``L`` over ``[0, T]`` (1 = time-invariant).
+        T: end time.
+        J: ``"canonical"`` (fixed ``[[0, −I], [I, 0]]``), ``"structured"`` (``[[0, −Xᵀ], [X, 0]]`` with learned
+            ``X``), ``"learned"`` (``S − Sᵀ`` with learned ``S``), or a fixed skew-symmetric tensor.
+        K: ``"full"`` (H1-DNN, a ``width × n`` matrix per piece) or ``"blockdiag"``
+            (``blockdiag(K_p, K_q)``, H2-DNN eq. H12-13): with an off-diagonal ``J`` the field is then
+            separable, declares ``split = (n/2, n/2)`` and :meth:`evaluate_part` computes only one half.
+        width: rows of ``K`` (``full``; default ``n``) or of each of ``K_p``, ``K_q`` (``blockdiag``; default
+            ``n/2``).
+        activation: name (``tanh`` default) or callable; :meth:`energy` needs a known antiderivative.
+        K_mask, J_mask: fixed binary masks multiplied into ``K`` and ``J`` (block sparsity of the
+            distributed H-DNN, Theorem H2; build them with :func:`cde_nets.locality.block_mask`).
+        init_std: standard deviation of the Gaussian initialisation of ``K`` (default ``1/√n``); ``b`` starts 0.
+    Shapes: ``y`` is ``(batch, n)``.
+    """
+
+    hamiltonian = True
+
+    def __init__(
+        self,
+        dim: int,
+        layers: int = 1,
+        T: float = 1.0,
+        J: str | torch.Tensor = "canonical",
+        K: str = "full",
+        width: int | None = None,
+        activation: str | Callable[[torch.Tensor], torch.Tensor] = "tanh",
+        K_mask: torch.Tensor | None = None,
+        J_mask: torch.Tensor | None = None,
+        init_std: float | None = None,
+        generator: torch.Generator | None = None,
+    ):
+        super().__init__(T=T, layers=layers)
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"`dim` must be a positive integer, got {dim!r}.")
+        self.dim = dim
+        self.state_shape = (dim,)
+        self.activation_name, self.sigma = resolve_activation(activation)
+        std = 1.0 / math.sqrt(dim) if init_std is None else float(init_std)
+        normal = (lambda w: w.normal_(0.0, std, generator=generator)) if std > 0 else None
+
+        if K not in ("full", "blockdiag"):
+            raise ValueError(f"`K` must be 'full' (H1-DNN) or 'blockdiag' (H2-DNN), got {K!r}.")
+        self.K_structure = K
+        if K == "blockdiag":
+            if dim % 2:
+                raise ValueError(
+                    f"`K='blockdiag'` splits y = (p, q) and needs an even `dim`, got {dim}; "
+                    "augment the input with a zero feature."
+                )
+            m = width or dim // 2
+            self.K_p = Pieces(self.grid, (m, dim // 2), init=normal)
+            self.K_q = Pieces(self.grid, (m, dim // 2), init=normal)
+            self.b_p = Pieces(self.grid, (m,))
+            self.b_q = Pieces(self.grid, (m,))
+        else:
+            m = width or dim
+            self.K = Pieces(self.grid, (m, dim), init=normal)
+            self.b = Pieces(self.grid, (m,))
+        self.width = m
+
+        self.J_kind = J if isinstance(J, str) else "fixed"
+        if isinstance(J, torch.Tensor):
+            if tuple(J.shape) != (dim, dim):
+                raise ValueError(f"`J` has shape {tuple(J.shape)}, expected ({dim}, {dim}).")
+            skew = (J + J.T).abs().max().item()
+            if skew > 1e-12 * max(1.0, J.abs().max().item()):
+                raise ValueError(f"`J` must be skew-symmetric (J = -Jᵀ); max |J + Jᵀ| = {skew:.3g}. Use (A - A.T)/2.")
+            self.register_buffer("J_fixed", J.clone().to(torch.get_default_dtype()))
+        elif J == "canonical":
+            self.register_buffer("J_fixed", canonical_J(dim))
+        elif J == "structured":
+            if dim % 2:
+                raise ValueError(f"`J='structured'` needs an even `dim`, got {dim}; pad the state with a zero feature.")
+            self.X = nn.Parameter(torch.eye(dim // 2))
+        elif J == "learned":
+            self.S = nn.Parameter(torch.zeros(dim, dim).normal_(0.0, std, generator=generator))
+        else:
+            raise ValueError(f"`J` must be 'canonical', 'structured', 'learned' or a skew tensor, got {J!r}.")
+
+        if K_mask is not None:
+            want = (m, dim) if K == "full" else None
+            if want is None:
+                raise ValueError("`K_mask` is supported with `K='full'` only.")
+            if tuple(K_mask.shape) != want:
+                raise ValueError(f"`K_mask` has shape {tuple(K_mask.shape)}, expected {want}.")
+            self.register_buffer("K_mask", K_mask.to(torch.get_default_dtype()))
+        else:
+            self.K_mask = None
+        if J_mask is not None:
+            if tuple(J_mask.shape) != (dim, dim):
+                raise ValueError(f"`J_mask` has shape {tuple(J_mask.shape)}, expected ({dim}, {dim}).")
+            if not torch.equal(J_mask, J_mask.T):
+                raise ValueError("`J_mask` must be symmetric so that the masked J stays skew-symmetric.")
+            self.register_buffer("J_mask", J_mask.to(torch.get_default_dtype()))
+        else:
+            self.J_mask = None
+
+        # Separable (p, q) structure: blockdiag K with J zero on its diagonal blocks.
+        self._separable = K == "blockdiag" and self.J_kind in ("canonical", "structured") and J_mask is None
+        if self._separable:
+            self.split = (dim // 2, dim // 2)
+
+    # -- matrices ---------------------------------------------------------------------------------------
+    @property
+    def J(self) -> torch.Tensor:
+        """The interconnection matrix (time-invariant), ``(n, n)``."""
+        if self.J_kind in ("canonical", "fixed"):
+            J = self.J_fixed
+        elif self.J_kind == "structured":
+            n = self.dim // 2
+            Z = torch.zeros(n, n, dtype=self.X.dtype, device=self.X.device)
+            J = torch.cat([torch.cat([Z, -self.X.T], 1), torch.cat([self.X, Z], 1)], 0)
+        else:
+            J = self.S - self.S.T
+        return J if self.J_mask is None else J * self.J_mask
+
+    def K_at(self, l: int) -> torch.Tensor:
+        """``K`` of piece ``l`` (block-diagonal assembled for H2), ``(width_total, n)``."""
+        if self.K_structure == "full":
+            K = self.K[l]
+            return K if self.K_mask is None else K * self.K_mask
+        return torch.block_diag(self.K_p[l], self.K_q[l])
+
+    def b_at(self, l: int) -> torch.Tensor:
+        return self.b[l] if self.K_structure == "full" else torch.cat([self.b_p[l], self.b_q[l]])
+
+    def _X(self) -> torch.Tensor | None:
+        return None if self.J_kind == "canonical" else self.X
+
+    # -- field ------------------------------------------------------------------------------------------
+    def grad_H(self, l: int, y: torch.Tensor) -> torch.Tensor:
+        """``∂H/∂y = Kᵀ σ(K y + b)`` with piece ``l``; ``(batch, n)``."""
+        if self.K_structure == "blockdiag":
+            n = self.dim // 2
+            return torch.cat([self._grad_half(l, y[..., :n], 0), self._grad_half(l, y[..., n:], 1)], -1)
+        K = self.K_at(l)
+        return self.sigma(torch.addmm(self.b[l], y, K.T)) @ K
+
+    def _grad_half(self, l: int, z: torch.Tensor, part: int) -> torch.Tensor:
+        K, b = (self.K_p[l], self.b_p[l]) if part == 0 else (self.K_q[l], self.b_q[l])
+        return self.sigma(torch.addmm(b, z, K.T)) @ K
+
+    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
+        if self._separable:
+            return torch.cat([self.evaluate_part(l, y, 0), self.evaluate_part(l, y, 1)], -1)
+        return self.grad_H(l, y) @ self.J.T
+
+    def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
+        """H2 halves (eq. H12-13): ``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` (part 0), ``q' = X K_pᵀ σ(K_p p + b_p)``."""
+        if not self._separable:
+            return super().evaluate_part(l, y, part)
+        n = self.dim // 2
+        X = self._X()
+        if part == 0:
+            g = self._grad_half(l, y[..., n:], 1)
+            return -g if X is None else -(g @ X)
+        g = self._grad_half(l, y[..., :n], 0)
+        return g if X is None else g @ X.T
+
+    def energy(self, t: float | torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``H(y, t) = Σ_i σ̃((K(t) y + b(t))_i)`` per sample, ``(batch,)`` (eq. H5; tanh → log cosh)."""
+        return self.energy_at(self.grid.index(t), y)
+
+    def energy_at(self, l: int, y: torch.Tensor) -> torch.Tensor:
+        if self.activation_name not in ANTIDERIVATIVES:
+            raise NotImplementedError(
+                f"energy needs an antiderivative of the activation; {self.activation_name!r} has none known. "
+                f"Use one of {sorted(ANTIDERIVATIVES)}."
+            )
+        anti = ANTIDERIVATIVES[self.activation_name]
+        z = y @ self.K_at(l).T + self.b_at(l)
+        return anti(z).sum(-1)

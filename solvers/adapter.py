@@ -1,0 +1,282 @@
+"""The adapter to torchdiffeq: validated options, solver statistics, and errors that say what to try.
+
+torchdiffeq reports no evaluation counts and signals step-size underflow or too many steps with bare
+``assert``s. Here the field is wrapped in a counting module whose torchdiffeq callbacks (``callback_step`` and
+friends, forward and adjoint) count accepted/rejected steps and raise :class:`SolverError` with the NFE so far
+before torchdiffeq's own assertion would fire — in the forward solve and in the adjoint's backward solve alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torchdiffeq import odeint, odeint_adjoint
+
+from .errors import SolverError, check_positive
+
+__all__ = [
+    "ADAPTIVE_METHODS",
+    "FIXED_METHODS",
+    "GRADIENTS",
+    "SolverStats",
+    "integrate",
+    "check_method",
+    "check_options",
+    "aligned_grid",
+]
+
+ADAPTIVE_METHODS: dict[str, int] = {"dopri8": 8, "dopri5": 5, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
+FIXED_METHODS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
+GRADIENTS = ("adjoint", "backprop")
+_ADAPTIVE_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "step_t"}
+_FIXED_OPTIONS: set[str] = set()
+
+
+@dataclass
+class SolverStats:
+    """Counts of one call. ``nfe_backward`` counts field evaluations of the adjoint solve (``adjoint``) or the
+    vector-Jacobian products through recorded evaluations (``backprop``)."""
+
+    nfe_forward: int = 0
+    nfe_backward: int = 0
+    steps_forward: int = 0
+    rejected_forward: int = 0
+    steps_backward: int = 0
+    rejected_backward: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def check_method(method: str) -> str:
+    if method not in ADAPTIVE_METHODS and method not in FIXED_METHODS:
+        raise ValueError(
+            f"`method` {method!r} is unknown; adaptive: {sorted(ADAPTIVE_METHODS)}, "
+            f"fixed-step: {sorted(FIXED_METHODS)}."
+        )
+    return method
+
+
+def check_options(method: str, options: dict | None) -> dict:
+    options = dict(options or {})
+    valid = _ADAPTIVE_OPTIONS if method in ADAPTIVE_METHODS else _FIXED_OPTIONS
+    unknown = set(options) - valid
+    if unknown:
+        hint = "use `step_size=` of the block for fixed-step methods; " if method in FIXED_METHODS else ""
+        raise ValueError(
+            f"unknown option(s) {sorted(unknown)} for method {method!r}; {hint}valid: {sorted(valid) or 'none'}."
+        )
+    return options
+
+
+def aligned_grid(boundaries: Sequence[float], step_size: float | None) -> torch.Tensor:
+    """A fixed-step grid that contains every piece boundary, with steps of at most ``step_size`` (float64).
+
+    Without ``step_size`` it is the boundaries themselves: one step per piece, the discrete-mode grid.
+    """
+    pts = [float(boundaries[0])]
+    for a, b in zip(boundaries[:-1], boundaries[1:]):
+        n = 1 if step_size is None else max(1, math.ceil((b - a) / step_size - 1e-9))
+        pts.extend(a + (b - a) * (i / n) for i in range(1, n))
+        pts.append(float(b))
+    return torch.tensor(pts, dtype=torch.float64)
+
+
+class _CountVJP(torch.autograd.Function):
+    """Identity whose backward counts one vector-Jacobian product of the field (backprop mode)."""
+
+    @staticmethod
+    def forward(ctx, stats, y):
+        ctx.stats = stats
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.stats.nfe_backward += 1
+        return None, grad
+
+
+class _Counted(nn.Module):
+    """Wraps a field: counts evaluations and steps, enforces ``max_steps``, turns failures into SolverError."""
+
+    def __init__(self, field: nn.Module, stats: SolverStats, max_steps: int, count_vjp: bool):
+        super().__init__()
+        self.field = field
+        self.stats = stats
+        self.max_steps = max_steps
+        self.count_vjp = count_vjp
+        self.backward_phase = False
+
+    def forward(self, t, y):
+        out = self.field(t, y)
+        if self.backward_phase:
+            self.stats.nfe_backward += 1
+        else:
+            self.stats.nfe_forward += 1
+            if self.count_vjp and out.requires_grad:
+                out = _CountVJP.apply(self.stats, out)
+        return out
+
+    # torchdiffeq calls these at the start of every step (before its own assertions) and on accept/reject.
+    def _check_step(self, t0, y0, dt, backward: bool):
+        nfe = self.stats.nfe_backward if backward else self.stats.nfe_forward
+        steps = (self.stats.steps_backward + self.stats.rejected_backward) if backward else (
+            self.stats.steps_forward + self.stats.rejected_forward)
+        where = "adjoint (backward) solve" if backward else "forward solve"
+        if steps >= self.max_steps:
+            raise SolverError(
+                f"max_steps={self.max_steps} reached in the {where} at t={float(t0):.6g} after {nfe} field "
+                "evaluations; raise `max_steps`, loosen `rtol`/`atol`, or regularise the field (it may be stiff).",
+                nfe=nfe,
+            )
+        t0f, dtf = float(t0), float(dt)
+        moved = (t0f - dtf != t0f) if backward else (t0f + dtf != t0f)
+        if not moved or dtf <= 0:
+            raise SolverError(
+                f"step size underflow (dt={dtf:.3g}) in the {where} at t={t0f:.6g} after {nfe} field evaluations; "
+                "the solution is blowing up or the field is stiff: loosen `rtol`/`atol`, use float64, "
+                "shrink the weights, or try a fixed-step method.",
+                nfe=nfe,
+            )
+        ys = y0 if isinstance(y0, (tuple, list)) else (y0,)
+        if not all(bool(torch.isfinite(v).all()) for v in ys):
+            raise SolverError(
+                f"the state became non-finite (NaN/inf) in the {where} at t={t0f:.6g} after {nfe} field "
+                "evaluations; lower the learning rate, tighten the tolerance, or check the inputs.",
+                nfe=nfe,
+            )
+
+    def callback_step(self, t0, y0, dt):
+        self._check_step(t0, y0, dt, backward=False)
+
+    def callback_step_adjoint(self, t0, y0, dt):
+        self._check_step(t0, y0, dt, backward=True)
+
+
+class _CountedAdaptive(_Counted):
+    def callback_accept_step(self, t0, y0, dt):
+        self.stats.steps_forward += 1
+
+    def callback_reject_step(self, t0, y0, dt):
+        self.stats.rejected_forward += 1
+
+    def callback_accept_step_adjoint(self, t0, y0, dt):
+        self.stats.steps_backward += 1
+
+    def callback_reject_step_adjoint(self, t0, y0, dt):
+        self.stats.rejected_backward += 1
+
+
+class _CountedFixed(_Counted):
+    def callback_step(self, t0, y0, dt):
+        super().callback_step(t0, y0, dt)
+        self.stats.steps_forward += 1
+
+    def callback_step_adjoint(self, t0, y0, dt):
+        super().callback_step_adjoint(t0, y0, dt)
+        self.stats.steps_backward += 1
+
+
+def integrate(
+    field: nn.Module,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    *,
+    method: str = "dopri5",
+    rtol: float = 1e-6,
+    atol: float = 1e-8,
+    gradient: str = "adjoint",
+    params: Sequence[torch.Tensor] | None = None,
+    jump_t: torch.Tensor | None = None,
+    grid: torch.Tensor | None = None,
+    options: dict | None = None,
+    max_steps: int = 100_000,
+    seminorm: bool = True,
+    adjoint_method: str | None = None,
+    adjoint_rtol: float | None = None,
+    adjoint_atol: float | None = None,
+    stats: SolverStats | None = None,
+) -> tuple[torch.Tensor, SolverStats]:
+    """Solve ``y' = field(t, y)`` at times ``t`` (float64, increasing) with torchdiffeq.
+
+    ``jump_t`` (adaptive methods) lists the times where the field jumps; ``grid`` (fixed-step methods) is the
+    step grid, which should contain those times. ``gradient="adjoint"`` uses ``odeint_adjoint`` with ``params``
+    as ``adjoint_params`` (seminorm by default); ``"backprop"`` differentiates through the solver's operations.
+    Returns the solution at ``t``, ``(len(t), *y0.shape)``, and the call's :class:`SolverStats`.
+    """
+    check_method(method)
+    options = check_options(method, options)
+    if gradient not in GRADIENTS:
+        raise ValueError(f"`gradient` must be one of {GRADIENTS}, got {gradient!r}.")
+    stats = SolverStats() if stats is None else stats
+    adaptive = method in ADAPTIVE_METHODS
+    wrapper_cls = _CountedAdaptive if adaptive else _CountedFixed
+    func = wrapper_cls(field, stats, max_steps, count_vjp=gradient == "backprop")
+
+    options.update(_jump_options(method, jump_t, grid))
+
+    kwargs = dict(rtol=rtol, atol=atol, method=method, options=options)
+    try:
+        if gradient == "adjoint":
+            adj_method = method if adjoint_method is None else check_method(adjoint_method)
+            adj_options = _adjoint_options(adj_method, jump_t, grid, seminorm)
+            ys = odeint_adjoint(
+                func, y0, t, adjoint_params=tuple(params or ()), adjoint_method=adj_method,
+                adjoint_rtol=rtol if adjoint_rtol is None else adjoint_rtol,
+                adjoint_atol=atol if adjoint_atol is None else adjoint_atol,
+                adjoint_options=adj_options, **kwargs,
+            )
+        else:
+            ys = odeint(func, y0, t, **kwargs)
+    except AssertionError as exc:
+        raise SolverError(
+            f"torchdiffeq stopped after {stats.nfe_forward} field evaluations: {exc}. "
+            "Loosen `rtol`/`atol`, raise `max_steps`, or use float64.",
+            nfe=stats.nfe_forward,
+        ) from exc
+    func.backward_phase = True
+    return ys, stats
+
+
+def _grid_constructor(grid: torch.Tensor):
+    """torchdiffeq ``grid_constructor``: ``grid`` cut to the span of the requested times, plus those times.
+
+    torchdiffeq calls it with the times as given (decreasing for the adjoint's backward solve, which it then
+    negates), so the grid is returned in the same direction.
+    """
+
+    def construct(func, y0, t):
+        lo, hi = (t[0], t[-1]) if t[0] <= t[-1] else (t[-1], t[0])
+        g = grid.to(t.dtype)
+        pts = torch.unique(torch.cat([g[(g >= lo) & (g <= hi)], t]))
+        return pts if t[0] <= t[-1] else pts.flip(0)
+
+    return construct
+
+
+def _jump_options(method: str, jump_t: torch.Tensor | None, grid: torch.Tensor | None) -> dict:
+    if method in ADAPTIVE_METHODS:
+        return {"jump_t": jump_t} if jump_t is not None and len(jump_t) else {}
+    # Evaluate just after a grid point at a step's start and just before it at its end, so a step inside
+    # piece l never sees piece l +- 1 through rounding of t.
+    opts: dict = {"perturb": True}
+    if grid is not None:
+        opts["grid_constructor"] = _grid_constructor(grid)
+    return opts
+
+
+def _adjoint_options(method: str, jump_t, grid, seminorm: bool) -> dict:
+    opts = _jump_options(method, jump_t, grid)
+    if seminorm and method in ADAPTIVE_METHODS:
+        opts["norm"] = "seminorm"
+    return opts
+
+
+def validate_tolerances(rtol: float, atol: float) -> tuple[float, float]:
+    rtol = check_positive("rtol", rtol, "Typical values: 1e-3 (training) to 1e-10 (reference solutions).")
+    atol = check_positive("atol", atol, "Typical values: 1e-4 (training) to 1e-12 (reference solutions).")
+    return rtol, atol
