@@ -85,6 +85,8 @@ class Pieces(nn.Module):
         super().__init__()
         self.grid = grid
         self.shape = tuple(shape)
+        if dtype is None:
+            dtype = init.dtype if isinstance(init, torch.Tensor) and init.is_floating_point() else None
         data = torch.empty(grid.L, *self.shape, dtype=dtype or torch.get_default_dtype())
         if init is None:
             nn.init.zeros_(data)

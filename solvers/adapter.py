@@ -129,11 +129,11 @@ class _Counted(nn.Module):
         where = "adjoint (backward) solve" if backward else "forward solve"
         if steps >= self.max_steps:
             raise SolverError(
-                f"max_steps={self.max_steps} reached in the {where} at t={float(t0):.6g} after {nfe} field "
+                f"max_steps={self.max_steps} reached in the {where} at t={float(torch.as_tensor(t0).detach()):.6g} after {nfe} field "
                 "evaluations; raise `max_steps`, loosen `rtol`/`atol`, or regularise the field (it may be stiff).",
                 nfe=nfe,
             )
-        t0f, dtf = float(t0), float(dt)
+        t0f, dtf = float(torch.as_tensor(t0).detach()), float(torch.as_tensor(dt).detach())
         moved = (t0f - dtf != t0f) if backward else (t0f + dtf != t0f)
         if not moved or dtf <= 0:
             raise SolverError(

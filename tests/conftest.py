@@ -1,0 +1,13 @@
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture
+def f64():
+    """Run the test in float64 and restore the default dtype afterwards."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

@@ -1,0 +1,221 @@
+"""ODEBlock on torchdiffeq's classic problems, its statistics, its two gradient modes and its errors."""
+
+import math
+
+import pytest
+import torch
+from scipy.linalg import expm
+
+from cde_nets import ODEBlock
+from cde_nets.fields import Field, Hamiltonian
+from cde_nets.pieces import Pieces
+from solvers import SolverError
+
+
+class Linear(Field):
+    """y' = A(t) y with piecewise-constant A (``layers`` pieces)."""
+
+    def __init__(self, A, layers=1, T=1.0):
+        super().__init__(T=T, layers=layers)
+        A = torch.as_tensor(A)
+        self.state_shape = (A.shape[-1],)
+        self.A = Pieces(self.grid, tuple(A.shape[-2:]), init=A)
+
+    def evaluate(self, l, y):
+        return y @ self.A[l].T
+
+
+class Constant(Field):
+    def __init__(self, c, T=1.0):
+        super().__init__(T=T)
+        self.state_shape = (len(c),)
+        self.c = torch.nn.Parameter(torch.as_tensor(c))
+
+    def evaluate(self, l, y):
+        return self.c.expand_as(y)
+
+
+class Blowup(Field):
+    """y' = y², finite-time blow-up at t = 1 / y0."""
+
+    state_shape = (1,)
+
+    def evaluate(self, l, y):
+        return y * y
+
+
+def skew(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    M = torch.randn(n, n, generator=g, dtype=torch.float64)
+    return M - M.T
+
+
+@pytest.mark.parametrize("method", ["dopri5", "rk4", "euler", "bosh3"])
+def test_constant_field_is_exact(f64, method):
+    block = ODEBlock(Constant([1.5, -2.0], T=2.0), method=method, rtol=1e-9, atol=1e-9)
+    y0 = torch.tensor([[0.25, 1.0]])
+    assert torch.allclose(block(y0), y0 + 2.0 * torch.tensor([1.5, -2.0]), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("gradient", ["adjoint", "backprop"])
+def test_linear_skew_against_expm(f64, gradient):
+    A = skew(4, 0)
+    block = ODEBlock(Linear(A, T=2.0), rtol=1e-11, atol=1e-12, gradient=gradient)
+    y0 = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0.0, 0.5, 1.3, 2.0])
+    ys = block.trajectory(y0, t)
+    for k, tk in enumerate(t.tolist()):
+        exact = y0 @ torch.from_numpy(expm(A.numpy() * tk)).T
+        assert torch.allclose(ys[k], exact, atol=1e-9, rtol=0)
+
+
+def test_piecewise_linear_against_product_of_expm(f64):
+    L, T = 4, 2.0
+    As = torch.stack([skew(3, s) + 0.3 * torch.eye(3) * (-1) ** s for s in range(L)])
+    field = Linear(As, layers=L, T=T)
+    y0 = torch.randn(2, 3, generator=torch.Generator().manual_seed(2))
+    Phi = torch.eye(3)
+    for l in range(L):
+        Phi = torch.from_numpy(expm(As[l].numpy() * T / L)) @ Phi
+    exact = y0 @ Phi.T
+    # torchdiffeq 0.2.5's dopri8 misses tight tolerances even on constant A (5e-7 at rtol 1e-10), so it is not used
+    for method, tol in (("dopri5", 1e-9), ("bosh3", 1e-7)):
+        out = ODEBlock(field, method=method, rtol=1e-10, atol=1e-11)(y0)
+        assert torch.allclose(out, exact, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fixed_grid_euler_uses_the_right_piece(dtype):
+    """One torchdiffeq Euler step per piece equals the hand-written residual loop, float32 included."""
+    L, T = 7, 0.7
+    g = torch.Generator().manual_seed(3)
+    As = (torch.randn(L, 3, 3, generator=g, dtype=torch.float64) * 3).to(dtype)
+    field = Linear(As, layers=L, T=T).to(dtype)
+    y0 = torch.randn(5, 3, generator=g, dtype=torch.float64).to(dtype)
+    block = ODEBlock(field, method="euler", gradient="backprop")
+    y, h = y0, T / L
+    for l in range(L):
+        y = y + h * y @ As[l].T
+    tol = 1e-13 if dtype == torch.float64 else 1e-5
+    assert torch.allclose(block(y0), y, atol=tol, rtol=tol)
+    assert block.stats["nfe_forward"] == L and block.stats["steps_forward"] == L
+
+
+def test_stats_count_evaluations_exactly(f64):
+    field = Linear(skew(2, 4), layers=5)
+    y0 = torch.ones(1, 2, requires_grad=True)
+    block = ODEBlock(field, method="rk4", gradient="backprop", step_size=0.1)
+    block(y0).sum().backward()
+    assert block.stats["nfe_forward"] == 4 * 10  # two rk4 steps per piece of width 0.2
+    assert block.stats["nfe_backward"] == 40
+    block = ODEBlock(field, method="rk4", gradient="adjoint")
+    block(y0).sum().backward()
+    assert block.stats["nfe_forward"] == 4 * 5 and block.stats["nfe_backward"] == 4 * 5
+    assert block.stats["steps_backward"] == 5
+
+
+def test_jumps_save_rejected_steps(f64):
+    """Telling dopri5 where the 16 pieces jump removes the rejected steps it otherwise takes at them."""
+    field = Hamiltonian(4, layers=16, init_std=1.0, generator=torch.Generator().manual_seed(0))
+    y0 = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+    runs = {}
+    for jumps in (True, False):
+        block = ODEBlock(field, rtol=1e-3, atol=1e-3, jumps=jumps, gradient="adjoint")
+        block(y0).square().sum().backward()
+        runs[jumps] = block.stats
+    assert runs[True]["rejected_forward"] < runs[False]["rejected_forward"]
+    assert runs[True]["nfe_forward"] < runs[False]["nfe_forward"]
+    assert runs[True]["nfe_backward"] < runs[False]["nfe_backward"]
+
+
+@pytest.mark.parametrize("gradient", ["adjoint", "backprop"])
+def test_gradcheck_small_problem(f64, gradient):
+    field = Hamiltonian(2, layers=2, init_std=0.8, generator=torch.Generator().manual_seed(5))
+    block = ODEBlock(field, rtol=1e-11, atol=1e-12, gradient=gradient)
+    y0 = torch.tensor([[0.3, -0.4]], requires_grad=True)
+    K = field.K.data
+
+    def f(y, K_):
+        with torch.no_grad():
+            K.copy_(K_)
+        return block(y)
+
+    assert torch.autograd.gradcheck(lambda y: block(y), (y0,), eps=1e-6, atol=1e-6)
+    # parameters: compare with central finite differences
+    loss = block(y0).square().sum()
+    (gK,) = torch.autograd.grad(loss, K)
+    fd = torch.zeros_like(K)
+    eps = 1e-6
+    with torch.no_grad():
+        for idx in [(0, 0, 1), (1, 1, 0), (1, 0, 0)]:
+            K[idx] += eps
+            up = block(y0).square().sum()
+            K[idx] -= 2 * eps
+            down = block(y0).square().sum()
+            K[idx] += eps
+            fd[idx] = (up - down) / (2 * eps)
+            assert math.isclose(gK[idx].item(), fd[idx].item(), rel_tol=1e-5, abs_tol=1e-8)
+
+
+def test_adjoint_and_backprop_agree(f64):
+    field = Hamiltonian(4, layers=8, init_std=1.0, generator=torch.Generator().manual_seed(6))
+    y0 = torch.randn(16, 4, generator=torch.Generator().manual_seed(7))
+    grads = []
+    for gradient in ("adjoint", "backprop"):
+        block = ODEBlock(field, rtol=1e-10, atol=1e-10, gradient=gradient)
+        field.zero_grad()
+        block(y0).square().sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in field.parameters()]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-6, atol=1e-8)
+
+
+# -- validation ------------------------------------------------------------------------------------------
+def test_bad_arguments_raise_clear_errors(f64):
+    field = Linear(skew(2, 0))
+    with pytest.raises(ValueError, match="`method` 'rk45' is unknown"):
+        ODEBlock(field, method="rk45")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['frist_step'\]"):
+        ODEBlock(field, options={"frist_step": 0.1})
+    with pytest.raises(ValueError, match="`rtol` must be a finite number > 0"):
+        ODEBlock(field, rtol=0)
+    with pytest.raises(ValueError, match="`atol` must be a finite number > 0"):
+        ODEBlock(field, atol=-1e-3)
+    with pytest.raises(ValueError, match="`T` must be a finite number > 0"):
+        ODEBlock(field, T=0.0)
+    with pytest.raises(ValueError, match="`T` must be a finite positive end time"):
+        Linear(skew(2, 0), T=-1.0)
+    with pytest.raises(ValueError, match="differs from the field's T"):
+        ODEBlock(Linear(torch.stack([skew(2, 0)] * 3), layers=3), T=2.0)
+    with pytest.raises(ValueError, match="`gradient` must be one of"):
+        ODEBlock(field, gradient="checkpoint")
+    with pytest.raises(ValueError, match="`step_size` applies to fixed-step methods"):
+        ODEBlock(field, step_size=0.1)
+    with pytest.raises(ValueError, match="`step_size` must be a finite number > 0"):
+        ODEBlock(field, method="rk4", step_size=0.0)
+
+
+def test_bad_states_raise_clear_errors(f64):
+    block = ODEBlock(Linear(skew(3, 0)))
+    with pytest.raises(ValueError, match=r"`y0` has shape \(4, 2\), but Linear expects \(batch, 3\)"):
+        block(torch.zeros(4, 2))
+    with pytest.raises(ValueError, match=r"`y0` has shape \(3,\)"):
+        block(torch.zeros(3))
+    with pytest.raises(ValueError, match="`y0` holds 1 non-finite value.*sample 1"):
+        block(torch.tensor([[0.0, 1.0, 2.0], [0.0, float("nan"), 1.0]]))
+
+
+def test_max_steps_and_underflow_raise_with_nfe(f64):
+    y0 = torch.tensor([[2.0]])
+    with pytest.raises(SolverError, match=r"max_steps=5 reached in the forward solve .* after \d+ field evaluations"):
+        ODEBlock(Blowup(T=0.45), rtol=1e-10, atol=1e-10, max_steps=5)(y0)
+    with pytest.raises(SolverError, match="(step size underflow|non-finite).* after \\d+ field evaluations") as err:
+        ODEBlock(Blowup(T=1.0), rtol=1e-8, atol=1e-8)(y0)  # blows up at t = 0.5
+    assert err.value.nfe > 0
+
+
+def test_max_steps_in_adjoint_backward_raises(f64):
+    field = Linear(skew(2, 1) * 20)
+    block = ODEBlock(field, rtol=1e-3, atol=1e-3, adjoint_rtol=1e-12, adjoint_atol=1e-12, max_steps=60)
+    y = block(torch.ones(1, 2, requires_grad=True))
+    with pytest.raises(SolverError, match="reached in the adjoint \\(backward\\) solve"):
+        y.sum().backward()
