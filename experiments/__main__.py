@@ -1,0 +1,47 @@
+"""``python -m experiments <name>|all [--quick|--tiny] [--seed N] [--out results]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from .registry import REPRODUCTIONS, runner
+from .report import format_table, write_result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
+    parser.add_argument("name", nargs="?", default="all", help=f"one of: {', '.join(REPRODUCTIONS)}, or all")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="size", action="store_const", const="quick", help="reduced setting (main job)")
+    size.add_argument("--tiny", dest="size", action="store_const", const="tiny", help="seconds (test suite)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="results", help="directory for <name>.json and PNG plots")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--list", action="store_true", help="list the reproductions and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, (_, desc) in REPRODUCTIONS.items():
+            print(f"{name:24s} {desc}")
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    size = args.size or "full"
+    names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
+    for name in names:
+        runner(name)  # fail on an unknown name before any work starts
+    t0 = time.perf_counter()
+    for name in names:
+        res = runner(name)(size=size, seed=args.seed, out_dir=args.out)
+        path = write_result(res, args.out)
+        print(format_table(res))
+        print(f"\n(wrote {path})\n", flush=True)
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

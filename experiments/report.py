@@ -1,0 +1,90 @@
+"""Results of a reproduction: rows "setting | published | ours", written atomically to ``results/<name>.json``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SIZES", "row", "result", "write_result", "format_table", "save_figure"]
+
+SIZES = ("tiny", "quick", "full")
+
+
+def row(setting: str, published: float | str | None, ours: float | str | None, unit: str = "", **extra: Any) -> dict:
+    """One table row; ``published`` is ``None`` where the paper gives no number."""
+    return {"setting": setting, "published": published, "ours": ours, "unit": unit, **extra}
+
+
+def result(name: str, rows: list[dict], *, size: str, seed: int, time_s: float, settings: dict | None = None,
+           notes: list[str] | None = None, figures: list[str] | None = None) -> dict:
+    return {
+        "name": name, "size": size, "seed": seed, "time_s": round(time_s, 2), "settings": settings or {},
+        "rows": rows, "notes": notes or [], "figures": figures or [],
+    }
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return _clean(obj.tolist())
+    return obj
+
+
+def write_result(res: dict, out_dir: str | Path) -> Path:
+    """Write ``<out_dir>/<name>.json`` atomically (temporary file, fsync, rename)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{res['name']}.json"
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{res['name']}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(_clean(res), fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _fmt(v: Any, unit: str) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        s = f"{v:.4g}" if abs(v) < 1e4 else f"{v:.3e}"
+        return f"{s}{(' ' + unit) if unit else ''}"
+    return f"{v}{(' ' + unit) if unit and not isinstance(v, str) else ''}"
+
+
+def format_table(res: dict) -> str:
+    """A markdown table of the rows."""
+    lines = [f"### {res['name']} ({res['size']}, seed {res['seed']}, {res['time_s']:.1f} s)", "",
+             "| setting | published | ours |", "|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['setting']} | {_fmt(r['published'], r.get('unit', ''))} | {_fmt(r['ours'], r.get('unit', ''))} |")
+    for n in res.get("notes", []):
+        lines.append(f"\n_{n}_")
+    return "\n".join(lines)
+
+
+def save_figure(fig, out_dir: str | Path, name: str) -> str:
+    """Save a matplotlib figure as ``<out_dir>/<name>.png``; returns the path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return str(path)
