@@ -1,0 +1,1 @@
+"""Speed, memory and solver-statistics measurements. Each script writes ``benchmarks/results/<name>.json``."""

@@ -1,0 +1,42 @@
+"""Shared helpers of the benchmark scripts: timing medians after warm-up, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_time(fn: Callable[[], object], repeat: int = 7, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in seconds over ``repeat`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def machine() -> dict:
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count()}
+
+
+def write(name: str, payload: dict, out_dir: Path | None = None) -> Path:
+    out = Path(out_dir) if out_dir else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"machine": machine(), **payload}, indent=2))
+    os.replace(tmp, path)
+    return path
