@@ -46,9 +46,17 @@ def test_flow_is_symplectic_and_expanding(f64, layers):
         assert torch.linalg.matrix_norm(Phi, ord=2) >= 1 - 1e-12
 
 
-def test_h2_field_equals_the_dense_form(f64):
-    """blockdiag K with J = [[0, −Xᵀ], [X, 0]]: the separable halves equal J Kᵀσ(Ky + b) assembled densely."""
-    field = Hamiltonian(6, layers=2, K="blockdiag", J="structured", init_std=1.0)
+@pytest.mark.parametrize("masked", [False, True])
+def test_h2_field_equals_the_dense_form(f64, masked):
+    """blockdiag K with J = [[0, −Xᵀ], [X, 0]]: the separable halves equal J Kᵀσ(Ky + b) assembled densely,
+    also with per-piece K masks and a J mask (the distributed H2-DNN)."""
+    masks = {}
+    if masked:
+        g = torch.Generator().manual_seed(9)
+        masks["K_mask"] = (torch.rand(2, 3, 3, generator=g) > 0.4).double()
+        Mx = (torch.rand(3, 3, generator=g) > 0.3).double()
+        masks["J_mask"] = torch.cat([torch.cat([torch.zeros(3, 3), Mx.T], 1), torch.cat([Mx, torch.zeros(3, 3)], 1)])
+    field = Hamiltonian(6, layers=2, K="blockdiag", J="structured", init_std=1.0, **masks)
     with torch.no_grad():
         field.X.normal_()
         field.b_p.data.normal_()

@@ -41,7 +41,8 @@ class Hamiltonian(Field):
         width: rows of ``K`` (``full``; default ``n``) or of each of ``K_p``, ``K_q`` (``blockdiag``; default
             ``n/2``).
         activation: name (``tanh`` default) or callable; :meth:`energy` needs a known antiderivative.
-        K_mask, J_mask: fixed binary masks multiplied into ``K`` and ``J`` (block sparsity of the
+        K_mask, J_mask: fixed binary masks multiplied into ``K`` (``K_p`` and ``K_q`` for ``blockdiag``; one mask
+            or one per piece) and ``J`` (symmetric; for an off-diagonal ``J`` it masks ``X``) (block sparsity of the
             distributed H-DNN, Theorem H2; build them with :func:`cde_nets.locality.block_mask`).
         init_std: standard deviation of the Gaussian initialisation of ``K`` (default ``1/√n``); ``b`` starts 0.
     Shapes: ``y`` is ``(batch, n)``.
@@ -112,15 +113,20 @@ class Hamiltonian(Field):
             raise ValueError(f"`J` must be 'canonical', 'structured', 'learned' or a skew tensor, got {J!r}.")
 
         if K_mask is not None:
-            want = (m, dim) if K == "full" else None
-            if want is None:
-                raise ValueError("`K_mask` is supported with `K='full'` only.")
-            if tuple(K_mask.shape) != want:
-                raise ValueError(f"`K_mask` has shape {tuple(K_mask.shape)}, expected {want}.")
+            want = (m, dim) if K == "full" else (m, dim // 2)
+            K_mask = torch.as_tensor(K_mask)
+            if tuple(K_mask.shape[-2:]) != want or K_mask.dim() not in (2, 3) or (
+                    K_mask.dim() == 3 and K_mask.shape[0] != layers):
+                raise ValueError(
+                    f"`K_mask` has shape {tuple(K_mask.shape)}, expected {want} or ({layers}, {want[0]}, {want[1]}) "
+                    "(one mask per piece)" + ("; with K='blockdiag' it applies to K_p and K_q alike." if K != "full"
+                                               else ".")
+                )
             self.register_buffer("K_mask", K_mask.to(torch.get_default_dtype()))
         else:
             self.K_mask = None
         if J_mask is not None:
+            J_mask = torch.as_tensor(J_mask)
             if tuple(J_mask.shape) != (dim, dim):
                 raise ValueError(f"`J_mask` has shape {tuple(J_mask.shape)}, expected ({dim}, {dim}).")
             if not torch.equal(J_mask, J_mask.T):
@@ -129,8 +135,8 @@ class Hamiltonian(Field):
         else:
             self.J_mask = None
 
-        # Separable (p, q) structure: blockdiag K with J zero on its diagonal blocks.
-        self._separable = K == "blockdiag" and self.J_kind in ("canonical", "structured") and J_mask is None
+        # Separable (p, q) structure: blockdiag K with J zero on its diagonal blocks (masking keeps them zero).
+        self._separable = K == "blockdiag" and self.J_kind in ("canonical", "structured")
         if self._separable:
             self.split = (dim // 2, dim // 2)
 
@@ -148,18 +154,33 @@ class Hamiltonian(Field):
             J = self.S - self.S.T
         return J if self.J_mask is None else J * self.J_mask
 
+    def _mask_at(self, l: int) -> torch.Tensor | None:
+        if self.K_mask is None:
+            return None
+        return self.K_mask[l] if self.K_mask.dim() == 3 else self.K_mask
+
     def K_at(self, l: int) -> torch.Tensor:
-        """``K`` of piece ``l`` (block-diagonal assembled for H2), ``(width_total, n)``."""
-        if self.K_structure == "full":
-            K = self.K[l]
-            return K if self.K_mask is None else K * self.K_mask
-        return torch.block_diag(self.K_p[l], self.K_q[l])
+        """``K`` of piece ``l`` (block-diagonal assembled for H2, masks applied), ``(width_total, n)``."""
+        return torch.block_diag(self.K_half(l, 0), self.K_half(l, 1)) if self.K_structure == "blockdiag" else (
+            self.K_half(l, None))
+
+    def K_half(self, l: int, part: int | None) -> torch.Tensor:
+        """Masked ``K`` (``part=None``), ``K_p`` (0) or ``K_q`` (1) of piece ``l``."""
+        K = self.K[l] if part is None else (self.K_p[l] if part == 0 else self.K_q[l])
+        mask = self._mask_at(l)
+        return K if mask is None else K * mask
 
     def b_at(self, l: int) -> torch.Tensor:
         return self.b[l] if self.K_structure == "full" else torch.cat([self.b_p[l], self.b_q[l]])
 
-    def _X(self) -> torch.Tensor | None:
-        return None if self.J_kind == "canonical" else self.X
+    def X_eff(self) -> torch.Tensor | None:
+        """The (masked) ``X`` of ``J = [[0, −Xᵀ], [X, 0]]``; ``None`` when it is the identity."""
+        n = self.dim // 2
+        X = None if self.J_kind == "canonical" else self.X
+        if self.J_mask is None:
+            return X
+        Mx = self.J_mask[n:, :n]
+        return Mx * (torch.eye(n, dtype=Mx.dtype, device=Mx.device) if X is None else X)
 
     # -- field ------------------------------------------------------------------------------------------
     def grad_H(self, l: int, y: torch.Tensor) -> torch.Tensor:
@@ -171,7 +192,7 @@ class Hamiltonian(Field):
         return self.sigma(torch.addmm(self.b[l], y, K.T)) @ K
 
     def _grad_half(self, l: int, z: torch.Tensor, part: int) -> torch.Tensor:
-        K, b = (self.K_p[l], self.b_p[l]) if part == 0 else (self.K_q[l], self.b_q[l])
+        K, b = self.K_half(l, part), (self.b_p[l] if part == 0 else self.b_q[l])
         return self.sigma(torch.addmm(b, z, K.T)) @ K
 
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
@@ -184,7 +205,7 @@ class Hamiltonian(Field):
         if not self._separable:
             return super().evaluate_part(l, y, part)
         n = self.dim // 2
-        X = self._X()
+        X = self.X_eff()
         if part == 0:
             g = self._grad_half(l, y[..., n:], 1)
             return -g if X is None else -(g @ X)
