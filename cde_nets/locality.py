@@ -57,7 +57,8 @@ def check_locality(R, T, S, where: str = "") -> None:
     if bad:
         pairs = ", ".join(f"({i}, {j})" for i, j in bad)
         raise LocalityError(
-            f"sparsity violates T RᵀR + RᵀR T <= S{(' ' + where) if where else ''}: nodes {pairs} would have to "
+            f"sparsity violates T RᵀR + RᵀR T <= S{(' ' + where) if where else ''}: nodes {pairs} (1-based) "
+            "would have to "
             "exchange information but are not neighbours in S; zero the K blocks that couple them (R) or the J "
             "blocks (T), or add the edges to S."
         )

@@ -122,7 +122,7 @@ def test_locality_example_1_passes():
 def test_locality_violation_is_refused_and_named():
     R = [[1, 1, 0, 1], [1, 1, 0, 0], [1, 0, 1, 1], [0, 0, 1, 1]]  # column 2 and 4 now share row 1
     assert locality_violations(R, I4, S_EX1) == [(2, 4)]
-    with pytest.raises(LocalityError, match=r"nodes \(2, 4\) would have to exchange"):
+    with pytest.raises(LocalityError, match=r"nodes \(2, 4\) \(1-based\) would have to exchange"):
         check_locality(R, I4, S_EX1)
     with pytest.raises(ValueError, match="`T` and `S` must be symmetric"):
         check_locality(I4, [[1, 1, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]], S_EX1)
