@@ -1,0 +1,42 @@
+"""Diagnostics: conservation laws, backward sensitivity, depth profiles and the adjoint study (SPEC §1-5)."""
+
+from .adjoint_state import adjoint_state, exact_trace, hutchinson_trace, log_density_change
+from .adjoint_study import adjoint_study, discrete_forward, markdown_table
+from .energy import discrete_energy, energy_trajectory, relative_drift
+from .memory import SavedTensorMemory
+from .profiles import (
+    cosine_profile,
+    depth_profile,
+    norm_profile,
+    perturbation_ratio,
+    piece_gradient_norms,
+    state_gradient_norms,
+)
+from .sensitivity import continuous_bsm, discrete_bsm, singular_value_pairing, symplecticity_defect
+from .serialize import save_json, to_jsonable
+
+__all__ = [
+    "adjoint_state",
+    "exact_trace",
+    "hutchinson_trace",
+    "log_density_change",
+    "adjoint_study",
+    "discrete_forward",
+    "markdown_table",
+    "discrete_energy",
+    "energy_trajectory",
+    "relative_drift",
+    "SavedTensorMemory",
+    "cosine_profile",
+    "depth_profile",
+    "norm_profile",
+    "perturbation_ratio",
+    "piece_gradient_norms",
+    "state_gradient_norms",
+    "continuous_bsm",
+    "discrete_bsm",
+    "singular_value_pairing",
+    "symplecticity_defect",
+    "save_json",
+    "to_jsonable",
+]

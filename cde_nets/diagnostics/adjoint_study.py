@@ -1,0 +1,255 @@
+r"""Discrete versus continuous adjoints (SPEC §5): one table of gradient error, NFE, time and memory.
+
+Three ways to the gradient of ``loss(y(T))`` with respect to the field's parameters:
+
+- ``adjoint``: the continuous adjoint (R §2.1; ``ODEBlock(gradient="adjoint")``, torchdiffeq's
+  ``odeint_adjoint``): ``da/dt = −a ∂F/∂y`` solved backwards, ``dL/dθ = ∫ a ∂F/∂θ dt``.
+- ``backprop``: backpropagation through the solver's steps (``gradient="backprop"``): the exact gradient of
+  the numerical (adaptive or fixed-step) map, i.e. the discrete adjoint of the solver.
+- ``discrete``: the discrete-mode net (one scheme step per parameter piece, SPEC §6), differentiated by
+  autograd: the gradient of the network itself, which differs from the ODE's gradient by the scheme's error.
+
+Each row's ``rel_grad_error`` is ``‖g − g_ref‖ / ‖g_ref‖`` against backprop through dopri5 at ``rtol 1e-10``
+in float64 (configurable). NFE come from ``block.stats`` (for ``discrete``: field evaluations, a half field
+``evaluate_part`` counting ½; its backward does one VJP per evaluation). Memory is the peak of bytes saved for
+backward over the forward pass (:class:`~cde_nets.diagnostics.memory.SavedTensorMemory`, which says why not
+``getrusage``); time is the median over ``repeat`` forward+backward runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from solvers.adapter import ADAPTIVE_METHODS, FIXED_METHODS
+from solvers.errors import SolverError
+
+from ..ode_block import ODEBlock
+from .memory import SavedTensorMemory
+
+__all__ = ["adjoint_study", "markdown_table", "discrete_forward", "DISCRETE_FALLBACK_SCHEMES"]
+
+DISCRETE_FALLBACK_SCHEMES = ("euler", "symplectic_euler")
+
+
+def discrete_forward(field: nn.Module, scheme: str, y0: torch.Tensor) -> torch.Tensor:
+    """``y_L`` of the discrete-mode net: one ``scheme`` step per piece (SPEC §6).
+
+    Uses ``cde_nets.discrete.discretize(field, scheme)`` when that module exists; otherwise a built-in
+    fallback for ``euler`` (``y + h F_l(y)``, ResNet / H1-DNN eq. H9) and ``symplectic_euler`` (eqs. H12-13:
+    ``p ← p + h F_p(q)``, then ``q ← q + h F_q(p)``, for fields with a ``(p, q)`` split).
+    """
+    try:
+        from ..discrete import discretize  # written concurrently; switched on as soon as it exists
+    except ImportError:
+        discretize = None
+    if discretize is not None:
+        return discretize(field, scheme)(y0)
+    return _fallback_forward(field, scheme, y0)
+
+
+def _fallback_forward(field: nn.Module, scheme: str, y0: torch.Tensor) -> torch.Tensor:
+    if scheme not in DISCRETE_FALLBACK_SCHEMES:
+        raise ValueError(f"`scheme` {scheme!r} is unknown; available: {DISCRETE_FALLBACK_SCHEMES}.")
+    grid = field.grid
+    y = y0
+    if scheme == "euler":
+        for l in range(grid.L):
+            y = y + grid.h * field.evaluate(l, y)
+        return y
+    if getattr(field, "split", None) is None:
+        raise ValueError(f"scheme 'symplectic_euler' needs a (p, q) split field; {type(field).__name__} has none.")
+    n_p = field.split[0]
+    p, q = y[..., :n_p], y[..., n_p:]
+    for l in range(grid.L):
+        p = p + grid.h * field.evaluate_part(l, torch.cat([p, q], -1), 0)
+        q = q + grid.h * field.evaluate_part(l, torch.cat([p, q], -1), 1)
+    return torch.cat([p, q], -1)
+
+
+class _CountEvaluations:
+    """Counts outermost ``evaluate`` (1) and ``evaluate_part`` (½) calls on a field instance while active."""
+
+    def __init__(self, field: nn.Module):
+        self.field, self.count, self._depth = field, 0.0, 0
+
+    def _call(self, fn, weight: float, *args):
+        if self._depth == 0:
+            self.count += weight
+        self._depth += 1
+        try:
+            return fn(*args)
+        finally:
+            self._depth -= 1
+
+    def __enter__(self) -> _CountEvaluations:
+        f = self.field
+        full, part = f.evaluate, f.evaluate_part
+
+        def evaluate(l, y):
+            return self._call(full, 1.0, l, y)
+
+        def evaluate_part(l, y, which):
+            return self._call(part, 0.5, l, y, which)
+
+        f.__dict__["evaluate"], f.__dict__["evaluate_part"] = evaluate, evaluate_part
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.field.__dict__.pop("evaluate", None)
+        self.field.__dict__.pop("evaluate_part", None)
+
+
+def _split_batch(batch) -> tuple[torch.Tensor, tuple]:
+    if isinstance(batch, torch.Tensor):
+        return batch, ()
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+        return batch[0], tuple(batch[1:])
+    raise TypeError("`batch` must be a tensor y0 or a tuple (y0, *extra) whose extras are passed to `loss_fn`.")
+
+
+def _gradient(field: nn.Module, forward: Callable[[], torch.Tensor], loss_fn, extra, y0) -> tuple:
+    params = [p for p in field.parameters() if p.requires_grad]
+    tracker = SavedTensorMemory(exclude=[*params, y0, *[e for e in extra if isinstance(e, torch.Tensor)]])
+    with tracker:
+        out = forward()
+    loss = loss_fn(out, *extra)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    g = torch.cat([(torch.zeros_like(p) if gi is None else gi).flatten() for p, gi in zip(params, grads)])
+    return g.detach(), float(loss.detach()), tracker.peak_bytes
+
+
+def _timed(field, forward, loss_fn, extra, repeat: int) -> float:
+    params = [p for p in field.parameters() if p.requires_grad]
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        torch.autograd.grad(loss_fn(forward(), *extra), params, allow_unused=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def adjoint_study(
+    model_factory_or_field: nn.Module | Callable[[], nn.Module],
+    batch: torch.Tensor | tuple,
+    loss_fn: Callable[..., torch.Tensor],
+    tolerances: Sequence[float] = (1e-3, 1e-6, 1e-9),
+    steps: Sequence[int] = (),
+    methods: Sequence[str] = ("dopri5",),
+    gradients: Sequence[str] = ("adjoint", "backprop"),
+    schemes: Sequence[str] | None = None,
+    reference: dict | None = None,
+    dtype: torch.dtype = torch.float64,
+    repeat: int = 1,
+) -> dict:
+    """Gradient by continuous adjoint, backprop through the solver, and the discrete net, against a reference.
+
+    Args:
+        model_factory_or_field: a field (copied, not modified) or a callable returning one.
+        batch: ``y0`` ``(batch, n)`` or ``(y0, *extra)``; ``loss_fn(y_T, *extra) -> scalar``.
+        tolerances: ``rtol = atol`` values for the adaptive ``methods``.
+        steps: total fixed steps over ``[0, T]`` for the fixed-step ``methods`` (``step_size = T/steps``).
+        methods: torchdiffeq methods, adaptive ones run over ``tolerances``, fixed ones over ``steps``.
+        gradients: continuous gradient modes, ``adjoint`` and/or ``backprop``.
+        schemes: discrete-mode schemes (one row each); default ``euler`` plus ``symplectic_euler`` for split fields.
+        reference: ``dict(method="dopri5", rtol=1e-10, atol=1e-10)``; always backprop, in float64.
+        dtype: dtype of the study's rows.
+        repeat: forward+backward runs timed per row (median).
+    Returns:
+        ``{"reference": {...}, "rows": [...]}``; each row has ``mode``, ``method``, ``rtol``, ``steps``,
+        ``rel_grad_error``, ``loss``, ``nfe_forward``, ``nfe_backward``, ``time_s``, ``peak_saved_bytes``, and
+        ``error`` (the message) instead of numbers when the solver failed.
+    """
+    base = model_factory_or_field() if not isinstance(model_factory_or_field, nn.Module) else model_factory_or_field
+    if not isinstance(base, nn.Module) or not hasattr(base, "grid"):
+        raise TypeError("`model_factory_or_field` must be a Field (with a time grid) or a callable returning one.")
+    for m in methods:
+        if m not in ADAPTIVE_METHODS and m not in FIXED_METHODS:
+            raise ValueError(f"`methods` has unknown {m!r}; adaptive: {sorted(ADAPTIVE_METHODS)}, "
+                             f"fixed: {sorted(FIXED_METHODS)}.")
+    for g in gradients:
+        if g not in ("adjoint", "backprop"):
+            raise ValueError(f"`gradients` entries must be 'adjoint' or 'backprop', got {g!r}.")
+    if any(not isinstance(s, int) or s < 1 for s in steps):
+        raise ValueError(f"`steps` must be positive integers (total fixed steps over [0, T]), got {list(steps)}.")
+    if not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"`repeat` must be a positive integer, got {repeat!r}.")
+    ref_cfg = {"method": "dopri5", "rtol": 1e-10, "atol": 1e-10, **(reference or {})}
+    unknown = set(ref_cfg) - {"method", "rtol", "atol", "dtype"}
+    if unknown:
+        raise ValueError(f"`reference` has unknown keys {sorted(unknown)}; use method, rtol, atol.")
+    ref_cfg.pop("dtype", None)
+    y0, extra = _split_batch(batch)
+    if schemes is None:
+        schemes = ["euler"] + (["symplectic_euler"] if getattr(base, "split", None) is not None else [])
+
+    field64 = copy.deepcopy(base).to(torch.float64)
+    y64 = y0.detach().to(torch.float64)
+    extra64 = tuple(e.to(torch.float64) if isinstance(e, torch.Tensor) and e.is_floating_point() else e
+                    for e in extra)
+    ref_block = ODEBlock(field64, gradient="backprop", **ref_cfg)
+    g_ref, loss_ref, _ = _gradient(field64, lambda: ref_block(y64), loss_fn, extra64, y64)
+    ref_stats = ref_block.stats
+
+    field = copy.deepcopy(base).to(dtype)
+    yd = y0.detach().to(dtype)
+    extra_d = tuple(e.to(dtype) if isinstance(e, torch.Tensor) and e.is_floating_point() else e for e in extra)
+    rows = []
+
+    def record(row: dict, forward: Callable[[], torch.Tensor], stats: Callable[[], dict]) -> None:
+        try:
+            g, loss, peak = _gradient(field, forward, loss_fn, extra_d, yd)
+            st = stats()
+            t = _timed(field, forward, loss_fn, extra_d, repeat)
+        except SolverError as exc:
+            rows.append({**row, "error": str(exc)})
+            return
+        err = float((g.to(torch.float64) - g_ref).norm() / g_ref.norm().clamp_min(1e-300))
+        rows.append({**row, "rel_grad_error": err, "loss": loss, "nfe_forward": st["nfe_forward"],
+                     "nfe_backward": st["nfe_backward"], "time_s": t, "peak_saved_bytes": peak})
+
+    T = field.grid.T
+    for method in methods:
+        settings = ([{"rtol": r, "atol": r} for r in tolerances] if method in ADAPTIVE_METHODS
+                    else [{"step_size": T / s} for s in steps])
+        for cfg in settings:
+            for gradient in gradients:
+                block = ODEBlock(field, method=method, gradient=gradient, **cfg)
+                row = {"mode": gradient, "method": method, "rtol": cfg.get("rtol"),
+                       "steps": round(T / cfg["step_size"]) if "step_size" in cfg else None}
+                record(row, lambda b=block: b(yd), lambda b=block: b.stats)
+    for scheme in schemes:
+        counter = _CountEvaluations(field)
+
+        def forward(scheme=scheme, counter=counter):
+            counter.count = 0.0
+            with counter:
+                return discrete_forward(field, scheme, yd)
+
+        record({"mode": "discrete", "method": scheme, "rtol": None, "steps": field.grid.L}, forward,
+               lambda c=counter: {"nfe_forward": c.count, "nfe_backward": c.count})
+    return {"reference": {**ref_cfg, "mode": "backprop", "dtype": "float64", "loss": loss_ref,
+                          "nfe_forward": ref_stats["nfe_forward"], "grad_norm": float(g_ref.norm())},
+            "rows": rows}
+
+
+def markdown_table(study: dict) -> str:
+    """The study's rows as a markdown table."""
+    head = "| mode | method | rtol | steps | rel. grad error | NFE fwd | NFE bwd | time ms | peak saved KiB |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for r in study["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['mode']} | {r['method']} | {r['rtol']} | {r['steps']} | failed: {r['error'][:60]} "
+                         "| | | | |")
+            continue
+        rtol = "" if r["rtol"] is None else f"{r['rtol']:.0e}"
+        steps = "" if r["steps"] is None else str(r["steps"])
+        lines.append(f"| {r['mode']} | {r['method']} | {rtol} | {steps} | {r['rel_grad_error']:.2e} | "
+                     f"{r['nfe_forward']:g} | {r['nfe_backward']:g} | {1e3 * r['time_s']:.1f} | "
+                     f"{r['peak_saved_bytes'] / 1024:.0f} |")
+    return "\n".join(lines)

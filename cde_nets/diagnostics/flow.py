@@ -1,0 +1,104 @@
+"""Sub-solves of a block's field between consecutive times, each inside one parameter piece.
+
+Diagnostics need the state at piece boundaries (energy jumps) and states that stay in the autograd graph so
+that ``y(T)`` can be differentiated with respect to ``y(t)`` (adjoint state, sensitivity matrices). Splitting
+``[0, T]`` at the requested times and at every piece boundary and solving each segment with the piece held
+fixed gives both: no step straddles a jump, and ``y(t_{k+1})`` is a differentiable function of ``y(t_k)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from solvers.adapter import FIXED_METHODS, aligned_grid, integrate
+
+__all__ = ["FrozenPiece", "merge_times", "piece_of", "evaluate_at", "solve_segments", "solve_piece"]
+
+
+class FrozenPiece(nn.Module):
+    """``F(t, y) = field.evaluate(l, y)``: the field with piece ``l`` held for all ``t`` (autonomous)."""
+
+    def __init__(self, field: nn.Module, l: int):
+        super().__init__()
+        self.field = field
+        self.l = l
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.field.evaluate(self.l, y)
+
+
+def _check_times(t: torch.Tensor | Sequence[float], T: float) -> torch.Tensor:
+    t = torch.as_tensor(t, dtype=torch.float64).detach().cpu()
+    if t.dim() != 1 or len(t) < 2 or not bool((t[1:] > t[:-1]).all()):
+        raise ValueError("`t` must be a 1-D strictly increasing sequence of at least two times.")
+    if float(t[0]) != 0.0 or float(t[-1]) > T * (1 + 1e-12):
+        raise ValueError(f"`t` must start at 0 and end at or before T={T}, got [{float(t[0])}, {float(t[-1])}].")
+    return t
+
+
+def merge_times(field: nn.Module, t: torch.Tensor | Sequence[float], T: float) -> tuple[list[float], list[int]]:
+    """Requested times ``t`` merged with the field's piece boundaries inside ``[0, t[-1]]``.
+
+    Returns the merged increasing times and, for each requested time, its index in them. A requested time
+    within ``1e-12 T`` of a boundary is replaced by the boundary (the exact float the grid uses).
+    """
+    t = _check_times(t, T).tolist()
+    grid = getattr(field, "grid", None)
+    bounds = grid.boundaries.tolist() if grid is not None else []
+    bounds = [b for b in bounds if b <= t[-1] * (1 + 1e-12)]
+    tol = 1e-12 * T
+    merged = sorted(set(bounds))
+    index = []
+    for s in t:
+        near = [b for b in merged if abs(b - s) <= tol]
+        if not near:
+            merged.append(s)
+            merged.sort()
+    for s in t:
+        index.append(min(range(len(merged)), key=lambda i: abs(merged[i] - s)))
+    return merged, index
+
+
+def piece_of(field: nn.Module, t: float) -> int:
+    """Piece in force on ``[t, t + dt)`` (0 for fields without a time grid)."""
+    grid = getattr(field, "grid", None)
+    return 0 if grid is None else grid.index(t)
+
+
+def evaluate_at(field: nn.Module, l: int, y: torch.Tensor, t: float) -> torch.Tensor:
+    """``F_l(y)`` — ``field.evaluate`` when the field has pieces, else ``field(t, y)``."""
+    return field.evaluate(l, y) if hasattr(field, "evaluate") else field(torch.tensor(t, dtype=torch.float64), y)
+
+
+def solve_segments(
+    block: nn.Module, y0: torch.Tensor, times: Sequence[float], graph: bool = True
+) -> list[torch.Tensor]:
+    """States at ``times`` (increasing, each segment inside one piece), chained so that each state is a
+    differentiable function of the previous one (``graph=True``; backprop through the solver's steps).
+
+    Uses the block's method, tolerances and (fixed-step methods) step size. Shapes: ``y0`` is
+    ``(batch, *state)``; returns ``len(times)`` tensors of that shape, the first being ``y0`` itself.
+    """
+    field = block.field
+    states = [y0]
+    y = y0
+    for a, b in zip(times[:-1], times[1:]):
+        frozen = FrozenPiece(field, piece_of(field, a)) if hasattr(field, "evaluate") else field
+        with torch.set_grad_enabled(graph and torch.is_grad_enabled()):
+            y = solve_piece(block, frozen, y, a, b)
+        states.append(y)
+    return states
+
+
+def solve_piece(block: nn.Module, func: nn.Module, y: torch.Tensor, a: float, b: float) -> torch.Tensor:
+    """``y(b)`` of ``y' = func(t, y)``, ``y(a) = y``, with the block's method, tolerances and step size."""
+    span = torch.tensor([a, b], dtype=torch.float64, device=y.device)
+    grid = aligned_grid([a, b], block.step_size) if block.method in FIXED_METHODS else None
+    ys, _ = integrate(
+        func, y, span, method=block.method, rtol=block.rtol, atol=block.atol, gradient="backprop",
+        grid=grid, options=dict(block.options), max_steps=block.max_steps,
+    )
+    return ys[-1]
