@@ -27,6 +27,20 @@ def median_time(fn: Callable[[], object], repeat: int = 7, warmup: int = 2) -> f
     return statistics.median(times)
 
 
+def interleaved_medians(fns: list[Callable[[], object]], repeat: int = 9, warmup: int = 2) -> list[float]:
+    """Median wall times of several functions run alternately, so machine drift hits them alike."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
 def machine() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count()}

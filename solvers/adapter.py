@@ -86,20 +86,6 @@ def aligned_grid(boundaries: Sequence[float], step_size: float | None) -> torch.
     return torch.tensor(pts, dtype=torch.float64)
 
 
-class _CountVJP(torch.autograd.Function):
-    """Identity whose backward counts one vector-Jacobian product of the field (backprop mode)."""
-
-    @staticmethod
-    def forward(ctx, stats, y):
-        ctx.stats = stats
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.stats.nfe_backward += 1
-        return None, grad
-
-
 class _Counted(nn.Module):
     """Wraps a field: counts evaluations and steps, enforces ``max_steps``, turns failures into SolverError."""
 
@@ -118,8 +104,11 @@ class _Counted(nn.Module):
         else:
             self.stats.nfe_forward += 1
             if self.count_vjp and out.requires_grad:
-                out = _CountVJP.apply(self.stats, out)
+                out.register_hook(self._count_vjp)
         return out
+
+    def _count_vjp(self, grad):
+        self.stats.nfe_backward += 1
 
     # torchdiffeq calls these at the start of every step (before its own assertions) and on accept/reject.
     def _check_step(self, t0, y0, dt, backward: bool):
@@ -142,8 +131,9 @@ class _Counted(nn.Module):
                 "shrink the weights, or try a fixed-step method.",
                 nfe=nfe,
             )
-        ys = y0 if isinstance(y0, (tuple, list)) else (y0,)
-        if not all(bool(torch.isfinite(v).all()) for v in ys):
+        # torchdiffeq asserts finiteness itself in the forward solve (caught in `integrate`); the adjoint solve's
+        # state is a tuple whose failure would surface as a bare AssertionError from `backward()`, so check here.
+        if backward and not all(bool(torch.isfinite(v).all()) for v in y0):
             raise SolverError(
                 f"the state became non-finite (NaN/inf) in the {where} at t={t0f:.6g} after {nfe} field "
                 "evaluations; lower the learning rate, tighten the tolerance, or check the inputs.",
@@ -233,11 +223,14 @@ def integrate(
         else:
             ys = odeint(func, y0, t, **kwargs)
     except AssertionError as exc:
-        raise SolverError(
-            f"torchdiffeq stopped after {stats.nfe_forward} field evaluations: {exc}. "
-            "Loosen `rtol`/`atol`, raise `max_steps`, or use float64.",
-            nfe=stats.nfe_forward,
-        ) from exc
+        nfe = stats.nfe_forward
+        if "non-finite" in str(exc):
+            msg = (f"the state became non-finite (NaN/inf) in the forward solve after {nfe} field evaluations; "
+                   "lower the learning rate, tighten the tolerance, or check the inputs.")
+        else:
+            msg = (f"torchdiffeq stopped after {nfe} field evaluations: {str(exc)[:200]}. "
+                   "Loosen `rtol`/`atol`, raise `max_steps`, or use float64.")
+        raise SolverError(msg, nfe=nfe) from None
     func.backward_phase = True
     return ys, stats
 
