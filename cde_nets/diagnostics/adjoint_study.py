@@ -146,6 +146,7 @@ def adjoint_study(
     reference: dict | None = None,
     dtype: torch.dtype = torch.float64,
     repeat: int = 1,
+    keep_gradients: bool = False,
 ) -> dict:
     """Gradient by continuous adjoint, backprop through the solver, and the discrete net, against a reference.
 
@@ -160,6 +161,7 @@ def adjoint_study(
         reference: ``dict(method="dopri5", rtol=1e-10, atol=1e-10)``; always backprop, in float64.
         dtype: dtype of the study's rows.
         repeat: forward+backward runs timed per row (median).
+        keep_gradients: add each row's flat gradient (``grad``, a tensor) and the reference's.
     Returns:
         ``{"reference": {...}, "rows": [...]}``; each row has ``mode``, ``method``, ``rtol``, ``steps``,
         ``rel_grad_error``, ``loss``, ``nfe_forward``, ``nfe_backward``, ``time_s``, ``peak_saved_bytes``, and
@@ -211,7 +213,8 @@ def adjoint_study(
             return
         err = float((g.to(torch.float64) - g_ref).norm() / g_ref.norm().clamp_min(1e-300))
         rows.append({**row, "rel_grad_error": err, "loss": loss, "nfe_forward": st["nfe_forward"],
-                     "nfe_backward": st["nfe_backward"], "time_s": t, "peak_saved_bytes": peak})
+                     "nfe_backward": st["nfe_backward"], "time_s": t, "peak_saved_bytes": peak,
+                     **({"grad": g} if keep_gradients else {})})
 
     T = field.grid.T
     for method in methods:
@@ -234,7 +237,8 @@ def adjoint_study(
         record({"mode": "discrete", "method": scheme, "rtol": None, "steps": field.grid.L}, forward,
                lambda c=counter: {"nfe_forward": c.count, "nfe_backward": c.count})
     return {"reference": {**ref_cfg, "mode": "backprop", "dtype": "float64", "loss": loss_ref,
-                          "nfe_forward": ref_stats["nfe_forward"], "grad_norm": float(g_ref.norm())},
+                          "nfe_forward": ref_stats["nfe_forward"], "grad_norm": float(g_ref.norm()),
+                          **({"grad": g_ref} if keep_gradients else {})},
             "rows": rows}
 
 
