@@ -64,3 +64,14 @@ def test_fixed_step_rows_and_validation(f64):
         adjoint_study(make_field(), batch(), loss_fn, methods=["rk5"])
     with pytest.raises(ValueError, match="`reference` has unknown keys"):
         adjoint_study(make_field(), batch(), loss_fn, reference={"tol": 1})
+
+
+def test_benchmark_script_runs_tiny(tmp_path):
+    from benchmarks.adjoint_study import run, swiss_roll
+
+    x, y = swiss_roll(8)
+    assert x.shape == (8, 2) and float(y.sum()) == 4 and float(x[4].norm()) == pytest.approx(0.2)
+    study = run(tiny=True, out_dir=tmp_path)
+    assert (tmp_path / "adjoint_study_tiny.json").exists()
+    euler_bp = [r for r in study["rows"] if r["method"] == "euler"]
+    assert all("rel_grad_error" in r for r in study["rows"]) and len(euler_bp) == 1
