@@ -1,7 +1,8 @@
 """Vector fields ``F(t, y)`` of the seeds (SPEC §1-4)."""
 
 from .base import Field
+from .baselines import MS1, MS2, MS3
 from .cubic_friction import CubicFriction, CubicFrictionConv
 from .hamiltonian import Hamiltonian, canonical_J
 
-__all__ = ["Field", "CubicFriction", "CubicFrictionConv", "Hamiltonian", "canonical_J"]
+__all__ = ["Field", "MS1", "MS2", "MS3", "CubicFriction", "CubicFrictionConv", "Hamiltonian", "canonical_J"]

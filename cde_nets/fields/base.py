@@ -32,6 +32,7 @@ class Field(nn.Module):
     - ``order``: ``k`` when the state is ``(x, x', ..., x^(k-1))`` stacked along the last feature axis.
     - ``hamiltonian``: has ``energy(t, y)``.
     - ``needs_input``: non-autonomous in an input ``u`` that must be bound before integrating (NAIS).
+    - ``kind``: which row of the solver ↔ architecture map applies (SPEC §6).
     """
 
     state_shape: tuple[int | None, ...] = ()
@@ -39,6 +40,7 @@ class Field(nn.Module):
     order: int = 1
     hamiltonian: bool = False
     needs_input: bool = False
+    kind: str = "generic"  # row of the solver ↔ architecture map (solvers.architectures)
 
     def __init__(self, T: float = 1.0, layers: int = 1):
         super().__init__()

@@ -59,6 +59,8 @@ class CubicFriction(Field):
     Parameter count: ``L (d² + d)`` plus one for a learned ``γ`` (601 for d = 2, L = 100: model 1 of R §5.1).
     """
 
+    kind = "cubic_friction"
+
     def __init__(
         self,
         dim: int,
@@ -106,6 +108,8 @@ class CubicFrictionConv(Field):
     ``(batch, channels, height, width)``; any height and width are accepted.
     Parameter count: ``L (C² k² + C)`` plus a learned ``γ`` (18 201 for C = 10, k = 3, L = 20: R's MNIST model).
     """
+
+    kind = "cubic_friction"
 
     def __init__(
         self,

@@ -49,6 +49,7 @@ class Hamiltonian(Field):
     """
 
     hamiltonian = True
+    kind = "hamiltonian"
 
     def __init__(
         self,

@@ -1,0 +1,132 @@
+"""Discrete mode: ``discretize(field, scheme)`` — one scheme step per parameter piece, ``h = T / L`` (SPEC §6).
+
+The returned module holds the field itself, so it shares every parameter with an :class:`~cde_nets.ODEBlock`
+on the same field: a model trained in discrete mode evaluates in continuous mode and the other way round.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from solvers.architectures import architecture
+from solvers.schemes import Scheme, get_scheme
+
+from .fields.base import Field
+
+__all__ = ["discretize", "DiscreteNet"]
+
+_RESNET_A = -10.0  # sigmoid(-10) = 4.5e-5: m ≈ 0, the momentum net starts as a ResNet (B §8)
+_ETA_ONE = math.log(math.e - 1.0)  # softplus(log(e - 1)) = 1
+
+
+class DiscreteNet(nn.Module):
+    """``L`` layers of ``scheme`` on ``field``; see :func:`discretize`."""
+
+    def __init__(self, field: Field, scheme: Scheme, k: int | None, split: tuple[int, int] | None,
+                 return_all: bool, momentum: tuple[float, float] | None, tie_eta: bool, memory_free: bool):
+        super().__init__()
+        self.field = field
+        self.scheme = scheme
+        self.k = k or scheme.lags
+        self.split = split
+        self.return_all = return_all
+        self.memory_free = memory_free
+        L = field.grid.L
+        self.tie_eta = tie_eta
+        if scheme.name == "momentum":
+            channels = field.state_shape[0]
+            m0, eta0 = momentum if momentum is not None else (None, None)
+            a0 = _RESNET_A if m0 is None else math.log(m0 / (1 - m0))
+            self.a = nn.Parameter(torch.full((L, channels), a0))
+            if not tie_eta:
+                b0 = _ETA_ONE if eta0 is None else math.log(math.expm1(eta0))
+                self.b = nn.Parameter(torch.full((L, channels), b0))
+        if scheme.name == "lm2":
+            self.k_lm = nn.Parameter(torch.zeros(L))
+
+    @property
+    def architecture(self) -> tuple[str, str]:
+        """``(name, paper equation)`` this scheme realises on this field (SPEC §6)."""
+        return architecture(self.scheme.name, getattr(self.field, "kind", "generic"))
+
+    def coefficients(self) -> dict:
+        if self.scheme.name == "momentum":
+            return {"a": self.a, "b": getattr(self, "b", None), "tie": self.tie_eta}
+        if self.scheme.name == "lm2":
+            return {"k": self.k_lm}
+        return {}
+
+    def step(self, l: int, state: torch.Tensor) -> torch.Tensor:
+        """One layer: scheme state at layer ``l`` → layer ``l + 1``."""
+        return self.scheme.step(self.field, l, state, self.field.grid.h, self.coefficients(), self.k, self.split)
+
+    def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None):
+        """``y_L`` (or the list ``[y_0, ..., y_L]`` with ``return_all``); ``u`` binds a NAIS block input."""
+        self.field.check_state(y0, "y0")
+        if u is not None:
+            self.field.bind(u)
+        if self.memory_free:
+            from .momentum_inverse import momentum_memory_free
+
+            return momentum_memory_free(self, y0)
+        state = self.scheme.init_state(y0, self.k)
+        states = [y0] if self.return_all else None
+        for l in range(self.field.grid.L):
+            state = self.step(l, state)
+            if states is not None:
+                states.append(self.scheme.readout(state, self.k))
+        return states if states is not None else self.scheme.readout(state, self.k)
+
+    def extra_repr(self) -> str:
+        name, eq = self.architecture
+        return f"scheme={self.scheme.name!r}, layers={self.field.grid.L}, h={self.field.grid.h:.4g} ({name}, {eq})"
+
+
+def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = None,
+               split: tuple[int, int] | None = None, return_all: bool = False,
+               momentum: tuple[float, float] | None = None, tie_eta: bool = False,
+               memory_free: bool = False) -> DiscreteNet:
+    """A discrete network: one step of ``scheme`` per parameter piece of ``field`` (``h = T / L``).
+
+    Args:
+        scheme: a name of :data:`solvers.schemes.SCHEMES` or a :class:`~solvers.schemes.Scheme`.
+        k: lags of ``ck`` (C^k, default 2) and ``dense`` (default 3) schemes.
+        split: ``(n_p, n_q)`` for split schemes on a field that declares no split (evaluates the whole field
+            per half step); fields with a declared split use it.
+        return_all: return every layer's state ``[y_0, ..., y_L]``.
+        momentum: initial ``(m, η)`` of the momentum scheme; default ``m ≈ 0, η = 1`` (starts as a ResNet).
+        tie_eta: momentum with ``η = 1 − m`` (Momentum ResNets).
+        memory_free: momentum only — backward by exact inversion of the update, O(1) memory in depth.
+    """
+    if not isinstance(field, Field):
+        raise TypeError(f"`field` must be a cde_nets Field (with evaluate(l, y)), got {type(field).__name__}.")
+    sch = get_scheme(scheme)
+    if sch.needs == "split":
+        if split is None and field.split is None:
+            n = field.state_shape[0] if len(field.state_shape) == 1 else None
+            raise ValueError(
+                f"scheme {sch.name!r} needs a (p, q) split, but {type(field).__name__} declares none; use a split "
+                "field (Hamiltonian(K='blockdiag'), MS1, MS3) or pass `split=(n_p, n_q)`"
+                + (f" (n = {n} is odd: pad the state with a zero feature)." if n is not None and n % 2 else ".")
+            )
+        if split is not None:
+            n = field.state_shape[0]
+            if n % 2 or split[0] + split[1] != n:
+                raise ValueError(f"`split`={split} must add up to the state size {n}"
+                                 + (" (odd: pad the state with a zero feature)." if n % 2 else "."))
+    if k is not None and (sch.needs != "lags" or sch.name == "lm2"):
+        raise ValueError(f"`k` applies to the 'ck' and 'dense' schemes, not {sch.name!r}.")
+    if k is not None and (not isinstance(k, int) or k < 1):
+        raise ValueError(f"`k` must be a positive integer, got {k!r}.")
+    if memory_free and sch.name != "momentum":
+        raise ValueError(f"`memory_free=True` needs the 'momentum' scheme (exact inversion), not {sch.name!r}.")
+    if memory_free and return_all:
+        raise ValueError("`memory_free=True` keeps no layer states; drop `return_all`.")
+    if momentum is not None and sch.name != "momentum":
+        raise ValueError(f"`momentum` sets the momentum scheme's (m, η), not {sch.name!r}'s.")
+    if momentum is not None and not 0 < momentum[0] < 1:
+        raise ValueError(f"`momentum` m must lie in (0, 1), got {momentum[0]}.")
+    return DiscreteNet(field, sch, k, split, return_all, momentum, tie_eta, memory_free)
