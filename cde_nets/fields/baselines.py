@@ -2,8 +2,8 @@
 
 Their layers are the discretisations of these fields: MS1 by semi-implicit Euler with q first
 (``symplectic_euler_qp``), MS2 by forward Euler, MS3 by semi-implicit Euler with p first (``symplectic_euler``).
-MS1 and MS3 have separable Hamiltonians, so their layers are symplectic: MS3 with respect to
-``[[0, I], [−I, 0]]``, MS1 with respect to ``J_j = K_jᵀ⁻¹`` of its layer (``K = [[0, K0], [−K0ᵀ, 0]]``).
+MS1 and MS3 layers are symplectic: MS3 with respect to ``[[0, I], [−I, 0]]``, MS1 with respect to its layer's
+``J_j = K_jᵀ`` (``K = [[0, K0], [−K0ᵀ, 0]]``), see :meth:`MS1.J_at`.
 """
 
 from __future__ import annotations
@@ -59,11 +59,16 @@ class MS1(_Split):
         return -self.sigma(p @ self.K0[l] + self.b1[l])
 
     def J_at(self, l: int) -> torch.Tensor:
-        """``J_l = K_lᵀ⁻¹`` with ``K_l = [[0, K0], [−K0ᵀ, 0]]``: MS1 is H2 with ``J K ᵀ = I`` (H App. I)."""
+        """``J_l = K_lᵀ = [[0, −K0], [K0ᵀ, 0]]``, with respect to which layer ``l`` is symplectic.
+
+        Each half step is a shear whose Jacobian block (``−h D₁ K0ᵀ``, then ``h D₂ K0``, ``D`` diagonal) makes
+        ``K0 D K0ᵀ``-type products with this ``J``, which are symmetric. The reading ``J K ᵀ = I`` of H App. I
+        (``J = K_lᵀ⁻¹``) gives the right vector field but not the form the layers preserve (tested).
+        """
         n = self.half
         Z = torch.zeros(n, n, dtype=self.K0.data.dtype)
         K = torch.cat([torch.cat([Z, self.K0[l]], 1), torch.cat([-self.K0[l].T, Z], 1)], 0)
-        return torch.linalg.inv(K.T)
+        return K.T
 
 
 class MS2(Field):

@@ -1,0 +1,136 @@
+"""discretize(): parameters shared with continuous mode (both directions), memory-free momentum, errors."""
+
+import pytest
+import torch
+
+from cde_nets import ODEBlock, discretize
+from cde_nets.diagnostics import SavedTensorMemory
+from cde_nets.fields import CubicFriction, Field, Hamiltonian
+from cde_nets.pieces import Pieces
+
+
+class Tanh(Field):
+    def __init__(self, d, layers, T=1.0):
+        super().__init__(T=T, layers=layers)
+        self.state_shape = (d,)
+        self.W = Pieces(self.grid, (d, d), init=lambda w: w.normal_(0, 0.5))
+
+    def evaluate(self, l, x):
+        return torch.tanh(x @ self.W[l].T)
+
+
+def test_discrete_euler_is_torchdiffeq_fixed_grid_euler(f64):
+    """Same weights, discrete mode = continuous mode with one Euler step per piece (1e-12)."""
+    f = CubicFriction(3, layers=12, T=2.0, zero_init=False, gamma=0.3)
+    x0 = torch.randn(5, 3)
+    assert torch.allclose(discretize(f, "euler")(x0), ODEBlock(f, method="euler")(x0), atol=1e-12, rtol=0)
+    assert torch.allclose(discretize(f, "midpoint")(x0), ODEBlock(f, method="midpoint")(x0), atol=1e-12, rtol=0)
+    # torchdiffeq's fixed-step "rk4" is Kutta's 3/8 rule, not the classical tableau: both order 4, O(h^5) apart
+    gap = (discretize(f, "rk4")(x0) - ODEBlock(f, method="rk4")(x0)).abs().max()
+    assert 1e-12 < gap < 1e-2
+
+
+def test_trained_in_discrete_mode_evaluates_in_continuous_mode(f64):
+    """Train a 32-piece H1 net by forward Euler; the same weights in dopri5 give nearly the same outputs."""
+    torch.manual_seed(0)
+    f = Hamiltonian(4, layers=32, T=1.0, init_std=0.5)
+    teacher = Hamiltonian(4, layers=4, T=1.0, init_std=1.5)
+    x = torch.randn(64, 4)
+    with torch.no_grad():
+        target = ODEBlock(teacher, rtol=1e-9, atol=1e-9)(x)  # reachable: a Hamiltonian flow map
+    net = discretize(f, "euler")
+    opt = torch.optim.Adam(f.parameters(), lr=1e-2)
+    start = (net(x) - target).square().mean().item()
+    for _ in range(30):
+        opt.zero_grad()
+        loss = (net(x) - target).square().mean()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.7 * start
+    cont = ODEBlock(f, rtol=1e-9, atol=1e-9)(x)
+    assert (cont - net(x)).abs().max() < 0.05  # O(h) gap between Euler (h = 1/32) and the flow
+    assert (cont - target).square().mean() < 0.8 * start
+
+
+def test_trained_in_continuous_mode_evaluates_in_discrete_mode(f64):
+    torch.manual_seed(1)
+    f = Hamiltonian(4, layers=8, T=1.0, K="blockdiag", init_std=0.5)
+    x = torch.randn(64, 4)
+    with torch.no_grad():
+        target = ODEBlock(Hamiltonian(4, K="blockdiag", init_std=1.5), rtol=1e-9, atol=1e-9)(x)
+    block = ODEBlock(f, rtol=1e-6, atol=1e-6)
+    opt = torch.optim.Adam(f.parameters(), lr=1e-2)
+    for _ in range(20):
+        opt.zero_grad()
+        (block(x) - target).square().mean().backward()
+        opt.step()
+    cont = block(x)
+    assert (discretize(f, "rk4")(x) - cont).abs().max() < 1e-4  # rk4, h = 1/8: O(h^4)
+    assert (discretize(f, "symplectic_euler")(x) - cont).abs().max() < 0.1  # O(h), h = 1/8
+
+
+def test_return_all_gives_every_layer(f64):
+    f = Tanh(3, layers=6)
+    xs = discretize(f, "momentum", return_all=True)(torch.randn(2, 3))
+    assert len(xs) == 7 and all(x.shape == (2, 3) for x in xs)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_memory_free_momentum_gradients(dtype, tol):
+    torch.manual_seed(2)
+    f = Tanh(4, layers=16).to(dtype)
+    stored = discretize(f, "momentum", momentum=(0.9, 0.5))
+    free = discretize(f, "momentum", momentum=(0.9, 0.5), memory_free=True)
+    free.load_state_dict(stored.state_dict())
+    x0 = torch.randn(8, 4, dtype=dtype, requires_grad=True)
+    c = torch.randn(8, 4, dtype=dtype)
+    grads = []
+    for net in (stored, free):
+        out = net(x0)
+        params = [x0, *net.parameters()]
+        grads.append(torch.autograd.grad((c * out).sum(), params))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=tol, rtol=tol)
+
+
+def test_memory_free_momentum_memory_does_not_grow_with_depth(f64):
+    saved = {}
+    for L in (8, 64):
+        f = Tanh(16, layers=L)
+        x0 = torch.randn(32, 16)
+        for free in (False, True):
+            net = discretize(f, "momentum", momentum=(0.9, 0.5), memory_free=free)
+            mem = SavedTensorMemory(exclude=list(net.parameters()) + [x0])
+            with mem:
+                net(x0)
+            saved[(L, free)] = mem.peak_bytes
+    assert saved[(64, True)] == saved[(8, True)]
+    assert saved[(64, False)] > 6 * saved[(8, False)]
+
+
+def test_errors(f64):
+    with pytest.raises(ValueError, match="unknown scheme 'rk5'; valid schemes: euler, midpoint, rk4"):
+        discretize(Tanh(2, 2), "rk5")
+    with pytest.raises(ValueError, match="scheme 'symplectic_euler' needs a \\(p, q\\) split.*declares none"):
+        discretize(CubicFriction(4), "symplectic_euler")
+    with pytest.raises(ValueError, match="n = 3 is odd: pad the state with a zero feature"):
+        discretize(CubicFriction(3), "verlet")
+    with pytest.raises(ValueError, match="`split`=\\(1, 2\\) must add up to the state size 4"):
+        discretize(CubicFriction(4), "verlet", split=(1, 2))
+    with pytest.raises(ValueError, match="`memory_free=True` needs the 'momentum' scheme"):
+        discretize(Tanh(2, 2), "euler", memory_free=True)
+    with pytest.raises(ValueError, match="`k` applies to the 'ck' and 'dense' schemes"):
+        discretize(Tanh(2, 2), "euler", k=3)
+    with pytest.raises(ValueError, match="`y0` has shape"):
+        discretize(Tanh(2, 2), "euler")(torch.zeros(3, 5))
+
+
+def test_general_split_for_a_non_separable_field(f64):
+    """`split=` runs semi-implicit Euler on any even field: equals the hand-written two-half-step update."""
+    f = Tanh(4, layers=3)
+    x = torch.randn(2, 4)
+    y = x
+    for l in range(3):
+        p = y[:, :2] + f.grid.h * f.evaluate(l, y)[:, :2]
+        y = torch.cat([p, y[:, 2:] + f.grid.h * f.evaluate(l, torch.cat([p, y[:, 2:]], 1))[:, 2:]], 1)
+    assert torch.allclose(discretize(f, "symplectic_euler", split=(2, 2))(x), y, atol=1e-14)
