@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from solvers.architectures import architecture
@@ -52,16 +53,26 @@ class DiscreteNet(nn.Module):
         """``(name, paper equation)`` this scheme realises on this field (SPEC §6)."""
         return architecture(self.scheme.name, getattr(self.field, "kind", "generic"))
 
-    def coefficients(self) -> dict:
+    def coefficients(self, ndim: int = 2) -> dict:
+        """Per-layer scheme coefficients, gathered once per call and shaped to broadcast over a state of ``ndim``
+        dimensions: momentum ``m`` and ``eta_h = η h`` of shape ``(L, 1, C, 1, ...)``, two-step ``k``."""
         if self.scheme.name == "momentum":
-            return {"a": self.a, "b": getattr(self, "b", None), "tie": self.tie_eta}
+            shape = (self.a.shape[0], 1, self.a.shape[1]) + (1,) * (ndim - 2)
+            m = torch.sigmoid(self.a)
+            eta = (1 - m) if self.tie_eta else F.softplus(self.b)
+            return {"m": m.reshape(shape), "eta_h": (eta * self.field.grid.h).reshape(shape)}
         if self.scheme.name == "lm2":
             return {"k": self.k_lm}
         return {}
 
-    def step(self, l: int, state: torch.Tensor) -> torch.Tensor:
-        """One layer: scheme state at layer ``l`` → layer ``l + 1``."""
-        return self.scheme.step(self.field, l, state, self.field.grid.h, self.coefficients(), self.k, self.split)
+    def init_state(self, y0: torch.Tensor) -> tuple:
+        return self.scheme.init_state(y0, self.k, (self.split or self.field.split or (None,))[0])
+
+    def step(self, l: int, state: tuple, coef: dict | None = None) -> tuple:
+        """One layer: scheme state (a tuple, see :mod:`solvers.schemes`) at layer ``l`` → layer ``l + 1``."""
+        if coef is None:
+            coef = self.coefficients(state[0].dim())
+        return self.scheme.step(self.field, l, state, self.field.grid.h, coef, self.k, self.split)
 
     def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None):
         """``y_L`` (or the list ``[y_0, ..., y_L]`` with ``return_all``); ``u`` binds a NAIS block input."""
@@ -72,13 +83,15 @@ class DiscreteNet(nn.Module):
             from .momentum_inverse import momentum_memory_free
 
             return momentum_memory_free(self, y0)
-        state = self.scheme.init_state(y0, self.k)
+        coef = self.coefficients(y0.dim())
+        n_p = (self.split or self.field.split or (None,))[0]
+        state = self.scheme.init_state(y0, self.k, n_p)
         states = [y0] if self.return_all else None
         for l in range(self.field.grid.L):
-            state = self.step(l, state)
+            state = self.scheme.step(self.field, l, state, self.field.grid.h, coef, self.k, self.split)
             if states is not None:
-                states.append(self.scheme.readout(state, self.k))
-        return states if states is not None else self.scheme.readout(state, self.k)
+                states.append(self.scheme.readout(state))
+        return states if states is not None else self.scheme.readout(state)
 
     def extra_repr(self) -> str:
         name, eq = self.architecture

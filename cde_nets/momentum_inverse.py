@@ -10,7 +10,6 @@ moderate momentum (e.g. ``momentum=(0.9, ...)``), not the ResNet start ``m ≈ 0
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 __all__ = ["momentum_memory_free"]
 
@@ -19,35 +18,33 @@ class _MemoryFree(torch.autograd.Function):
     @staticmethod
     def forward(ctx, net, y0, *params):
         with torch.no_grad():
+            coef = net.coefficients(y0.dim())
             state = net.scheme.init_state(y0)
             for l in range(net.field.grid.L):
-                state = net.step(l, state)
+                state = net.step(l, state, coef)
         ctx.net = net
         ctx.params = params
-        ctx.save_for_backward(state)
-        return state.chunk(2, 1)[0].clone()
+        ctx.save_for_backward(*state)
+        return state[0].clone()
 
     @staticmethod
     def backward(ctx, grad_x):
         net, params = ctx.net, ctx.params
-        (state,) = ctx.saved_tensors
-        x, v = state.chunk(2, 1)
+        x, v = ctx.saved_tensors
         gx, gv = grad_x, torch.zeros_like(grad_x)
         gparams = [torch.zeros_like(p) for p in params]
-        coef, h = net.coefficients(), net.field.grid.h
-        shape = (1, -1) + (1,) * (x.dim() - 2)
+        with torch.enable_grad():  # once; every layer's VJP reaches a, b through this small graph
+            coef = net.coefficients(x.dim())
         for l in reversed(range(net.field.grid.L)):
             with torch.no_grad():
-                m = torch.sigmoid(coef["a"][l]).reshape(shape)
-                eta = (1 - m) if coef["tie"] else F.softplus(coef["b"][l]).reshape(shape)
                 x_prev = x - v
-                v_prev = (v - eta * h * net.field.evaluate(l, x_prev)) / m
+                v_prev = (v - coef["eta_h"][l] * net.field.evaluate(l, x_prev)) / coef["m"][l]
             with torch.enable_grad():
                 xi = x_prev.detach().requires_grad_(True)
                 vi = v_prev.detach().requires_grad_(True)
-                out = net.step(l, torch.cat([xi, vi], 1))
-                x1, v1 = out.chunk(2, 1)
-                grads = torch.autograd.grad((x1, v1), (xi, vi, *params), (gx, gv), allow_unused=True)
+                x1, v1 = net.step(l, (xi, vi), coef)
+                grads = torch.autograd.grad((x1, v1), (xi, vi, *params), (gx, gv), allow_unused=True,
+                                            retain_graph=True)
             gx, gv = grads[0], grads[1]
             for i, g in enumerate(grads[2:]):
                 if g is not None:

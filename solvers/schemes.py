@@ -2,8 +2,9 @@
 
 A scheme acts on a field through ``field.evaluate(l, y)`` (``F`` with the parameters of piece ``l``) and, for
 split schemes, ``field.evaluate_part(l, y, part)`` (the ``p``-block, ``part=0``, or ``q``-block, ``part=1``).
-Multi-component states (momentum's ``(x, v)``, the ``k`` lags of C^k and dense nets, the two-step method's
-``(x_l, x_{l−1})``) are stacked along axis 1 (features or channels), so images work as well as vectors.
+A scheme's state is a tuple of tensors: ``(y,)``, split schemes' ``(p, q)``, momentum's ``(x, v)``, the ``k``
+differences of C^k and dense nets, the two-step method's ``(x_l, x_{l−1})``; no packing per layer. Separable
+fields (``field.separable``) give one half's derivative from the other half alone (``evaluate_half``).
 This module never imports ``cde_nets``.
 """
 
@@ -13,7 +14,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 __all__ = ["Tableau", "Scheme", "SCHEMES", "get_scheme", "dense_matrix"]
 
@@ -74,128 +74,132 @@ class Scheme:
 
     # -- state layout ---------------------------------------------------------------------------------
     def components(self, k: int | None = None) -> int:
-        """How many copies of the field's state the scheme's state stacks along axis 1."""
+        """How many tensors of the field's state shape the scheme's state holds."""
         if self.needs == "velocity":
             return 2
         if self.needs == "lags":
             return k or self.lags
         return 1
 
-    def init_state(self, y0: torch.Tensor, k: int | None = None) -> torch.Tensor:
-        n = self.components(k)
-        if n == 1:
-            return y0
-        if self.name == "lm2":  # (x_0, x_{-1}) with x_{-1} = x_0: the first step is forward Euler
-            return torch.cat([y0, y0], 1)
-        return torch.cat([y0] + [torch.zeros_like(y0)] * (n - 1), 1)
+    def init_state(self, y0: torch.Tensor, k: int | None = None, n_p: int | None = None) -> tuple[torch.Tensor, ...]:
+        """The scheme state for input ``y0``: ``(y,)``, ``(p, q)`` (split at ``n_p``), ``(x, v = 0)``,
+        ``(q_1 = x, 0, ..)`` or ``(x, x_{-1} = x)``."""
+        if self.needs == "split":
+            return (y0[:, :n_p], y0[:, n_p:])
+        if self.name == "lm2":  # x_{-1} = x_0: the first step is forward Euler
+            return (y0, y0)
+        return (y0,) + tuple(torch.zeros_like(y0) for _ in range(self.components(k) - 1))
 
-    def readout(self, state: torch.Tensor, k: int | None = None) -> torch.Tensor:
-        n = self.components(k)
-        return state if n == 1 else state.chunk(n, 1)[0]
+    def readout(self, state: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The field-shaped state ``y`` of a scheme state."""
+        return torch.cat(state, 1) if self.needs == "split" else state[0]
 
     # -- one step ---------------------------------------------------------------------------------------
-    def step(self, f, l: int, y: torch.Tensor, h: float, coef: dict | None = None, k: int | None = None,
-             split: tuple[int, int] | None = None, history: list | None = None) -> torch.Tensor:
-        """Advance the scheme state ``y`` by one layer using piece ``l`` of field ``f`` with step ``h``."""
-        return _STEPS[self.name](self, f, l, y, h, coef or {}, k or self.lags, split, history)
+    def step(self, f, l: int, state: tuple[torch.Tensor, ...], h: float, coef: dict | None = None,
+             k: int | None = None, split: tuple[int, int] | None = None) -> tuple[torch.Tensor, ...]:
+        """Advance the scheme state by one layer using piece ``l`` of field ``f`` with step ``h``.
+
+        ``coef`` holds the per-layer coefficients of trainable schemes, gathered once per call by the caller
+        (momentum: ``m``, ``eta`` of shape ``(L, C)``; two-step: ``k`` of shape ``(L,)``).
+        """
+        return _STEPS[self.name](self, f, l, state, h, coef or {}, k or self.lags, split)
 
 
-def _rk(scheme, f, l, y, h, coef, k, split, history):
-    tab = scheme.tableau
+def _rk(scheme, f, l, state, h, coef, k, split):
+    (y,) = state
     ks: list[torch.Tensor] = []
-    for row in tab.a:
+    for row in scheme.tableau.a:
         yi = y
         for aij, kj in zip(row, ks):
             if aij:
                 yi = yi + (h * aij) * kj
         ks.append(f.evaluate(l, yi))
-    out = y
-    for bi, ki in zip(tab.b, ks):
+    for bi, ki in zip(scheme.tableau.b, ks):
         if bi:
-            out = out + (h * bi) * ki
-    return out
+            y = y + (h * bi) * ki
+    return (y,)
 
 
-def _euler(scheme, f, l, y, h, coef, k, split, history):
-    return y + h * f.evaluate(l, y)
+def _euler(scheme, f, l, state, h, coef, k, split):
+    return (state[0] + h * f.evaluate(l, state[0]),)
 
 
-def _part(f, l, y, part, split):
-    if split is None:
-        return f.evaluate_part(l, y, part)
-    full = f.evaluate(l, y)
-    return full[:, : split[0]] if part == 0 else full[:, split[0]:]
-
-
-def _semi_implicit(scheme, f, l, y, h, coef, k, split, history):
+def _halves(f, split):
+    """``(n_p, d(l, p, q, part))``: the derivative of one half, using only the other half when separable."""
+    if split is None and getattr(f, "separable", False):
+        return f.split[0], lambda l, p, q, part: f.evaluate_half(l, q if part == 0 else p, part)
     n_p = (split or f.split)[0]
-    p, q = y[:, :n_p], y[:, n_p:]
+    if split is None:
+        return n_p, lambda l, p, q, part: f.evaluate_part(l, torch.cat([p, q], 1), part)
+
+    def full(l, p, q, part):
+        out = f.evaluate(l, torch.cat([p, q], 1))
+        return out[:, :n_p] if part == 0 else out[:, n_p:]
+
+    return n_p, full
+
+
+def _semi_implicit(scheme, f, l, state, h, coef, k, split):
+    _, d = _halves(f, split)
+    p, q = state
     for part in scheme.part_order:
         if part == 0:
-            p = p + h * _part(f, l, torch.cat([p, q], 1), 0, split)
+            p = p + h * d(l, p, q, 0)
         else:
-            q = q + h * _part(f, l, torch.cat([p, q], 1), 1, split)
-    return torch.cat([p, q], 1)
+            q = q + h * d(l, p, q, 1)
+    return (p, q)
 
 
-def _verlet(scheme, f, l, y, h, coef, k, split, history):
-    n_p = (split or f.split)[0]
-    p, q = y[:, :n_p], y[:, n_p:]
-    p = p + (0.5 * h) * _part(f, l, torch.cat([p, q], 1), 0, split)
-    q = q + h * _part(f, l, torch.cat([p, q], 1), 1, split)
-    p = p + (0.5 * h) * _part(f, l, torch.cat([p, q], 1), 0, split)
-    return torch.cat([p, q], 1)
+def _verlet(scheme, f, l, state, h, coef, k, split):
+    _, d = _halves(f, split)
+    p, q = state
+    p = p + (0.5 * h) * d(l, p, q, 0)
+    q = q + h * d(l, p, q, 1)
+    p = p + (0.5 * h) * d(l, p, q, 0)
+    return (p, q)
 
 
-def _channel(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A per-channel vector shaped to broadcast over axis 1 of ``like``."""
-    return v.reshape(1, -1, *([1] * (like.dim() - 2)))
+def _momentum(scheme, f, l, state, h, coef, k, split):
+    x, v = state
+    v = coef["m"][l] * v + coef["eta_h"][l] * f.evaluate(l, x)
+    return (x + v, v)
 
 
-def _momentum(scheme, f, l, y, h, coef, k, split, history):
-    x, v = y.chunk(2, 1)
-    m = _channel(torch.sigmoid(coef["a"][l]), x)
-    eta = _channel(1 - torch.sigmoid(coef["a"][l]) if coef.get("tie") else F.softplus(coef["b"][l]), x)
-    v = m * v + eta * h * f.evaluate(l, x)
-    return torch.cat([x + v, v], 1)
-
-
-def _ck(scheme, f, l, y, h, coef, k, split, history):
-    qs = y.chunk(k, 1)
-    drive = f.evaluate(l, qs[0]) * h**k
-    tails = [qs[-1]]
-    for q in reversed(qs[:-1]):  # suffix sums: q_n' = Σ_{n' >= n} q_{n'} + σ(q_1) h^k
+def _ck(scheme, f, l, state, h, coef, k, split):
+    drive = f.evaluate(l, state[0]) * h**k
+    tails = [state[-1]]
+    for q in reversed(state[:-1]):  # suffix sums: q_n' = Σ_{n' >= n} q_{n'} + σ(q_1) h^k
         tails.append(tails[-1] + q)
-    return torch.cat([t + drive for t in reversed(tails)], 1)
+    return tuple(t + drive for t in reversed(tails))
 
 
-def _dense(scheme, f, l, y, h, coef, k, split, history):
-    qs = y.chunk(k, 1)
+def _dense(scheme, f, l, state, h, coef, k, split):
     M = dense_matrix(k).tolist()
     s = []
     for i in range(k):  # s_i = σ^{(l−i)}(x^{(l−i)}), x^{(l−i)} = Σ_j M[i][j] q_{j+1}; absent before layer 0
         if l - i < 0:
             s.append(None)
             continue
-        x_lag = qs[0]
+        x_lag = state[0]
         for j in range(1, i + 1):
-            x_lag = x_lag + M[i][j] * qs[j]
+            x_lag = x_lag + M[i][j] * state[j]
         s.append(f.evaluate(l - i, x_lag) * h)
     out = []
     for n in range(k):
-        upd = qs[n]
+        upd = state[n]
         for i in range(n + 1):
             if s[i] is not None and M[n][i]:
                 upd = upd + M[n][i] * s[i]
         out.append(upd)
-    return torch.cat(out, 1)
+    return tuple(out)
 
 
-def _lm2(scheme, f, l, y, h, coef, k, split, history):
-    x, x_prev = y.chunk(2, 1)
-    kl = coef["k"][l] if l > 0 else 0.0  # no x_{-1} before the first layer: forward Euler
-    x_new = (1 - kl) * x + kl * x_prev + h * f.evaluate(l, x)
-    return torch.cat([x_new, x], 1)
+def _lm2(scheme, f, l, state, h, coef, k, split):
+    x, x_prev = state
+    if l == 0:  # no x_{-1} before the first layer: forward Euler
+        return (x + h * f.evaluate(l, x), x)
+    kl = coef["k"][l]
+    return ((1 - kl) * x + kl * x_prev + h * f.evaluate(l, x), x)
 
 
 _STEPS = {
@@ -214,7 +218,7 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (
            "semi-implicit Euler, q first: q' = q + h F_q(p, q), p' = p + h F_p(p, q')", part_order=(1, 0)),
     Scheme("verlet", 2, "split", "—", "Störmer-Verlet / leapfrog (p half step, q step, p half step)"),
     Scheme("momentum", 1, "velocity", "B §8",
-           "heavy ball: v' = m v + η h F(x), x' = x + v' (m = sigmoid(a_l), η = softplus(b_l))", params=("a", "b")),
+           "heavy ball: v' = m v + η h F(x), x' = x + v' (m = sigmoid(a_l), η = softplus(b_l))", params=("m", "eta_h")),
     Scheme("ck", 1, "lags", "S7", "C^k finite differences: q_n' = Σ_{n'>=n} q_{n'} + F(q_1) h^k", lags=2),
     Scheme("dense", 1, "lags", "S22", "dense k-lag (DenseNet state space): q' = q + M s h", lags=3),
     Scheme("lm2", 1, "lags", "R111", "two-step LM: x' = (1 − k_l) x + k_l x_prev + h F(x)", params=("k",), lags=2),

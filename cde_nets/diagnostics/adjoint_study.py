@@ -32,48 +32,19 @@ from solvers.errors import SolverError
 from ..ode_block import ODEBlock
 from .memory import SavedTensorMemory
 
-__all__ = ["adjoint_study", "markdown_table", "discrete_forward", "DISCRETE_FALLBACK_SCHEMES"]
+__all__ = ["adjoint_study", "markdown_table", "discrete_forward"]
 
-DISCRETE_FALLBACK_SCHEMES = ("euler", "symplectic_euler")
 
 
 def discrete_forward(field: nn.Module, scheme: str, y0: torch.Tensor) -> torch.Tensor:
-    """``y_L`` of the discrete-mode net: one ``scheme`` step per piece (SPEC §6).
+    """``y_L`` of the discrete-mode net ``discretize(field, scheme)``: one ``scheme`` step per piece (SPEC §6)."""
+    from ..discrete import discretize
 
-    Uses ``cde_nets.discrete.discretize(field, scheme)`` when that module exists; otherwise a built-in
-    fallback for ``euler`` (``y + h F_l(y)``, ResNet / H1-DNN eq. H9) and ``symplectic_euler`` (eqs. H12-13:
-    ``p ← p + h F_p(q)``, then ``q ← q + h F_q(p)``, for fields with a ``(p, q)`` split).
-    """
-    try:
-        from ..discrete import discretize  # written concurrently; switched on as soon as it exists
-    except ImportError:
-        discretize = None
-    if discretize is not None:
-        return discretize(field, scheme)(y0)
-    return _fallback_forward(field, scheme, y0)
-
-
-def _fallback_forward(field: nn.Module, scheme: str, y0: torch.Tensor) -> torch.Tensor:
-    if scheme not in DISCRETE_FALLBACK_SCHEMES:
-        raise ValueError(f"`scheme` {scheme!r} is unknown; available: {DISCRETE_FALLBACK_SCHEMES}.")
-    grid = field.grid
-    y = y0
-    if scheme == "euler":
-        for l in range(grid.L):
-            y = y + grid.h * field.evaluate(l, y)
-        return y
-    if getattr(field, "split", None) is None:
-        raise ValueError(f"scheme 'symplectic_euler' needs a (p, q) split field; {type(field).__name__} has none.")
-    n_p = field.split[0]
-    p, q = y[..., :n_p], y[..., n_p:]
-    for l in range(grid.L):
-        p = p + grid.h * field.evaluate_part(l, torch.cat([p, q], -1), 0)
-        q = q + grid.h * field.evaluate_part(l, torch.cat([p, q], -1), 1)
-    return torch.cat([p, q], -1)
+    return discretize(field, scheme)(y0)
 
 
 class _CountEvaluations:
-    """Counts outermost ``evaluate`` (1) and ``evaluate_part`` (½) calls on a field instance while active."""
+    """Counts outermost ``evaluate`` (1) and ``evaluate_part``/``evaluate_half`` (½) calls on a field instance."""
 
     def __init__(self, field: nn.Module):
         self.field, self.count, self._depth = field, 0.0, 0
@@ -89,20 +60,14 @@ class _CountEvaluations:
 
     def __enter__(self) -> _CountEvaluations:
         f = self.field
-        full, part = f.evaluate, f.evaluate_part
-
-        def evaluate(l, y):
-            return self._call(full, 1.0, l, y)
-
-        def evaluate_part(l, y, which):
-            return self._call(part, 0.5, l, y, which)
-
-        f.__dict__["evaluate"], f.__dict__["evaluate_part"] = evaluate, evaluate_part
+        for name, weight in (("evaluate", 1.0), ("evaluate_part", 0.5), ("evaluate_half", 0.5)):
+            fn = getattr(f, name)
+            f.__dict__[name] = lambda *args, _fn=fn, _w=weight: self._call(_fn, _w, *args)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.field.__dict__.pop("evaluate", None)
-        self.field.__dict__.pop("evaluate_part", None)
+        for name in ("evaluate", "evaluate_part", "evaluate_half"):
+            self.field.__dict__.pop(name, None)
 
 
 def _split_batch(batch) -> tuple[torch.Tensor, tuple]:

@@ -41,6 +41,7 @@ class Field(nn.Module):
     hamiltonian: bool = False
     needs_input: bool = False
     kind: str = "generic"  # row of the solver ↔ architecture map (solvers.architectures)
+    separable: bool = False  # p' depends on q only and q' on p only: evaluate_half is available
 
     def __init__(self, T: float = 1.0, layers: int = 1):
         super().__init__()
@@ -85,6 +86,10 @@ class Field(nn.Module):
         Per-sample stopping compacts the batch; fields holding per-sample data override this. Default: no-op.
         """
         yield self
+
+    def evaluate_half(self, l: int, z: torch.Tensor, part: int) -> torch.Tensor:
+        """Separable fields: ``p'`` from ``z = q`` (``part=0``) or ``q'`` from ``z = p`` (``part=1``)."""
+        raise TypeError(f"{type(self).__name__} is not separable; use `evaluate_part`.")
 
     # -- validation ---------------------------------------------------------------------------------
     def check_state(self, y: torch.Tensor, name: str = "y0") -> None:

@@ -27,6 +27,7 @@ def _even(dim: int, name: str) -> int:
 
 class _Split(Field):
     kind = "hamiltonian_baseline"
+    separable = True
 
     def __init__(self, dim, layers, T, activation, init_std, generator):
         super().__init__(T=T, layers=layers)
@@ -41,6 +42,9 @@ class _Split(Field):
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.evaluate_part(l, y, 0), self.evaluate_part(l, y, 1)], -1)
 
+    def evaluate_part(self, l, y, part):
+        return self.evaluate_half(l, y[..., self.half:] if part == 0 else y[..., : self.half], part)
+
 
 class MS1(_Split):
     """``p' = σ(K0 q + b2)``, ``q' = −σ(K0ᵀ p + b1)`` (eq. 38 of H App. I; 8 parameters per layer in R⁴)."""
@@ -52,11 +56,10 @@ class MS1(_Split):
         self.b1 = Pieces(self.grid, (n,))
         self.b2 = Pieces(self.grid, (n,))
 
-    def evaluate_part(self, l, y, part):
-        p, q = y[..., : self.half], y[..., self.half:]
-        if part == 0:
-            return self.sigma(q @ self.K0[l].T + self.b2[l])
-        return -self.sigma(p @ self.K0[l] + self.b1[l])
+    def evaluate_half(self, l, z, part):
+        if part == 0:  # z = q
+            return self.sigma(z @ self.K0[l].T + self.b2[l])
+        return -self.sigma(z @ self.K0[l] + self.b1[l])  # z = p
 
     def J_at(self, l: int) -> torch.Tensor:
         """``J_l = K_lᵀ = [[0, −K0], [K0ᵀ, 0]]``, with respect to which layer ``l`` is symplectic.
@@ -108,8 +111,7 @@ class MS3(_Split):
         self.b1 = Pieces(self.grid, (n,))
         self.b2 = Pieces(self.grid, (n,))
 
-    def evaluate_part(self, l, y, part):
-        p, q = y[..., : self.half], y[..., self.half:]
-        if part == 0:
-            return self.sigma(q @ self.K1[l].T + self.b1[l]) @ self.K1[l]
-        return -(self.sigma(p @ self.K2[l].T + self.b2[l]) @ self.K2[l])
+    def evaluate_half(self, l, z, part):
+        if part == 0:  # z = q
+            return self.sigma(z @ self.K1[l].T + self.b1[l]) @ self.K1[l]
+        return -(self.sigma(z @ self.K2[l].T + self.b2[l]) @ self.K2[l])  # z = p

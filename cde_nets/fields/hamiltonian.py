@@ -140,6 +140,7 @@ class Hamiltonian(Field):
         self._separable = K == "blockdiag" and self.J_kind in ("canonical", "structured")
         if self._separable:
             self.split = (dim // 2, dim // 2)
+            self.separable = True
 
     # -- matrices ---------------------------------------------------------------------------------------
     @property
@@ -206,11 +207,15 @@ class Hamiltonian(Field):
         if not self._separable:
             return super().evaluate_part(l, y, part)
         n = self.dim // 2
+        return self.evaluate_half(l, y[..., n:] if part == 0 else y[..., :n], part)
+
+    def evaluate_half(self, l: int, z: torch.Tensor, part: int) -> torch.Tensor:
+        """``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` from ``z = q`` (part 0) or ``q' = X K_pᵀ σ(K_p p + b_p)`` from ``z = p``."""
         X = self.X_eff()
         if part == 0:
-            g = self._grad_half(l, y[..., n:], 1)
+            g = self._grad_half(l, z, 1)
             return -g if X is None else -(g @ X)
-        g = self._grad_half(l, y[..., :n], 0)
+        g = self._grad_half(l, z, 0)
         return g if X is None else g @ X.T
 
     def energy(self, t: float | torch.Tensor, y: torch.Tensor) -> torch.Tensor:
