@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from solvers.architectures import architecture
+from solvers.errors import check_positive
 from solvers.schemes import Scheme, get_scheme
+from solvers.stopping import unroll
 
 from .fields.base import Field
 
@@ -27,8 +29,10 @@ class DiscreteNet(nn.Module):
     """``L`` layers of ``scheme`` on ``field``; see :func:`discretize`."""
 
     def __init__(self, field: Field, scheme: Scheme, k: int | None, split: tuple[int, int] | None,
-                 return_all: bool, momentum: tuple[float, float] | None, tie_eta: bool, memory_free: bool):
+                 return_all: bool, momentum: tuple[float, float] | None, tie_eta: bool, memory_free: bool,
+                 stop: dict | None = None):
         super().__init__()
+        self.stop = stop
         self.field = field
         self.scheme = scheme
         self.k = k or scheme.lags
@@ -86,12 +90,26 @@ class DiscreteNet(nn.Module):
         coef = self.coefficients(y0.dim())
         n_p = (self.split or self.field.split or (None,))[0]
         state = self.scheme.init_state(y0, self.k, n_p)
+        if self.stop is not None:
+            return self._forward_stopping(state, coef)
         states = [y0] if self.return_all else None
         for l in range(self.field.grid.L):
             state = self.scheme.step(self.field, l, state, self.field.grid.h, coef, self.k, self.split)
             if states is not None:
                 states.append(self.scheme.readout(state))
         return states if states is not None else self.scheme.readout(state)
+
+    def _forward_stopping(self, state: tuple, coef: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample stopping (SPEC §4, N §5.3): step ``i`` uses piece ``min(i, L − 1)``; returns ``(y, depths)``."""
+        f, L, h = self.field, self.field.grid.L, self.field.grid.h
+
+        def step(i, st, idx):
+            with f.rows(idx):
+                return self.scheme.step(f, min(i, L - 1), st, h, coef, self.k, self.split)
+
+        final, depths = unroll(step, state, eps=self.stop["eps"], max_depth=self.stop["max_depth"],
+                               readout=self.scheme.readout)
+        return self.scheme.readout(final), depths
 
     def extra_repr(self) -> str:
         name, eq = self.architecture
@@ -101,7 +119,7 @@ class DiscreteNet(nn.Module):
 def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = None,
                split: tuple[int, int] | None = None, return_all: bool = False,
                momentum: tuple[float, float] | None = None, tie_eta: bool = False,
-               memory_free: bool = False) -> DiscreteNet:
+               memory_free: bool = False, stop: dict | None = None) -> DiscreteNet:
     """A discrete network: one step of ``scheme`` per parameter piece of ``field`` (``h = T / L``).
 
     Args:
@@ -113,6 +131,9 @@ def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = 
         momentum: initial ``(m, η)`` of the momentum scheme; default ``m ≈ 0, η = 1`` (starts as a ResNet).
         tie_eta: momentum with ``η = 1 − m`` (Momentum ResNets).
         memory_free: momentum only — backward by exact inversion of the update, O(1) memory in depth.
+        stop: ``dict(eps=..., max_depth=...)``: pattern-dependent depth — each sample stops when
+            ``‖y_i − y_{i−1}‖ < eps`` (up to ``max_depth`` steps; step ``i`` uses piece ``min(i, L − 1)``); the batch
+            is compacted as samples finish, and the net returns ``(y, depths)``.
     """
     if not isinstance(field, Field):
         raise TypeError(f"`field` must be a cde_nets Field (with evaluate(l, y)), got {type(field).__name__}.")
@@ -142,4 +163,20 @@ def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = 
         raise ValueError(f"`momentum` sets the momentum scheme's (m, η), not {sch.name!r}'s.")
     if momentum is not None and not 0 < momentum[0] < 1:
         raise ValueError(f"`momentum` m must lie in (0, 1), got {momentum[0]}.")
-    return DiscreteNet(field, sch, k, split, return_all, momentum, tie_eta, memory_free)
+    if stop is not None:
+        stop = _check_stop(stop, ("eps", "max_depth"))
+        if return_all or memory_free:
+            raise ValueError("`stop` returns (y, depths); it combines with neither `return_all` nor `memory_free`.")
+    return DiscreteNet(field, sch, k, split, return_all, momentum, tie_eta, memory_free, stop)
+
+
+def _check_stop(stop: dict, keys: tuple[str, ...]) -> dict:
+    if not isinstance(stop, dict) or set(stop) - set(keys) or "eps" not in stop:
+        raise ValueError(f"`stop` must be a dict with keys {keys} (eps required), got {stop!r}.")
+    check_positive("eps", stop["eps"], "It is the per-sample convergence threshold, e.g. 1e-4.")
+    for key in ("max_depth",):
+        if key in keys:
+            v = stop.get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"`max_depth` must be a positive integer, got {v!r}.")
+    return dict(stop)

@@ -17,6 +17,7 @@ from solvers.adapter import (
     validate_tolerances,
 )
 from solvers.errors import check_positive
+from solvers.stopping import integrate_until_converged
 
 from .fields.base import Field
 
@@ -40,6 +41,9 @@ class ODEBlock(nn.Module):
         max_steps: steps allowed per solve before :class:`~solvers.errors.SolverError` (with the NFE so far).
         options: further torchdiffeq options (unknown keys raise).
         adjoint_method, adjoint_rtol, adjoint_atol, seminorm: settings of the adjoint's backward solve.
+        stop: ``dict(eps=..., window=T/20)``: pattern-dependent stopping time — each sample stops once
+            ``‖F(t, y)‖ < eps`` (checked every ``window``); the batch is compacted as samples finish, and the block
+            returns ``(y, stopping_times)``.
 
     After each call, :attr:`stats` holds ``nfe_forward``, ``nfe_backward`` (filled in by ``backward()``),
     accepted (``steps_*``) and rejected (``rejected_*``) steps of the forward and backward solves.
@@ -61,6 +65,7 @@ class ODEBlock(nn.Module):
         adjoint_rtol: float | None = None,
         adjoint_atol: float | None = None,
         seminorm: bool = True,
+        stop: dict | None = None,
     ):
         super().__init__()
         if not isinstance(field, nn.Module) or not callable(getattr(field, "forward", None)):
@@ -101,6 +106,12 @@ class ODEBlock(nn.Module):
         self.adjoint_rtol = None if adjoint_rtol is None else check_positive("adjoint_rtol", adjoint_rtol)
         self.adjoint_atol = None if adjoint_atol is None else check_positive("adjoint_atol", adjoint_atol)
         self.seminorm = bool(seminorm)
+        if stop is not None:
+            if not isinstance(stop, dict) or set(stop) - {"eps", "window"} or "eps" not in stop:
+                raise ValueError(f"`stop` must be dict(eps=..., window=...) (eps required), got {stop!r}.")
+            check_positive("eps", stop["eps"], "It is the per-sample threshold on ‖F(t, y)‖.")
+            stop = {"eps": float(stop["eps"]), "window": check_positive("window", stop.get("window", self.T / 20))}
+        self.stop = stop
         self._stats = SolverStats()
 
     @property
@@ -127,18 +138,37 @@ class ODEBlock(nn.Module):
 
     def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
         """``y(T)`` for ``y(0) = y0``; ``u`` binds the block input of non-autonomous fields (NAIS)."""
+        if self.stop is not None:
+            return self._solve_stopping(y0, u)
         t = torch.tensor([0.0, self.T], dtype=torch.float64, device=y0.device)
         return self._solve(y0, t, u)[-1]
 
+    def _solve_stopping(self, y0: torch.Tensor, u: torch.Tensor | None):
+        self._prepare(y0, u)
+        self._stats = SolverStats()
+        jump_t, grid = self._grids()
+        params = [p for p in self.field.parameters() if p.requires_grad]
+
+        def solve(y, t0, t1, idx):
+            t = torch.tensor([t0, t1], dtype=torch.float64, device=y.device)
+            g = None if grid is None else grid[(grid >= t0) & (grid <= t1)]
+            with self.field.rows(idx):
+                ys, _ = integrate(
+                    self.field, y, t, method=self.method, rtol=self.rtol, atol=self.atol, gradient=self.gradient,
+                    params=params, jump_t=jump_t, grid=g, options=self.options, max_steps=self.max_steps,
+                    seminorm=self.seminorm, adjoint_method=self.adjoint_method, adjoint_rtol=self.adjoint_rtol,
+                    adjoint_atol=self.adjoint_atol, stats=self._stats)
+            return ys[-1]
+
+        def field(t, y, idx):
+            with self.field.rows(idx):
+                return self.field(t, y)
+
+        return integrate_until_converged(solve, field, y0, t_max=self.T, window=self.stop["window"],
+                                         eps=self.stop["eps"])
+
     def _solve(self, y0: torch.Tensor, t: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
-        if hasattr(self.field, "check_state"):
-            self.field.check_state(y0, "y0")
-        if u is not None:
-            if not hasattr(self.field, "bind"):
-                raise TypeError(f"`u` was given but {type(self.field).__name__} takes no input; drop `u`.")
-            self.field.bind(u)
-        elif getattr(self.field, "needs_input", False) and getattr(self.field, "u", None) is None:
-            raise ValueError(f"{type(self.field).__name__} needs a block input: pass `u=` or call `field.bind(u)`.")
+        self._prepare(y0, u)
         jump_t, grid = self._grids()
         self._stats = SolverStats()
         params = [p for p in self.field.parameters() if p.requires_grad]
@@ -149,6 +179,16 @@ class ODEBlock(nn.Module):
             adjoint_atol=self.adjoint_atol, stats=self._stats,
         )
         return ys
+
+    def _prepare(self, y0: torch.Tensor, u: torch.Tensor | None) -> None:
+        if hasattr(self.field, "check_state"):
+            self.field.check_state(y0, "y0")
+        if u is not None:
+            if not hasattr(self.field, "bind"):
+                raise TypeError(f"`u` was given but {type(self.field).__name__} takes no input; drop `u`.")
+            self.field.bind(u)
+        elif getattr(self.field, "needs_input", False) and getattr(self.field, "u", None) is None:
+            raise ValueError(f"{type(self.field).__name__} needs a block input: pass `u=` or call `field.bind(u)`.")
 
     def extra_repr(self) -> str:
         return f"T={self.T}, method={self.method!r}, rtol={self.rtol}, atol={self.atol}, gradient={self.gradient!r}"

@@ -4,5 +4,7 @@ from .base import Field
 from .baselines import MS1, MS2, MS3
 from .cubic_friction import CubicFriction, CubicFrictionConv
 from .hamiltonian import Hamiltonian, canonical_J
+from .nais import NAIS, NAISConv
+from .second_order import PiecewiseMLP, SecondOrder
 
-__all__ = ["Field", "MS1", "MS2", "MS3", "CubicFriction", "CubicFrictionConv", "Hamiltonian", "canonical_J"]
+__all__ = ["Field", "MS1", "MS2", "MS3", "CubicFriction", "CubicFrictionConv", "Hamiltonian", "canonical_J", "NAIS", "NAISConv", "SecondOrder", "PiecewiseMLP"]

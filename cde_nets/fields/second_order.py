@@ -1,0 +1,114 @@
+"""Second- and higher-order depth (SPEC §3; blog §8, Hauser §2.2): ``x' = v``, ``v' = −γ v + η f(x)``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..pieces import Pieces, TimeGrid
+from .base import Field
+
+__all__ = ["SecondOrder", "PiecewiseMLP"]
+
+
+def _softplus_inverse(x: float) -> float:
+    return x + math.log(-math.expm1(-x))
+
+
+class PiecewiseMLP(nn.Module):
+    """``f_l(x) = W2_l tanh(W1_l LN(x) + c1_l) + c2_l``: the blog's time-varying one-hidden-layer update."""
+
+    def __init__(self, grid: TimeGrid, dim: int, hidden: int, layer_norm: bool = False, init_std: float = 1.0,
+                 generator: torch.Generator | None = None):
+        super().__init__()
+        s1, s2 = init_std / math.sqrt(dim), init_std / math.sqrt(hidden)
+        self.W1 = Pieces(grid, (hidden, dim), init=lambda w: w.normal_(0, s1, generator=generator))
+        self.c1 = Pieces(grid, (hidden,))
+        self.W2 = Pieces(grid, (dim, hidden), init=lambda w: w.normal_(0, s2, generator=generator))
+        self.c2 = Pieces(grid, (dim,))
+        self.norm = nn.LayerNorm(dim, elementwise_affine=False) if layer_norm else None
+
+    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
+        z = self.norm(x) if self.norm is not None else x
+        return torch.addmm(self.c2[l], torch.tanh(torch.addmm(self.c1[l], z, self.W1[l].T)), self.W2[l].T)
+
+
+class SecondOrder(Field):
+    r"""Order-``k`` depth: state ``(x, x', ..., x^{(k−1)})`` (one tensor, ``(batch, k·dim)``) with
+    ``x^{(k)} = −γ x^{(k−1)} + η f(x)`` for ``k >= 2`` and ``x' = η f(x)`` for ``k = 1`` (SPEC §3).
+
+    ``k = 2`` is the damped driven oscillator ``x' = v``, ``v' = −γ v + η f(x)`` of the blog (§8); ``γ`` and
+    ``η`` are per channel and positive (softplus). ``damping=False`` drops ``γ`` (Hauser's C^k chain
+    ``q_1' = q_2, ..., q_k' = f(q_1)``).
+
+    Bridge to discrete mode (``discretize(field, "symplectic_euler_qp")``, velocity first): with ``ṽ = h v``,
+    ``ṽ_{l+1} = (1 − hγ) ṽ_l + h² η f_l(x_l)`` and ``x_{l+1} = x_l + ṽ_{l+1}`` — the blog's second-order residual
+    block with ``m = 1 − hγ`` and ``η_blog = h² η``.
+
+    ``f``: any ``nn.Module``; called as ``f.evaluate(l, x)`` when it has that method (piece-aware, e.g. the default
+    :class:`PiecewiseMLP` of width ``hidden``), otherwise as ``f(x)``.
+    """
+
+    kind = "second_order"
+
+    def __init__(self, dim: int, layers: int = 1, T: float = 1.0, f: nn.Module | None = None, order: int = 2,
+                 hidden: int | None = None, layer_norm: bool = False, gamma: float = 0.5, eta: float = 1.0,
+                 damping: bool = True, learn: bool = True, generator: torch.Generator | None = None):
+        super().__init__(T=T, layers=layers)
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"`dim` must be a positive integer, got {dim!r}.")
+        if not isinstance(order, int) or order < 1:
+            raise ValueError(f"`order` must be a positive integer (1 = first order), got {order!r}.")
+        for name, v in (("gamma", gamma), ("eta", eta)):
+            if not v > 0:
+                raise ValueError(f"`{name}` must be > 0 (it is kept positive by a softplus), got {v!r}.")
+        self.dim, self.k = dim, order
+        self.order = order
+        self.state_shape = (order * dim,)
+        if order == 2:
+            self.split = (dim, dim)
+        self.f = f if f is not None else PiecewiseMLP(self.grid, dim, hidden or 2 * dim, layer_norm,
+                                                      generator=generator)
+        self.damping = damping and order >= 2
+        raw = lambda v: torch.full((dim,), _softplus_inverse(float(v)))  # noqa: E731
+        if learn:
+            self.gamma_raw = nn.Parameter(raw(gamma)) if self.damping else None
+            self.eta_raw = nn.Parameter(raw(eta))
+        else:
+            self.register_buffer("gamma_raw", raw(gamma) if self.damping else None)
+            self.register_buffer("eta_raw", raw(eta))
+
+    @property
+    def gamma(self) -> torch.Tensor:
+        """Per-channel damping ``γ > 0`` (zeros without damping)."""
+        return F.softplus(self.gamma_raw) if self.damping else torch.zeros_like(self.eta_raw)
+
+    @property
+    def eta(self) -> torch.Tensor:
+        return F.softplus(self.eta_raw)
+
+    def drive(self, l: int, x: torch.Tensor) -> torch.Tensor:
+        """``η f_l(x)``."""
+        fx = self.f.evaluate(l, x) if hasattr(self.f, "evaluate") else self.f(x)
+        return self.eta * fx
+
+    def _top(self, l: int, x: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        out = self.drive(l, x)
+        return out - self.gamma * last if self.damping else out
+
+    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
+        d = self.dim
+        if self.k == 1:
+            return self.drive(l, y)
+        parts = [y[:, i * d:(i + 1) * d] for i in range(self.k)]
+        return torch.cat(parts[1:] + [self._top(l, parts[0], parts[-1])], 1)
+
+    def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
+        """``x' = v`` (part 0) or ``v' = −γ v + η f(x)`` (part 1), each computed alone (order 2)."""
+        if self.k != 2:
+            return super().evaluate_part(l, y, part)
+        x, v = y[:, : self.dim], y[:, self.dim:]
+        return v if part == 0 else self._top(l, x, v)
