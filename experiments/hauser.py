@@ -29,13 +29,13 @@ from cde_nets.training import fit, seeded
 from .common import threads
 from .report import result, row, save_figure
 
-PUBLISHED = {"bands C1": 75.0, "bands C2": 100.0, "disk C1": None, "disk Ck": 100.0, "ratio Ck": 0.0389,
+PUBLISHED = {"bands C1": "<= 75", "bands C2": 100.0, "disk C1": "< 100", "disk Ck": 100.0, "ratio Ck": 0.0389,
              "ratio C0": 1.31}
 
 SETTINGS = {
     "tiny": dict(n_bands=200, n_disk=200, layers=20, T=4.0, epochs=2, batch=50, lr=0.05, orders=(1, 2)),
-    "quick": dict(n_bands=400, n_disk=800, layers=20, T=4.0, epochs=60, batch=50, lr=0.05, orders=(1, 2, 3, 4)),
-    "full": dict(n_bands=400, n_disk=800, layers=40, T=4.0, epochs=300, batch=50, lr=0.02, orders=(1, 2, 3, 4)),
+    "quick": dict(n_bands=400, n_disk=800, layers=40, T=4.0, epochs=20, batch=50, lr=0.02, orders=(1, 2, 3, 4)),
+    "full": dict(n_bands=400, n_disk=800, layers=100, T=4.0, epochs=100, batch=50, lr=0.01, orders=(1, 2, 3, 4)),
 }
 
 
@@ -126,7 +126,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
             models[f"bands C{k}"] = ck_classifier(1, k, s["layers"], s["T"])
         res[f"bands C{k}"] = _train(models[f"bands C{k}"], bands, s, seed, f"bands C{k}")
         rows.append(row(f"1-D bands, 1 node, C{k} (test)", PUBLISHED[f"bands C{k}"], res[f"bands C{k}"]["test"],
-                        "%", train=res[f"bands C{k}"]["train"], bound="<= 75 (C1)" if k == 1 else None))
+                        "%", train=res[f"bands C{k}"]["train"]))
     for k in s["orders"]:
         with seeded(seed):
             models[f"disk C{k}"] = ck_classifier(2, k, s["layers"], s["T"])
@@ -147,6 +147,8 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
              "The 2-D set is our stand-in for S Fig. 4's data (a disk inside an annulus; a two-node C1 flow is a "
              "homeomorphism of the plane and cannot separate it).",
              "The published ratio 0.0389 is for the net of Fig. S4a; we print it beside our C1 two-node net.",
-             "A discrete C1 net with large |W| Δl can fold the line, so it is not strictly bound by 75 %."]
+             "C1 on the disk: a homeomorphism can squeeze the enclosing annulus into a thin arc holding few sample "
+             "points, so a C1 net may come close to, but not reach, 100 %. A discrete C1 step x + Δl σ(x) stays "
+             "injective only while Δl |W| is small: large weights could fold the line and break the 75 % bound."]
     return result("hauser", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
                   settings={**s, "results": res}, notes=notes, figures=figures)
