@@ -1,20 +1,20 @@
 """The training loop every experiment uses: reproducible, checkpointed atomically each epoch, resumable.
 
-``fit(model, data, ...)`` trains for classification (one logit: BCE; several: cross-entropy) or regression
-(MSE) with any optimiser, the seeds' regularisers (``Regulariser`` terms: eq. R82 smoothness, R_K and R_ℓ of
-SPEC §2, weight decay), a post-step hook (NAIS ``project_()``), a tqdm progress bar and per-epoch metrics. One
-seed fixes the batching (an explicit generator); :func:`seeded` fixes initialisation. A checkpoint holds the
-model, optimiser, scheduler, history and every RNG state, written to a temporary file, fsynced and renamed, so a
-killed run resumes exactly where it stopped and ends bit for bit as an uninterrupted one.
+:func:`fit` trains for classification (one logit: binary cross-entropy; several: cross-entropy) or regression (MSE)
+with any optimiser, the seeds' regularisers as :class:`Regulariser` terms (eq. R82 smoothness, R_K and R_ℓ of
+SPEC §2, weight decay), a post-step hook (NAIS ``project_()``), a tqdm progress bar and per-epoch metrics.
+
+Reproducibility: the data loaders take a seed, :func:`seeded` fixes initialisation, and ``fit(seed=...)`` fixes
+the batching (an explicit ``torch.Generator``) and every global random draw during training (dropout, Hutchinson
+probes). The checkpoint written after every epoch holds the model, optimiser, scheduler, history and all RNG
+states, so a run killed at any instant and resumed with ``resume=True`` ends bit for bit as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +24,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .pieces import smoothness
 
 __all__ = ["Regulariser", "smoothness_R82", "smoothness_RK", "spectral_R_ell", "weight_decay", "seeded", "fit",
            "evaluate", "save_checkpoint", "load_checkpoint"]
 
+Matrices = Callable[[nn.Module], Iterable[torch.Tensor]]
+
+
+def _total(terms: Iterable[torch.Tensor]) -> torch.Tensor:
+    total = torch.zeros(())
+    for t in terms:
+        total = total + t
+    return total
+
 
 @dataclass
 class Regulariser:
-    """``weight · fn(model)`` added to the loss; ``name`` appears in the metrics."""
+    """``weight · fn(model)`` added to the training loss; its epoch mean is reported as metric ``reg_<name>``."""
 
     name: str
     weight: float
@@ -40,37 +50,52 @@ class Regulariser:
 
 
 def smoothness_R82(weight: float) -> Regulariser:
-    """eq. R82: ``(1/(2h)) Σ_l (‖w_l − w_{l−1}‖² + ‖b_l − b_{l−1}‖²)`` over every piecewise parameter."""
+    """eq. R82 (SPEC §1): ``(1/(2h)) Σ_l (‖w_l − w_{l−1}‖_F² + ‖b_l − b_{l−1}‖²)`` over every piecewise parameter."""
     return Regulariser("R82", weight, lambda m: smoothness(m))
 
 
 def smoothness_RK(weight: float, h: float) -> Regulariser:
-    """R_K of SPEC §2: ``(h/2) Σ_j (‖K_j − K_{j−1}‖² + ‖b_j − b_{j−1}‖²)``."""
+    """R_K of SPEC §2: ``(h/2) Σ_j (‖K_j − K_{j−1}‖_F² + ‖b_j − b_{j−1}‖²)`` over every piecewise parameter."""
+    if not h > 0:
+        raise ValueError(f"`h` must be the positive piece length T/L, got {h!r}.")
     return Regulariser("R_K", weight, lambda m: smoothness(m, scale=h / 2))
 
 
-def spectral_R_ell(weight: float, matrices: Callable[[nn.Module], Iterable[torch.Tensor]]) -> Regulariser:
-    """R_ℓ of SPEC §2: ``Σ ‖M‖₂`` over the matrices ``matrices(model)`` yields (e.g. every ``K_j`` and ``J``)."""
-    return Regulariser("R_ell", weight, lambda m: sum(torch.linalg.matrix_norm(M, 2) for M in matrices(m)))
+def spectral_R_ell(weight: float, matrices: Matrices) -> Regulariser:
+    """R_ℓ of SPEC §2: ``Σ_j (‖K_j‖₂ + ‖J_j‖₂)``, spectral norms of the matrices ``matrices(model)`` yields.
+
+    A tensor of shape ``(L, n, m)`` counts as ``L`` matrices.
+    """
+    def fn(m: nn.Module) -> torch.Tensor:
+        return _total(torch.linalg.matrix_norm(M, 2).sum() for M in matrices(m))
+
+    return Regulariser("R_ell", weight, fn)
 
 
-def weight_decay(weight: float, params: Callable[[nn.Module], Iterable[torch.Tensor]]) -> Regulariser:
-    """``Σ ‖θ‖²`` over chosen parameters (e.g. the output layer's, as in H-DNN)."""
-    return Regulariser("weight_decay", weight, lambda m: sum(p.square().sum() for p in params(m)))
+def weight_decay(weight: float, params: Matrices | None = None) -> Regulariser:
+    """``Σ ‖θ‖²`` over ``params(model)`` (e.g. the output layer's, as in H-DNN); all parameters when ``None``."""
+    def fn(m: nn.Module) -> torch.Tensor:
+        return _total(p.square().sum() for p in (m.parameters() if params is None else params(m)))
+
+    return Regulariser("weight_decay", weight, fn)
+
+
+def _seed_globals(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
 
 
 @contextmanager
 def seeded(seed: int):
-    """Fix torch, numpy and Python RNGs inside the block (for initialising models reproducibly)."""
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
+    """Seed torch, numpy and Python RNGs on entry (to initialise models reproducibly); they are not restored."""
+    _seed_globals(seed)
     yield
 
 
 def _loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if task == "regression":
-        return F.mse_loss(out, y)
+        return F.mse_loss(out, y.to(out.dtype).reshape(out.shape))
     if out.shape[-1] == 1:
         return F.binary_cross_entropy_with_logits(out[:, 0], y.to(out.dtype))
     return F.cross_entropy(out, y)
@@ -81,157 +106,177 @@ def _correct(out: torch.Tensor, y: torch.Tensor) -> int:
     return int((pred == y).sum())
 
 
-def _outputs(out):
-    """Blocks with stopping return ``(y, depths)``; models may too. Keep the prediction."""
+def _prediction(out):
+    """Blocks with stopping return ``(y, depths)``, and models may too: keep the prediction."""
     return out[0] if isinstance(out, tuple) else out
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "classification",
              batch_size: int = 1024) -> dict:
-    """Loss and (classification) accuracy of ``model`` on ``(x, y)``, in evaluation mode."""
+    """Mean loss and (classification) accuracy of ``model`` on ``x (n, …)``, ``y (n,)``, in evaluation mode."""
     was = model.training
     model.eval()
     total, correct = 0.0, 0
-    for i in range(0, len(y), batch_size):
-        out = _outputs(model(x[i:i + batch_size]))
-        total += float(_loss(task, out, y[i:i + batch_size])) * len(out)
-        if task == "classification":
-            correct += _correct(out, y[i:i + batch_size])
-    model.train(was)
+    try:
+        for i in range(0, len(y), batch_size):
+            out = _prediction(model(x[i:i + batch_size]))
+            total += float(_loss(task, out, y[i:i + batch_size])) * len(out)
+            if task == "classification":
+                correct += _correct(out, y[i:i + batch_size])
+    finally:
+        model.train(was)
     res = {"loss": total / len(y)}
     if task == "classification":
         res["accuracy"] = correct / len(y)
     return res
 
 
-def save_checkpoint(path: str | Path, state: dict) -> None:
-    """Write atomically: a temporary file in the same directory, fsync, then ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _make_optimizer(model: nn.Module, optimizer, lr: float) -> torch.optim.Optimizer:
+    if optimizer is None:
+        return torch.optim.Adam(model.parameters(), lr=lr)
+    opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(model.parameters())
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError("`optimizer` must be a torch.optim.Optimizer or a factory `params -> Optimizer`, "
+                        f"got a factory returning {type(opt).__name__}.")
+    return opt
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    return torch.load(path, weights_only=False)
+def _make_scheduler(scheduler, opt: torch.optim.Optimizer):
+    if scheduler is None or hasattr(scheduler, "state_dict"):
+        return scheduler
+    return scheduler(opt)
 
 
-def _rng_state(batch_gen: torch.Generator) -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "batches": batch_gen.get_state()}
-
-
-def _set_rng_state(state: dict, batch_gen: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    batch_gen.set_state(state["batches"])
+def _check_args(task: str, epochs: int, batch_size: int, data) -> tuple:
+    if task not in ("classification", "regression"):
+        raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"`epochs` must be a positive integer, got {epochs!r}.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")
+    if not isinstance(data, Sequence) or len(data) != 4:
+        raise ValueError("`data` must be a Split or a tuple (x_train, y_train, x_test, y_test); "
+                         "pass None for both test entries to skip testing.")
+    x_tr, y_tr, x_te, y_te = data
+    if len(x_tr) != len(y_tr) or len(x_tr) == 0:
+        raise ValueError(f"x_train and y_train must have the same positive length, got {len(x_tr)} and {len(y_tr)}.")
+    if (x_te is None) != (y_te is None):
+        raise ValueError("x_test and y_test must both be tensors or both be None.")
+    return x_tr, y_tr, x_te, y_te
 
 
 def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer=None, lr: float = 1e-2,
-        task: str = "classification", regularisers: Iterable[Regulariser] = (), post_step: Callable | None = None,
-        scheduler=None, seed: int = 0, checkpoint: str | Path | None = None, resume: bool = False,
-        progress: bool = True, desc: str = "train", epoch_callback: Callable | None = None) -> list[dict]:
-    """Train ``model`` on ``data`` (a :class:`~cde_nets.datasets.Split` or ``(x_train, y_train, x_test, y_test)``).
+        task: str = "classification", regularisers: Iterable[Regulariser] = (),
+        post_step: Callable[[nn.Module], None] | None = None, scheduler=None, seed: int = 0,
+        checkpoint: str | Path | None = None, resume: bool = False, progress: bool = True, desc: str = "train",
+        epoch_callback: Callable[[int, nn.Module, dict], None] | None = None) -> list[dict]:
+    """Train ``model`` on ``data``: a :class:`~cde_nets.datasets.Split` or ``(x_train, y_train, x_test, y_test)``.
 
     Args:
-        optimizer: an optimiser over ``model``'s parameters, or a factory ``params -> optimiser``; default Adam(lr).
+        epochs: the total number of epochs (a resumed run trains only the missing ones).
+        optimizer: an optimiser over ``model``'s parameters, or a factory ``params -> Optimizer``; default Adam(lr).
+        task: ``"classification"`` (labels ``(n,)`` long; one logit uses BCE, several cross-entropy) or
+            ``"regression"`` (MSE against float targets of the output's shape).
         regularisers: :class:`Regulariser` terms added to the loss.
         post_step: called with the model after every optimiser step (e.g. ``lambda m: m.block.field.project_()``).
-        checkpoint: file written atomically after every epoch; with ``resume=True`` training continues from it.
-        epoch_callback: ``f(epoch, model, metrics)`` after each epoch (may add entries to ``metrics``).
-    Returns the per-epoch metrics: train loss/accuracy (running, over the epoch), test loss/accuracy, time.
+        scheduler: an LR scheduler or a factory ``optimizer -> scheduler``; stepped once per epoch
+            (``ReduceLROnPlateau`` with the epoch's test loss, or train loss without test data).
+        seed: fixes the batch order and seeds the global RNGs at the start of a fresh run.
+        checkpoint: file written atomically after every epoch; with ``resume=True`` training continues from it
+            (a missing file starts afresh, so the same command serves the first run and every restart).
+        epoch_callback: ``f(epoch, model, metrics)`` after each epoch, before the checkpoint (may add metrics).
+    Returns the per-epoch metrics (one dict per epoch, resumed epochs included): ``epoch``, ``train_loss`` and
+    ``train_accuracy`` (running, over the epoch's batches), ``reg_<name>``, ``test_loss``, ``test_accuracy``,
+    ``lr`` and ``time_s`` (training and evaluation of the epoch).
     """
-    if task not in ("classification", "regression"):
-        raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
-    if not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"`epochs` must be a positive integer, got {epochs!r}.")
-    if batch_size < 1:
-        raise ValueError(f"`batch_size` must be >= 1, got {batch_size!r}.")
-    x_tr, y_tr, x_te, y_te = data
-    if len(x_tr) != len(y_tr):
-        raise ValueError(f"x_train has {len(x_tr)} rows but y_train has {len(y_tr)}.")
-    if optimizer is None:
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-    elif isinstance(optimizer, torch.optim.Optimizer):
-        opt = optimizer
-    else:
-        opt = optimizer(model.parameters())
+    x_tr, y_tr, x_te, y_te = _check_args(task, epochs, batch_size, data)
+    if resume and checkpoint is None:
+        raise ValueError("`resume=True` needs `checkpoint`, the file to resume from.")
+    opt = _make_optimizer(model, optimizer, lr)
+    sched = _make_scheduler(scheduler, opt)
     regularisers = list(regularisers)
     batch_gen = torch.Generator().manual_seed(seed)
     history: list[dict] = []
     start = 0
-    if resume and checkpoint is not None and Path(checkpoint).exists():
+    if resume and Path(checkpoint).exists():
         ck = load_checkpoint(checkpoint)
+        if (ck["seed"], ck["batch_size"]) != (seed, batch_size):
+            raise ValueError(f"the checkpoint was written with seed={ck['seed']}, batch_size={ck['batch_size']}; "
+                             "resume with the same values or start afresh without `resume`.")
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
-        if scheduler is not None and ck.get("scheduler") is not None:
-            scheduler.load_state_dict(ck["scheduler"])
-        _set_rng_state(ck["rng"], batch_gen)
+        if sched is not None and ck["scheduler"] is not None:
+            sched.load_state_dict(ck["scheduler"])
+        set_rng_state(ck["rng"], batch_gen)
         history, start = ck["history"], ck["epoch"] + 1
+    else:
+        _seed_globals(seed)
     bar = None
-    if progress:
+    if progress and start < epochs:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=epochs, initial=start, desc=desc, leave=False, dynamic_ncols=True)
     for epoch in range(start, epochs):
         t0 = time.perf_counter()
-        model.train()
-        perm = torch.randperm(len(y_tr), generator=batch_gen)
-        run_loss, run_correct, seen = 0.0, 0, 0
-        for i in range(0, len(perm), batch_size):
-            idx = perm[i:i + batch_size]
-            xb, yb = x_tr[idx], y_tr[idx]
-            opt.zero_grad(set_to_none=True)
-            out = _outputs(model(xb))
-            loss = _loss(task, out, yb)
-            total = loss
-            for reg in regularisers:
-                total = total + reg.weight * reg.fn(model)
-            if not torch.isfinite(total):
-                raise FloatingPointError(f"loss became {float(total)} in epoch {epoch}; lower the learning rate "
-                                         "or tighten the solver tolerance (the checkpoint of the last epoch is intact).")
-            total.backward()
-            opt.step()
-            if post_step is not None:
-                post_step(model)
-            run_loss += float(loss) * len(yb)
-            seen += len(yb)
-            if task == "classification":
-                run_correct += _correct(out.detach(), yb)
-        if scheduler is not None:
-            scheduler.step()
-        metrics = {"epoch": epoch, "train_loss": run_loss / seen, "time_s": time.perf_counter() - t0}
-        if task == "classification":
-            metrics["train_accuracy"] = run_correct / seen
-        test = evaluate(model, x_te, y_te, task)
-        metrics.update({f"test_{k}": v for k, v in test.items()})
+        metrics = _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch)
+        if x_te is not None:
+            metrics.update({f"test_{k}": v for k, v in evaluate(model, x_te, y_te, task).items()})
+        metrics["lr"] = opt.param_groups[0]["lr"]
+        if sched is not None:
+            if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                sched.step(metrics.get("test_loss", metrics["train_loss"]))
+            else:
+                sched.step()
+        metrics["time_s"] = time.perf_counter() - t0
         if epoch_callback is not None:
             epoch_callback(epoch, model, metrics)
         history.append(metrics)
         if checkpoint is not None:
             save_checkpoint(checkpoint, {
                 "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "scheduler": None if scheduler is None else scheduler.state_dict(), "epoch": epoch,
-                "history": history, "rng": _rng_state(batch_gen)})
+                "scheduler": None if sched is None else sched.state_dict(), "epoch": epoch, "history": history,
+                "seed": seed, "batch_size": batch_size, "rng": rng_state(batch_gen)})
         if bar is not None:
             bar.update(1)
-            bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items() if k in ("train_loss", "test_accuracy")})
+            bar.set_postfix({k.replace("accuracy", "acc"): f"{v:.4g}" for k, v in metrics.items()
+                             if k in ("train_loss", "train_accuracy", "test_accuracy")})
     if bar is not None:
         bar.close()
     return history
+
+
+def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch) -> dict:
+    model.train()
+    perm = torch.randperm(len(y_tr), generator=batch_gen)
+    run_loss, run_correct, seen = 0.0, 0, 0
+    reg_sums = {r.name: 0.0 for r in regularisers}
+    n_batches = 0
+    for i in range(0, len(perm), batch_size):
+        idx = perm[i:i + batch_size]
+        xb, yb = x_tr[idx], y_tr[idx]
+        opt.zero_grad(set_to_none=True)
+        out = _prediction(model(xb))
+        loss = _loss(task, out, yb)
+        total = loss
+        for reg in regularisers:
+            value = reg.fn(model)
+            reg_sums[reg.name] += float(torch.as_tensor(value).detach())
+            total = total + reg.weight * value
+        if not torch.isfinite(total):
+            raise FloatingPointError(f"the loss became {float(total)} in epoch {epoch}; lower the learning rate or "
+                                     "tighten the solver tolerance (the last epoch's checkpoint is intact).")
+        total.backward()
+        opt.step()
+        if post_step is not None:
+            post_step(model)
+        run_loss += float(loss.detach()) * len(yb)
+        seen += len(yb)
+        n_batches += 1
+        if task == "classification":
+            run_correct += _correct(out.detach(), yb)
+    metrics = {"epoch": epoch, "train_loss": run_loss / seen}
+    if task == "classification":
+        metrics["train_accuracy"] = run_correct / seen
+    metrics.update({f"reg_{k}": v / n_batches for k, v in reg_sums.items()})
+    return metrics

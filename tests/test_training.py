@@ -1,4 +1,5 @@
-"""Training loop: learns, is reproducible bit for bit, and resumes exactly after SIGKILL."""
+"""Training loop: learns, adds the regularisers exactly, is reproducible bit for bit, resumes exactly after SIGKILL,
+and never leaves a torn checkpoint."""
 
 import os
 import signal
@@ -7,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +16,18 @@ from cde_nets import ODEBlock
 from cde_nets.datasets import Split
 from cde_nets.fields import NAIS
 from cde_nets.models import Classifier
-from cde_nets.training import fit, load_checkpoint, save_checkpoint, seeded
+from cde_nets.pieces import Pieces, TimeGrid
+from cde_nets.training import (
+    evaluate,
+    fit,
+    load_checkpoint,
+    save_checkpoint,
+    seeded,
+    smoothness_R82,
+    smoothness_RK,
+    spectral_R_ell,
+    weight_decay,
+)
 
 DEMO = str(Path(__file__).with_name("train_demo.py"))
 
@@ -23,7 +36,7 @@ def separable(seed=0, n=200):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2 * n, 2, generator=g)
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
-    x = x + 0.3 * (2 * y[:, None] - 1) * torch.tensor([1.0, 0.5])  # a margin: 100 % is attainable
+    x = x + 0.3 * (2 * y[:, None] - 1) * torch.tensor([1.0, 0.5])  # margin 0.375 from the line: 100 % attainable
     return Split(x[:n], y[:n], x[n:], y[n:])
 
 
@@ -33,17 +46,81 @@ def test_learns_a_linearly_separable_set():
         model = torch.nn.Linear(2, 1)
     hist = fit(model, data, epochs=30, batch_size=20, lr=0.1, progress=False)
     assert hist[-1]["test_accuracy"] == 1.0 and hist[-1]["train_accuracy"] == 1.0
+    assert [h["epoch"] for h in hist] == list(range(30))
+    assert evaluate(model, data.x_test, data.y_test)["accuracy"] == 1.0
 
 
-def test_same_seed_same_bits():
+def test_regression_reaches_the_least_squares_solution(f64):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, generator=g)
+    y = x @ torch.tensor([[1.0, -2.0], [0.5, 0.0], [3.0, 1.0]]) + 0.1 * torch.randn(64, 2, generator=g)
+    X1 = np.hstack([x.numpy(), np.ones((64, 1))])
+    coef = np.linalg.lstsq(X1, y.numpy(), rcond=None)[0]
+    model = torch.nn.Linear(3, 2)
+    hist = fit(model, (x, y, None, None), epochs=400, batch_size=64, task="regression", progress=False,
+               optimizer=lambda p: torch.optim.SGD(p, lr=0.3))
+    assert np.allclose(model.weight.detach().numpy(), coef[:3].T, atol=1e-9)
+    assert np.allclose(model.bias.detach().numpy(), coef[3], atol=1e-9)
+    resid = X1 @ coef - y.numpy()
+    assert hist[-1]["train_loss"] == pytest.approx(float(np.mean(resid**2)), rel=1e-9)
+
+
+class _Piecewise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        init = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 2.0], [1.0, 2.0]])
+        self.w = Pieces(TimeGrid(1.0, 4), (2,), init=init)
+
+
+def test_regulariser_values_match_their_closed_forms(f64):
+    m = _Piecewise()  # Σ‖w_l − w_{l−1}‖² = 1 + 4 + 0 = 5, h = 1/4
+    assert float(smoothness_R82(1.0).fn(m).detach()) == pytest.approx(5 / (2 * 0.25), rel=1e-15)
+    assert float(smoothness_RK(1.0, 0.25).fn(m).detach()) == pytest.approx(5 * 0.25 / 2, rel=1e-15)
+    stack = torch.stack([torch.diag(torch.tensor([3.0, 1.0])), torch.tensor([[0.0, 2.0], [0.0, 0.0]])])
+    J = torch.tensor([[1.0, 1.0], [1.0, 1.0]])  # spectral norm 2
+    assert float(spectral_R_ell(1.0, lambda _: [stack, J]).fn(m)) == pytest.approx(3 + 2 + 2, rel=1e-14)
+    assert float(weight_decay(1.0).fn(m).detach()) == pytest.approx(1 + 1 + 4 + 1 + 4, rel=1e-15)
+
+
+def test_fit_adds_the_weighted_regulariser_to_the_loss(f64):
+    """One full-batch SGD step: θ₁ = θ₀ − η ∇(loss + λ‖θ‖²), and ``reg_weight_decay`` reports ‖θ₀‖²."""
+    data = separable(3, n=8)
+    with seeded(1):
+        model = torch.nn.Linear(2, 1)
+    theta0 = [p.detach().clone() for p in model.parameters()]
+    ref = torch.nn.Linear(2, 1)
+    ref.load_state_dict(model.state_dict())
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(ref(data.x_train)[:, 0], data.y_train.double())
+    loss = loss + 0.5 * sum(p.square().sum() for p in ref.parameters())
+    grads = torch.autograd.grad(loss, list(ref.parameters()))
+    hist = fit(model, data, epochs=1, batch_size=8, progress=False, regularisers=[weight_decay(0.5)],
+               optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    for p, p0, g in zip(model.parameters(), theta0, grads):
+        assert torch.allclose(p.detach(), p0 - 0.1 * g, rtol=0, atol=1e-15)
+    assert hist[0]["reg_weight_decay"] == pytest.approx(sum(float(p.square().sum()) for p in theta0), rel=1e-15)
+
+
+def test_one_seed_fixes_training_bit_for_bit_even_with_dropout():
     data = separable(1)
-    params = []
-    for _ in range(2):
+
+    def run(seed, disturb):
         with seeded(7):
-            model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        fit(model, data, epochs=3, batch_size=16, seed=7, progress=False)
-        params.append(torch.cat([p.flatten() for p in model.parameters()]))
-    assert torch.equal(params[0], params[1])
+            model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Dropout(0.2),
+                                        torch.nn.Linear(8, 1))
+        torch.rand(disturb)  # whatever the caller drew before, fit's seed decides batches and dropout masks
+        hist = fit(model, data, epochs=3, batch_size=16, seed=seed, progress=False)
+        return torch.cat([p.detach().flatten() for p in model.parameters()]), hist
+
+    (a, ha), (b, hb), (c, _) = run(7, 1), run(7, 5), run(8, 1)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert [h["train_loss"] for h in ha] == [h["train_loss"] for h in hb]
+
+
+def test_scheduler_factory_steps_once_per_epoch():
+    hist = fit(torch.nn.Linear(2, 1), separable(), epochs=4, batch_size=50, progress=False,
+               optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+               scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    assert [h["lr"] for h in hist] == [0.1, 0.1, 0.05, 0.05]
 
 
 def test_post_step_projects_nais_after_every_step():
@@ -63,25 +140,31 @@ def test_post_step_projects_nais_after_every_step():
 
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    full = tmp_path / "full.pt"
-    subprocess.run([sys.executable, DEMO, str(tmp_path / "a.ckpt"), str(full)], check=True, env=env, timeout=120)
-    ckpt, out = tmp_path / "b.ckpt", tmp_path / "resumed.pt"
-    proc = subprocess.Popen([sys.executable, DEMO, str(ckpt), str(out), "--sleep", "0.5"], env=env)
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        if ckpt.exists() and load_checkpoint(ckpt)["epoch"] >= 1:
-            break
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed_at = load_checkpoint(ckpt)["epoch"]
-    assert 1 <= killed_at < 5 and not out.exists()  # really interrupted mid-run
+    full_out, ckpt, out = tmp_path / "full.pt", tmp_path / "b.ckpt", tmp_path / "resumed.pt"
+    full = subprocess.Popen([sys.executable, DEMO, str(tmp_path / "a.ckpt"), str(full_out)], env=env)
+    victim = subprocess.Popen([sys.executable, DEMO, str(ckpt), str(out), "--hang-at", "2"], env=env)
+    try:
+        deadline = time.time() + 120
+        while not out.with_suffix(".hang").exists() and victim.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert victim.poll() is None, "the demo ended before reaching the hang point"
+        os.kill(victim.pid, signal.SIGKILL)
+        assert victim.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    # killed after training epoch 2, before its checkpoint: the file holds epoch 1
+    assert load_checkpoint(ckpt)["epoch"] == 1 and not out.exists()
+    (tmp_path / ".b.ckpt.torn.tmp").write_bytes(b"\x80half a pickle")  # what a kill during a write leaves
     subprocess.run([sys.executable, DEMO, str(ckpt), str(out), "--resume"], check=True, env=env, timeout=120)
-    a, b = torch.load(full), torch.load(out)
+    assert full.wait(timeout=120) == 0
+    a, b = torch.load(full_out), torch.load(out)
+    assert a["params"].keys() == b["params"].keys()
     for k in a["params"]:
         assert torch.equal(a["params"][k], b["params"][k]), k
     strip = lambda h: [{k: v for k, v in r.items() if k != "time_s"} for r in h]  # noqa: E731
-    assert strip(a["history"]) == strip(b["history"])
+    assert len(b["history"]) == 6 and strip(a["history"]) == strip(b["history"])
+    assert not (tmp_path / ".b.ckpt.torn.tmp").exists()
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
@@ -91,15 +174,31 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     def crash(*a, **k):
         raise KeyboardInterrupt("killed between write and rename")
 
-    monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(path, {"epoch": 2})
+    with monkeypatch.context() as mp:
+        mp.setattr(os, "replace", crash)
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(path, {"epoch": 2})
     assert load_checkpoint(path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["c.ckpt"]  # no temporary file left behind
+    save_checkpoint(path, {"epoch": 3})
+    assert load_checkpoint(path)["epoch"] == 3
 
 
-def test_errors():
+def test_errors(tmp_path):
+    data = separable()
     with pytest.raises(ValueError, match="`task` must be"):
-        fit(torch.nn.Linear(2, 1), separable(), epochs=1, task="ranking")
+        fit(torch.nn.Linear(2, 1), data, epochs=1, task="ranking")
     with pytest.raises(ValueError, match="`epochs` must be a positive integer"):
-        fit(torch.nn.Linear(2, 1), separable(), epochs=0)
+        fit(torch.nn.Linear(2, 1), data, epochs=0)
+    with pytest.raises(ValueError, match="`resume=True` needs `checkpoint`"):
+        fit(torch.nn.Linear(2, 1), data, epochs=1, resume=True)
+    with pytest.raises(TypeError, match="`optimizer` must be a torch.optim.Optimizer"):
+        fit(torch.nn.Linear(2, 1), data, epochs=1, optimizer=lambda p: list(p))
+    with pytest.raises(ValueError, match="`data` must be a Split"):
+        fit(torch.nn.Linear(2, 1), data[:2], epochs=1)
+    ck = tmp_path / "e.ckpt"
+    fit(torch.nn.Linear(2, 1), data, epochs=1, seed=1, checkpoint=ck, progress=False)
+    with pytest.raises(ValueError, match="written with seed=1"):
+        fit(torch.nn.Linear(2, 1), data, epochs=2, seed=2, checkpoint=ck, resume=True, progress=False)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.ckpt")
