@@ -21,7 +21,9 @@ from .fields.base import Field
 
 __all__ = ["discretize", "DiscreteNet"]
 
-_RESNET_A = -10.0  # sigmoid(-10) = 4.5e-5: m ≈ 0, the momentum net starts as a ResNet (B §8)
+# sigmoid(-10) = 4.5e-5: m ≈ 0, so the momentum net starts as a ResNet (B §8) to within 4.5e-5 per layer, while
+# dm/da = m(1 − m) ≈ 4.5e-5 still lets training move m (at a = -20 it would be 2e-9, below float32 resolution of 1).
+_RESNET_A = -10.0
 _ETA_ONE = math.log(math.e - 1.0)  # softplus(log(e - 1)) = 1
 
 
@@ -41,7 +43,7 @@ class DiscreteNet(nn.Module):
         self.memory_free = memory_free
         L = field.grid.L
         self.tie_eta = tie_eta
-        if scheme.name == "momentum":
+        if "m" in scheme.params:
             channels = field.state_shape[0]
             m0, eta0 = momentum if momentum is not None else (None, None)
             a0 = _RESNET_A if m0 is None else math.log(m0 / (1 - m0))
@@ -60,7 +62,7 @@ class DiscreteNet(nn.Module):
     def coefficients(self, ndim: int = 2) -> dict:
         """Per-layer scheme coefficients, gathered once per call and shaped to broadcast over a state of ``ndim``
         dimensions: momentum ``m`` and ``eta_h = η h`` of shape ``(L, 1, C, 1, ...)``, two-step ``k``."""
-        if self.scheme.name == "momentum":
+        if "m" in self.scheme.params:
             shape = (self.a.shape[0], 1, self.a.shape[1]) + (1,) * (ndim - 2)
             m = torch.sigmoid(self.a)
             eta = (1 - m) if self.tie_eta else F.softplus(self.b)
@@ -131,6 +133,10 @@ def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = 
         momentum: initial ``(m, η)`` of the momentum scheme; default ``m ≈ 0, η = 1`` (starts as a ResNet).
         tie_eta: momentum with ``η = 1 − m`` (Momentum ResNets).
         memory_free: momentum only — backward by exact inversion of the update, O(1) memory in depth.
+
+    On an order-2 field (``field.order == 2``, state ``(x, v)``, e.g. ``SecondOrder``) the momentum scheme uses the
+    field's own velocity (see :meth:`solvers.schemes.Scheme.for_field`): ``m = 1 − hγ`` and ``η = hη`` come from
+    the field, the step equals ``symplectic_euler_qp``, and the output keeps the field's state ``(x, v)``.
         stop: ``dict(eps=..., max_depth=...)``: pattern-dependent depth — each sample stops when
             ``‖y_i − y_{i−1}‖ < eps`` (up to ``max_depth`` steps; step ``i`` uses piece ``min(i, L − 1)``); the batch
             is compacted as samples finish, and the net returns ``(y, depths)``.
@@ -138,6 +144,15 @@ def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = 
     if not isinstance(field, Field):
         raise TypeError(f"`field` must be a cde_nets Field (with evaluate(l, y)), got {type(field).__name__}.")
     sch = get_scheme(scheme)
+    native = sch.needs == "velocity" and field.order == 2
+    if native and field.split is None:
+        raise ValueError(f"scheme {sch.name!r} on an order-2 field uses its (x, v) halves, but "
+                         f"{type(field).__name__} declares no `split`; declare split = (dim, dim).")
+    if native and (momentum is not None or tie_eta or memory_free):
+        raise ValueError(f"on the order-2 field {type(field).__name__}, the momentum scheme's m = 1 − hγ and "
+                         "η = hη come from the field's γ, η; drop `momentum`, `tie_eta` and `memory_free` (or use a "
+                         "first-order field).")
+    sch = sch.for_field(field.order)
     if sch.needs == "split":
         if split is None and field.split is None:
             n = field.state_shape[0] if len(field.state_shape) == 1 else None
@@ -155,12 +170,14 @@ def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = 
         raise ValueError(f"`k` applies to the 'ck' and 'dense' schemes, not {sch.name!r}.")
     if k is not None and (not isinstance(k, int) or k < 1):
         raise ValueError(f"`k` must be a positive integer, got {k!r}.")
-    if memory_free and sch.name != "momentum":
+    if memory_free and sch.needs != "velocity":
         raise ValueError(f"`memory_free=True` needs the 'momentum' scheme (exact inversion), not {sch.name!r}.")
     if memory_free and return_all:
         raise ValueError("`memory_free=True` keeps no layer states; drop `return_all`.")
     if momentum is not None and sch.name != "momentum":
         raise ValueError(f"`momentum` sets the momentum scheme's (m, η), not {sch.name!r}'s.")
+    if tie_eta and sch.name != "momentum":
+        raise ValueError(f"`tie_eta` ties the momentum scheme's η = 1 − m; it does not apply to {sch.name!r}.")
     if momentum is not None and not 0 < momentum[0] < 1:
         raise ValueError(f"`momentum` m must lie in (0, 1), got {momentum[0]}.")
     if stop is not None:

@@ -11,7 +11,7 @@ This module never imports ``cde_nets``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -70,7 +70,20 @@ class Scheme:
     part_order: tuple[int, ...] = ()
     params: tuple[str, ...] = ()
     lags: int = 1
-    extra: dict = field(default_factory=dict, compare=False)
+
+    def for_field(self, order: int) -> Scheme:
+        """The scheme as it runs on a field of ``order``: momentum on an order-2 field ``(x, v)`` uses the field's
+        own velocity instead of adding one.
+
+        Such a field (``x' = v``, ``v' = −γ v + η f(x)``, SPEC §3) already carries the heavy ball's state, so the
+        step is velocity first, then position: ``v_{l+1} = v_l + h(−γ v_l + η f_l(x_l))``,
+        ``x_{l+1} = x_l + h v_{l+1}``. With ``ṽ = h v`` this is exactly the momentum update
+        ``ṽ_{l+1} = m ṽ_l + η_B h f_l(x_l)``, ``x_{l+1} = x_l + ṽ_{l+1}`` with ``m = 1 − hγ``, ``η_B = hη`` (B §8):
+        the field's ``γ, η`` play the scheme's ``m, η``, so no extra coefficients are created.
+        """
+        if self.needs == "velocity" and order == 2:
+            return replace(self, needs="split", part_order=(1, 0), params=())
+        return self
 
     # -- state layout ---------------------------------------------------------------------------------
     def components(self, k: int | None = None) -> int:
@@ -160,6 +173,8 @@ def _verlet(scheme, f, l, state, h, coef, k, split):
 
 
 def _momentum(scheme, f, l, state, h, coef, k, split):
+    if scheme.needs == "split":  # on an order-2 field: its own (x, v), see Scheme.for_field
+        return _semi_implicit(scheme, f, l, state, h, coef, k, split)
     x, v = state
     v = coef["m"][l] * v + coef["eta_h"][l] * f.evaluate(l, x)
     return (x + v, v)

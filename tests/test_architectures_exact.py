@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cde_nets import discretize
-from cde_nets.fields import MS1, MS2, MS3, CubicFriction, Field, Hamiltonian
+from cde_nets.fields import MS1, MS2, MS3, NAIS, CubicFriction, Field, Hamiltonian, SecondOrder
 from cde_nets.pieces import Pieces
 
 L, T = 5, 1.5
@@ -20,12 +20,12 @@ def randomise(module, seed):
             p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.7)
 
 
-def same_outputs_and_grads(net, by_hand, y0):
+def same_outputs_and_grads(net, by_hand, y0, params=None):
     y0a = y0.clone().requires_grad_(True)
     y0b = y0.clone().requires_grad_(True)
     out_net, out_hand = net(y0a), by_hand(y0b)
     assert torch.allclose(out_net, out_hand, atol=1e-12, rtol=0)
-    params = [p for p in net.parameters() if p.requires_grad]
+    params = [p for p in (params or net.parameters()) if p.requires_grad]
     c = torch.randn(out_net.shape, generator=torch.Generator().manual_seed(99))
     g1 = torch.autograd.grad((c * out_net).sum(), [y0a, *params], allow_unused=True)
     g2 = torch.autograd.grad((c * out_hand).sum(), [y0b, *params], allow_unused=True)
@@ -205,3 +205,94 @@ def test_momentum_starts_as_a_resnet(f64):
     x0 = torch.randn(4, 3)
     out = discretize(f, "momentum")(x0)
     assert torch.allclose(out, discretize(f, "euler")(x0), atol=1e-3)  # m = sigmoid(-10) = 4.5e-5, η = 1
+
+
+def test_nais_block_eq_N3(f64):
+    """x(k+1) = x(k) + h σ(A_k x(k) + B_k u + b_k), A_k = −R_kᵀR_k − εI, the same u at every layer (eq. N3)."""
+    f = NAIS(3, 2, layers=L, T=T, eps=0.05)
+    randomise(f, 3)
+    u = torch.randn(4, 2)
+
+    def by_hand(x):
+        for j in range(L):
+            R, B, b = f.R.data[j], f.B.data[j], f.b.data[j]
+            A = -R.T @ R - 0.05 * torch.eye(3)
+            x = x + h * torch.tanh(x @ A.T + u @ B.T + b)
+        return x
+
+    net = discretize(f, "euler")
+    same_outputs_and_grads(lambda x: net(x, u=u), by_hand, torch.randn(4, 3), params=list(net.parameters()))
+    assert net.architecture == ("NAIS-Net block", "eq. N3")
+
+
+class Drive(Field):
+    """The first-order field ``F_l(x) = f_l(x)`` of a second-order field's drive ``f`` (shared parameters)."""
+
+    def __init__(self, f, d):
+        super().__init__(T=T, layers=L)
+        self.state_shape = (d,)
+        self.f = f
+
+    def evaluate(self, l, x):
+        return self.f.evaluate(l, x)
+
+
+def test_blog_second_order_block_is_momentum_on_a_second_order_field(f64):
+    """B §8: u_l = f_l(LN(x_l)), v_{l+1} = m ⊙ v_l + η ⊙ u_l, x_{l+1} = x_l + v_{l+1}, v_0 = 0, with the field's
+    m = 1 − hγ and η_B = h²η on the scaled velocity ṽ = h v (SecondOrder: x' = v, v' = −γ v + η f(x))."""
+    f2 = SecondOrder(3, layers=L, T=T, gamma=0.8, eta=1.3, layer_norm=True)
+    randomise(f2, 4)
+    net = discretize(f2, "momentum")
+    assert {id(p) for p in net.parameters()} == {id(p) for p in f2.parameters()}  # no m, η of its own
+
+    def by_hand(y):
+        x, vt = y[:, :3], h * y[:, 3:]
+        m, eta_b = 1 - h * f2.gamma, h * h * f2.eta
+        for j in range(L):
+            W1, c1, W2, c2 = (f2.f.W1.data[j], f2.f.c1.data[j], f2.f.W2.data[j], f2.f.c2.data[j])
+            u = torch.tanh(torch.nn.functional.layer_norm(x, (3,)) @ W1.T + c1) @ W2.T + c2
+            vt = m * vt + eta_b * u
+            x = x + vt
+        return torch.cat([x, vt / h], 1)
+
+    same_outputs_and_grads(net, by_hand, torch.randn(4, 6))
+    assert net.architecture[0].startswith("second-order residual")
+    y0 = torch.randn(4, 6)
+    assert torch.equal(net(y0), discretize(f2, "symplectic_euler_qp")(y0))
+
+    # the bridge: the momentum scheme on the first-order drive, m_l = 1 − hγ and η_l = hη, is the same network
+    first = discretize(Drive(f2.f, 3), "momentum")
+    with torch.no_grad():
+        m = 1 - h * f2.gamma
+        first.a.copy_(torch.log(m / (1 - m)).expand_as(first.a))
+        first.b.copy_(torch.log(torch.expm1(h * f2.eta)).expand_as(first.b))
+    x0 = torch.randn(4, 3)
+    out2 = net(torch.cat([x0, torch.zeros_like(x0)], 1))
+    assert torch.allclose(first(x0), out2[:, :3], atol=1e-12, rtol=0)
+
+
+def test_the_map_names_each_network_of_this_file(f64):
+    """SPEC §6: every scheme has a row, and each (scheme, field) pair above resolves to its paper's architecture."""
+    from solvers import ARCHITECTURES, SCHEMES, architecture
+
+    assert {r.scheme for r in ARCHITECTURES} == set(SCHEMES)
+    assert all(any(r.scheme == s and r.field_kind == "any" for r in ARCHITECTURES) for s in SCHEMES)
+    cases = [
+        (Hamiltonian(4), "euler", ("H1-DNN", "eq. H9")),
+        (Hamiltonian(4, K="blockdiag"), "symplectic_euler", ("H2-DNN", "eqs. H12-13")),
+        (MS1(4), "symplectic_euler_qp", ("MS1", "eq. 38")),
+        (MS2(4), "euler", ("MS2", "eq. 39")),
+        (MS3(4), "symplectic_euler", ("MS3", "eq. 40")),
+        (MS1(4), "symplectic_euler", ("semi-implicit (symplectic) Euler net, p first", "H12-13")),
+        (CubicFriction(3), "euler", ("Ruseckas residual", "eq. R109")),
+        (SecondOrder(2), "momentum", ("second-order residual (B §8)", "B §8")),
+        (Tanh(2), "ck", ("Hauser C^k network", "eq. S7")),
+        (Tanh(2), "dense", ("DenseNet state space", "eq. S22")),
+        (Tanh(2), "lm2", ("LM-ResNet", "eq. R111")),
+    ]
+    for field, scheme, (name, eq) in cases:
+        got = discretize(field, scheme).architecture
+        assert got[0].startswith(name) and got[1].endswith(eq), (scheme, got)
+        assert architecture(scheme, field) == got
+    with pytest.raises(ValueError, match="unknown scheme 'rk5'; valid schemes: euler, symplectic_euler"):
+        architecture("rk5", "any")

@@ -26,7 +26,6 @@ def _even(dim: int, name: str) -> int:
 
 
 class _Split(Field):
-    kind = "hamiltonian_baseline"
     separable = True
 
     def __init__(self, dim, layers, T, activation, init_std, generator):
@@ -48,6 +47,8 @@ class _Split(Field):
 
 class MS1(_Split):
     """``p' = σ(K0 q + b2)``, ``q' = −σ(K0ᵀ p + b1)`` (eq. 38 of H App. I; 8 parameters per layer in R⁴)."""
+
+    kind = "ms1"
 
     def __init__(self, dim: int, layers: int = 1, T: float = 1.0, activation="tanh", init_std=None, generator=None):
         super().__init__(dim, layers, T, activation, init_std, generator)
@@ -77,7 +78,7 @@ class MS1(_Split):
 class MS2(Field):
     """``y' = σ(K y + b)`` with ``K`` skew-symmetric (eq. 39 of H App. I; ``n(n−1)/2 + n`` parameters per layer)."""
 
-    kind = "hamiltonian_baseline"
+    kind = "ms2"
 
     def __init__(self, dim: int, layers: int = 1, T: float = 1.0, activation="tanh", init_std=None, generator=None):
         super().__init__(T=T, layers=layers)
@@ -102,6 +103,8 @@ class MS2(Field):
 
 class MS3(_Split):
     """``p' = K1ᵀ σ(K1 q + b1)``, ``q' = −K2ᵀ σ(K2 p + b2)`` (eq. 40 of H App. I; 12 parameters per layer in R⁴)."""
+
+    kind = "ms3"
 
     def __init__(self, dim: int, layers: int = 1, T: float = 1.0, activation="tanh", init_std=None, generator=None):
         super().__init__(dim, layers, T, activation, init_std, generator)
