@@ -188,3 +188,27 @@ def test_general_split_for_a_non_separable_field(f64):
         p = y[:, :2] + f.grid.h * f.evaluate(l, y)[:, :2]
         y = torch.cat([p, y[:, 2:] + f.grid.h * f.evaluate(l, torch.cat([p, y[:, 2:]], 1))[:, 2:]], 1)
     assert torch.allclose(discretize(f, "symplectic_euler", split=(2, 2))(x), y, atol=1e-14)
+
+
+@pytest.mark.parametrize("scheme,kw", [("verlet", dict(split=(1, 1))), ("momentum", dict(momentum=(0.5, 1.0))),
+                                       ("dense", dict(k=3))])
+def test_per_sample_stopping_with_tuple_states(f64, scheme, kw):
+    """Stopping compacts the batch of split, velocity and lag states alike: each sample stops at the depth where
+    it would stop alone, with the same state; on this contraction larger inputs need more layers to move less than
+    eps, so the depths are ordered like the input norms."""
+
+    class Decay(Field):
+        def __init__(self):
+            super().__init__(T=0.1, layers=1)
+            self.state_shape = (2,)
+
+        def evaluate(self, l, y):
+            return -y
+
+    f = Decay()
+    y0 = torch.tensor([[1e-2, 0.0], [1.0, 1.0], [50.0, -20.0]])
+    y, depths = discretize(f, scheme, stop=dict(eps=1e-4, max_depth=2000), **kw)(y0)
+    assert depths[0] < depths[1] < depths[2] < 2000
+    for i in range(3):
+        yi, di = discretize(f, scheme, stop=dict(eps=1e-4, max_depth=2000), **kw)(y0[i:i + 1])
+        assert di.item() == depths[i].item() and torch.allclose(yi, y[i:i + 1], atol=1e-14, rtol=0)
