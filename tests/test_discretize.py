@@ -212,3 +212,18 @@ def test_per_sample_stopping_with_tuple_states(f64, scheme, kw):
     for i in range(3):
         yi, di = discretize(f, scheme, stop=dict(eps=1e-4, max_depth=2000), **kw)(y0[i:i + 1])
         assert di.item() == depths[i].item() and torch.allclose(yi, y[i:i + 1], atol=1e-14, rtol=0)
+
+
+def test_memory_free_momentum_loses_precision_like_one_over_m_to_the_L(f64):
+    """The inversion divides by m once per layer: rounding grows like (1/m)^L, harmless at m = 0.9, fatal at
+    m = 0.05 over 16 layers (why the docs ask for a moderate momentum with `memory_free`)."""
+    errs = {}
+    for m in (0.9, 0.5, 0.05):
+        torch.manual_seed(2)
+        f = Tanh(4, layers=16)
+        x0 = torch.randn(8, 4, requires_grad=True)
+        g = [torch.autograd.grad(discretize(f, "momentum", momentum=(m, 0.5), memory_free=free)(x0).sum(), x0)[0]
+             for free in (False, True)]
+        errs[m] = (g[0] - g[1]).abs().max().item()
+        assert errs[m] < 1e-13 * (1 / m) ** 16
+    assert errs[0.9] < 1e-14 and errs[0.05] > 1e-4
