@@ -132,7 +132,8 @@ def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = 
         return_all: return every layer's state ``[y_0, ..., y_L]``.
         momentum: initial ``(m, η)`` of the momentum scheme; default ``m ≈ 0, η = 1`` (starts as a ResNet).
         tie_eta: momentum with ``η = 1 − m`` (Momentum ResNets).
-        memory_free: momentum only — backward by exact inversion of the update, O(1) memory in depth.
+        memory_free: momentum only — backward by exact inversion of the update, O(1) memory in depth; needs
+            ``momentum=(m, η)`` with a moderate ``m`` (rounding grows like ``(1/m)^L``).
 
     On an order-2 field (``field.order == 2``, state ``(x, v)``, e.g. ``SecondOrder``) the momentum scheme uses the
     field's own velocity (see :meth:`solvers.schemes.Scheme.for_field`): ``m = 1 − hγ`` and ``η = hη`` come from
@@ -172,6 +173,10 @@ def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = 
         raise ValueError(f"`k` must be a positive integer, got {k!r}.")
     if memory_free and sch.needs != "velocity":
         raise ValueError(f"`memory_free=True` needs the 'momentum' scheme (exact inversion), not {sch.name!r}.")
+    if memory_free and momentum is None:
+        raise ValueError("`memory_free=True` inverts v_l = (v_{l+1} − η h F) / m once per layer, so rounding "
+                         "grows like (1/m)^L; the default ResNet start m ≈ 4.5e-5 would destroy the gradients. "
+                         "Pass a moderate momentum, e.g. `momentum=(0.9, 1.0)`.")
     if memory_free and return_all:
         raise ValueError("`memory_free=True` keeps no layer states; drop `return_all`.")
     if momentum is not None and sch.name != "momentum":

@@ -147,6 +147,8 @@ def test_errors(f64):
         discretize(CubicFriction(4), "verlet", split=(1, 2))
     with pytest.raises(ValueError, match="`memory_free=True` needs the 'momentum' scheme"):
         discretize(Tanh(2, 2), "euler", memory_free=True)
+    with pytest.raises(ValueError, match="rounding grows like \\(1/m\\)\\^L.*`momentum=\\(0.9, 1.0\\)`"):
+        discretize(Tanh(2, 2), "momentum", memory_free=True)
     with pytest.raises(ValueError, match="`k` applies to the 'ck' and 'dense' schemes"):
         discretize(Tanh(2, 2), "euler", k=3)
     with pytest.raises(ValueError, match="`y0` has shape"):
