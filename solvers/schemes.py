@@ -71,6 +71,12 @@ class Scheme:
     params: tuple[str, ...] = ()
     lags: int = 1
 
+    def architecture(self, field_kind="any") -> tuple[str, str]:
+        """``(name, paper equation)`` of the network this scheme makes on a field of ``field_kind`` (SPEC §6)."""
+        from .architectures import architecture
+
+        return architecture(self.name, field_kind)
+
     def for_field(self, order: int) -> Scheme:
         """The scheme as it runs on a field of ``order``: momentum on an order-2 field ``(x, v)`` uses the field's
         own velocity instead of adding one.
