@@ -142,7 +142,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     full_out, ckpt, out = tmp_path / "full.pt", tmp_path / "b.ckpt", tmp_path / "resumed.pt"
     full = subprocess.Popen([sys.executable, DEMO, str(tmp_path / "a.ckpt"), str(full_out)], env=env)
-    victim = subprocess.Popen([sys.executable, DEMO, str(ckpt), str(out), "--hang-at", "2"], env=env)
+    victim = subprocess.Popen([sys.executable, DEMO, str(ckpt), str(out), "--hang-at", "3"], env=env)
     try:
         deadline = time.time() + 120
         while not out.with_suffix(".hang").exists() and victim.poll() is None and time.time() < deadline:
@@ -153,8 +153,8 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     finally:
         if victim.poll() is None:
             victim.kill()
-    # killed after training epoch 2, before its checkpoint: the file holds epoch 1
-    assert load_checkpoint(ckpt)["epoch"] == 1 and not out.exists()
+    # killed after training epoch 3, before its checkpoint: the file holds epoch 2 (StepLR mid-period)
+    assert load_checkpoint(ckpt)["epoch"] == 2 and not out.exists()
     (tmp_path / ".b.ckpt.torn.tmp").write_bytes(b"\x80half a pickle")  # what a kill during a write leaves
     subprocess.run([sys.executable, DEMO, str(ckpt), str(out), "--resume"], check=True, env=env, timeout=120)
     assert full.wait(timeout=120) == 0
