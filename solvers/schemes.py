@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .architectures import architecture
+
 __all__ = ["Tableau", "Scheme", "SCHEMES", "get_scheme", "dense_matrix"]
 
 
@@ -73,8 +75,6 @@ class Scheme:
 
     def architecture(self, field_kind="any") -> tuple[str, str]:
         """``(name, paper equation)`` of the network this scheme makes on a field of ``field_kind`` (SPEC §6)."""
-        from .architectures import architecture
-
         return architecture(self.name, field_kind)
 
     def for_field(self, order: int) -> Scheme:
