@@ -1,108 +1,200 @@
 """Pattern-dependent stopping depth: each sample stops on its own, and a stopped sample stops costing compute.
 
-The batch is compacted with index operations (never masked), so the field evaluates ``Σ depths`` rows in all
-instead of ``batch × max_depth`` (SPEC §4, N §5.3). Gradients flow through each sample's final state; the
-stopping index is not differentiated. torchdiffeq's event handling would stop the whole batch at the first
-event, which is why continuous stopping runs its own window loop here.
+SPEC §4 (N §5.3): unroll each sample until ``‖x(i) − x(i−1)‖ < ε``, up to a maximum depth; the continuous analogue
+stops a sample once ``‖F(t, x)‖ < ε``. The batch is compacted with index operations (never masked), so a
+discrete unroll evaluates ``Σ depths`` rows in all instead of ``batch × max_depth``. Gradients flow through each
+sample's final state (a differentiable gather); the stopping index itself is not differentiated.
+
+torchdiffeq's ``event_fn`` ends the solve of the *whole* batch at the first event, so continuous stopping runs
+its own loop over windows here, removing converged rows between windows.
+
+This module is numerical only: the caller passes callables (a step, a field on the active rows), so per-sample
+data bound to a model (e.g. a block input ``u``) is restricted to the active rows by the caller via ``idx``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
+from torchdiffeq import odeint
 
 from .errors import check_positive
 
-__all__ = ["unroll", "integrate_until_converged"]
+__all__ = ["unroll", "integrate_until_converged", "odeint_until_converged", "per_sample_norm"]
 
 State = tuple[torch.Tensor, ...]
+StateLike = torch.Tensor | State
 
 
-def _check(eps: float, max_depth: int, name: str = "max_depth") -> None:
-    check_positive("eps", eps, "It is the per-sample convergence threshold, e.g. 1e-4.")
-    if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth <= 0:
-        raise ValueError(f"`{name}` must be a positive integer, got {max_depth!r}.")
-
-
-def _per_sample_norm(d: torch.Tensor) -> torch.Tensor:
+def per_sample_norm(d: torch.Tensor) -> torch.Tensor:
+    """Euclidean norm of each sample: ``(batch, ...) -> (batch,)``."""
     return d.reshape(d.shape[0], -1).norm(dim=1)
 
 
+def _check_eps(eps: float, what: str) -> float:
+    return check_positive("eps", eps, f"It is the per-sample convergence threshold on {what}, e.g. 1e-4.")
+
+
+def _check_max_depth(max_depth: int) -> int:
+    if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth <= 0:
+        raise ValueError(
+            f"`max_depth` must be a positive integer (the most steps a sample may take), got {max_depth!r}."
+        )
+    return max_depth
+
+
 def _assemble(parts: list[tuple[torch.Tensor, State]], batch: int) -> State:
-    """Put per-group final states back in batch order (differentiable: a cat and one gather)."""
+    """Put the per-group final states back in batch order (differentiable: one cat and one gather per tensor)."""
     idx = torch.cat([i for i, _ in parts])
     order = torch.empty_like(idx)
     order[idx] = torch.arange(batch, device=idx.device)
-    n = len(parts[0][1])
-    return tuple(torch.cat([s[c] for _, s in parts])[order] for c in range(n))
+    return tuple(torch.cat([s[c] for _, s in parts])[order] for c in range(len(parts[0][1])))
 
 
-def unroll(step: Callable[[int, State, torch.Tensor], State], state0: State | torch.Tensor, *, eps: float,
-           max_depth: int, readout: Callable[[State], torch.Tensor] | None = None) -> tuple[State, torch.Tensor]:
-    """Iterate ``state ← step(i, state, idx)`` per sample until ``‖readout(x_i) − readout(x_{i−1})‖ < eps``.
+def unroll(
+    step: Callable[[int, StateLike, torch.Tensor], StateLike],
+    state0: StateLike,
+    *,
+    eps: float,
+    max_depth: int,
+    readout: Callable[[StateLike], torch.Tensor] | None = None,
+    norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[StateLike, torch.Tensor]:
+    """Iterate ``state ← step(i, state, idx)`` per sample until ``norm(readout(x(i)) − readout(x(i−1))) < eps``.
 
-    ``state0`` is a tensor or a tuple of tensors with the batch first; ``step`` receives only the rows still
-    running and ``idx``, their rows in the original batch. Returns the final states (batch order, a tuple if
-    ``state0`` was one) and the per-sample depth (number of steps taken, ``<= max_depth``).
+    Args:
+        step: ``step(i, state, idx) -> next state`` for step ``i = 0, 1, ...``; it receives only the rows still
+            running (``state`` in the form of ``state0``: a tensor or a tuple of tensors, batch first) and
+            ``idx``, their rows in the original batch (``(n_active,)`` long), to restrict per-sample data.
+        state0: the initial state, a tensor or a tuple of tensors whose first dimension is the batch.
+        eps: per-sample threshold (> 0) on the change of the read-out between consecutive steps.
+        max_depth: the most steps any sample takes (> 0).
+        readout: the part of the state whose change is measured; default the state itself (its first tensor
+            when the state is a tuple).
+        norm: per-sample norm, ``(n, ...) -> (n,)``; default Euclidean over all non-batch dimensions.
+
+    Returns:
+        ``(final, depths)``: the final states in batch order (same form as ``state0``) and the per-sample depth
+        ``(batch,)`` long, the number of steps taken (``max_depth`` for samples that never met the test).
+        ``step`` evaluates ``depths.sum()`` rows in all.
     """
-    _check(eps, max_depth)
+    _check_eps(eps, "the change of the state per step")
+    _check_max_depth(max_depth)
     single = isinstance(state0, torch.Tensor)
     cur: State = (state0,) if single else tuple(state0)
-    read = readout or (lambda s: s[0])
-    batch = cur[0].shape[0]
-    device = cur[0].device
-    idx = torch.arange(batch, device=device)
+    if not cur:
+        raise ValueError("`state0` is an empty tuple; pass a tensor or a tuple of tensors (batch first).")
+    batch, device = cur[0].shape[0], cur[0].device
+    if any(t.shape[0] != batch for t in cur):
+        raise ValueError(f"`state0` tensors must share the batch size, got {[t.shape[0] for t in cur]}.")
     depths = torch.full((batch,), max_depth, dtype=torch.long, device=device)
+    if batch == 0:
+        return state0, depths
+    as_user = (lambda s: s[0]) if single else (lambda s: s)
+    read = readout or (lambda s: s if single else s[0])
+    norm = norm or per_sample_norm
+    idx = torch.arange(batch, device=device)
     parts: list[tuple[torch.Tensor, State]] = []
     for i in range(max_depth):
-        nxt = step(i, cur if not single else cur, idx)
+        nxt = step(i, as_user(cur), idx)
         nxt = (nxt,) if isinstance(nxt, torch.Tensor) else tuple(nxt)
         with torch.no_grad():
-            done = _per_sample_norm(read(nxt) - read(cur)) < eps
+            done = norm(read(as_user(nxt)) - read(as_user(cur))) < eps
         cur = nxt
         if bool(done.any()):
             depths[idx[done]] = i + 1
             parts.append((idx[done], tuple(t[done] for t in cur)))
             keep = ~done
             idx, cur = idx[keep], tuple(t[keep] for t in cur)
-        if idx.numel() == 0:
-            break
+            if idx.numel() == 0:
+                break
     if idx.numel():
         parts.append((idx, cur))
-    final = _assemble(parts, batch)
-    return (final[0] if single else final), depths
+    return as_user(_assemble(parts, batch)), depths
 
 
 def integrate_until_converged(
     solve: Callable[[torch.Tensor, float, float, torch.Tensor], torch.Tensor],
     field: Callable[[float, torch.Tensor, torch.Tensor], torch.Tensor],
-    y0: torch.Tensor, *, t_max: float, window: float, eps: float,
+    y0: torch.Tensor,
+    *,
+    t_max: float,
+    window: float,
+    eps: float,
+    norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integrate per sample until ``‖F(t, y)‖ < eps`` (checked at the end of each window), up to ``t_max``.
+    """Integrate per sample until ``norm(F(t, y)) < eps`` (checked at the end of each window), up to ``t_max``.
 
-    ``solve(y, t0, t1, idx)`` integrates the active rows ``idx`` from ``t0`` to ``t1`` (any torchdiffeq method);
-    ``field(t, y, idx)`` evaluates ``F`` on them. Returns the final states and the per-sample stopping times
-    (resolution ``window``; ``t_max`` for samples that never converge).
+    Args:
+        solve: ``solve(y, t0, t1, idx)`` integrates the active rows (``idx`` in the original batch) from ``t0``
+            to ``t1`` and returns the state at ``t1`` (any solver; see :func:`odeint_until_converged`).
+        field: ``field(t, y, idx)`` evaluates ``F`` on the active rows.
+        y0: ``(batch, ...)`` initial state.
+        t_max: the latest stopping time (> 0).
+        window: time between convergence checks (> 0); stopping times are multiples of it (or ``t_max``).
+        eps: per-sample threshold (> 0) on ``‖F(t, y)‖``.
+
+    Returns:
+        ``(y, times)``: the final states in batch order and the per-sample stopping times ``(batch,)`` float64
+        (``t_max`` for samples that never converge).
     """
-    check_positive("t_max", t_max)
-    check_positive("window", window, "It is the interval between convergence checks.")
-    check_positive("eps", eps, "It is the per-sample threshold on ‖F(t, y)‖.")
+    t_max = check_positive("t_max", t_max, "It is the latest stopping time.")
+    window = check_positive("window", window, "It is the interval between convergence checks.")
+    _check_eps(eps, "‖F(t, y)‖")
+    norm = norm or per_sample_norm
     batch = y0.shape[0]
+    times = torch.full((batch,), t_max, dtype=torch.float64, device=y0.device)
+    if batch == 0:
+        return y0, times
+    # Window ends from an integer count, so accumulated rounding never adds a sliver window before t_max.
+    n = max(1, math.ceil(t_max / window * (1 - 1e-12)))
+    ends = [min(j * window, t_max) for j in range(1, n)] + [t_max]
     idx = torch.arange(batch, device=y0.device)
-    times = torch.full((batch,), float(t_max), dtype=torch.float64)
     parts: list[tuple[torch.Tensor, State]] = []
     cur, t = y0, 0.0
-    while t < t_max * (1 - 1e-12) and idx.numel():
-        t1 = min(t + window, t_max)
+    for t1 in ends:
         cur = solve(cur, t, t1, idx)
         with torch.no_grad():
-            done = _per_sample_norm(field(t1, cur, idx)) < eps
+            done = norm(field(t1, cur, idx)) < eps
         if bool(done.any()):
-            times[idx[done].cpu()] = t1
+            times[idx[done]] = t1
             parts.append((idx[done], (cur[done],)))
             idx, cur = idx[~done], cur[~done]
+            if idx.numel() == 0:
+                break
         t = t1
     if idx.numel():
         parts.append((idx, (cur,)))
     return _assemble(parts, batch)[0], times
+
+
+def odeint_until_converged(
+    field: Callable[[float, torch.Tensor, torch.Tensor], torch.Tensor],
+    y0: torch.Tensor,
+    *,
+    t_max: float,
+    eps: float,
+    window: float | None = None,
+    method: str = "dopri5",
+    rtol: float = 1e-7,
+    atol: float = 1e-9,
+    options: dict | None = None,
+    norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`integrate_until_converged` with ``torchdiffeq.odeint`` as the solver of each window.
+
+    ``field(t, y, idx)`` is ``F`` on the active rows ``idx``; ``method``, ``rtol``, ``atol`` and ``options`` go to
+    ``odeint`` unchanged (backprop through the solver's steps). ``window`` defaults to ``t_max / 20``. An adaptive
+    solver's error norm spans the rows it is given, so a compacted batch takes its own steps: a sample's result
+    equals solving it alone up to the tolerances, not bitwise.
+    """
+    t_max = check_positive("t_max", t_max, "It is the latest stopping time.")
+    window = t_max / 20 if window is None else window
+
+    def solve(y: torch.Tensor, t0: float, t1: float, idx: torch.Tensor) -> torch.Tensor:
+        t = torch.tensor([t0, t1], dtype=torch.float64, device=y.device)
+        return odeint(lambda s, z: field(s, z, idx), y, t, method=method, rtol=rtol, atol=atol, options=options)[-1]
+
+    return integrate_until_converged(solve, field, y0, t_max=t_max, window=window, eps=eps, norm=norm)

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from solvers.errors import check_positive
+
 from ..pieces import Pieces
 from .activations import DERIVATIVES, resolve_activation
 from .base import Field
@@ -30,7 +32,8 @@ class _Input(Field):
         want = self.input_shape
         if u.dim() != len(want) + 1 or any(w is not None and w != s for w, s in zip(want, u.shape[1:])):
             sizes = ", ".join("*" if w is None else str(w) for w in want)
-            raise ValueError(f"`u` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, {sizes}).")
+            raise ValueError(f"`u` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, {sizes}); "
+                             "bind the block input with that shape (or build the field with matching input size).")
         self.u = u
         return self
 
@@ -57,14 +60,32 @@ class _Input(Field):
 class NAIS(_Input):
     r"""``x' = σ(A x + B u + b)`` with ``A = −RᵀR − εI`` (eq. N13); its forward-Euler step is the NAIS-Net block
     (eq. N3) ``x(k+1) = x(k) + h σ(A x(k) + B u + b)``. ``u`` is ``(batch, input_dim)``; ``x`` is ``(batch, dim)``.
+
+    The block input is bound per batch with :meth:`bind` (``field.bind(u)`` returns the field), so ``forward(t, x)``
+    keeps torchdiffeq's signature; :meth:`rows` restricts it to the rows of a compacted batch (per-sample
+    stopping). ``R``, ``B``, ``b`` are :class:`~cde_nets.pieces.Pieces` (``layers = 1``: the time-invariant block
+    of the paper).
+
+    ``delta`` is Alg. N1's bound on ``‖RᵀR‖_F``: default ``1 − 2ε`` (Theorem N2: Condition N1 for ``h <= 1`` and a
+    critically damped, oscillation-free Jacobian); any value up to ``2(1 − ε)`` still keeps the spectral radius
+    of ``I + h σ' A`` below 1 for ``h <= 1``, since ``σ' ∈ (0, 1]`` and ``A``'s eigenvalues lie in
+    ``[−δ − ε, −ε]``. Call :meth:`project_` after every optimiser step.
     """
 
     def __init__(self, dim: int, input_dim: int, layers: int = 1, T: float = 1.0, eps: float = 0.01,
-                 activation: str = "tanh", init_std: float | None = None, generator: torch.Generator | None = None):
+                 activation: str = "tanh", delta: float | None = None, init_std: float | None = None,
+                 generator: torch.Generator | None = None):
         super().__init__(T=T, layers=layers)
+        for name, v in (("dim", dim), ("input_dim", input_dim)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {v!r}.")
         if not 0 < eps < 0.5:
             raise ValueError(f"`eps` must lie in (0, 0.5) (Alg. N1: δ = 1 − 2ε), got {eps!r}.")
-        self.dim, self.input_dim, self.eps = dim, input_dim, float(eps)
+        delta = 1.0 - 2.0 * eps if delta is None else float(delta)
+        if not 0 < delta <= 2.0 * (1.0 - eps):
+            raise ValueError(f"`delta` must lie in (0, 2(1 − eps)] = (0, {2 * (1 - eps):g}] for Condition N1 with "
+                             f"h <= 1, got {delta!r}; leave it None for the critically damped 1 − 2 eps.")
+        self.dim, self.input_dim, self.eps, self.delta = dim, input_dim, float(eps), delta
         self.state_shape, self.input_shape = (dim,), (input_dim,)
         self.activation_name, self.sigma = resolve_activation(activation)
         std = 1.0 / math.sqrt(dim) if init_std is None else float(init_std)
@@ -87,8 +108,12 @@ class NAIS(_Input):
 
     @torch.no_grad()
     def project_(self) -> NAIS:
-        """Alg. N1: if ``‖RᵀR‖_F > δ = 1 − 2ε`` then ``R ← √δ R / √‖RᵀR‖_F``, per piece. Idempotent."""
-        delta = 1.0 - 2.0 * self.eps
+        """Alg. N1: if ``‖RᵀR‖_F > δ`` then ``R ← √δ R / √‖RᵀR‖_F``, per piece, in place (no autograd).
+
+        Idempotent (a projected ``R`` is left bitwise unchanged), so it is safe to call after every optimiser step.
+        Returns the field.
+        """
+        delta = self.delta
         slack = 1.0 + 16 * torch.finfo(self.R.data.dtype).eps  # a projected R must not be rescaled by rounding
         for l in range(self.layers):
             R = self.R.data[l]
@@ -99,29 +124,41 @@ class NAIS(_Input):
 
     @torch.no_grad()
     def stability_margin(self, x: torch.Tensor, h: float | None = None, l: int = 0) -> float:
-        """Condition N1: the largest spectral radius of ``I + h σ'(A x + B u + b) A`` over the batch ``x``."""
+        """Condition N1 (eq. N8) checked on a batch: ``max_x ρ(I + h σ'(A x + B u + b) A)`` for the bound ``u``.
+
+        ``x``: ``(batch, dim)``; ``h``: the step (default the grid's ``T / layers``); ``l``: the piece. The
+        eigenvalues of the batch of Jacobians (eq. N6) come from one batched ``torch.linalg.eigvals``. Below 1 the
+        forward-Euler block contracts towards its input-dependent equilibrium at every ``x`` of the batch.
+        """
         if self.activation_name not in DERIVATIVES:
             raise NotImplementedError(f"no derivative known for activation {self.activation_name!r}.")
-        h = self.grid.h if h is None else h
+        h = self.grid.h if h is None else check_positive("h", h, "It is the step of the Euler block.")
+        self.check_state(x, "x")
         D = DERIVATIVES[self.activation_name](self.preactivation(l, x))
         M = torch.eye(self.dim, dtype=x.dtype) + h * D[:, :, None] * self.A(l)[None]
         return float(torch.linalg.eigvals(M).abs().max())
 
 
 class NAISConv(_Input):
-    r"""Convolutional NAIS: ``x' = σ(C ⋆ x + D ⋆ u + b)`` with a same-size ``C`` made stable by Alg. N2.
+    r"""Convolutional NAIS: ``x' = σ(C ⋆ x + D ⋆ u + b)`` with a same-size, zero-padded ``C`` kept stable by Alg. N2.
 
-    ``x`` and ``u`` are ``(batch, channels, H, W)``. Alg. N2 sets each channel's centre tap to ``−1 − δ_c``
-    (``|δ_c| <= 1 − η``) and scales the channel's other taps so their absolute sum is at most ``1 − ε − |δ_c|``.
+    ``x`` and ``u`` are ``(batch, channels, H, W)`` (same size). The centre tap of each channel's own filter is
+    ``C^c_centre = −1 − δ_c`` with ``δ_c`` trainable (``|δ_c| <= 1 − η``): the kernel is assembled from ``δ`` at
+    every evaluation, so ``δ`` receives gradients and the stored centre taps of ``C`` are unused. Alg. N2
+    (:meth:`project_`) clamps ``δ_c`` and scales the channel's other taps (all input channels) so that their
+    absolute sum is at most ``1 − ε − |δ_c|``: by Gershgorin every eigenvalue of the Jacobian
+    ``I + h σ'(·) A`` (Lemma N1) then lies in the unit disc for ``h <= 1`` (Condition N1, Theorem N3).
     """
 
     def __init__(self, channels: int, layers: int = 1, T: float = 1.0, kernel_size: int = 3, eps: float = 0.01,
                  eta: float = 0.05, activation: str = "tanh", generator: torch.Generator | None = None):
         super().__init__(T=T, layers=layers)
+        if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
+            raise ValueError(f"`channels` must be a positive integer, got {channels!r}.")
         if not 0 < eps < eta < 1:
             raise ValueError(f"Alg. N2 needs 0 < eps < eta < 1, got eps={eps!r}, eta={eta!r}.")
-        if kernel_size % 2 == 0:
-            raise ValueError(f"`kernel_size` must be odd (same-size padding), got {kernel_size}.")
+        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"`kernel_size` must be a positive odd integer (same-size padding), got {kernel_size!r}.")
         self.channels, self.k, self.eps, self.eta = channels, kernel_size, float(eps), float(eta)
         self.state_shape = self.input_shape = (channels, None, None)
         self.activation_name, self.sigma = resolve_activation(activation)
@@ -131,27 +168,39 @@ class NAISConv(_Input):
         self.D = Pieces(self.grid, (channels, channels, kernel_size, kernel_size), init=normal)
         self.delta = Pieces(self.grid, (channels,))
         self.b = Pieces(self.grid, (channels,))
+        centre = torch.zeros(channels, channels, kernel_size, kernel_size)
+        centre[range(channels), range(channels), kernel_size // 2, kernel_size // 2] = 1.0
+        self.register_buffer("centre", centre, persistent=False)
         self.u = None
         self.project_()
 
+    def kernel(self, l: int) -> torch.Tensor:
+        """``C`` of piece ``l`` with the centre taps ``−1 − δ_c``: ``(channels, channels, k, k)``."""
+        c = self.centre.to(self.C[l].dtype)
+        return self.C[l] * (1 - c) - c * (1 + self.delta[l])[:, None, None, None]
+
     def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
         u = self._u_for(x)
+        if u.shape[2:] != x.shape[2:]:
+            raise ValueError(f"the bound `u` has spatial size {tuple(u.shape[2:])} but the state has "
+                             f"{tuple(x.shape[2:])}; bind an input of the state's size.")
         pad = self.k // 2
-        return self.sigma(F.conv2d(x, self.C[l], self.b[l], padding=pad) + F.conv2d(u, self.D[l], padding=pad))
+        return self.sigma(F.conv2d(x, self.kernel(l), self.b[l], padding=pad) + F.conv2d(u, self.D[l], padding=pad))
 
     @torch.no_grad()
     def project_(self) -> NAISConv:
-        """Alg. N2, per piece and output channel (idempotent)."""
+        """Alg. N2 per piece and output channel, in place: ``δ_c ← clamp(δ_c, −1 + η, 1 − η)``, centre tap
+        ``−1 − δ_c``, other taps scaled to an absolute sum ``<= 1 − ε − |δ_c|``. Idempotent; returns the field."""
         m = self.k // 2
+        slack = 1.0 + 16 * torch.finfo(self.C.data.dtype).eps  # a projected kernel must not be rescaled by rounding
+        off = (1 - self.centre).bool()
         for l in range(self.layers):
             C, d = self.C.data[l], self.delta.data[l]
             d.clamp_(-1 + self.eta, 1 - self.eta)
             for c in range(self.channels):
                 C[c, c, m, m] = -1 - d[c]
-                mask = torch.ones_like(C[c], dtype=torch.bool)
-                mask[c, m, m] = False
-                total = C[c][mask].abs().sum()
+                total = C[c][off[c]].abs().sum()
                 budget = 1 - self.eps - d[c].abs()
-                if total > budget:
-                    C[c][mask] = C[c][mask] * (budget / total)
+                if total > budget * slack:
+                    C[c][off[c]] = C[c][off[c]] * (budget / total)
         return self

@@ -37,19 +37,26 @@ class PiecewiseMLP(nn.Module):
 
 
 class SecondOrder(Field):
-    r"""Order-``k`` depth: state ``(x, x', ..., x^{(k−1)})`` (one tensor, ``(batch, k·dim)``) with
-    ``x^{(k)} = −γ x^{(k−1)} + η f(x)`` for ``k >= 2`` and ``x' = η f(x)`` for ``k = 1`` (SPEC §3).
+    r"""Order-``k`` depth (SPEC §3; B §8, S §2.2): state ``(x, x', ..., x^{(k−1)})`` held as one tensor
+    ``(batch, k·dim)``, blocks of ``dim`` features in that order, and
 
-    ``k = 2`` is the damped driven oscillator ``x' = v``, ``v' = −γ v + η f(x)`` of the blog (§8); ``γ`` and
-    ``η`` are per channel and positive (softplus). ``damping=False`` drops ``γ`` (Hauser's C^k chain
-    ``q_1' = q_2, ..., q_k' = f(q_1)``).
+    - ``k = 2`` (default): ``x' = v``, ``v' = −γ v + η f(x)``, the damped driven oscillator of the blog;
+      ``split = (dim, dim)`` declares the ``(x, v)`` halves;
+    - ``k >= 3``: ``q_1' = q_2, ..., q_{k−1}' = q_k``, ``q_k' = −γ q_k + η f(q_1)`` — the same damping on the last
+      derivative (``damping=False`` drops it: Hauser's C^k chain ``q_k' = η f(q_1)``);
+    - ``k = 1``: the plain first-order field ``x' = η f(x)`` (no damping).
 
-    Bridge to discrete mode (``discretize(field, "symplectic_euler_qp")``, velocity first): with ``ṽ = h v``,
-    ``ṽ_{l+1} = (1 − hγ) ṽ_l + h² η f_l(x_l)`` and ``x_{l+1} = x_l + ṽ_{l+1}`` — the blog's second-order residual
-    block with ``m = 1 − hγ`` and ``η_blog = h² η``.
+    ``γ`` (damping) and ``η`` (drive) are per channel ``(dim,)``, time-invariant, and positive through a softplus
+    of trained raw values; :attr:`gamma` and :attr:`eta` return the positive values.
 
-    ``f``: any ``nn.Module``; called as ``f.evaluate(l, x)`` when it has that method (piece-aware, e.g. the default
-    :class:`PiecewiseMLP` of width ``hidden``), otherwise as ``f(x)``.
+    ``f``: any ``nn.Module`` mapping ``(batch, dim) -> (batch, dim)``. It is called as ``f.evaluate(l, x)`` with
+    the piece index ``l`` when it has an ``evaluate`` method (piece-aware, like the default), otherwise as
+    ``f(x)``. Default: :class:`PiecewiseMLP`, the blog's time-varying one-hidden-layer update
+    ``f_l(x) = W2_l tanh(W1_l LN(x) + c1_l) + c2_l`` of width ``hidden`` (default ``2·dim``), layer norm optional.
+
+    Bridge to discrete mode (momentum / semi-implicit Euler, velocity first, on the velocity scaled by ``h``):
+    with ``ṽ = h v``, ``ṽ_{l+1} = (1 − hγ) ṽ_l + h² η f_l(x_l)`` and ``x_{l+1} = x_l + ṽ_{l+1}`` — the blog's
+    second-order residual block with ``m = 1 − hγ`` and ``η_blog = h² η`` (``0 < m < 1`` needs ``hγ < 1``).
     """
 
     kind = "second_order"
@@ -58,10 +65,12 @@ class SecondOrder(Field):
                  hidden: int | None = None, layer_norm: bool = False, gamma: float = 0.5, eta: float = 1.0,
                  damping: bool = True, learn: bool = True, generator: torch.Generator | None = None):
         super().__init__(T=T, layers=layers)
-        if not isinstance(dim, int) or dim < 1:
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
             raise ValueError(f"`dim` must be a positive integer, got {dim!r}.")
-        if not isinstance(order, int) or order < 1:
+        if not isinstance(order, int) or isinstance(order, bool) or order < 1:
             raise ValueError(f"`order` must be a positive integer (1 = first order), got {order!r}.")
+        if hidden is not None and (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1):
+            raise ValueError(f"`hidden` must be a positive integer (width of the default f), got {hidden!r}.")
         for name, v in (("gamma", gamma), ("eta", eta)):
             if not v > 0:
                 raise ValueError(f"`{name}` must be > 0 (it is kept positive by a softplus), got {v!r}.")
@@ -83,11 +92,12 @@ class SecondOrder(Field):
 
     @property
     def gamma(self) -> torch.Tensor:
-        """Per-channel damping ``γ > 0`` (zeros without damping)."""
+        """Per-channel damping ``γ = softplus(γ_raw) > 0``, ``(dim,)`` (zeros without damping)."""
         return F.softplus(self.gamma_raw) if self.damping else torch.zeros_like(self.eta_raw)
 
     @property
     def eta(self) -> torch.Tensor:
+        """Per-channel drive ``η = softplus(η_raw) > 0``, ``(dim,)``."""
         return F.softplus(self.eta_raw)
 
     def drive(self, l: int, x: torch.Tensor) -> torch.Tensor:
@@ -99,7 +109,17 @@ class SecondOrder(Field):
         out = self.drive(l, x)
         return out - self.gamma * last if self.damping else out
 
+    def _check_width(self, y: torch.Tensor) -> None:
+        if y.dim() != 2 or y.shape[1] != self.k * self.dim:
+            raise ValueError(
+                f"the state has shape {tuple(y.shape)}, but SecondOrder(dim={self.dim}, order={self.k}) splits it "
+                f"into {self.k} blocks of {self.dim}: expected (batch, {self.k * self.dim}); concatenate "
+                "(x, x', ...) along the features or build the field with matching dim/order."
+            )
+
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
+        """``F(y)`` for piece ``l``; ``y``: ``(batch, order·dim)``."""
+        self._check_width(y)
         d = self.dim
         if self.k == 1:
             return self.drive(l, y)
@@ -110,5 +130,6 @@ class SecondOrder(Field):
         """``x' = v`` (part 0) or ``v' = −γ v + η f(x)`` (part 1), each computed alone (order 2)."""
         if self.k != 2:
             return super().evaluate_part(l, y, part)
+        self._check_width(y)
         x, v = y[:, : self.dim], y[:, self.dim:]
         return v if part == 0 else self._top(l, x, v)
