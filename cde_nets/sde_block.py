@@ -1,0 +1,375 @@
+r"""Stochastic continuous mode: a field as the drift of an SDE integrated by torchsde (issue 8).
+
+``dy = F(t, y) dt + g(y) ∘ dW`` (Stratonovich) or ``dy = F(t, y) dt + g(y) dW`` (Itô) on ``[0, T]``, with
+
+- ``noise="diagonal"``: multiplicative diagonal noise ``g(y) = σ ⊙ y`` (each state entry driven by its own
+  Brownian motion; Itô and Stratonovich differ by the drift correction ``½ σ² ⊙ y``);
+- ``noise="additive"``: ``g = σ`` (state independent, so Itô and Stratonovich coincide);
+- ``noise=None``: ``g = 0``, the drift ODE integrated by the method's deterministic limit.
+
+``σ`` has one learnable entry per channel (the first state axis), kept positive as ``σ = softplus(ρ)``.
+Trained with noise, the block acts as a regulariser in the manner of neural SDEs (Liu et al. 2019, "Neural
+SDE: stabilizing neural ODE networks with stochastic noise"); at evaluation the noise can be switched off or
+averaged over several paths.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+import torchsde
+from torch import nn
+
+from solvers.adapter import GRADIENTS, SolverStats, aligned_grid
+from solvers.errors import check_positive
+
+__all__ = ["SDEBlock", "SDE_METHODS", "NOISES"]
+
+NOISES = ("diagonal", "additive", None)
+_ALL_NOISE = ("additive", "diagonal", "general", "scalar")
+_STRAT_ALL = (("stratonovich",), _ALL_NOISE)
+#: torchsde's fixed-step solvers and what they accept: method -> (sde types, noise types); the first sde type is
+#: the default. Read off the ``sde_type`` / ``noise_types`` class attributes in torchsde/_core/methods/*.py.
+SDE_METHODS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "euler": (("ito",), _ALL_NOISE),
+    "milstein": (("ito", "stratonovich"), ("additive", "diagonal", "scalar")),
+    "srk": (("ito",), ("additive", "diagonal", "scalar")),
+    "midpoint": _STRAT_ALL,
+    "heun": _STRAT_ALL,
+    "euler_heun": _STRAT_ALL,
+    "log_ode": _STRAT_ALL,
+    "reversible_heun": _STRAT_ALL,
+}
+#: Methods usable only for the adjoint's backward solve.
+_ADJOINT_ONLY = {"adjoint_reversible_heun": _STRAT_ALL}
+# Brownian Lévy-area information a method needs (torchsde's ``levy_area_approximations``).
+_LEVY = {"srk": "space-time", "log_ode": "foster"}
+
+
+def _valid_methods(sde_type: str, noise: str, table: dict) -> list[str]:
+    return sorted(m for m, (types, noises) in table.items() if sde_type in types and noise in noises)
+
+
+class _SDE(nn.Module):
+    """torchsde's interface on flattened states ``(batch, n)``: drift ``f`` = the field on piece ``l``, ``g`` the
+    diagonal diffusion. Counts its evaluations into ``stats``."""
+
+    noise_type = "diagonal"
+
+    def __init__(self, field: nn.Module, shape: tuple[int, ...], rho: nn.Parameter | None, multiplicative: bool,
+                 sde_type: str, stats: SolverStats, count_vjp: bool, l: int = 0):
+        super().__init__()
+        self.field = field
+        self.shape = shape
+        self.rho = rho  # (C,) with σ = softplus(ρ), or None for g = 0
+        self.reps = math.prod(shape[1:]) if len(shape) > 1 else 1
+        self.multiplicative = multiplicative
+        self.sde_type = sde_type
+        self.stats = stats
+        self.count_vjp = count_vjp
+        self.l = l  # fixed per object: the adjoint's reverse solve of a step must see that step's piece
+        self.backward_phase = False
+        self.probe = set()
+
+    def arm_probe(self) -> None:
+        """torchsde's ``sdeint`` first calls ``f`` and ``g`` once to check shapes; answer those with zeros."""
+        self.probe = {"f", "g"}
+
+    def _count(self, out: torch.Tensor) -> torch.Tensor:
+        if self.backward_phase:
+            self.stats.nfe_backward += 1
+        else:
+            self.stats.nfe_forward += 1
+            if self.count_vjp and out.requires_grad:
+                out.register_hook(self._vjp_hook)
+        return out
+
+    def _vjp_hook(self, grad: torch.Tensor) -> None:
+        self.stats.nfe_backward += 1
+
+    def f(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if "f" in self.probe:
+            self.probe.discard("f")
+            return torch.zeros_like(y)
+        z = y.reshape(y.shape[0], *self.shape)
+        evaluate = getattr(self.field, "evaluate", None)
+        out = evaluate(self.l, z) if evaluate is not None and hasattr(self.field, "grid") else self.field(t, z)
+        return self._count(out.reshape(y.shape[0], -1))
+
+    def g(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if "g" in self.probe:
+            self.probe.discard("g")
+            return torch.zeros_like(y)
+        if self.rho is None:
+            out = y * 0.0
+        else:
+            # σ is recomputed from ρ at each call so that the adjoint's vector-Jacobian products reach ρ.
+            sigma = nnf.softplus(self.rho).to(y.dtype).repeat_interleave(self.reps)
+            # `+ y * 0` keeps the additive g a (constant) function of y, which Milstein and the Itô adjoint
+            # differentiate.
+            out = sigma * y if self.multiplicative else sigma + y * 0.0
+        return self._count(out)
+
+
+class SDEBlock(nn.Module):
+    r"""``y(T)`` of ``dy = F(t, y) dt + g(y) dW`` for a :class:`~cde_nets.fields.base.Field` ``F`` (torchsde).
+
+    Args:
+        field: the drift (its parameters and ``σ`` are the block's parameters).
+        noise: ``"diagonal"`` (``g = σ ⊙ y``), ``"additive"`` (``g = σ``) or ``None`` (``g = 0``: the drift ODE).
+        sigma: initial noise scale ``> 0``: a number or one value per channel ``(C,)``; learnable, ``softplus(ρ)``.
+        T: end time; defaults to ``field.T`` (must equal it when the field is time-varying).
+        method: a torchsde fixed-step method, see :data:`SDE_METHODS` (``euler``, ``milstein``, ``srk`` are Itô;
+            ``midpoint``, ``heun``, ``euler_heun``, ``log_ode``, ``reversible_heun`` Stratonovich; ``milstein``
+            both). Each runs its own SDE type, so ``sde_type`` defaults to the method's.
+        dt: largest step; default one step per parameter piece (``field.grid.h``). Steps always end on every
+            piece boundary, and each step uses the parameters of its piece.
+        sde_type: ``"ito"`` or ``"stratonovich"`` (matters for diagonal noise only).
+        gradient: ``"adjoint"`` (``sdeint_adjoint``: the adjoint SDE solved backwards on the same Brownian path)
+            or ``"backprop"`` (differentiate through the steps).
+        adjoint_method: method of the adjoint's backward solve; default torchsde's choice (Itô diagonal:
+            ``milstein``, Itô additive: ``euler``, Stratonovich: ``midpoint``, ``reversible_heun``:
+            ``adjoint_reversible_heun``).
+        seed: seeds the Brownian paths: call ``k`` of the block uses ``BrownianInterval(entropy=...)`` derived
+            from ``(seed, k)``, so two blocks with the same seed repeat each other exactly; :meth:`reseed`
+            restarts the sequence. ``None``: entropy drawn from ``torch``'s generator (``torch.manual_seed``).
+        noise_at_eval: keep the noise in ``eval()`` mode. When ``False`` (default) evaluation integrates the
+            drift ODE with ``g = 0`` by the same torchsde method on the same grid (its deterministic limit:
+            ``euler``/``milstein`` → Euler, ``midpoint`` → explicit midpoint, ``heun`` → Heun).
+        paths: with noise on, integrate ``paths`` independent paths per sample and return their mean.
+        channels: number of noise channels when the field declares no ``state_shape``.
+
+    After each call, :attr:`stats` holds ``nfe_forward`` (drift plus diffusion evaluations), ``nfe_backward``
+    (evaluations of the adjoint solve, or vector-Jacobian products through recorded evaluations for
+    ``backprop``; filled in by ``backward()``) and ``steps_forward`` / ``steps_backward``.
+    """
+
+    def __init__(
+        self,
+        field: nn.Module,
+        noise: str | None = "diagonal",
+        sigma: float | torch.Tensor = 0.1,
+        T: float | None = None,
+        method: str = "euler",
+        dt: float | None = None,
+        sde_type: str | None = None,
+        gradient: str = "adjoint",
+        adjoint_method: str | None = None,
+        seed: int | None = None,
+        noise_at_eval: bool = False,
+        paths: int = 1,
+        channels: int | None = None,
+    ):
+        super().__init__()
+        if not isinstance(field, nn.Module) or not callable(getattr(field, "forward", None)):
+            raise TypeError(f"`field` must be an nn.Module with forward(t, y), got {type(field).__name__}.")
+        self.field = field
+        grid = getattr(field, "grid", None)
+        if T is None:
+            if grid is None:
+                raise ValueError("`T` is required for a field without a time grid.")
+            T = grid.T
+        self.T = check_positive("T", T, "T is the end time of the integration over [0, T].")
+        if grid is not None and grid.L > 1 and abs(self.T - grid.T) > 1e-12 * grid.T:
+            raise ValueError(
+                f"`T`={self.T} differs from the field's T={grid.T}, over which its {grid.L} parameter pieces "
+                "are laid out; leave `T` unset or build the field with this T."
+            )
+        if noise not in NOISES:
+            raise ValueError(f"`noise` must be one of {NOISES} (g = σ ⊙ y, g = σ, g = 0), got {noise!r}.")
+        self.noise = noise
+        if method not in SDE_METHODS:
+            hint = " (it serves only as `adjoint_method`)" if method in _ADJOINT_ONLY else ""
+            raise ValueError(f"`method` {method!r} is unknown{hint}; valid: {sorted(SDE_METHODS)}.")
+        self.method = method
+        if sde_type is None:
+            sde_type = SDE_METHODS[method][0][0]
+        if sde_type not in ("ito", "stratonovich"):
+            raise ValueError(f"`sde_type` must be 'ito' or 'stratonovich', got {sde_type!r}.")
+        # Additive and zero noise run as torchsde's diagonal type (O(n) memory rather than an n × n matrix).
+        types, noises = SDE_METHODS[method]
+        if sde_type not in types or "diagonal" not in noises:
+            raise ValueError(
+                f"`method`={method!r} does not integrate {sde_type} SDEs with {noise} noise; valid methods: "
+                f"{_valid_methods(sde_type, 'diagonal', SDE_METHODS)}, or change `sde_type`."
+            )
+        self.sde_type = sde_type
+        if gradient not in GRADIENTS:
+            raise ValueError(f"`gradient` must be one of {GRADIENTS}, got {gradient!r}.")
+        self.gradient = gradient
+        self.adjoint_method = self._check_adjoint_method(adjoint_method) if gradient == "adjoint" else None
+        if adjoint_method is not None and gradient != "adjoint":
+            raise ValueError("`adjoint_method` applies to gradient='adjoint' only; drop it or set gradient='adjoint'.")
+        levy = {_LEVY[m] for m in (method, self.adjoint_method) if m in _LEVY}
+        self._levy = "foster" if "foster" in levy else (levy.pop() if levy else "none")
+        if dt is not None:
+            check_positive("dt", dt, "It is the largest step of the fixed-step SDE solver; it must be > 0.")
+        self.dt = dt
+        bounds = grid.boundaries.tolist() if grid is not None else [0.0, self.T]
+        self.register_buffer("_grid", aligned_grid(bounds, dt), persistent=False)
+        self._steps_per_piece = (len(self._grid) - 1) // max(len(bounds) - 1, 1)
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+            raise ValueError(f"`seed` must be a non-negative integer or None, got {seed!r}.")
+        self.seed = seed
+        self._calls = 0
+        self.noise_at_eval = bool(noise_at_eval)
+        if not isinstance(paths, int) or isinstance(paths, bool) or paths < 1:
+            raise ValueError(f"`paths` must be a positive integer (Brownian paths averaged per sample), got {paths!r}.")
+        self.paths = paths
+        self._shape_hint = tuple(getattr(field, "state_shape", ()) or ())
+        if channels is None:
+            channels = self._shape_hint[0] if self._shape_hint else None
+        if noise is not None:
+            if channels is None:
+                raise ValueError(
+                    f"{type(field).__name__} declares no `state_shape`; pass `channels=` (noise channels)."
+                )
+            self.rho = nn.Parameter(self._inverse_softplus(sigma, int(channels)))
+        else:
+            self.rho = None
+        self._stats = SolverStats()
+
+    # -- construction helpers --------------------------------------------------------------------------
+    def _check_adjoint_method(self, adjoint_method: str | None) -> str:
+        # The adjoint SDE of additive noise has general noise (torchsde/_core/adjoint_sde.py); we run additive
+        # noise as torchsde's diagonal type, whose adjoint stays diagonal.
+        if adjoint_method is None:
+            if self.method == "reversible_heun":
+                return "adjoint_reversible_heun"
+            return "milstein" if self.sde_type == "ito" else "midpoint"
+        table = {**SDE_METHODS, **_ADJOINT_ONLY}
+        valid = _valid_methods(self.sde_type, "diagonal", table)
+        if self.method != "reversible_heun" and "adjoint_reversible_heun" in valid:
+            valid.remove("adjoint_reversible_heun")
+        if adjoint_method not in valid:
+            raise ValueError(
+                f"`adjoint_method`={adjoint_method!r} cannot solve the adjoint of this {self.sde_type} SDE with "
+                f"method={self.method!r}; valid adjoint methods: {valid} (or leave it None)."
+            )
+        return adjoint_method
+
+    @staticmethod
+    def _inverse_softplus(sigma: float | torch.Tensor, channels: int) -> torch.Tensor:
+        s = torch.as_tensor(sigma, dtype=torch.get_default_dtype()).detach().clone()
+        if s.dim() == 0:
+            s = s.expand(channels).clone()
+        if s.shape != (channels,):
+            raise ValueError(
+                f"`sigma` must be a number or have shape ({channels},) (one per channel), got {tuple(s.shape)}."
+            )
+        if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+            raise ValueError(
+                f"`sigma` must be finite and > 0 (it is softplus of a parameter), got {sigma!r}; "
+                "use noise=None for the noise-free block."
+            )
+        return torch.where(s > 20, s, torch.log(torch.expm1(s)))
+
+    # -- public ---------------------------------------------------------------------------------------
+    @property
+    def sigma(self) -> torch.Tensor | None:
+        """The per-channel noise scale ``softplus(ρ)``, shape ``(C,)`` (``None`` without noise)."""
+        return None if self.rho is None else nnf.softplus(self.rho)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counts of the last call (``nfe_backward`` and ``steps_backward`` are filled in by its backward)."""
+        return self._stats.as_dict()
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the next call integrates with noise."""
+        return self.noise is not None and (self.training or self.noise_at_eval)
+
+    def reseed(self, seed: int | None = None) -> None:
+        """Restart the sequence of Brownian paths (optionally with a new ``seed``)."""
+        if seed is not None:
+            self.seed = seed
+        self._calls = 0
+
+    def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        """``y(T)`` for ``y(0) = y0`` (``(batch, *state_shape)``); averaged over ``paths`` when stochastic."""
+        self._prepare(y0, u)
+        stochastic = self.stochastic
+        paths = self.paths if stochastic else 1
+        shape = tuple(y0.shape[1:])
+        batch = y0.shape[0]
+        y = y0.reshape(batch, -1)
+        if paths > 1:
+            y = y.repeat(paths, 1)
+        self._stats = SolverStats()
+        rho = self.rho if stochastic else None
+        pieces = getattr(getattr(self.field, "grid", None), "L", 1)
+        sdes = [_SDE(self.field, shape, rho, self.noise == "diagonal", self.sde_type, self._stats,
+                     count_vjp=self.gradient == "backprop", l=l) for l in range(pieces)]
+        grid = self._grid.to(device=y.device, dtype=y.dtype)
+        bm = torchsde.BrownianInterval(t0=float(grid[0]), t1=float(grid[-1]), size=tuple(y.shape), dtype=y.dtype,
+                                       device=y.device, entropy=self._entropy(), levy_area_approximation=self._levy)
+        y = self._integrate(sdes, y, grid, bm)
+        self._stats.steps_forward = len(grid) - 1
+        for sde in sdes:
+            sde.backward_phase = True
+        if y.requires_grad:
+            steps = len(grid) - 1
+            y.register_hook(lambda g: setattr(self._stats, "steps_backward", steps))
+        y = y.reshape(paths, batch, *shape)
+        return y[0] if paths == 1 else y.mean(0)
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _entropy(self) -> int:
+        k = self._calls
+        self._calls += 1
+        if self.seed is None:
+            return int(torch.randint(0, 2**31 - 1, ()))
+        return int(np.random.SeedSequence([self.seed, k]).generate_state(1)[0])
+
+    def _integrate(self, sdes: list[_SDE], y: torch.Tensor, grid: torch.Tensor, bm) -> torch.Tensor:
+        # One torchsde call per step with dt >= the step: torchsde clamps the step to the end of `ts`, so every
+        # step (forward and the adjoint's reverse) lands exactly on the grid and each piece keeps its parameters.
+        # The solver's extra state (reversible_heun's stored f, g) is carried across the steps of one piece and
+        # restarted at each piece boundary, where the parameters jump.
+        params = [p for p in self.parameters() if p.requires_grad]
+        extra = None
+        big = float(self.T)
+        for i in range(len(grid) - 1):
+            sde = sdes[min(i // self._steps_per_piece, len(sdes) - 1)]
+            if i % self._steps_per_piece == 0:
+                extra = None
+            ts = grid[i:i + 2]
+            sde.arm_probe()
+            with warnings.catch_warnings():
+                # reversible_heun's warning about `ts` spacing vs `dt` does not apply: each call is one whole step.
+                warnings.filterwarnings("ignore", message="The spacing between time points")
+                if self.gradient == "adjoint":
+                    ys, extra = torchsde.sdeint_adjoint(
+                        sde, y, ts, bm=bm, method=self.method, dt=big, adjoint_method=self.adjoint_method,
+                        adjoint_params=params, extra_solver_state=extra, extra=True)
+                else:
+                    ys, extra = torchsde.sdeint(sde, y, ts, bm=bm, method=self.method, dt=big,
+                                                extra_solver_state=extra, extra=True)
+            y = ys[-1]
+        return y
+
+    def _prepare(self, y0: torch.Tensor, u: torch.Tensor | None) -> None:
+        if hasattr(self.field, "check_state"):
+            self.field.check_state(y0, "y0")
+        elif not isinstance(y0, torch.Tensor) or y0.dim() < 2:
+            raise ValueError("`y0` must be a tensor of shape (batch, ...).")
+        if self.rho is not None and (y0.dim() < 2 or y0.shape[1] != self.rho.shape[0]):
+            raise ValueError(
+                f"`y0` has {y0.shape[1] if y0.dim() > 1 else 0} channels but `sigma` has {self.rho.shape[0]}; "
+                "build the block with matching `channels`."
+            )
+        if u is not None:
+            if not hasattr(self.field, "bind"):
+                raise TypeError(f"`u` was given but {type(self.field).__name__} takes no input; drop `u`.")
+            self.field.bind(u)
+        elif getattr(self.field, "needs_input", False) and getattr(self.field, "u", None) is None:
+            raise ValueError(f"{type(self.field).__name__} needs a block input: pass `u=` or call `field.bind(u)`.")
+
+    def extra_repr(self) -> str:
+        return (f"noise={self.noise!r}, T={self.T}, method={self.method!r}, sde_type={self.sde_type!r}, "
+                f"gradient={self.gradient!r}, dt={self.dt}, paths={self.paths}")
