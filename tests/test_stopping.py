@@ -1,6 +1,7 @@
-"""Pattern-dependent stopping depth: per-sample depths, equality with running alone, rows evaluated = Σ depths."""
+"""Pattern-dependent stopping depth (SPEC §4, N §5.3): per-sample depths and stopping times in closed form,
+equality with running each sample alone, rows evaluated = Σ depths, gradients through each final state."""
 
-import time
+import math
 
 import pytest
 import torch
@@ -8,12 +9,11 @@ import torch
 from cde_nets import ODEBlock, discretize
 from cde_nets.fields import NAIS, Field
 from cde_nets.pieces import Pieces
+from solvers.stopping import integrate_until_converged, odeint_until_converged, unroll
 
 
 class Decay(Field):
-    """x' = −c ⊙ x (per-sample rate through the bound input): converges at sample-dependent speed."""
-
-    needs_input = False
+    """``x' = −tanh(W x)``, ``W = I``: a contraction whose stopping depth grows with ``‖x(0)‖``; counts rows."""
 
     def __init__(self, T=1.0, layers=1, dim=2):
         super().__init__(T=T, layers=layers)
@@ -26,14 +26,67 @@ class Decay(Field):
         return -torch.tanh(x @ self.w[l].T)
 
 
-def test_depths_differ_and_states_equal_running_alone(f64):
+def geometric_depth(a, x0, eps, max_depth):
+    """``x(n) = aⁿ x0``: the first ``n`` with ``‖x(n) − x(n−1)‖ = a^{n−1} (1 − a) ‖x0‖ < eps``."""
+    for n in range(1, max_depth + 1):
+        if a ** (n - 1) * (1 - a) * x0 < eps:
+            return n
+    return max_depth
+
+
+def test_unroll_depths_and_states_in_closed_form(f64):
+    """x ← a_i x per sample (a_i picked through idx): depths, final states and rows evaluated are known exactly."""
+    a = torch.tensor([0.5, 0.9, 0.2, 0.97, 0.7])
+    x0 = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0], [1.0, 1.0], [1e-5, 0.0]])
+    rows = []
+
+    def step(i, x, idx):
+        rows.append(x.shape[0])
+        return a[idx, None] * x
+
+    eps, max_depth = 1e-6, 300
+    y, depths = unroll(step, x0, eps=eps, max_depth=max_depth)
+    want = [geometric_depth(float(a[i]), float(x0[i].norm()), eps, max_depth) for i in range(5)]
+    assert depths.tolist() == want and len(set(want)) == 5
+    assert torch.allclose(y, a[:, None] ** depths[:, None] * x0, atol=1e-14, rtol=1e-12)
+    assert sum(rows) == sum(want) < 5 * max(want)  # compacted, not masked
+    assert rows == sorted(rows, reverse=True)
+
+
+def test_unroll_tuple_state_readout_norm_and_max_depth(f64):
+    """Tuple states keep their form; the readout and the norm decide; samples that never converge stop at max."""
+    a = torch.tensor([0.5, 0.99])
+    x0 = torch.tensor([[1.0, -1.0], [1.0, 1.0]])
+    step = lambda i, s, idx: (a[idx, None] * s[0], s[1] + 1)  # noqa: E731
+    (y, count), depths = unroll(step, (x0, torch.zeros(2, 3)), eps=1e-3, max_depth=50,
+                                norm=lambda d: d.abs().amax(dim=1))
+    want0 = geometric_depth(0.5, 1.0, 1e-3, 50)  # the max-norm of x0 is 1 (the 2-norm would be √2)
+    assert depths.tolist() == [want0, 50] and want0 != geometric_depth(0.5, math.sqrt(2), 1e-3, 50)
+    assert torch.equal(count, depths[:, None].double().expand(2, 3))
+    assert torch.allclose(y, a[:, None] ** depths[:, None] * x0, atol=1e-14)
+    # the readout picks what is measured: the counter changes by 1 every step, so nothing stops before max
+    _, d2 = unroll(step, (x0, torch.zeros(2, 3)), eps=0.5, max_depth=7, readout=lambda s: s[1])
+    assert d2.tolist() == [7, 7]
+
+
+def test_unroll_gradient_through_each_final_state(f64):
+    """d x_final / d x0 = a^depth per sample (the depth itself is not differentiated)."""
+    a = torch.tensor([0.5, 0.8, 0.9])
+    x0 = torch.tensor([[1.0], [2.0], [0.5]], requires_grad=True)
+    y, depths = unroll(lambda i, x, idx: a[idx, None] * x, x0, eps=1e-4, max_depth=200)
+    y.sum().backward()
+    assert len(set(depths.tolist())) == 3
+    assert torch.allclose(x0.grad[:, 0], a ** depths, atol=1e-15, rtol=1e-12)
+
+
+def test_nais_depths_differ_and_states_equal_running_alone(f64):
     field = NAIS(3, 2, T=0.5, eps=0.2, init_std=0.8, generator=torch.Generator().manual_seed(0)).project_()
-    u = torch.randn(6, 2, generator=torch.Generator().manual_seed(1)) * torch.tensor([[0.01], [1], [3], [0.1], [5],
-                                                                                       [0.5]])
+    scale = torch.tensor([[0.01], [1], [3], [0.1], [5], [0.5]])
+    u = torch.randn(6, 2, generator=torch.Generator().manual_seed(1)) * scale
     net = discretize(field, "euler", stop=dict(eps=1e-4, max_depth=200))
     x0 = torch.zeros(6, 3)
     y, depths = net(x0, u=u)
-    assert len(set(depths.tolist())) > 2
+    assert len(set(depths.tolist())) > 3 and int(depths.max()) < 200
     for i in range(6):
         xi = x0[i:i + 1]
         field.bind(u[i:i + 1])
@@ -42,25 +95,58 @@ def test_depths_differ_and_states_equal_running_alone(f64):
         assert torch.allclose(y[i:i + 1], xi, atol=1e-10, rtol=0)
 
 
-def test_rows_evaluated_equal_the_sum_of_depths(f64):
+def test_discretized_rows_evaluated_equal_the_sum_of_depths(f64):
     field = Decay()
     x0 = torch.tensor([[0.001, 0.0], [0.5, 0.5], [2.0, -3.0], [0.0, 0.01]])
-    net = discretize(field, "euler", stop=dict(eps=1e-3, max_depth=500))
-    y, depths = net(x0)
+    y, depths = discretize(field, "euler", stop=dict(eps=1e-3, max_depth=500))(x0)
     assert field.rows_seen == int(depths.sum()) < 4 * int(depths.max())
+    assert len(set(depths.tolist())) == 4
 
 
-def test_gradients_flow_through_each_final_state(f64):
-    field = Decay()
+def test_discretized_gradient_equals_running_alone(f64):
     x0 = torch.tensor([[0.01, 0.0], [1.0, 0.5]], requires_grad=True)
-    y, depths = discretize(field, "euler", stop=dict(eps=1e-3, max_depth=300))(x0)
+    y, depths = discretize(Decay(), "euler", stop=dict(eps=1e-3, max_depth=300))(x0)
     y.sum().backward()
-    J = torch.autograd.functional.jacobian(
-        lambda z: discretize(Decay(), "euler", stop=dict(eps=1e-3, max_depth=int(depths[1])))(z)[0], x0[1:].detach())
+    alone = discretize(Decay(), "euler", stop=dict(eps=1e-3, max_depth=int(depths[1])))
+    J = torch.autograd.functional.jacobian(lambda z: alone(z)[0], x0[1:].detach())
     assert torch.allclose(x0.grad[1], J[0].sum(0), atol=1e-12)
 
 
-def test_continuous_stopping_times_differ(f64):
+def test_continuous_stopping_times_in_closed_form(f64):
+    """x' = −c_i x: ‖F‖ = c‖x0‖e^{−ct} < eps first at t* = ln(c‖x0‖/eps)/c; the stop is the next window end."""
+    c = torch.tensor([1.0, 2.0, 1.0, 3.0])
+    x0 = torch.tensor([[1.0, 0.0], [2.0, 2.0], [0.3, 0.4], [1e-4, 0.0]])
+    eps, window, t_max = 1e-3, 0.25, 8.0
+    rows = []
+
+    def field(t, x, idx):
+        rows.append(x.shape[0])
+        return -c[idx, None] * x
+
+    y, times = odeint_until_converged(field, x0, t_max=t_max, eps=eps, window=window, rtol=1e-9, atol=1e-12)
+    t_star = torch.log((c * x0.norm(dim=1) / eps).clamp_min(1)) / c
+    want = torch.clamp(torch.ceil(t_star / window) * window, min=window)  # 7, 4.5, 6.25, 0.25
+    assert torch.equal(times, want) and len(set(times.tolist())) == 4
+    assert torch.allclose(y, x0 * torch.exp(-c[:, None] * times[:, None]), atol=1e-8, rtol=0)
+    assert (c * y.norm(dim=1) < eps).all()
+    assert sum(rows) < 4 * len(rows)  # finished samples left the batch
+
+
+def test_continuous_method_passed_through_and_t_max(f64):
+    """rk4 with a fixed step 0.05 on x' = −x: the stopped states equal the rk4 recurrence (1 − h + h²/2 − ...)."""
+    x0 = torch.tensor([[1.0], [50.0]])
+    y, times = odeint_until_converged(lambda t, x, idx: -x, x0, t_max=2.0, eps=0.2, window=0.5, method="rk4",
+                                      options={"step_size": 0.05})
+    h = 0.05
+    g = 1 - h + h**2 / 2 - h**3 / 6 + h**4 / 24
+    assert times.tolist() == [2.0, 2.0]  # sample 0 converges exactly at t_max; sample 1 never does
+    assert torch.allclose(y, x0 * g ** 40, atol=1e-12, rtol=1e-12)
+    y1, t1 = odeint_until_converged(lambda t, x, idx: -x, x0, t_max=2.0, eps=0.5, window=0.5, method="rk4",
+                                    options={"step_size": 0.05})
+    assert t1.tolist() == [1.0, 2.0] and torch.allclose(y1[0], x0[0] * g ** 20, atol=1e-12)
+
+
+def test_ode_block_stopping_times_differ(f64):
     field = Decay(T=20.0)
     x0 = torch.tensor([[0.001, 0.0], [1.0, 1.0], [3.0, -2.0]])
     block = ODEBlock(field, rtol=1e-8, atol=1e-10, stop=dict(eps=1e-3, window=0.25))
@@ -71,30 +157,38 @@ def test_continuous_stopping_times_differ(f64):
     assert torch.allclose(y[2:], ref, atol=1e-7)
 
 
-def test_saving_against_the_slowest_sample(f64):
-    """Half the batch converges early: rows evaluated and time fall against running all to the slowest depth."""
-    field = Decay(T=0.1, dim=128)
-    x0 = torch.cat([torch.full((512, 128), 1e-4), torch.full((512, 128), 2.0)])
-    net = discretize(field, "euler", stop=dict(eps=1e-4, max_depth=2000))
-    t0 = time.perf_counter()
-    _, depths = net(x0)
-    t_stop = time.perf_counter() - t0
-    rows_stop, field.rows_seen = field.rows_seen, 0
-    t0 = time.perf_counter()
-    x = x0
-    for _ in range(int(depths.max())):  # the whole batch to the slowest sample's depth
-        x = x + 0.1 * field.evaluate(0, x)
-    t_all = time.perf_counter() - t0
-    assert rows_stop == int(depths.sum()) and field.rows_seen == 1024 * int(depths.max())
-    assert rows_stop < 0.6 * field.rows_seen and t_stop < t_all
+def test_stopping_saving_benchmark_tiny(tmp_path):
+    """The benchmark's batch-level baseline evaluates batch × max depth rows; stopping evaluates Σ depths."""
+    from benchmarks.stopping_saving import run
+
+    res = run(tiny=True, out_dir=tmp_path)
+    assert (tmp_path / "stopping_saving.json").exists()
+    assert res["rows_whole_batch"] == 16 * res["depth_max"]
+    assert res["rows_stop"] == 8 * (res["depth_early_half_mean"] + res["depth_late_half_mean"])
+    assert res["depth_early_half_mean"] < res["depth_late_half_mean"] and res["rows_ratio"] < 0.6
 
 
 def test_errors():
+    step = lambda i, x, idx: x  # noqa: E731
+    x0 = torch.zeros(2, 1)
+    for eps in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="`eps` must be a finite number > 0"):
+            unroll(step, x0, eps=eps, max_depth=3)
+    for max_depth in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="`max_depth` must be a positive integer"):
+            unroll(step, x0, eps=1e-3, max_depth=max_depth)
+    with pytest.raises(ValueError, match="`state0` tensors must share the batch size"):
+        unroll(step, (x0, torch.zeros(3, 1)), eps=1e-3, max_depth=3)
+    f = lambda t, x, idx: -x  # noqa: E731
+    with pytest.raises(ValueError, match="`window` must be a finite number > 0"):
+        integrate_until_converged(lambda y, a, b, i: y, f, x0, t_max=1.0, window=0.0, eps=1e-3)
+    with pytest.raises(ValueError, match="`t_max` must be a finite number > 0"):
+        odeint_until_converged(f, x0, t_max=-1.0, eps=1e-3)
+    with pytest.raises(ValueError, match="`eps` must be a finite number > 0"):
+        odeint_until_converged(f, x0, t_max=1.0, eps=0.0)
     with pytest.raises(ValueError, match="`eps` must be a finite number > 0"):
         discretize(Decay(), "euler", stop=dict(eps=0.0, max_depth=3))
     with pytest.raises(ValueError, match="`max_depth` must be a positive integer"):
         discretize(Decay(), "euler", stop=dict(eps=1e-3, max_depth=0))
-    with pytest.raises(ValueError, match="`stop` must be dict"):
-        ODEBlock(Decay(), stop=dict(tol=1e-3))
     with pytest.raises(ValueError, match="`eps` must be a finite number > 0"):
         ODEBlock(Decay(), stop=dict(eps=-1.0))
