@@ -1,0 +1,125 @@
+"""The whole benchmark suite from one command: ``python -m benchmarks [--tiny] [--only NAME ...]`` (issue 7).
+
+Runs every module of :data:`BENCHMARKS` (each writes ``benchmarks/results/<name>.json``; ``--tiny`` runs write
+to a temporary folder), then prints one summary
+table: each benchmark's headline ratios against its goal. A new benchmark module is added to the table below;
+``tests/test_benchmarks.py`` fails while one is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+Headline = list[tuple[str, str]]
+
+
+def _max(rows: list[dict], key: str, **where) -> float:
+    vals = [r[key] for r in rows if key in r and all(r.get(k) == v for k, v in where.items())]
+    return max(vals) if vals else float("nan")
+
+
+def _discrete(res: dict) -> Headline:
+    rows = res["rows"]
+    out = [(f"ours / hand loop, {mode}, worst", f"{_max(rows, 'ratio_hand', mode=mode):.3f}")
+           for mode in ("forward", "forward+backward")]
+    return out + [("torchdiffeq euler / hand loop, worst", f"{_max(rows, 'ratio_torchdiffeq_to_hand'):.3f}")]
+
+
+def _continuous(res: dict) -> Headline:
+    rows = res["rows"]
+    same = all(r["nfe_ours"] == r["nfe_torchdiffeq"] for r in rows)
+    return [("ODEBlock / odeint, worst", f"{_max(rows, 'ratio'):.3f}"), ("same NFE", str(same))]
+
+
+def _memory(res: dict) -> Headline:
+    s = res["summary"]
+    return [("adjoint memory, most / fewest steps", f"{s['adjoint']['ratio_max_to_min_steps']:.2f}"),
+            ("backprop KiB per step", f"{s['backprop']['bytes_per_step'] / 1024:.1f}")]
+
+
+def _jump(res: dict) -> Headline:
+    rows = res["rows"]
+    with_j = sum(r["nfe_forward"] for r in rows if r["jumps"])
+    without = sum(r["nfe_forward"] for r in rows if not r["jumps"])
+    return [("forward NFE with / without jump_t", f"{with_j / max(without, 1):.3f}")]
+
+
+def _adjoint_study(res: dict) -> Headline:
+    rows = [r for r in res["rows"] if r["method"] == "dopri5"]
+    tight = min(r["rtol"] for r in rows)
+
+    def pick(mode):
+        return next(r for r in rows if r["mode"] == mode and r["rtol"] == tight)
+
+    a, b = pick("adjoint"), pick("backprop")
+    return [(f"adjoint / backprop time, dopri5 rtol {tight:g}", f"{a['time_s'] / b['time_s']:.2f}"),
+            (f"adjoint / backprop memory, dopri5 rtol {tight:g}",
+             f"{a['peak_saved_bytes'] / max(b['peak_saved_bytes'], 1):.3f}")]
+
+
+def _stopping(res: dict) -> Headline:
+    return [(f"max deviation from c·Σdepths + t0, {mode}", f"{f['max_rel_deviation']:.1%}")
+            for mode, f in res["fit"].items()]
+
+
+def _stopping_saving(res: dict) -> Headline:
+    out = [(f"per-sample stop / whole-batch time, {r['mode']}", f"{r['time_ratio']:.3f}") for r in res["timings"]]
+    return out + [("field rows, per-sample stop / whole batch", f"{res['rows_ratio']:.3f}")]
+
+
+def _peer(res: dict) -> Headline:
+    if "skipped" in res:
+        return [("momentumnet", res["skipped"])]
+    out = []
+    for r in res["rows"]:
+        kind = "memory-free" if r["memory_free"] else "stored"
+        out.append((f"ours / momentumnet time, memory, depth {r['depth']}, {kind}",
+                    f"{r['time_ratio']:.2f}, {r['memory_ratio']:.2f}"))
+    worst = max(r["max_abs_diff_output"] for r in res["rows"])
+    return out + [("max |Δ output| vs momentumnet (float64)", f"{worst:.1e}")]
+
+
+# (module, headline of its result, goal): every benchmark module of this package.
+BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
+    ("discrete_overhead", _discrete, "<= 1.1"),
+    ("continuous_overhead", _continuous, "<= 1.05, same NFE"),
+    ("memory_scaling", _memory, "adjoint <= 1.2; backprop linear"),
+    ("jump_nfe", _jump, "fewer NFE with jump_t"),
+    ("adjoint_study", _adjoint_study, "adjoint memory below backprop"),
+    ("stopping_scaling", _stopping, "<= 20 %"),
+    ("stopping_saving", _stopping_saving, "< 1"),
+    ("momentum_peer", _peer, "outputs equal (< 1e-10)"),
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks")
+    p.add_argument("--tiny", action="store_true", help="tiny configurations (seconds; what the tests run)")
+    p.add_argument("--only", nargs="*", help="names of benchmarks to run (default: all)")
+    p.add_argument("--out", help="folder for the JSON results (default: benchmarks/results; with --tiny a temporary "
+                                 "folder, so tiny runs never overwrite the recorded results)")
+    a = p.parse_args(argv)
+    out = Path(a.out) if a.out else (Path(tempfile.mkdtemp(prefix="benchmarks_tiny_")) if a.tiny else None)
+    names = [n for n, _, _ in BENCHMARKS]
+    unknown = set(a.only or ()) - set(names)
+    if unknown:
+        p.error(f"unknown benchmark(s) {sorted(unknown)}; choose from {names}")
+    lines = ["| benchmark | measure | value | goal |", "|---|---|---|---|"]
+    for name, headline, goal in BENCHMARKS:
+        if a.only and name not in a.only:
+            continue
+        t0 = time.perf_counter()
+        res = importlib.import_module(f"benchmarks.{name}").run(tiny=a.tiny, out_dir=out)
+        print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        lines += [f"| {name} | {measure} | {value} | {goal} |" for measure, value in headline(res)]
+    print("\n".join(lines))
+    print(f"results in {out or 'benchmarks/results'}")
+
+
+if __name__ == "__main__":
+    main()

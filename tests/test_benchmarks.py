@@ -1,0 +1,71 @@
+"""Every benchmark runs in its tiny configuration, so none goes stale (issue 7); numbers the construction fixes."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+
+import pytest
+
+import benchmarks
+from benchmarks.__main__ import BENCHMARKS
+
+# module -> (JSON file it writes in tiny mode, top-level keys, keys of every row)
+EXPECTED = {
+    "discrete_overhead": ("discrete_overhead", {"goal", "rows"}, {"net", "mode", "ours_s", "hand_s", "ratio_hand"}),
+    "continuous_overhead": ("continuous_overhead", {"goal", "rows"}, {"ratio", "nfe_ours", "nfe_torchdiffeq"}),
+    "memory_scaling": ("memory_scaling", {"rows", "summary", "goal"}, {"gradient", "steps", "saved_bytes"}),
+    "jump_nfe": ("jump_nfe", {"setting", "rows"}, {"rtol", "jumps", "nfe_forward", "max_error"}),
+    "adjoint_study": ("adjoint_study_tiny", {"setting", "reference", "rows"}, {"mode", "method", "rel_grad_error"}),
+    "stopping_scaling": ("stopping_scaling", {"setting", "goal", "rows", "fit"},
+                         {"mode", "fraction_early", "early_samples", "sum_depths", "time_s", "fit_s"}),
+    "stopping_saving": ("stopping_saving", {"setup", "rows_ratio", "timings"}, {"mode", "time_ratio"}),
+    "momentum_peer": ("momentum_peer", {"rows"}, {"depth", "memory_free", "max_abs_diff_output", "time_ratio",
+                                                  "memory_ratio", "saved_bytes_ours", "saved_bytes_theirs"}),
+}
+
+
+def test_every_benchmark_module_is_in_the_suite_table():
+    modules = {m.name for m in pkgutil.iter_modules(benchmarks.__path__)} - {"common", "__main__"}
+    assert modules == {name for name, _, _ in BENCHMARKS} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in BENCHMARKS])
+def test_tiny_run_writes_its_json(name, tmp_path):
+    file, keys, row_keys = EXPECTED[name]
+    module = importlib.import_module(f"benchmarks.{name}")
+    res = module.run(tiny=True, out_dir=tmp_path)
+    data = json.loads((tmp_path / f"{file}.json").read_text())
+    assert keys <= set(data) and "machine" in data
+    if "skipped" in data:  # the peer package is optional
+        assert data["skipped"] == "momentumnet not installed" and data["rows"] == []
+        return
+    rows = data["timings"] if name == "stopping_saving" else data["rows"]
+    assert rows and all(row_keys <= set(r) for r in rows)
+    headline = next(h for n, h, _ in BENCHMARKS if n == name)
+    assert headline(res)  # the summary table can read this result
+
+
+def test_stopping_depths_are_the_designed_ones(tmp_path):
+    """Early samples start at equilibrium (depth 1), the others run max_depth = 4 steps: Σ depths is exact."""
+    from benchmarks.stopping_scaling import run
+
+    res = run(tiny=True, out_dir=tmp_path)
+    batch, max_depth = 16, 4
+    for r in res["rows"]:
+        assert r["early_samples"] == round(r["fraction_early"] * batch)
+        assert r["sum_depths"] == r["early_samples"] + (batch - r["early_samples"]) * max_depth
+
+
+def test_momentum_peer_matches_and_memory_free_keeps_two_states(tmp_path):
+    """Same map as momentumnet to 1e-10 in float64; memory-free saves only (x_L, v_L): 2 · batch · dim float32s."""
+    pytest.importorskip("momentumnet")
+    from benchmarks.momentum_peer import run
+
+    res = run(tiny=True, out_dir=tmp_path)
+    for r in res["rows"]:
+        assert r["max_abs_diff_output"] < 1e-10 and r["max_abs_diff_grad"] < 1e-10
+        if r["memory_free"]:
+            assert r["saved_bytes_ours"] == 2 * r["batch"] * r["dim"] * 4
+            assert r["max_abs_diff_output_vs_peer_memory_free"] < 1e-5  # the peer keeps v in float32
