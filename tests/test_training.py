@@ -117,11 +117,12 @@ def test_one_seed_fixes_training_bit_for_bit_even_with_dropout():
     assert [h["train_loss"] for h in ha] == [h["train_loss"] for h in hb]
 
 
-def test_scheduler_factory_steps_once_per_epoch():
-    hist = fit(torch.nn.Linear(2, 1), separable(), epochs=4, batch_size=50, progress=False,
+def test_scheduler_factory_steps_once_per_epoch(capsys):
+    hist = fit(torch.nn.Linear(2, 1), separable(), epochs=4, batch_size=50, progress=True, desc="sched",
                optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
                scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
     assert [h["lr"] for h in hist] == [0.1, 0.1, 0.05, 0.05]
+    assert "sched" in capsys.readouterr().err  # the progress bar
 
 
 def test_post_step_projects_nais_after_every_step():
