@@ -65,7 +65,8 @@ def test_momentum_peer_matches_and_memory_free_keeps_two_states(tmp_path):
 
     res = run(tiny=True, out_dir=tmp_path)
     for r in res["rows"]:
-        assert r["max_abs_diff_output"] < 1e-10 and r["max_abs_diff_grad"] < 1e-10
+        assert r["max_abs_diff_output"] < 1e-10 * max(1.0, r["output_scale"])
+        assert r["max_abs_diff_grad"] < 1e-10 * max(1.0, r["grad_scale"])
         if r["memory_free"]:
             assert r["saved_bytes_ours"] == 2 * r["batch"] * r["dim"] * 4
             assert r["max_abs_diff_output_vs_peer_memory_free"] < 1e-5  # the peer keeps v in float32
