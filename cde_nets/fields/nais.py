@@ -35,12 +35,21 @@ class _Input(Field):
             raise ValueError(f"`u` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, {sizes}); "
                              "bind the block input with that shape (or build the field with matching input size).")
         self.u = u
+        self._rows_cache = None
         return self
 
     @contextmanager
     def rows(self, idx: torch.Tensor) -> Iterator[Field]:
+        """Within the block the field sees ``u[idx]``: the input rows of a compacted batch."""
         u = self._u_for(None)
-        self.u = u[idx]
+        # A stopping loop passes the same idx tensor until the batch shrinks: gather u once per compaction.
+        key = (idx, u, torch.is_grad_enabled())
+        cache = getattr(self, "_rows_cache", None)
+        if cache is not None and all(a is b for a, b in zip(cache[0], key)):
+            self.u = cache[1]
+        else:
+            self.u = u[idx]
+            self._rows_cache = (key, self.u)
         try:
             yield self
         finally:
