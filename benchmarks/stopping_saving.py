@@ -1,11 +1,12 @@
 """Saving of per-sample stopping (SPEC §4, N §5.3) on a batch where half the samples converge early.
 
-A NAIS-Net block (``x(k+1) = x(k) + h tanh(A x(k) + B u + b)``, Alg. N1 projected, ``x(0) = 0``) is unrolled with
-``discretize(field, "euler", stop=dict(eps, max_depth))``: each sample stops once ``‖x(i) − x(i−1)‖ < eps`` and
-leaves the batch (compaction). Half the batch gets a tiny input ``u`` (its equilibrium is next to ``x(0)``: a few
-steps), half a large one (hundreds of steps). The baseline runs the same Euler step on the whole batch until the
-slowest sample stops (batch-level stopping at ``max(depths)``). Reported: field rows evaluated, and median wall
-time of forward and forward+backward. ``python -m benchmarks.stopping_saving [--tiny]``.
+A NAIS-Net block (``x(k+1) = x(k) + h tanh(A x(k) + B u + b)``, Alg. N1 projected, ``x(0) = 0``) is unrolled
+with ``discretize(field, "euler", stop=dict(eps, max_depth))``: each sample stops once ``‖x(i) − x(i−1)‖ <
+eps`` and leaves the batch (compaction). Half the batch gets a tiny input ``u`` (its equilibrium is next to
+``x(0)``: a few steps), half a large one (hundreds of steps). The baseline runs the same Euler step on the
+whole batch until the slowest sample stops (batch-level stopping at ``max(depths)``). Reported: field rows
+evaluated, and median wall time of forward and forward+backward. ``python -m benchmarks.stopping_saving
+[--tiny]``.
 """
 
 from __future__ import annotations
@@ -59,20 +60,21 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     slowest = int(depths.max())
     y_all = whole_batch(field, x0, u, slowest)
     rows_all, field.rows_seen = field.rows_seen, 0
-    fast, slow = depths[: batch // 2].double(), depths[batch // 2:].double()
+    fast, slow = depths[: batch // 2].double(), depths[batch // 2 :].double()
     # Samples that stopped early keep moving in the baseline, by less than eps per step towards x̄.
     drift = float((y - y_all).detach().norm(dim=1).max())
 
     rows = []
     for mode in ("forward", "forward+backward"):
-        def stop_fn():
+
+        def stop_fn(backward=mode != "forward"):
             out = net(x0, u=u)[0]
-            if mode != "forward":
+            if backward:
                 out.square().sum().backward()
 
-        def all_fn():
+        def all_fn(backward=mode != "forward"):
             out = whole_batch(field, x0, u, slowest)
-            if mode != "forward":
+            if backward:
                 out.square().sum().backward()
 
         with torch.set_grad_enabled(mode != "forward"):
@@ -80,12 +82,23 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         rows.append({"mode": mode, "stop_s": t_stop, "whole_batch_s": t_all, "time_ratio": t_stop / t_all})
     field.rows_seen = 0
     payload = {
-        "setup": {"field": "NAIS (Alg. N1, eps 0.05), tanh, h = 1, x(0) = 0", "dim": dim, "batch": batch,
-                  "stop_eps": eps, "max_depth": max_depth, "dtype": "float64",
-                  "inputs": "half |u| ~ 1e-4 (early), half |u| ~ 2 (late)"},
-        "depth_early_half_mean": float(fast.mean()), "depth_late_half_mean": float(slow.mean()),
-        "depth_max": slowest, "rows_stop": rows_stop, "rows_whole_batch": rows_all,
-        "rows_ratio": rows_stop / rows_all, "max_state_difference": drift, "timings": rows,
+        "setup": {
+            "field": "NAIS (Alg. N1, eps 0.05), tanh, h = 1, x(0) = 0",
+            "dim": dim,
+            "batch": batch,
+            "stop_eps": eps,
+            "max_depth": max_depth,
+            "dtype": "float64",
+            "inputs": "half |u| ~ 1e-4 (early), half |u| ~ 2 (late)",
+        },
+        "depth_early_half_mean": float(fast.mean()),
+        "depth_late_half_mean": float(slow.mean()),
+        "depth_max": slowest,
+        "rows_stop": rows_stop,
+        "rows_whole_batch": rows_all,
+        "rows_ratio": rows_stop / rows_all,
+        "max_state_difference": drift,
+        "timings": rows,
     }
     write("stopping_saving", payload, out_dir)
     return payload
@@ -96,12 +109,19 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true")
     torch.set_num_threads(1)
     res = run(p.parse_args().tiny)
-    print(f"depths: early half {res['depth_early_half_mean']:.1f}, late half {res['depth_late_half_mean']:.1f}, "
-          f"max {res['depth_max']}")
-    print(f"rows: stop {res['rows_stop']}, whole batch {res['rows_whole_batch']} (ratio {res['rows_ratio']:.3f})")
+    print(
+        f"depths: early half {res['depth_early_half_mean']:.1f}, "
+        f"late half {res['depth_late_half_mean']:.1f}, max {res['depth_max']}"
+    )
+    print(
+        f"rows: stop {res['rows_stop']}, whole batch {res['rows_whole_batch']} "
+        f"(ratio {res['rows_ratio']:.3f})"
+    )
     for r in res["timings"]:
-        print(f"{r['mode']}: stop {1e3 * r['stop_s']:.1f} ms, whole batch {1e3 * r['whole_batch_s']:.1f} ms "
-              f"(ratio {r['time_ratio']:.3f})")
+        print(
+            f"{r['mode']}: stop {1e3 * r['stop_s']:.1f} ms, whole batch {1e3 * r['whole_batch_s']:.1f} ms "
+            f"(ratio {r['time_ratio']:.3f})"
+        )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Pattern-dependent stopping depth: each sample stops on its own, and a stopped sample stops costing compute.
 
-SPEC §4 (N §5.3): unroll each sample until ``‖x(i) − x(i−1)‖ < ε``, up to a maximum depth; the continuous analogue
-stops a sample once ``‖F(t, x)‖ < ε``. The batch is compacted with index operations (never masked), so a
-discrete unroll evaluates ``Σ depths`` rows in all instead of ``batch × max_depth``. Gradients flow through each
-sample's final state (a differentiable gather); the stopping index itself is not differentiated.
+SPEC §4 (N §5.3): unroll each sample until ``‖x(i) − x(i−1)‖ < ε``, up to a maximum depth; the continuous
+analogue stops a sample once ``‖F(t, x)‖ < ε``. The batch is compacted with index operations (never masked),
+so a discrete unroll evaluates ``Σ depths`` rows in all instead of ``batch × max_depth``. Gradients flow
+through each sample's final state (a differentiable gather); the stopping index itself is not differentiated.
 
 torchdiffeq's ``event_fn`` ends the solve of the *whole* batch at the first event, so continuous stopping runs
 its own loop over windows here, removing converged rows between windows.
@@ -46,7 +46,7 @@ def _check_max_depth(max_depth: int) -> int:
 
 
 def _assemble(parts: list[tuple[torch.Tensor, State]], batch: int) -> State:
-    """Put the per-group final states back in batch order (differentiable: one cat and one gather per tensor)."""
+    """Put the per-group final states back in batch order (differentiable: a cat and a gather per tensor)."""
     idx = torch.cat([i for i, _ in parts])
     order = torch.empty_like(idx)
     order[idx] = torch.arange(batch, device=idx.device)
@@ -62,12 +62,14 @@ def unroll(
     readout: Callable[[StateLike], torch.Tensor] | None = None,
     norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[StateLike, torch.Tensor]:
-    """Iterate ``state ← step(i, state, idx)`` per sample until ``norm(readout(x(i)) − readout(x(i−1))) < eps``.
+    """Iterate ``state ← step(i, state, idx)`` per sample until the read-out stops moving:
+    ``norm(readout(x(i)) − readout(x(i−1))) < eps``.
 
     Args:
-        step: ``step(i, state, idx) -> next state`` for step ``i = 0, 1, ...``; it receives only the rows still
-            running (``state`` in the form of ``state0``: a tensor or a tuple of tensors, batch first) and
-            ``idx``, their rows in the original batch (``(n_active,)`` long), to restrict per-sample data.
+        step: ``step(i, state, idx) -> next state`` for step ``i = 0, 1, ...``; it receives only the
+            rows still running (``state`` in the form of ``state0``: a tensor or a tuple of tensors, batch
+            first) and ``idx``, their rows in the original batch (``(n_active,)`` long), to restrict
+            per-sample data.
         state0: the initial state, a tensor or a tuple of tensors whose first dimension is the batch.
         eps: per-sample threshold (> 0) on the change of the read-out between consecutive steps.
         max_depth: the most steps any sample takes (> 0).
@@ -76,9 +78,9 @@ def unroll(
         norm: per-sample norm, ``(n, ...) -> (n,)``; default Euclidean over all non-batch dimensions.
 
     Returns:
-        ``(final, depths)``: the final states in batch order (same form as ``state0``) and the per-sample depth
-        ``(batch,)`` long, the number of steps taken (``max_depth`` for samples that never met the test).
-        ``step`` evaluates ``depths.sum()`` rows in all.
+        ``(final, depths)``: the final states in batch order (same form as ``state0``) and the per-sample
+        depth ``(batch,)`` long, the number of steps taken (``max_depth`` for samples that never met the
+        test). ``step`` evaluates ``depths.sum()`` rows in all.
     """
     _check_eps(eps, "the change of the state per step")
     _check_max_depth(max_depth)
@@ -125,11 +127,12 @@ def integrate_until_converged(
     eps: float,
     norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integrate per sample until ``norm(F(t, y)) < eps`` (checked at the end of each window), up to ``t_max``.
+    """Integrate per sample until ``norm(F(t, y)) < eps`` (checked at each window's end), up to ``t_max``.
 
     Args:
-        solve: ``solve(y, t0, t1, idx)`` integrates the active rows (``idx`` in the original batch) from ``t0``
-            to ``t1`` and returns the state at ``t1`` (any solver; see :func:`odeint_until_converged`).
+        solve: ``solve(y, t0, t1, idx)`` integrates the active rows (``idx`` in the original batch)
+            from ``t0`` to ``t1`` and returns the state at ``t1`` (any solver; see
+            :func:`odeint_until_converged`).
         field: ``field(t, y, idx)`` evaluates ``F`` on the active rows.
         y0: ``(batch, ...)`` initial state.
         t_max: the latest stopping time (> 0).
@@ -185,16 +188,18 @@ def odeint_until_converged(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`integrate_until_converged` with ``torchdiffeq.odeint`` as the solver of each window.
 
-    ``field(t, y, idx)`` is ``F`` on the active rows ``idx``; ``method``, ``rtol``, ``atol`` and ``options`` go to
-    ``odeint`` unchanged (backprop through the solver's steps). ``window`` defaults to ``t_max / 20``. An adaptive
-    solver's error norm spans the rows it is given, so a compacted batch takes its own steps: a sample's result
-    equals solving it alone up to the tolerances, not bitwise.
+    ``field(t, y, idx)`` is ``F`` on the active rows ``idx``; ``method``, ``rtol``, ``atol`` and ``options``
+    go to ``odeint`` unchanged (backprop through the solver's steps). ``window`` defaults to ``t_max / 20``.
+    An adaptive solver's error norm spans the rows it is given, so a compacted batch takes its own steps: a
+    sample's result equals solving it alone up to the tolerances, not bitwise.
     """
     t_max = check_positive("t_max", t_max, "It is the latest stopping time.")
     window = t_max / 20 if window is None else window
 
     def solve(y: torch.Tensor, t0: float, t1: float, idx: torch.Tensor) -> torch.Tensor:
         t = torch.tensor([t0, t1], dtype=torch.float64, device=y.device)
-        return odeint(lambda s, z: field(s, z, idx), y, t, method=method, rtol=rtol, atol=atol, options=options)[-1]
+        return odeint(
+            lambda s, z: field(s, z, idx), y, t, method=method, rtol=rtol, atol=atol, options=options
+        )[-1]
 
     return integrate_until_converged(solve, field, y0, t_max=t_max, window=window, eps=eps, norm=norm)

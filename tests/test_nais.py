@@ -1,5 +1,5 @@
-"""NAIS field (SPEC §4): Alg. N1/N2 projections give Condition N1, the tanh equilibrium is reached geometrically,
-the input-output gain bound (eq. N10) holds, the bound input follows compacted rows."""
+"""NAIS field (SPEC §4): Alg. N1/N2 projections give Condition N1, the tanh equilibrium is reached
+geometrically, the input-output gain bound (eq. N10) holds, the bound input follows compacted rows."""
 
 import math
 
@@ -15,7 +15,7 @@ from cde_nets.fields import NAIS, NAISConv
 @settings(max_examples=8, deadline=None)
 @given(scale=st.floats(2.0, 50.0), seed=st.integers(0, 10_000), eps=st.floats(0.01, 0.4), loose=st.booleans())
 def test_projection_makes_the_block_stable(scale, seed, eps, loose):
-    """After Alg. N1, ρ(I + h σ' A) < 1 for h = 1 (Theorem N2), with δ = 1 − 2ε and with the looser 2(1 − ε)."""
+    """After Alg. N1, ρ(I + h σ' A) < 1 for h = 1 (Theorem N2), for δ = 1 − 2ε and the looser 2(1 − ε)."""
     g = torch.Generator().manual_seed(seed)
     delta = 2 * (1 - eps) if loose else None
     field = NAIS(5, 3, layers=2, eps=eps, delta=delta, init_std=scale, generator=g).double()
@@ -43,7 +43,8 @@ def test_projection_leaves_a_feasible_R_alone(f64):
 
 
 def test_steady_state_reached_geometrically_from_two_starts(f64):
-    """x̄ = −A⁻¹(Bu + b) (tanh(0) = 0) from x(0) = 0 and a far start; the error falls at the rate ρ(J(x̄)) <= ρ̄."""
+    """x̄ = −A⁻¹(Bu + b) (tanh(0) = 0) is reached from x(0) = 0 and from a far start;
+    the error falls geometrically, at the rate ρ(J(x̄)) <= ρ̄."""
     g = torch.Generator().manual_seed(0)
     field = NAIS(4, 2, T=1.0, eps=0.1, init_std=1.0, generator=g).project_()
     with torch.no_grad():
@@ -73,8 +74,8 @@ def test_steady_state_reached_geometrically_from_two_starts(f64):
 def test_input_output_gain_bound(f64):
     """‖x(u + w) − x(u)‖ <= h ‖B‖ ‖w‖ / (1 − ρ̄) (eq. N10) along the whole run, for random perturbations w.
 
-    ρ̄: the largest ‖I + h D̃ A‖₂ along the run, D̃ the secant slopes of tanh (so e(k+1) = (I + h D̃ A) e(k) + h D̃ B w
-    with ‖D̃‖ <= 1, and the bound follows by induction from e(0) = 0).
+    ρ̄: the largest ‖I + h D̃ A‖₂ along the run, D̃ the secant slopes of tanh (so e(k+1) = (I + h D̃ A) e(k) +
+    h D̃ B w with ‖D̃‖ <= 1, and the bound follows by induction from e(0) = 0).
     """
     g = torch.Generator().manual_seed(1)
     field = NAIS(4, 3, T=0.5, eps=0.1, init_std=1.0, generator=g).project_()
@@ -126,8 +127,9 @@ def conv_jacobian_radius(field, x, u, h=1.0):
 
 
 def test_conv_projection_alg_N2(f64):
-    """Alg. N2: centre taps −1 − δ_c with |δ_c| <= 1 − η, off-centre absolute sums <= 1 − ε − |δ_c| (Gershgorin),
-    so the dense Jacobian of the Euler block has spectral radius < 1 for h = 1 even after a large kernel."""
+    """Alg. N2: centre taps −1 − δ_c with |δ_c| <= 1 − η, off-centre absolute sums <= 1 − ε − |δ_c|
+    (Gershgorin), so the dense Jacobian of the Euler block has spectral radius < 1 for h = 1 even after a
+    large kernel."""
     g = torch.Generator().manual_seed(3)
     field = NAISConv(2, kernel_size=3, eps=0.05, eta=0.1, generator=g).double()
     x, u = torch.randn(1, 2, 4, 4, generator=g), torch.randn(1, 2, 4, 4, generator=g)
@@ -141,7 +143,8 @@ def test_conv_projection_alg_N2(f64):
     for c in range(2):
         assert C[c, c, 1, 1] == -1 - d[c]
         others = C[c].abs().sum() - C[c, c, 1, 1].abs()
-        assert float(others) == pytest.approx(1 - 0.05 - float(d[c].abs()), rel=1e-12)  # scaled onto the budget
+        budget = 1 - 0.05 - float(d[c].abs())
+        assert float(others) == pytest.approx(budget, rel=1e-12)  # scaled onto the budget
     assert conv_jacobian_radius(field, x, u) < 1
     K = field.C.data.clone()
     field.project_()
@@ -173,7 +176,9 @@ def test_errors(f64):
     with pytest.raises(ValueError, match=r"`x` has shape \(3, 5\), but NAIS expects \(batch, 4\)"):
         field.stability_margin(torch.zeros(3, 5), h=1.0)
     conv = NAISConv(2)
-    with pytest.raises(ValueError, match=r"the bound `u` has spatial size \(3, 3\) but the state has \(4, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"the bound `u` has spatial size \(3, 3\) but the state has \(4, 4\)"
+    ):
         conv.bind(torch.zeros(1, 2, 3, 3))(0.0, torch.zeros(1, 2, 4, 4))
     with pytest.raises(ValueError, match="Alg. N2 needs 0 < eps < eta < 1"):
         NAISConv(2, eps=0.2, eta=0.1)

@@ -1,7 +1,5 @@
 """SecondOrder field (SPEC §3): damped oscillator closed form, the order-k chain, the blog block bridge."""
 
-import math
-
 import pytest
 import torch
 from torchdiffeq import odeint
@@ -24,7 +22,9 @@ def test_damped_oscillator_closed_form(f64):
     field = SecondOrder(2, T=T, f=linear(-torch.diag(omega2)), eta=1.0)
     with torch.no_grad():
         field.gamma_raw.copy_(torch.log(torch.expm1(gamma)))  # softplus⁻¹
-    assert torch.allclose(field.gamma, gamma, atol=1e-14) and torch.allclose(field.eta, torch.ones(2), atol=1e-14)
+    assert torch.allclose(field.gamma, gamma, atol=1e-14) and torch.allclose(
+        field.eta, torch.ones(2), atol=1e-14
+    )
     x0, v0 = torch.tensor([[1.0, -0.5]]), torch.tensor([[0.3, 0.2]])
     t = torch.linspace(0, T, 7)
     ys = odeint(field, torch.cat([x0, v0], 1), t, method="dopri5", rtol=1e-10, atol=1e-10)
@@ -35,7 +35,9 @@ def test_damped_oscillator_closed_form(f64):
     tt = t[:, None, None]
     exact = (c1 * torch.exp(r1 * tt) + c2 * torch.exp(r2 * tt)).real
     assert torch.allclose(ys[..., :2], exact, atol=1e-6, rtol=0)
-    assert torch.allclose(ys[..., 2:], (c1 * r1 * torch.exp(r1 * tt) + c2 * r2 * torch.exp(r2 * tt)).real, atol=1e-6)
+    assert torch.allclose(
+        ys[..., 2:], (c1 * r1 * torch.exp(r1 * tt) + c2 * r2 * torch.exp(r2 * tt)).real, atol=1e-6
+    )
     # the block gives the same end point
     assert torch.allclose(ODEBlock(field, rtol=1e-10, atol=1e-10)(ys[0]), ys[-1], atol=1e-8)
 
@@ -45,15 +47,15 @@ def companion(W, eta, gamma, k):
     d = W.shape[0]
     M = torch.zeros(k * d, k * d)
     for i in range(k - 1):
-        M[i * d:(i + 1) * d, (i + 1) * d:(i + 2) * d] = torch.eye(d)
-    M[(k - 1) * d:, :d] += eta * W
-    M[(k - 1) * d:, (k - 1) * d:] -= torch.diag(gamma)
+        M[i * d : (i + 1) * d, (i + 1) * d : (i + 2) * d] = torch.eye(d)
+    M[(k - 1) * d :, :d] += eta * W
+    M[(k - 1) * d :, (k - 1) * d :] -= torch.diag(gamma)
     return M
 
 
 @pytest.mark.parametrize("k, damping", [(1, False), (2, True), (3, False), (3, True), (4, False)])
 def test_order_k_flow_equals_the_first_order_chain(f64, k, damping):
-    """With linear f the order-k field is y' = M y for the companion matrix: y(T) = exp(T M) y(0) (dopri5, 1e-8)."""
+    """With linear f the order-k field is y' = M y, M the companion matrix: y(T) = exp(T M) y(0) to 1e-8."""
     g = torch.Generator().manual_seed(k)
     W = torch.randn(3, 3, generator=g) / 2
     field = SecondOrder(3, order=k, f=linear(W), eta=0.7, gamma=0.3, damping=damping, T=1.5)

@@ -13,7 +13,7 @@ from solvers.stopping import integrate_until_converged, odeint_until_converged, 
 
 
 class Decay(Field):
-    """``x' = −tanh(W x)``, ``W = I``: a contraction whose stopping depth grows with ``‖x(0)‖``; counts rows."""
+    """``x' = −tanh(W x)``, ``W = I``: stopping depth grows with ``‖x(0)‖``; counts the rows it evaluates."""
 
     def __init__(self, T=1.0, layers=1, dim=2):
         super().__init__(T=T, layers=layers)
@@ -35,7 +35,7 @@ def geometric_depth(a, x0, eps, max_depth):
 
 
 def test_unroll_depths_and_states_in_closed_form(f64):
-    """x ← a_i x per sample (a_i picked through idx): depths, final states and rows evaluated are known exactly."""
+    """x ← a_i x per sample (a_i through idx): depths, final states and rows evaluated in closed form."""
     a = torch.tensor([0.5, 0.9, 0.2, 0.97, 0.7])
     x0 = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0], [1.0, 1.0], [1e-5, 0.0]])
     rows = []
@@ -54,12 +54,13 @@ def test_unroll_depths_and_states_in_closed_form(f64):
 
 
 def test_unroll_tuple_state_readout_norm_and_max_depth(f64):
-    """Tuple states keep their form; the readout and the norm decide; samples that never converge stop at max."""
+    """Tuple states keep their form; readout and norm decide; samples that never converge stop at max."""
     a = torch.tensor([0.5, 0.99])
     x0 = torch.tensor([[1.0, -1.0], [1.0, 1.0]])
     step = lambda i, s, idx: (a[idx, None] * s[0], s[1] + 1)  # noqa: E731
-    (y, count), depths = unroll(step, (x0, torch.zeros(2, 3)), eps=1e-3, max_depth=50,
-                                norm=lambda d: d.abs().amax(dim=1))
+    (y, count), depths = unroll(
+        step, (x0, torch.zeros(2, 3)), eps=1e-3, max_depth=50, norm=lambda d: d.abs().amax(dim=1)
+    )
     want0 = geometric_depth(0.5, 1.0, 1e-3, 50)  # the max-norm of x0 is 1 (the 2-norm would be √2)
     assert depths.tolist() == [want0, 50] and want0 != geometric_depth(0.5, math.sqrt(2), 1e-3, 50)
     assert torch.equal(count, depths[:, None].double().expand(2, 3))
@@ -76,7 +77,7 @@ def test_unroll_gradient_through_each_final_state(f64):
     y, depths = unroll(lambda i, x, idx: a[idx, None] * x, x0, eps=1e-4, max_depth=200)
     y.sum().backward()
     assert len(set(depths.tolist())) == 3
-    assert torch.allclose(x0.grad[:, 0], a ** depths, atol=1e-15, rtol=1e-12)
+    assert torch.allclose(x0.grad[:, 0], a**depths, atol=1e-15, rtol=1e-12)
 
 
 def test_nais_depths_differ_and_states_equal_running_alone(f64):
@@ -88,11 +89,11 @@ def test_nais_depths_differ_and_states_equal_running_alone(f64):
     y, depths = net(x0, u=u)
     assert len(set(depths.tolist())) > 3 and int(depths.max()) < 200
     for i in range(6):
-        xi = x0[i:i + 1]
-        field.bind(u[i:i + 1])
+        xi = x0[i : i + 1]
+        field.bind(u[i : i + 1])
         for _ in range(int(depths[i])):
             xi = xi + 0.5 * field.evaluate(0, xi)
-        assert torch.allclose(y[i:i + 1], xi, atol=1e-10, rtol=0)
+        assert torch.allclose(y[i : i + 1], xi, atol=1e-10, rtol=0)
 
 
 def test_discretized_rows_evaluated_equal_the_sum_of_depths(f64):
@@ -113,7 +114,8 @@ def test_discretized_gradient_equals_running_alone(f64):
 
 
 def test_continuous_stopping_times_in_closed_form(f64):
-    """x' = −c_i x: ‖F‖ = c‖x0‖e^{−ct} < eps first at t* = ln(c‖x0‖/eps)/c; the stop is the next window end."""
+    """x' = −c_i x: ‖F‖ = c‖x0‖e^{−ct} < eps first at t* = ln(c‖x0‖/eps)/c; the stop is the next window
+    end."""
     c = torch.tensor([1.0, 2.0, 1.0, 3.0])
     x0 = torch.tensor([[1.0, 0.0], [2.0, 2.0], [0.3, 0.4], [1e-4, 0.0]])
     eps, window, t_max = 1e-3, 0.25, 8.0
@@ -133,17 +135,20 @@ def test_continuous_stopping_times_in_closed_form(f64):
 
 
 def test_continuous_method_passed_through_and_t_max(f64):
-    """rk4 with a fixed step 0.05 on x' = −x: the stopped states equal the rk4 recurrence (1 − h + h²/2 − ...)."""
+    """rk4 with a fixed step 0.05 on x' = −x: the stopped states equal the rk4 recurrence (1 − h + h²/2 −
+    ...)."""
     x0 = torch.tensor([[1.0], [50.0]])
-    y, times = odeint_until_converged(lambda t, x, idx: -x, x0, t_max=2.0, eps=0.2, window=0.5, method="rk4",
-                                      options={"step_size": 0.05})
+    y, times = odeint_until_converged(
+        lambda t, x, idx: -x, x0, t_max=2.0, eps=0.2, window=0.5, method="rk4", options={"step_size": 0.05}
+    )
     h = 0.05
     g = 1 - h + h**2 / 2 - h**3 / 6 + h**4 / 24
     assert times.tolist() == [2.0, 2.0]  # sample 0 converges exactly at t_max; sample 1 never does
-    assert torch.allclose(y, x0 * g ** 40, atol=1e-12, rtol=1e-12)
-    y1, t1 = odeint_until_converged(lambda t, x, idx: -x, x0, t_max=2.0, eps=0.5, window=0.5, method="rk4",
-                                    options={"step_size": 0.05})
-    assert t1.tolist() == [1.0, 2.0] and torch.allclose(y1[0], x0[0] * g ** 20, atol=1e-12)
+    assert torch.allclose(y, x0 * g**40, atol=1e-12, rtol=1e-12)
+    y1, t1 = odeint_until_converged(
+        lambda t, x, idx: -x, x0, t_max=2.0, eps=0.5, window=0.5, method="rk4", options={"step_size": 0.05}
+    )
+    assert t1.tolist() == [1.0, 2.0] and torch.allclose(y1[0], x0[0] * g**20, atol=1e-12)
 
 
 def test_ode_block_stopping_times_differ(f64):

@@ -32,8 +32,10 @@ class _Input(Field):
         want = self.input_shape
         if u.dim() != len(want) + 1 or any(w is not None and w != s for w, s in zip(want, u.shape[1:])):
             sizes = ", ".join("*" if w is None else str(w) for w in want)
-            raise ValueError(f"`u` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, {sizes}); "
-                             "bind the block input with that shape (or build the field with matching input size).")
+            raise ValueError(
+                f"`u` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, {sizes}); "
+                "bind the block input with that shape (or build the field with matching input size)."
+            )
         self.u = u
         self._rows_cache = None
         return self
@@ -58,32 +60,46 @@ class _Input(Field):
     def _u_for(self, x: torch.Tensor | None) -> torch.Tensor:
         u = getattr(self, "u", None)
         if u is None:
-            raise ValueError(f"{type(self).__name__} needs its block input: call `field.bind(u)` (or pass `u=` to "
-                             "the block) before integrating.")
+            raise ValueError(
+                f"{type(self).__name__} needs its block input: call `field.bind(u)` (or pass `u=` to "
+                "the block) before integrating."
+            )
         if x is not None and u.shape[0] != x.shape[0]:
-            raise ValueError(f"the bound `u` has batch {u.shape[0]} but the state has batch {x.shape[0]}; bind the "
-                             "input of this batch.")
+            raise ValueError(
+                f"the bound `u` has batch {u.shape[0]} but the state has batch {x.shape[0]}; bind the "
+                "input of this batch."
+            )
         return u
 
 
 class NAIS(_Input):
-    r"""``x' = σ(A x + B u + b)`` with ``A = −RᵀR − εI`` (eq. N13); its forward-Euler step is the NAIS-Net block
-    (eq. N3) ``x(k+1) = x(k) + h σ(A x(k) + B u + b)``. ``u`` is ``(batch, input_dim)``; ``x`` is ``(batch, dim)``.
+    r"""``x' = σ(A x + B u + b)`` with ``A = −RᵀR − εI`` (eq. N13); its forward-Euler step is the NAIS-Net
+    block (eq. N3) ``x(k+1) = x(k) + h σ(A x(k) + B u + b)``. ``u`` is ``(batch, input_dim)``; ``x`` is
+    ``(batch, dim)``.
 
-    The block input is bound per batch with :meth:`bind` (``field.bind(u)`` returns the field), so ``forward(t, x)``
-    keeps torchdiffeq's signature; :meth:`rows` restricts it to the rows of a compacted batch (per-sample
-    stopping). ``R``, ``B``, ``b`` are :class:`~cde_nets.pieces.Pieces` (``layers = 1``: the time-invariant block
-    of the paper).
+    The block input is bound per batch with :meth:`bind` (``field.bind(u)`` returns the field), so
+    ``forward(t, x)`` keeps torchdiffeq's signature; :meth:`rows` restricts it to the rows of a compacted
+    batch (per-sample stopping). ``R``, ``B``, ``b`` are :class:`~cde_nets.pieces.Pieces` (``layers = 1``: the
+    time-invariant block of the paper).
 
-    ``delta`` is Alg. N1's bound on ``‖RᵀR‖_F``: default ``1 − 2ε`` (Theorem N2: Condition N1 for ``h <= 1`` and a
-    critically damped, oscillation-free Jacobian); any value up to ``2(1 − ε)`` still keeps the spectral radius
-    of ``I + h σ' A`` below 1 for ``h <= 1``, since ``σ' ∈ (0, 1]`` and ``A``'s eigenvalues lie in
+    ``delta`` is Alg. N1's bound on ``‖RᵀR‖_F``: default ``1 − 2ε`` (Theorem N2: Condition N1 for ``h <= 1``
+    and a critically damped, oscillation-free Jacobian); any value up to ``2(1 − ε)`` still keeps the spectral
+    radius of ``I + h σ' A`` below 1 for ``h <= 1``, since ``σ' ∈ (0, 1]`` and ``A``'s eigenvalues lie in
     ``[−δ − ε, −ε]``. Call :meth:`project_` after every optimiser step.
     """
 
-    def __init__(self, dim: int, input_dim: int, layers: int = 1, T: float = 1.0, eps: float = 0.01,
-                 activation: str = "tanh", delta: float | None = None, init_std: float | None = None,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        dim: int,
+        input_dim: int,
+        layers: int = 1,
+        T: float = 1.0,
+        eps: float = 0.01,
+        activation: str = "tanh",
+        delta: float | None = None,
+        init_std: float | None = None,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__(T=T, layers=layers)
         for name, v in (("dim", dim), ("input_dim", input_dim)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -92,16 +108,21 @@ class NAIS(_Input):
             raise ValueError(f"`eps` must lie in (0, 0.5) (Alg. N1: δ = 1 − 2ε), got {eps!r}.")
         delta = 1.0 - 2.0 * eps if delta is None else float(delta)
         if not 0 < delta <= 2.0 * (1.0 - eps):
-            raise ValueError(f"`delta` must lie in (0, 2(1 − eps)] = (0, {2 * (1 - eps):g}] for Condition N1 with "
-                             f"h <= 1, got {delta!r}; leave it None for the critically damped 1 − 2 eps.")
+            raise ValueError(
+                f"`delta` must lie in (0, 2(1 − eps)] = (0, {2 * (1 - eps):g}] for Condition N1 with "
+                f"h <= 1, got {delta!r}; leave it None for the critically damped 1 − 2 eps."
+            )
         self.dim, self.input_dim, self.eps, self.delta = dim, input_dim, float(eps), delta
         self.state_shape, self.input_shape = (dim,), (input_dim,)
         self.activation_name, self.sigma = resolve_activation(activation)
         std = 1.0 / math.sqrt(dim) if init_std is None else float(init_std)
         normal = lambda w: w.normal_(0, std, generator=generator)  # noqa: E731
         self.R = Pieces(self.grid, (dim, dim), init=normal)
-        self.B = Pieces(self.grid, (dim, input_dim), init=lambda w: w.normal_(0, 1 / math.sqrt(input_dim),
-                                                                                generator=generator))
+        self.B = Pieces(
+            self.grid,
+            (dim, input_dim),
+            init=lambda w: w.normal_(0, 1 / math.sqrt(input_dim), generator=generator),
+        )
         self.b = Pieces(self.grid, (dim,))
         self.u = None
 
@@ -119,11 +140,12 @@ class NAIS(_Input):
     def project_(self) -> NAIS:
         """Alg. N1: if ``‖RᵀR‖_F > δ`` then ``R ← √δ R / √‖RᵀR‖_F``, per piece, in place (no autograd).
 
-        Idempotent (a projected ``R`` is left bitwise unchanged), so it is safe to call after every optimiser step.
-        Returns the field.
+        Idempotent (a projected ``R`` is left bitwise unchanged), so it is safe to call after every optimiser
+        step. Returns the field.
         """
         delta = self.delta
-        slack = 1.0 + 16 * torch.finfo(self.R.data.dtype).eps  # a projected R must not be rescaled by rounding
+        # a projected R must not be rescaled again by rounding
+        slack = 1.0 + 16 * torch.finfo(self.R.data.dtype).eps
         for l in range(self.layers):
             R = self.R.data[l]
             norm = torch.linalg.matrix_norm(R.T @ R)
@@ -133,11 +155,12 @@ class NAIS(_Input):
 
     @torch.no_grad()
     def stability_margin(self, x: torch.Tensor, h: float | None = None, l: int = 0) -> float:
-        """Condition N1 (eq. N8) checked on a batch: ``max_x ρ(I + h σ'(A x + B u + b) A)`` for the bound ``u``.
+        """Condition N1 (eq. N8) checked on a batch: ``max_x ρ(I + h σ'(A x + B u + b) A)`` for the bound
+        ``u``.
 
         ``x``: ``(batch, dim)``; ``h``: the step (default the grid's ``T / layers``); ``l``: the piece. The
-        eigenvalues of the batch of Jacobians (eq. N6) come from one batched ``torch.linalg.eigvals``. Below 1 the
-        forward-Euler block contracts towards its input-dependent equilibrium at every ``x`` of the batch.
+        eigenvalues of the batch of Jacobians (eq. N6) come from one batched ``torch.linalg.eigvals``. Below 1
+        the forward-Euler block contracts towards its input-dependent equilibrium at every ``x`` of the batch.
         """
         if self.activation_name not in DERIVATIVES:
             raise NotImplementedError(f"no derivative known for activation {self.activation_name!r}.")
@@ -149,25 +172,37 @@ class NAIS(_Input):
 
 
 class NAISConv(_Input):
-    r"""Convolutional NAIS: ``x' = σ(C ⋆ x + D ⋆ u + b)`` with a same-size, zero-padded ``C`` kept stable by Alg. N2.
+    r"""Convolutional NAIS: ``x' = σ(C ⋆ x + D ⋆ u + b)`` with a same-size, zero-padded ``C`` kept stable by
+    Alg. N2.
 
-    ``x`` and ``u`` are ``(batch, channels, H, W)`` (same size). The centre tap of each channel's own filter is
-    ``C^c_centre = −1 − δ_c`` with ``δ_c`` trainable (``|δ_c| <= 1 − η``): the kernel is assembled from ``δ`` at
-    every evaluation, so ``δ`` receives gradients and the stored centre taps of ``C`` are unused. Alg. N2
-    (:meth:`project_`) clamps ``δ_c`` and scales the channel's other taps (all input channels) so that their
-    absolute sum is at most ``1 − ε − |δ_c|``: by Gershgorin every eigenvalue of the Jacobian
+    ``x`` and ``u`` are ``(batch, channels, H, W)`` (same size). The centre tap of each channel's own filter
+    is ``C^c_centre = −1 − δ_c`` with ``δ_c`` trainable (``|δ_c| <= 1 − η``): the kernel is assembled from
+    ``δ`` at every evaluation, so ``δ`` receives gradients and the stored centre taps of ``C`` are unused.
+    Alg. N2 (:meth:`project_`) clamps ``δ_c`` and scales the channel's other taps (all input channels) so that
+    their absolute sum is at most ``1 − ε − |δ_c|``: by Gershgorin every eigenvalue of the Jacobian
     ``I + h σ'(·) A`` (Lemma N1) then lies in the unit disc for ``h <= 1`` (Condition N1, Theorem N3).
     """
 
-    def __init__(self, channels: int, layers: int = 1, T: float = 1.0, kernel_size: int = 3, eps: float = 0.01,
-                 eta: float = 0.05, activation: str = "tanh", generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        channels: int,
+        layers: int = 1,
+        T: float = 1.0,
+        kernel_size: int = 3,
+        eps: float = 0.01,
+        eta: float = 0.05,
+        activation: str = "tanh",
+        generator: torch.Generator | None = None,
+    ):
         super().__init__(T=T, layers=layers)
         if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
             raise ValueError(f"`channels` must be a positive integer, got {channels!r}.")
         if not 0 < eps < eta < 1:
             raise ValueError(f"Alg. N2 needs 0 < eps < eta < 1, got eps={eps!r}, eta={eta!r}.")
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"`kernel_size` must be a positive odd integer (same-size padding), got {kernel_size!r}.")
+            raise ValueError(
+                f"`kernel_size` must be a positive odd integer (same-size padding), got {kernel_size!r}."
+            )
         self.channels, self.k, self.eps, self.eta = channels, kernel_size, float(eps), float(eta)
         self.state_shape = self.input_shape = (channels, None, None)
         self.activation_name, self.sigma = resolve_activation(activation)
@@ -191,17 +226,23 @@ class NAISConv(_Input):
     def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
         u = self._u_for(x)
         if u.shape[2:] != x.shape[2:]:
-            raise ValueError(f"the bound `u` has spatial size {tuple(u.shape[2:])} but the state has "
-                             f"{tuple(x.shape[2:])}; bind an input of the state's size.")
+            raise ValueError(
+                f"the bound `u` has spatial size {tuple(u.shape[2:])} but the state has "
+                f"{tuple(x.shape[2:])}; bind an input of the state's size."
+            )
         pad = self.k // 2
-        return self.sigma(F.conv2d(x, self.kernel(l), self.b[l], padding=pad) + F.conv2d(u, self.D[l], padding=pad))
+        return self.sigma(
+            F.conv2d(x, self.kernel(l), self.b[l], padding=pad) + F.conv2d(u, self.D[l], padding=pad)
+        )
 
     @torch.no_grad()
     def project_(self) -> NAISConv:
         """Alg. N2 per piece and output channel, in place: ``δ_c ← clamp(δ_c, −1 + η, 1 − η)``, centre tap
-        ``−1 − δ_c``, other taps scaled to an absolute sum ``<= 1 − ε − |δ_c|``. Idempotent; returns the field."""
+        ``−1 − δ_c``, other taps scaled to an absolute sum ``<= 1 − ε − |δ_c|``. Idempotent; returns the
+        field."""
         m = self.k // 2
-        slack = 1.0 + 16 * torch.finfo(self.C.data.dtype).eps  # a projected kernel must not be rescaled by rounding
+        # a projected kernel must not be rescaled again by rounding
+        slack = 1.0 + 16 * torch.finfo(self.C.data.dtype).eps
         off = (1 - self.centre).bool()
         for l in range(self.layers):
             C, d = self.C.data[l], self.delta.data[l]

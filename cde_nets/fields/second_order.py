@@ -21,8 +21,15 @@ def _softplus_inverse(x: float) -> float:
 class PiecewiseMLP(nn.Module):
     """``f_l(x) = W2_l tanh(W1_l LN(x) + c1_l) + c2_l``: the blog's time-varying one-hidden-layer update."""
 
-    def __init__(self, grid: TimeGrid, dim: int, hidden: int, layer_norm: bool = False, init_std: float = 1.0,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        grid: TimeGrid,
+        dim: int,
+        hidden: int,
+        layer_norm: bool = False,
+        init_std: float = 1.0,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__()
         s1, s2 = init_std / math.sqrt(dim), init_std / math.sqrt(hidden)
         self.W1 = Pieces(grid, (hidden, dim), init=lambda w: w.normal_(0, s1, generator=generator))
@@ -42,17 +49,18 @@ class SecondOrder(Field):
 
     - ``k = 2`` (default): ``x' = v``, ``v' = −γ v + η f(x)``, the damped driven oscillator of the blog;
       ``split = (dim, dim)`` declares the ``(x, v)`` halves;
-    - ``k >= 3``: ``q_1' = q_2, ..., q_{k−1}' = q_k``, ``q_k' = −γ q_k + η f(q_1)`` — the same damping on the last
-      derivative (``damping=False`` drops it: Hauser's C^k chain ``q_k' = η f(q_1)``);
+    - ``k >= 3``: ``q_1' = q_2, ..., q_{k−1}' = q_k``, ``q_k' = −γ q_k + η f(q_1)`` — the same damping on the
+      last derivative (``damping=False`` drops it: Hauser's C^k chain ``q_k' = η f(q_1)``);
     - ``k = 1``: the plain first-order field ``x' = η f(x)`` (no damping).
 
-    ``γ`` (damping) and ``η`` (drive) are per channel ``(dim,)``, time-invariant, and positive through a softplus
-    of trained raw values; :attr:`gamma` and :attr:`eta` return the positive values.
+    ``γ`` (damping) and ``η`` (drive) are per channel ``(dim,)``, time-invariant, and positive through a
+    softplus of trained raw values; :attr:`gamma` and :attr:`eta` return the positive values.
 
-    ``f``: any ``nn.Module`` mapping ``(batch, dim) -> (batch, dim)``. It is called as ``f.evaluate(l, x)`` with
-    the piece index ``l`` when it has an ``evaluate`` method (piece-aware, like the default), otherwise as
-    ``f(x)``. Default: :class:`PiecewiseMLP`, the blog's time-varying one-hidden-layer update
-    ``f_l(x) = W2_l tanh(W1_l LN(x) + c1_l) + c2_l`` of width ``hidden`` (default ``2·dim``), layer norm optional.
+    ``f``: any ``nn.Module`` mapping ``(batch, dim) -> (batch, dim)``. It is called as ``f.evaluate(l, x)``
+    with the piece index ``l`` when it has an ``evaluate`` method (piece-aware, like the default), otherwise
+    as ``f(x)``. Default: :class:`PiecewiseMLP`, the blog's time-varying one-hidden-layer update
+    ``f_l(x) = W2_l tanh(W1_l LN(x) + c1_l) + c2_l`` of width ``hidden`` (default ``2·dim``), optional layer
+    norm.
 
     Bridge to discrete mode (momentum / semi-implicit Euler, velocity first, on the velocity scaled by ``h``):
     with ``ṽ = h v``, ``ṽ_{l+1} = (1 − hγ) ṽ_l + h² η f_l(x_l)`` and ``x_{l+1} = x_l + ṽ_{l+1}`` — the blog's
@@ -61,9 +69,21 @@ class SecondOrder(Field):
 
     kind = "second_order"
 
-    def __init__(self, dim: int, layers: int = 1, T: float = 1.0, f: nn.Module | None = None, order: int = 2,
-                 hidden: int | None = None, layer_norm: bool = False, gamma: float = 0.5, eta: float = 1.0,
-                 damping: bool = True, learn: bool = True, generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        dim: int,
+        layers: int = 1,
+        T: float = 1.0,
+        f: nn.Module | None = None,
+        order: int = 2,
+        hidden: int | None = None,
+        layer_norm: bool = False,
+        gamma: float = 0.5,
+        eta: float = 1.0,
+        damping: bool = True,
+        learn: bool = True,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__(T=T, layers=layers)
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
             raise ValueError(f"`dim` must be a positive integer, got {dim!r}.")
@@ -79,8 +99,11 @@ class SecondOrder(Field):
         self.state_shape = (order * dim,)
         if order == 2:
             self.split = (dim, dim)
-        self.f = f if f is not None else PiecewiseMLP(self.grid, dim, hidden or 2 * dim, layer_norm,
-                                                      generator=generator)
+        self.f = (
+            f
+            if f is not None
+            else PiecewiseMLP(self.grid, dim, hidden or 2 * dim, layer_norm, generator=generator)
+        )
         self.damping = damping and order >= 2
         raw = lambda v: torch.full((dim,), _softplus_inverse(float(v)))  # noqa: E731
         if learn:
@@ -112,9 +135,9 @@ class SecondOrder(Field):
     def _check_width(self, y: torch.Tensor) -> None:
         if y.dim() != 2 or y.shape[1] != self.k * self.dim:
             raise ValueError(
-                f"the state has shape {tuple(y.shape)}, but SecondOrder(dim={self.dim}, order={self.k}) splits it "
-                f"into {self.k} blocks of {self.dim}: expected (batch, {self.k * self.dim}); concatenate "
-                "(x, x', ...) along the features or build the field with matching dim/order."
+                f"the state has shape {tuple(y.shape)}, but SecondOrder(dim={self.dim}, order={self.k}) "
+                f"splits it into {self.k} blocks of {self.dim}: expected (batch, {self.k * self.dim}); "
+                "concatenate (x, x', ...) along the features or build the field with matching dim/order."
             )
 
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
@@ -123,7 +146,7 @@ class SecondOrder(Field):
         d = self.dim
         if self.k == 1:
             return self.drive(l, y)
-        parts = [y[:, i * d:(i + 1) * d] for i in range(self.k)]
+        parts = [y[:, i * d : (i + 1) * d] for i in range(self.k)]
         return torch.cat(parts[1:] + [self._top(l, parts[0], parts[-1])], 1)
 
     def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
@@ -131,5 +154,5 @@ class SecondOrder(Field):
         if self.k != 2:
             return super().evaluate_part(l, y, part)
         self._check_width(y)
-        x, v = y[:, : self.dim], y[:, self.dim:]
+        x, v = y[:, : self.dim], y[:, self.dim :]
         return v if part == 0 else self._top(l, x, v)
