@@ -128,6 +128,11 @@ class SDEBlock(nn.Module):
             both). Each runs its own SDE type, so ``sde_type`` defaults to the method's.
         dt: largest step; default one step per parameter piece (``field.grid.h``). Steps always end on every
             piece boundary, and each step uses the parameters of its piece.
+        adaptive: subdivide each of those steps by torchsde's step-doubling error control (one full step against
+            two half steps, ``rtol``/``atol``; the adjoint's backward solve too). Refused for ``reversible_heun``
+            (torchsde does not record its adaptive steps) and for ``euler`` with diagonal noise (adaptive
+            Euler-Maruyama need not converge with multiplicative noise).
+        rtol, atol: tolerances of ``adaptive`` (torchsde's defaults).
         sde_type: ``"ito"`` or ``"stratonovich"`` (matters for diagonal noise only).
         gradient: ``"adjoint"`` (``sdeint_adjoint``: the adjoint SDE solved backwards on the same Brownian path)
             or ``"backprop"`` (differentiate through the steps).
@@ -145,7 +150,8 @@ class SDEBlock(nn.Module):
 
     After each call, :attr:`stats` holds ``nfe_forward`` (drift plus diffusion evaluations), ``nfe_backward``
     (evaluations of the adjoint solve, or vector-Jacobian products through recorded evaluations for
-    ``backprop``; filled in by ``backward()``) and ``steps_forward`` / ``steps_backward``.
+    ``backprop``; filled in by ``backward()``) and ``steps_forward`` / ``steps_backward`` (the steps of the fixed
+    grid; with ``adaptive`` their subdivisions show only in the evaluation counts).
     """
 
     def __init__(
@@ -156,6 +162,9 @@ class SDEBlock(nn.Module):
         T: float | None = None,
         method: str = "euler",
         dt: float | None = None,
+        adaptive: bool = False,
+        rtol: float = 1e-5,
+        atol: float = 1e-4,
         sde_type: str | None = None,
         gradient: str = "adjoint",
         adjoint_method: str | None = None,
@@ -209,6 +218,17 @@ class SDEBlock(nn.Module):
         if dt is not None:
             check_positive("dt", dt, "It is the largest step of the fixed-step SDE solver; it must be > 0.")
         self.dt = dt
+        self.adaptive = bool(adaptive)
+        if self.adaptive:
+            if method == "reversible_heun":
+                raise ValueError("`adaptive=True` is not supported with method='reversible_heun' (torchsde does not "
+                                 "record its adaptive steps); use a fixed `dt` or another method.")
+            if method == "euler" and noise == "diagonal":
+                raise ValueError("`adaptive=True` with method='euler' and diagonal (multiplicative) noise need not "
+                                 "converge; use method='milstein' or 'srk', or a fixed `dt`.")
+            check_positive("rtol", rtol, "It is the relative tolerance of adaptive stepping.")
+            check_positive("atol", atol, "It is the absolute tolerance of adaptive stepping.")
+        self.rtol, self.atol = float(rtol), float(atol)
         bounds = grid.boundaries.tolist() if grid is not None else [0.0, self.T]
         self.register_buffer("_grid", aligned_grid(bounds, dt), persistent=False)
         self._steps_per_piece = (len(self._grid) - 1) // max(len(bounds) - 1, 1)
@@ -334,22 +354,29 @@ class SDEBlock(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         extra = None
         big = float(self.T)
+        tol = dict(adaptive=self.adaptive, rtol=self.rtol, atol=self.atol)
         for i in range(len(grid) - 1):
             sde = sdes[min(i // self._steps_per_piece, len(sdes) - 1)]
             if i % self._steps_per_piece == 0:
                 extra = None
             ts = grid[i:i + 2]
+            # Adaptive stepping starts each grid step with the whole step and subdivides it from there.
+            dt = float(ts[1] - ts[0]) if self.adaptive else big
             sde.arm_probe()
             with warnings.catch_warnings():
                 # reversible_heun's warning about `ts` spacing vs `dt` does not apply: each call is one whole step.
                 warnings.filterwarnings("ignore", message="The spacing between time points")
+                # Additive and zero noise run as torchsde's diagonal type, but they are additive: adaptive Euler
+                # converges (diagonal noise with euler is refused at construction).
+                warnings.filterwarnings("ignore", message="Numerical solution is not guaranteed to converge")
                 if self.gradient == "adjoint":
                     ys, extra = torchsde.sdeint_adjoint(
-                        sde, y, ts, bm=bm, method=self.method, dt=big, adjoint_method=self.adjoint_method,
-                        adjoint_params=params, extra_solver_state=extra, extra=True)
+                        sde, y, ts, bm=bm, method=self.method, dt=dt, adjoint_method=self.adjoint_method,
+                        adjoint_params=params, extra_solver_state=extra, extra=True, adjoint_adaptive=self.adaptive,
+                        adjoint_rtol=self.rtol, adjoint_atol=self.atol, **tol)
                 else:
-                    ys, extra = torchsde.sdeint(sde, y, ts, bm=bm, method=self.method, dt=big,
-                                                extra_solver_state=extra, extra=True)
+                    ys, extra = torchsde.sdeint(sde, y, ts, bm=bm, method=self.method, dt=dt,
+                                                extra_solver_state=extra, extra=True, **tol)
             y = ys[-1]
         return y
 
@@ -372,4 +399,4 @@ class SDEBlock(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"noise={self.noise!r}, T={self.T}, method={self.method!r}, sde_type={self.sde_type!r}, "
-                f"gradient={self.gradient!r}, dt={self.dt}, paths={self.paths}")
+                f"gradient={self.gradient!r}, dt={self.dt}, adaptive={self.adaptive}, paths={self.paths}")
