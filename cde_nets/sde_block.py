@@ -310,8 +310,13 @@ class SDEBlock(nn.Module):
             self.seed = seed
         self._calls = 0
 
-    def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
-        """``y(T)`` for ``y(0) = y0`` (``(batch, *state_shape)``); averaged over ``paths`` when stochastic."""
+    def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None, bm=None) -> torch.Tensor:
+        """``y(T)`` for ``y(0) = y0`` (``(batch, *state_shape)``); averaged over ``paths`` when stochastic.
+
+        ``bm``: a torchsde Brownian motion on ``[0, T]`` of shape ``(paths · batch, numel per sample)`` (path
+        ``k`` of sample ``i`` is row ``k · batch + i``) to use instead of the block's seeded one, with the Lévy-area
+        approximation that ``method`` needs (``srk``: space-time, ``log_ode``: foster); ignored without noise.
+        """
         self._prepare(y0, u)
         stochastic = self.stochastic
         paths = self.paths if stochastic else 1
@@ -326,8 +331,13 @@ class SDEBlock(nn.Module):
         sdes = [_SDE(self.field, shape, rho, self.noise == "diagonal", self.sde_type, self._stats,
                      count_vjp=self.gradient == "backprop", l=l) for l in range(pieces)]
         grid = self._grid.to(device=y.device, dtype=y.dtype)
-        bm = torchsde.BrownianInterval(t0=float(grid[0]), t1=float(grid[-1]), size=tuple(y.shape), dtype=y.dtype,
-                                       device=y.device, entropy=self._entropy(), levy_area_approximation=self._levy)
+        if bm is None or not stochastic:
+            bm = torchsde.BrownianInterval(t0=float(grid[0]), t1=float(grid[-1]), size=tuple(y.shape),
+                                           dtype=y.dtype, device=y.device, entropy=self._entropy(),
+                                           levy_area_approximation=self._levy)
+        elif tuple(getattr(bm, "shape", ())) != tuple(y.shape):
+            raise ValueError(f"`bm` must have shape {tuple(y.shape)} (paths · batch, numel per sample), got "
+                             f"{tuple(getattr(bm, 'shape', ()))}.")
         y = self._integrate(sdes, y, grid, bm)
         self._stats.steps_forward = len(grid) - 1
         for sde in sdes:

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torchsde
 
 from cde_nets.fields import CubicFriction
 from cde_nets.fields.base import Field
@@ -108,6 +109,18 @@ def test_seeded_runs_repeat(f64):
     assert (first - second).abs().max().item() > 1e-3  # a new path at each call
     a.reseed()
     assert torch.equal(a(y0), first)
+
+
+def test_given_brownian_path(f64):
+    # With zero drift and additive noise, Euler-Maruyama is exact: y(T) = y0 + σ (W(T) − W(0)) on the given path,
+    # whatever the block's seed.
+    y0 = torch.randn(3, 2)
+    bm = torchsde.BrownianInterval(t0=0.0, t1=1.0, size=(3, 2), dtype=torch.float64, entropy=5)
+    block = SDEBlock(Linear(0.0, dim=2), noise="additive", sigma=torch.tensor([0.2, 0.7]), dt=0.1, seed=9)
+    expected = y0 + torch.tensor([0.2, 0.7]) * bm(0.0, 1.0)
+    assert (block(y0, bm=bm) - expected).abs().max().item() < 1e-12
+    with pytest.raises(ValueError, match="`bm` must have shape \\(3, 2\\)"):
+        block(y0, bm=torchsde.BrownianInterval(t0=0.0, t1=1.0, size=(4, 2), dtype=torch.float64))
 
 
 def test_paths_average_reduces_variance(f64):
