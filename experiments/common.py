@@ -1,0 +1,58 @@
+"""Builders shared by the reproductions: the seeds' classifiers and a timed, seeded training run."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from cde_nets import discretize
+from cde_nets.fields import MS1, MS2, MS3, Hamiltonian
+from cde_nets.models import Classifier
+from cde_nets.training import fit, seeded, smoothness_RK
+
+__all__ = ["hdnn_classifier", "train_classifier", "HDNN_SCHEMES"]
+
+# H-DNN Table I architectures: (field builder, scheme). y ∈ R⁴ = the 2-D point padded with two zeros.
+HDNN_SCHEMES = {
+    "H1": (lambda L, T: Hamiltonian(4, layers=L, T=T), "euler"),
+    "H2": (lambda L, T: Hamiltonian(4, layers=L, T=T, K="blockdiag"), "symplectic_euler"),
+    "MS1": (lambda L, T: MS1(4, layers=L, T=T), "symplectic_euler_qp"),
+    "MS2": (lambda L, T: MS2(4, layers=L, T=T), "euler"),
+    "MS3": (lambda L, T: MS3(4, layers=L, T=T), "symplectic_euler"),
+}
+
+
+def hdnn_classifier(arch: str, layers: int, T: float, seed: int) -> nn.Module:
+    """``sigmoid(linear)`` read-out of a discrete H-DNN / MS net on ``R⁴`` (SPEC §2, Table H-I).
+
+    Weights and biases of the block start standard normal, as in the reference implementation.
+    """
+    build, scheme = HDNN_SCHEMES[arch]
+    with seeded(seed):
+        field = build(layers, T)
+        with torch.no_grad():
+            for p in field.parameters():
+                p.normal_()
+        return Classifier(discretize(field, scheme), in_features=2, state_dim=4, n_out=1)
+
+
+def train_classifier(model: nn.Module, data, *, epochs: int, batch_size: int, lr: float, seed: int,
+                     smooth: float = 0.0, h: float = 1.0, desc: str = "", **kw) -> dict:
+    """Train with Adam and optional R_K smoothness; returns final metrics, history and wall time."""
+    regs = [smoothness_RK(smooth, h)] if smooth else []
+    t0 = time.perf_counter()
+    hist = fit(model, data, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, regularisers=regs, desc=desc,
+               **kw)
+    return {"train_accuracy": hist[-1].get("train_accuracy"), "test_accuracy": hist[-1].get("test_accuracy"),
+            "history": hist, "time_s": time.perf_counter() - t0}
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def threads() -> None:
+    """Experiments are small: two intra-op threads match the 2-core machines they are meant for."""
+    torch.set_num_threads(min(2, torch.get_num_threads()))
