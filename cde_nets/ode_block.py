@@ -24,6 +24,19 @@ from .fields.base import Field
 __all__ = ["ODEBlock"]
 
 
+class _Rows(nn.Module):
+    """The field restricted to batch rows ``idx`` on every call — also in the adjoint's backward solve, which
+    runs long after the forward window (a ``with field.rows(idx)`` around the solve would have exited)."""
+
+    def __init__(self, field: nn.Module, idx: torch.Tensor):
+        super().__init__()
+        self.field, self.idx = field, idx
+
+    def forward(self, t, y):
+        with self.field.rows(self.idx):
+            return self.field(t, y)
+
+
 class ODEBlock(nn.Module):
     r"""``y(T) = y(0) + ∫_0^T F(t, y) dt`` for a :class:`~cde_nets.fields.base.Field` ``F``.
 
@@ -152,12 +165,11 @@ class ODEBlock(nn.Module):
         def solve(y, t0, t1, idx):
             t = torch.tensor([t0, t1], dtype=torch.float64, device=y.device)
             g = None if grid is None else grid[(grid >= t0) & (grid <= t1)]
-            with self.field.rows(idx):
-                ys, _ = integrate(
-                    self.field, y, t, method=self.method, rtol=self.rtol, atol=self.atol, gradient=self.gradient,
-                    params=params, jump_t=jump_t, grid=g, options=self.options, max_steps=self.max_steps,
-                    seminorm=self.seminorm, adjoint_method=self.adjoint_method, adjoint_rtol=self.adjoint_rtol,
-                    adjoint_atol=self.adjoint_atol, stats=self._stats)
+            ys, _ = integrate(
+                _Rows(self.field, idx), y, t, method=self.method, rtol=self.rtol, atol=self.atol,
+                gradient=self.gradient, params=params, jump_t=jump_t, grid=g, options=self.options,
+                max_steps=self.max_steps, seminorm=self.seminorm, adjoint_method=self.adjoint_method,
+                adjoint_rtol=self.adjoint_rtol, adjoint_atol=self.adjoint_atol, stats=self._stats)
             return ys[-1]
 
         def field(t, y, idx):

@@ -199,12 +199,6 @@ def test_errors():
         ODEBlock(Decay(), stop=dict(eps=-1.0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ODEBlock restricts NAIS's u to the active rows only inside `with field.rows(idx)`; the adjoint's "
-    "backward solve runs after the context has exited and sees the full u. Fix in ODEBlock._solve_stopping: "
-    "hand `integrate` a module whose forward enters `field.rows(idx)` on every call.",
-)
 def test_ode_block_stopping_adjoint_with_bound_input(f64):
     field = NAIS(3, 2, T=5.0, generator=torch.Generator().manual_seed(0)).project_()
     u = torch.randn(4, 2, generator=torch.Generator().manual_seed(1)) * torch.tensor([[0.01], [1], [2], [3]])
