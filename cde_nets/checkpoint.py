@@ -32,11 +32,21 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
     Temporary files of earlier writes to the same path that a kill left behind (``.NAME.*.tmp``) are removed.
     """
     path = Path(path)
+    atomic_write(path, lambda fh: torch.save(state, fh), binary=True)
+    _fsync_dir(path.parent)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def atomic_write(path: str | Path, write, binary: bool = False) -> Path:
+    """Call ``write(fh)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``: a reader sees
+    the old file or the new one, never a torn one."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
+        with os.fdopen(fd, "wb" if binary else "w") as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -44,9 +54,7 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        stale.unlink(missing_ok=True)
+    return path
 
 
 def load_checkpoint(path: str | Path) -> dict:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from cde_nets.checkpoint import atomic_write
 
 __all__ = ["SIZES", "row", "result", "write_result", "format_table", "save_figure"]
 
@@ -41,21 +41,7 @@ def _clean(obj: Any) -> Any:
 
 def write_result(res: dict, out_dir: str | Path) -> Path:
     """Write ``<out_dir>/<name>.json`` atomically (temporary file, fsync, rename)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{res['name']}.json"
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{res['name']}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(_clean(res), fh, indent=2)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(Path(out_dir) / f"{res['name']}.json", lambda fh: json.dump(_clean(res), fh, indent=2))
 
 
 def _fmt(v: Any, unit: str) -> str:
