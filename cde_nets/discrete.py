@@ -18,6 +18,7 @@ from solvers.schemes import Scheme, get_scheme
 from solvers.stopping import unroll
 
 from .fields.base import Field
+from .pieces import gathered
 
 __all__ = ["discretize", "DiscreteNet"]
 
@@ -85,21 +86,26 @@ class DiscreteNet(nn.Module):
         self.field.check_state(y0, "y0")
         if u is not None:
             self.field.bind(u)
+        with gathered(self.field):
+            return self._forward(y0)
+
+    def _forward(self, y0: torch.Tensor):
         if self.memory_free:
             from .momentum_inverse import momentum_memory_free
 
             return momentum_memory_free(self, y0)
-        coef = self.coefficients(y0.dim())
+        coef = {k: c.unbind(0) for k, c in self.coefficients(y0.dim()).items()}  # one node per call, as pieces
         n_p = (self.split or self.field.split or (None,))[0]
         state = self.scheme.init_state(y0, self.k, n_p)
         if self.stop is not None:
             return self._forward_stopping(state, coef)
         states = [y0] if self.return_all else None
-        for l in range(self.field.grid.L):
-            state = self.scheme.step(self.field, l, state, self.field.grid.h, coef, self.k, self.split)
+        field, scheme, h, k, split = self.field, self.scheme, self.field.grid.h, self.k, self.split  # hoisted
+        for l in range(field.grid.L):
+            state = scheme.step(field, l, state, h, coef, k, split)
             if states is not None:
-                states.append(self.scheme.readout(state))
-        return states if states is not None else self.scheme.readout(state)
+                states.append(scheme.readout(state))
+        return states if states is not None else scheme.readout(state)
 
     def _forward_stopping(self, state: tuple, coef: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample stopping (SPEC §4, N §5.3): step ``i`` uses piece ``min(i, L − 1)``; returns ``(y, depths)``."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .pieces import gathered, piece_modules
+
 __all__ = ["momentum_memory_free"]
 
 
@@ -31,26 +33,52 @@ class _MemoryFree(torch.autograd.Function):
     def backward(ctx, grad_x):
         net, params = ctx.net, ctx.params
         x, v = ctx.saved_tensors
-        gx, gv = grad_x, torch.zeros_like(grad_x)
-        gparams = [torch.zeros_like(p) for p in params]
-        with torch.enable_grad():  # once; every layer's VJP reaches a, b through this small graph
-            coef = net.coefficients(x.dim())
-        for l in reversed(range(net.field.grid.L)):
-            with torch.no_grad():
-                x_prev = x - v
-                v_prev = (v - coef["eta_h"][l] * net.field.evaluate(l, x_prev)) / coef["m"][l]
-            with torch.enable_grad():
-                xi = x_prev.detach().requires_grad_(True)
-                vi = v_prev.detach().requires_grad_(True)
-                x1, v1 = net.step(l, (xi, vi), coef)
-                grads = torch.autograd.grad((x1, v1), (xi, vi, *params), (gx, gv), allow_unused=True,
-                                            retain_graph=True)
-            gx, gv = grads[0], grads[1]
-            for i, g in enumerate(grads[2:]):
-                if g is not None:
-                    gparams[i] += g
-            x, v = x_prev, v_prev
-        return (None, gx, *gparams)
+        with torch.enable_grad(), gathered(net.field):
+            return (None, *_backward(net, params, x, v, grad_x))
+
+
+def _backward(net, params, x, v, gx):
+    """Reverse sweep. Each layer's VJP is taken w.r.t. that layer's own views (pieces from one ``unbind``, ``m_l``,
+    ``η_l h``); one final backward through the unbinds and the coefficient maps reaches the parameters, so the
+    sweep costs O(L |θ_l|), not O(L² |θ_l|) as VJPs w.r.t. the full ``(L, …)`` tensors would."""
+    L = net.field.grid.L
+    pieces = [p for p in piece_modules(net.field)]
+    # the per-layer coefficient views; every layer's VJP reaches a, b through this small graph
+    coef = {k: c.unbind(0) for k, c in net.coefficients(x.dim()).items()}
+    by_layer = [t for t in [p._unbound for p in pieces] + list(coef.values()) if t[0].requires_grad]
+    routed = {id(p.data) for p in pieces} | {id(getattr(net, n)) for n in ("a", "b") if hasattr(net, n)}
+    direct = [p for p in params if id(p) not in routed]  # e.g. a learned friction γ, shared by all layers
+    g_views = [[None] * L for _ in by_layer]
+    g_direct = [torch.zeros_like(p) for p in direct]
+    gv = torch.zeros_like(gx)
+    for l in reversed(range(L)):
+        with torch.no_grad():
+            x_prev = x - v
+            v_prev = (v - coef["eta_h"][l] * net.field.evaluate(l, x_prev)) / coef["m"][l]
+        xi = x_prev.detach().requires_grad_(True)
+        vi = v_prev.detach().requires_grad_(True)
+        x1, v1 = net.step(l, (xi, vi), coef)
+        views = [t[l] for t in by_layer]
+        grads = torch.autograd.grad((x1, v1), (xi, vi, *views, *direct), (gx, gv), allow_unused=True,
+                                    retain_graph=True)
+        gx, gv = grads[0], grads[1]
+        for i, g in enumerate(grads[2:2 + len(views)]):
+            g_views[i][l] = g
+        for acc, g in zip(g_direct, grads[2 + len(views):]):
+            if g is not None:
+                acc += g
+        x, v = x_prev, v_prev
+    outs, gouts = [], []
+    for t, gs in zip(by_layer, g_views):
+        for view, g in zip(t, gs):
+            if g is not None:
+                outs.append(view)
+                gouts.append(g)
+    sweep = dict(zip(map(id, direct), g_direct))
+    routed_params = [p for p in params if id(p) in routed]
+    through = torch.autograd.grad(outs, routed_params, gouts, allow_unused=True) if outs else ()
+    sweep.update(zip(map(id, routed_params), through))
+    return (gx, *(sweep.get(id(p)) for p in params))
 
 
 def momentum_memory_free(net, y0: torch.Tensor) -> torch.Tensor:

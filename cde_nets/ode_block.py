@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 
@@ -20,6 +22,7 @@ from solvers.errors import check_positive
 from solvers.stopping import integrate_until_converged
 
 from .fields.base import Field
+from .pieces import gathered
 
 __all__ = ["ODEBlock"]
 
@@ -152,9 +155,15 @@ class ODEBlock(nn.Module):
     def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
         """``y(T)`` for ``y(0) = y0``; ``u`` binds the block input of non-autonomous fields (NAIS)."""
         if self.stop is not None:
-            return self._solve_stopping(y0, u)
+            with self._gathered():
+                return self._solve_stopping(y0, u)
         t = torch.tensor([0.0, self.T], dtype=torch.float64, device=y0.device)
         return self._solve(y0, t, u)[-1]
+
+    def _gathered(self):
+        """Backprop differentiates through every field call: pieces gathered once per call, as in discrete mode.
+        The adjoint's backward solve runs after the call returns, so it must not see the call's views."""
+        return gathered(self.field) if self.gradient == "backprop" else nullcontext()
 
     def _solve_stopping(self, y0: torch.Tensor, u: torch.Tensor | None):
         self._prepare(y0, u)
@@ -184,12 +193,13 @@ class ODEBlock(nn.Module):
         jump_t, grid = self._grids()
         self._stats = SolverStats()
         params = [p for p in self.field.parameters() if p.requires_grad]
-        ys, _ = integrate(
-            self.field, y0, t, method=self.method, rtol=self.rtol, atol=self.atol, gradient=self.gradient,
-            params=params, jump_t=jump_t, grid=grid, options=self.options, max_steps=self.max_steps,
-            seminorm=self.seminorm, adjoint_method=self.adjoint_method, adjoint_rtol=self.adjoint_rtol,
-            adjoint_atol=self.adjoint_atol, stats=self._stats,
-        )
+        with self._gathered():
+            ys, _ = integrate(
+                self.field, y0, t, method=self.method, rtol=self.rtol, atol=self.atol, gradient=self.gradient,
+                params=params, jump_t=jump_t, grid=grid, options=self.options, max_steps=self.max_steps,
+                seminorm=self.seminorm, adjoint_method=self.adjoint_method, adjoint_rtol=self.adjoint_rtol,
+                adjoint_atol=self.adjoint_atol, stats=self._stats,
+            )
         return ys
 
     def _prepare(self, y0: torch.Tensor, u: torch.Tensor | None) -> None:

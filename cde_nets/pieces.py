@@ -11,11 +11,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-__all__ = ["TimeGrid", "Pieces", "smoothness", "piece_modules"]
+__all__ = ["TimeGrid", "Pieces", "smoothness", "piece_modules", "gathered"]
 
 
 class TimeGrid:
@@ -72,7 +73,10 @@ class Pieces(nn.Module):
 
     ``pieces[l]`` is piece ``l``; ``pieces.at(t)`` is the piece in force at time ``t``. ``trainable=False`` keeps
     it as a buffer (moved with the module, excluded from optimisers and from ``adjoint_params``).
+    Inside :func:`gathered`, ``pieces[l]`` returns a view from one ``unbind`` per call (see there).
     """
+
+    _unbound: tuple[torch.Tensor, ...] | None = None
 
     def __init__(
         self,
@@ -117,10 +121,10 @@ class Pieces(nn.Module):
         return self.grid.L
 
     def __getitem__(self, l: int) -> torch.Tensor:
-        return self.data[l]
+        return self.data[l] if self._unbound is None else self._unbound[l]
 
     def at(self, t: float | torch.Tensor) -> torch.Tensor:
-        return self.data[self.grid.index(t)]
+        return self[self.grid.index(t)]
 
     def differences(self) -> torch.Tensor:
         """``data[l] - data[l - 1]`` for ``l = 1 .. L - 1`` (empty when ``L == 1``)."""
@@ -135,6 +139,40 @@ def piece_modules(module: nn.Module) -> Iterator[Pieces]:
     for m in module.modules():
         if isinstance(m, Pieces) and isinstance(m.data, nn.Parameter):
             yield m
+
+
+@contextmanager
+def gathered(module: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, every :class:`Pieces` of ``module`` hands out views of one ``data.unbind(0)``, and every
+    field's per-call memo (:meth:`cde_nets.fields.base.Field.memo`) is live.
+
+    Why: ``data[l]`` in a loop over ``L`` layers records ``L`` slicing nodes, and the backward of each one
+    allocates and fills a full ``(L, ...)`` zero gradient, so backward costs O(L² |θ_l|). ``unbind`` is one node
+    whose backward stacks the ``L`` piece gradients once. Discrete nets and backprop-mode ODE blocks wrap each
+    call in this; nested blocks reuse the outer gathering. Leave the block before the parameters change (the
+    views belong to one optimisation step).
+    """
+    from .fields.base import Field
+
+    pieces, fields = [], []
+    for m in module.modules():
+        if isinstance(m, Pieces) and m._unbound is None:
+            pieces.append(m)
+        elif isinstance(m, Field) and m._memo is None:
+            fields.append(m)
+    # plain attributes, not parameters or submodules: object.__setattr__ skips nn.Module's registration checks,
+    # which cost more than the whole of a small layer
+    for p in pieces:
+        object.__setattr__(p, "_unbound", p.data.unbind(0))
+    for f in fields:
+        object.__setattr__(f, "_memo", {})
+    try:
+        yield module
+    finally:
+        for p in pieces:
+            object.__setattr__(p, "_unbound", None)
+        for f in fields:
+            object.__setattr__(f, "_memo", None)
 
 
 def smoothness(module: nn.Module, scale: float | None = None) -> torch.Tensor:

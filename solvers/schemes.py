@@ -131,16 +131,17 @@ def _rk(scheme, f, l, state, h, coef, k, split):
         yi = y
         for aij, kj in zip(row, ks):
             if aij:
-                yi = yi + (h * aij) * kj
+                yi = torch.add(yi, kj, alpha=h * aij)
         ks.append(f.evaluate(l, yi))
     for bi, ki in zip(scheme.tableau.b, ks):
         if bi:
-            y = y + (h * bi) * ki
+            y = torch.add(y, ki, alpha=h * bi)
     return (y,)
 
 
+# torch.add(y, F, alpha=h): one kernel for y + h F, where the written-out form takes two.
 def _euler(scheme, f, l, state, h, coef, k, split):
-    return (state[0] + h * f.evaluate(l, state[0]),)
+    return (torch.add(state[0], f.evaluate(l, state[0]), alpha=h),)
 
 
 def _halves(f, split):
@@ -163,18 +164,18 @@ def _semi_implicit(scheme, f, l, state, h, coef, k, split):
     p, q = state
     for part in scheme.part_order:
         if part == 0:
-            p = p + h * d(l, p, q, 0)
+            p = torch.add(p, d(l, p, q, 0), alpha=h)
         else:
-            q = q + h * d(l, p, q, 1)
+            q = torch.add(q, d(l, p, q, 1), alpha=h)
     return (p, q)
 
 
 def _verlet(scheme, f, l, state, h, coef, k, split):
     _, d = _halves(f, split)
     p, q = state
-    p = p + (0.5 * h) * d(l, p, q, 0)
-    q = q + h * d(l, p, q, 1)
-    p = p + (0.5 * h) * d(l, p, q, 0)
+    p = torch.add(p, d(l, p, q, 0), alpha=0.5 * h)
+    q = torch.add(q, d(l, p, q, 1), alpha=h)
+    p = torch.add(p, d(l, p, q, 0), alpha=0.5 * h)
     return (p, q)
 
 
@@ -218,9 +219,9 @@ def _dense(scheme, f, l, state, h, coef, k, split):
 def _lm2(scheme, f, l, state, h, coef, k, split):
     x, x_prev = state
     if l == 0:  # no x_{-1} before the first layer: forward Euler
-        return (x + h * f.evaluate(l, x), x)
+        return (torch.add(x, f.evaluate(l, x), alpha=h), x)
     kl = coef["k"][l]
-    return ((1 - kl) * x + kl * x_prev + h * f.evaluate(l, x), x)
+    return (torch.add((1 - kl) * x + kl * x_prev, f.evaluate(l, x), alpha=h), x)
 
 
 _STEPS = {

@@ -30,7 +30,7 @@ StateLike = torch.Tensor | State
 
 def per_sample_norm(d: torch.Tensor) -> torch.Tensor:
     """Euclidean norm of each sample: ``(batch, ...) -> (batch,)``."""
-    return d.reshape(d.shape[0], -1).norm(dim=1)
+    return torch.linalg.vector_norm(d.reshape(d.shape[0], -1), dim=1)
 
 
 def _check_eps(eps: float, what: str) -> float:

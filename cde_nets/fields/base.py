@@ -42,6 +42,7 @@ class Field(nn.Module):
     needs_input: bool = False
     kind: str = "generic"  # row of the solver ↔ architecture map (solvers.architectures)
     separable: bool = False  # p' depends on q only and q' on p only: evaluate_half is available
+    _memo: dict | None = None  # live only inside cde_nets.pieces.gathered (one forward call)
 
     def __init__(self, T: float = 1.0, layers: int = 1):
         super().__init__()
@@ -63,6 +64,16 @@ class Field(nn.Module):
 
     def forward(self, t: torch.Tensor | float, y: torch.Tensor) -> torch.Tensor:
         return self.evaluate(self.grid.index(t), y)
+
+    def memo(self, key, compute):
+        """``compute()``, computed once per :func:`~cde_nets.pieces.gathered` call for a hashable ``key``
+        (e.g. NAIS's ``A_l = −R_lᵀR_l − εI`` across the steps of a weight-shared block); outside it, every time."""
+        if self._memo is None:
+            return compute()
+        key = (key, torch.is_grad_enabled())  # a value built under no_grad has no graph to differentiate
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
         """``F(y)`` with the parameters of piece ``l``; ``y`` has shape ``(batch, *state_shape)``."""

@@ -146,6 +146,9 @@ class Hamiltonian(Field):
     @property
     def J(self) -> torch.Tensor:
         """The interconnection matrix (time-invariant), ``(n, n)``."""
+        return self.memo("J", self._build_J)
+
+    def _build_J(self) -> torch.Tensor:
         if self.J_kind in ("canonical", "fixed"):
             J = self.J_fixed
         elif self.J_kind == "structured":
@@ -170,13 +173,16 @@ class Hamiltonian(Field):
         """Masked ``K`` (``part=None``), ``K_p`` (0) or ``K_q`` (1) of piece ``l``."""
         K = self.K[l] if part is None else (self.K_p[l] if part == 0 else self.K_q[l])
         mask = self._mask_at(l)
-        return K if mask is None else K * mask
+        return K if mask is None else self.memo(("K", l, part), lambda: K * mask)
 
     def b_at(self, l: int) -> torch.Tensor:
         return self.b[l] if self.K_structure == "full" else torch.cat([self.b_p[l], self.b_q[l]])
 
     def X_eff(self) -> torch.Tensor | None:
         """The (masked) ``X`` of ``J = [[0, −Xᵀ], [X, 0]]``; ``None`` when it is the identity."""
+        return self.memo("X", self._build_X)
+
+    def _build_X(self) -> torch.Tensor | None:
         n = self.dim // 2
         X = None if self.J_kind == "canonical" else self.X
         if self.J_mask is None:
@@ -200,7 +206,7 @@ class Hamiltonian(Field):
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
         if self._separable:
             return torch.cat([self.evaluate_part(l, y, 0), self.evaluate_part(l, y, 1)], -1)
-        return self.grad_H(l, y) @ self.J.T
+        return self.grad_H(l, y) @ self.memo("J.T", lambda: self.J.T)
 
     def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
         """H2 halves (eq. H12-13): ``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` (part 0), ``q' = X K_pᵀ σ(K_p p + b_p)``."""

@@ -48,14 +48,16 @@ class _Input(Field):
         key = (idx, u, torch.is_grad_enabled())
         cache = getattr(self, "_rows_cache", None)
         if cache is not None and all(a is b for a, b in zip(cache[0], key)):
-            self.u = cache[1]
+            rows = cache[1]
         else:
-            self.u = u[idx]
-            self._rows_cache = (key, self.u)
+            rows = u[idx]
+            object.__setattr__(self, "_rows_cache", (key, rows))
+        # u is a plain attribute (never a buffer): skip nn.Module.__setattr__'s checks on this per-step path
+        object.__setattr__(self, "u", rows)
         try:
             yield self
         finally:
-            self.u = u
+            object.__setattr__(self, "u", u)
 
     def _u_for(self, x: torch.Tensor | None) -> torch.Tensor:
         u = getattr(self, "u", None)
@@ -127,11 +129,19 @@ class NAIS(_Input):
         self.u = None
 
     def A(self, l: int) -> torch.Tensor:
-        R = self.R[l]
-        return -(R.T @ R) - self.eps * torch.eye(self.dim, dtype=R.dtype, device=R.device)
+        """``A_l = −R_lᵀR_l − εI`` (eq. N13); built once per call of a discrete block (every step shares it)."""
+        def build():
+            R = self.R[l]
+            eps_eye = self.memo("εI", lambda: self.eps * torch.eye(self.dim, dtype=R.dtype, device=R.device))
+            return torch.addmm(eps_eye, R.T, R, beta=-1.0, alpha=-1.0)
+
+        return self.memo(("A", l), build)
 
     def preactivation(self, l: int, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.A(l).T + self._u_for(x) @ self.B[l].T + self.b[l]
+        u = self._u_for(x)
+        # B u + b is constant over the block's steps (for the rows in play): once per call and compaction
+        drive = self.memo(("Bu+b", l, u), lambda: torch.addmm(self.b[l], u, self.B[l].T))
+        return torch.addmm(drive, x, self.A(l).T)
 
     def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
         return self.sigma(self.preactivation(l, x))
@@ -220,8 +230,11 @@ class NAISConv(_Input):
 
     def kernel(self, l: int) -> torch.Tensor:
         """``C`` of piece ``l`` with the centre taps ``−1 − δ_c``: ``(channels, channels, k, k)``."""
-        c = self.centre.to(self.C[l].dtype)
-        return self.C[l] * (1 - c) - c * (1 + self.delta[l])[:, None, None, None]
+        def build():
+            c = self.centre.to(self.C[l].dtype)
+            return self.C[l] * (1 - c) - c * (1 + self.delta[l])[:, None, None, None]
+
+        return self.memo(("kernel", l), build)
 
     def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
         u = self._u_for(x)
@@ -231,9 +244,8 @@ class NAISConv(_Input):
                 f"{tuple(x.shape[2:])}; bind an input of the state's size."
             )
         pad = self.k // 2
-        return self.sigma(
-            F.conv2d(x, self.kernel(l), self.b[l], padding=pad) + F.conv2d(u, self.D[l], padding=pad)
-        )
+        drive = self.memo(("D*u+b", l, u), lambda: F.conv2d(u, self.D[l], self.b[l], padding=pad))
+        return self.sigma(F.conv2d(x, self.kernel(l), padding=pad) + drive)
 
     @torch.no_grad()
     def project_(self) -> NAISConv:

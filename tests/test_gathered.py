@@ -1,0 +1,115 @@
+"""Pieces gathered once per call (issue 7): same numbers as per-layer indexing, one unbind node per parameter,
+no views or memo values outliving the call."""
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from cde_nets import ODEBlock, discretize
+from cde_nets.fields import NAIS, CubicFriction, Hamiltonian
+from cde_nets.pieces import Pieces, gathered
+
+
+def _graph_nodes(t: torch.Tensor) -> dict[str, int]:
+    seen, stack, counts = set(), [t.grad_fn], {}
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        counts[type(fn).__name__] = counts.get(type(fn).__name__, 0) + 1
+        stack.extend(f for f, _ in fn.next_functions)
+    return counts
+
+
+def _grads_per_layer_indexing(net, y0, u=None):
+    """The reference: the same net with gathering switched off (``Pieces[l]`` slices ``data`` every layer)."""
+    import cde_nets.discrete as discrete
+
+    saved = discrete.gathered
+    discrete.gathered = lambda m: nullcontext(m)
+    try:
+        net.zero_grad()
+        out = net(y0, u) if u is not None else net(y0)
+        out.square().sum().backward()
+        return out.detach(), [p.grad.clone() for p in net.parameters()]
+    finally:
+        discrete.gathered = saved
+
+
+@pytest.mark.parametrize("case", ["H1 euler", "H2 symplectic", "friction rk4", "NAIS", "momentum memory-free"])
+def test_gathered_equals_per_layer_indexing(case, f64):
+    g = torch.Generator().manual_seed(3)
+    u = None
+    if case == "H1 euler":
+        net = discretize(Hamiltonian(4, layers=12, generator=g), "euler")
+    elif case == "H2 symplectic":
+        net = discretize(Hamiltonian(4, layers=12, K="blockdiag", J="structured", generator=g), "symplectic_euler")
+    elif case == "friction rk4":
+        net = discretize(CubicFriction(4, layers=12, zero_init=False, generator=g), "rk4")
+    elif case == "NAIS":
+        net = discretize(NAIS(4, 3, layers=12, generator=g), "euler")
+        u = torch.randn(5, 3, generator=g)
+    else:
+        net = discretize(CubicFriction(4, layers=12, zero_init=False, generator=g), "momentum",
+                         momentum=(0.8, 1.0), memory_free=True)
+    y0 = torch.randn(5, 4, generator=g)
+    ref_out, ref_grads = _grads_per_layer_indexing(net, y0, u)
+    net.zero_grad()
+    out = net(y0, u) if u is not None else net(y0)
+    out.square().sum().backward()
+    assert torch.allclose(out, ref_out, rtol=0, atol=1e-13)
+    for p, ref in zip(net.parameters(), ref_grads):
+        assert torch.allclose(p.grad, ref, rtol=1e-12, atol=1e-13)
+
+
+def test_one_unbind_node_per_parameter_and_no_slices():
+    net = discretize(Hamiltonian(4, layers=32), "euler")
+    nodes = _graph_nodes(net(torch.randn(3, 4)))
+    assert nodes.get("UnbindBackward0") == 2  # K and b
+    assert nodes.get("SelectBackward0", 0) == 0  # a slice per layer would make backward O(L²)
+
+
+def test_views_and_memo_do_not_outlive_the_call():
+    field = NAIS(3, 3, layers=4)
+    net = discretize(field, "euler")
+    net(torch.randn(2, 3), torch.randn(2, 3))
+    assert field._memo is None
+    assert all(p._unbound is None for p in field.modules() if isinstance(p, Pieces))
+    with gathered(field):
+        with gathered(field):  # nested: the inner block reuses the outer views
+            inner = field.R._unbound
+        assert field.R._unbound is inner and field._memo is not None
+    assert field.R._unbound is None
+
+
+def test_memo_keeps_grad_and_no_grad_values_apart():
+    field = NAIS(3, 3, layers=1)
+    with gathered(field):
+        with torch.no_grad():
+            a0 = field.A(0)
+        a1 = field.A(0)
+    assert a0.grad_fn is None and a1.grad_fn is not None
+
+
+def test_backprop_ode_block_gradients_unchanged_by_gathering(f64):
+    import cde_nets.ode_block as ob
+
+    g = torch.Generator().manual_seed(0)
+    field = Hamiltonian(4, layers=6, generator=g)
+    y0 = torch.randn(3, 4, generator=g)
+    block = ODEBlock(field, method="rk4", step_size=1 / 24, gradient="backprop")
+    grads = []
+    for gather in (True, False):
+        saved = ob.gathered
+        if not gather:
+            ob.gathered = lambda m: nullcontext(m)
+        try:
+            field.zero_grad()
+            block(y0).square().sum().backward()
+        finally:
+            ob.gathered = saved
+        grads.append(field.K.data.grad.clone())
+    assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-14)
+    assert grads[0].abs().min() > 0  # every piece got a gradient
