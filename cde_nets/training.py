@@ -170,7 +170,9 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
         task: str = "classification", regularisers: Iterable[Regulariser] = (),
         post_step: Callable[[nn.Module], None] | None = None, scheduler=None, seed: int = 0,
         checkpoint: str | Path | None = None, resume: bool = False, progress: bool = True, desc: str = "train",
-        epoch_callback: Callable[[int, nn.Module, dict], None] | None = None) -> list[dict]:
+        epoch_callback: Callable[[int, nn.Module, dict], None] | None = None,
+        batch_hook: Callable[[nn.Module, torch.Tensor, torch.Tensor], None] | None = None,
+        scheduler_interval: str = "epoch") -> list[dict]:
     """Train ``model`` on ``data``: a :class:`~cde_nets.datasets.Split` or ``(x_train, y_train, x_test, y_test)``.
 
     Args:
@@ -181,7 +183,10 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
         regularisers: :class:`Regulariser` terms added to the loss.
         post_step: called with the model after every optimiser step (e.g. ``lambda m: m.block.field.project_()``).
         scheduler: an LR scheduler or a factory ``optimizer -> scheduler``; stepped once per epoch
-            (``ReduceLROnPlateau`` with the epoch's test loss, or train loss without test data).
+            (``ReduceLROnPlateau`` with the epoch's test loss, or train loss without test data), or after every
+            optimiser step with ``scheduler_interval="batch"``.
+        batch_hook: ``f(model, x_batch, y_batch)`` before each batch's forward pass (e.g. refit a read-out on the
+            batch's frozen features, as H-DNN's reference training does).
         seed: fixes the batch order and seeds the global RNGs at the start of a fresh run.
         checkpoint: file written atomically after every epoch; with ``resume=True`` training continues from it
             (a missing file starts afresh, so the same command serves the first run and every restart).
@@ -191,6 +196,8 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
     ``lr`` and ``time_s`` (training and evaluation of the epoch).
     """
     x_tr, y_tr, x_te, y_te = _check_args(task, epochs, batch_size, data)
+    if scheduler_interval not in ("epoch", "batch"):
+        raise ValueError(f"`scheduler_interval` must be 'epoch' or 'batch', got {scheduler_interval!r}.")
     if resume and checkpoint is None:
         raise ValueError("`resume=True` needs `checkpoint`, the file to resume from.")
     opt = _make_optimizer(model, optimizer, lr)
@@ -219,11 +226,13 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
         bar = tqdm(total=epochs, initial=start, desc=desc, leave=False, dynamic_ncols=True)
     for epoch in range(start, epochs):
         t0 = time.perf_counter()
-        metrics = _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch)
+        step_sched = sched if scheduler_interval == "batch" else None
+        metrics = _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch,
+                               batch_hook, step_sched)
         if x_te is not None:
             metrics.update({f"test_{k}": v for k, v in evaluate(model, x_te, y_te, task).items()})
         metrics["lr"] = opt.param_groups[0]["lr"]
-        if sched is not None:
+        if sched is not None and scheduler_interval == "epoch":
             if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 sched.step(metrics.get("test_loss", metrics["train_loss"]))
             else:
@@ -246,7 +255,8 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
     return history
 
 
-def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch) -> dict:
+def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch, batch_hook=None,
+                 step_sched=None) -> dict:
     model.train()
     perm = torch.randperm(len(y_tr), generator=batch_gen)
     run_loss, run_correct, seen = 0.0, 0, 0
@@ -255,6 +265,8 @@ def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularise
     for i in range(0, len(perm), batch_size):
         idx = perm[i:i + batch_size]
         xb, yb = x_tr[idx], y_tr[idx]
+        if batch_hook is not None:
+            batch_hook(model, xb, yb)
         opt.zero_grad(set_to_none=True)
         out = _prediction(model(xb))
         loss = _loss(task, out, yb)
@@ -268,6 +280,8 @@ def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularise
                                      "tighten the solver tolerance (the last epoch's checkpoint is intact).")
         total.backward()
         opt.step()
+        if step_sched is not None:
+            step_sched.step()
         if post_step is not None:
             post_step(model)
         run_loss += float(loss.detach()) * len(yb)
