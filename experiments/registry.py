@@ -12,6 +12,8 @@ from collections.abc import Callable
 # name -> (module, description); `all` runs them in this order.
 REPRODUCTIONS: dict[str, tuple[str, str]] = {
     "hdnn_table1": ("experiments.hdnn_table1", "H-DNN Table I: H1/H2 (+MS1-3) on swiss roll and double moons"),
+    "hdnn_fig4": ("experiments.hdnn_fig4", "H-DNN Fig. 4: BSM norms in training, 32-layer H2 vs 8/32-layer tanh MLP"),
+    "hdnn_table2": ("experiments.hdnn_table2", "H-DNN Table II: distributed (8 ring nodes) vs centralised H2"),
     "ruseckas_circles": ("experiments.ruseckas_circles", "Ruseckas §5.1: models 1 and 2 on concentric circles"),
     "hauser": ("experiments.hauser", "Hauser §4: C^1 vs C^k nets, perturbation ratio"),
     "blog": ("experiments.blog", "Blog: scalar toys, velocity buffer, first vs second order diagnostics"),

@@ -20,10 +20,11 @@ def row(setting: str, published: float | str | None, ours: float | str | None, u
 
 
 def result(name: str, rows: list[dict], *, size: str, seed: int, time_s: float, settings: dict | None = None,
-           notes: list[str] | None = None, figures: list[str] | None = None) -> dict:
+           notes: list[str] | None = None, figures: list[str] | None = None, **extra: Any) -> dict:
+    """The JSON payload of one reproduction; ``extra`` holds its raw measurements (curves, traffic, ...)."""
     return {
         "name": name, "size": size, "seed": seed, "time_s": round(time_s, 2), "settings": settings or {},
-        "rows": rows, "notes": notes or [], "figures": figures or [],
+        "rows": rows, "notes": notes or [], "figures": figures or [], **extra,
     }
 
 

@@ -19,7 +19,7 @@ from ..fields.hamiltonian import Hamiltonian
 from ..locality import block_mask, check_locality
 from .exchange import Comm, exchange
 
-__all__ = ["h2_masks", "centralised_h2", "NodeH2", "neighbours", "h2_node_worker", "run_h2"]
+__all__ = ["h2_masks", "centralised_h2", "NodeH2", "neighbours", "h2_node_worker", "run_h2", "distributed_forward"]
 
 
 def _pattern(A) -> torch.Tensor:
@@ -211,3 +211,34 @@ def run_h2(spec: dict, timeout_s: float = 300.0) -> list[dict]:
     for j, R in enumerate(spec["R_layers"]):
         check_locality(R, spec["T"], spec["S"], where=f"in layer {j}")
     return spawn(h2_node_worker, len(spec["sizes"]), spec, timeout_s=timeout_s)
+
+
+def _forward_worker(rank: int, world_size: int, spec: dict) -> dict:
+    """One rank of a no-grad distributed forward of a given (e.g. trained) centralised field on inputs ``y0``."""
+    torch.set_default_dtype(spec["y0"].dtype)
+    field = centralised_h2(spec["sizes"], spec["R_layers"], spec["T"], spec["S"], T_end=spec["T_end"], J=spec["J"])
+    field.load_state_dict(spec["state"])
+    node = NodeH2(field, spec["sizes"], spec["R_layers"], spec["T"], spec["S"], rank)
+    half = field.dim // 2
+    rows = slice(node.off[rank], node.off[rank + 1])
+    y0 = spec["y0"]
+    with torch.no_grad():
+        p, q = node(y0[:, :half][:, rows], y0[:, half:][:, rows])
+    return {"p": p, "q": q, "traffic": node.traffic(), "neighbours": sorted(node.comm.neighbours)}
+
+
+def distributed_forward(field: Hamiltonian, sizes, R_layers, T, S, y0: torch.Tensor, J: str = "structured",
+                        timeout_s: float = 300.0) -> tuple[torch.Tensor, list[dict]]:
+    """``y_N`` of the masked H2 ``field`` (built by :func:`centralised_h2` with the same ``sizes``, ``R_layers``,
+    ``T``, ``S``, ``J``) computed by one process per node, each holding only its node's parameter blocks and
+    state rows and exchanging only with its neighbours in ``S``. Returns ``y_N`` assembled in the centralised
+    layout ``(p, q)`` and each rank's traffic record."""
+    from .launch import spawn
+
+    for j, R in enumerate(R_layers):
+        check_locality(R, T, S, where=f"in layer {j}")
+    spec = {"sizes": list(sizes), "R_layers": R_layers, "T": T, "S": S, "T_end": field.T, "J": J,
+            "state": {k: v.detach().clone() for k, v in field.state_dict().items()}, "y0": y0.detach().clone()}
+    out = spawn(_forward_worker, len(sizes), spec, timeout_s=timeout_s)
+    y = torch.cat([torch.cat([o["p"] for o in out], 1), torch.cat([o["q"] for o in out], 1)], 1)
+    return y, [{"traffic": o["traffic"], "neighbours": o["neighbours"]} for o in out]
