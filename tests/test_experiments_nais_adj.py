@@ -21,9 +21,9 @@ def test_nais_digits_tiny(tmp_path):
     assert nais["published"] == 97.28 and rows[f"ResNet-SH, K = {K} shared stages (test)"]["published"] == 95.86
     # two epochs already beat chance (10 %) by a wide margin for the stable net
     assert 20.0 < nais["ours"] <= 100.0
-    # stopping never exceeds max_depth = K and every sample takes at least one stage
+    # evaluation unrolls to convergence: never beyond EVAL_MAX_DEPTH, every sample takes at least one stage
     depths = [d for ds in res["settings"]["depths_per_class"].values() for d in ds]
-    assert len(depths) == 450 and 1 <= min(depths) and max(depths) <= K
+    assert len(depths) == 450 and 1 <= min(depths) and max(depths) <= nais_digits.EVAL_MAX_DEPTH
 
 
 def test_conservation_tiny(tmp_path):
