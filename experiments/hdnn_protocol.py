@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cde_nets.training import Regulariser, evaluate, fit
@@ -31,36 +30,58 @@ __all__ = ["PROTOCOL", "ReadoutRefit", "epoch_bias_correction", "refit_readout",
 PROTOCOL = dict(lr=0.05, batch_size=125, inner_steps=10, readout_penalty=1e-4, betas=(0.9, 0.999))
 
 
-@torch.no_grad()
-def _zero(linear: nn.Linear) -> None:
-    """The reference's read-out starts from ``W = 0, μ = 0`` at every refit (deterministic, no RNG draw)."""
-    linear.weight.zero_()
-    linear.bias.zero_()
+class _ReadoutAdam:
+    """Adam (torch's update rule, bias-corrected by the step count) on the read-out ``θ = [W, μ]`` for the loss
+    ``BCE(F W + μ, y) + penalty · ½ ‖θ‖²``, starting from ``θ = 0`` as the reference does.
+
+    The gradient is written out, ``Fᵀ(sigmoid(F W + μ) − y) / n + penalty · θ`` (with ``F`` extended by a ones
+    column), so a step is a dozen small kernels instead of an autograd pass plus ``torch.optim.Adam``'s
+    bookkeeping: the refits are 10 of the 11 optimiser steps per batch, and this keeps them about 0.05 ms each.
+    """
+
+    def __init__(self, n_features: int, dtype: torch.dtype, lr: float, penalty: float,
+                 betas: tuple[float, float] = PROTOCOL["betas"], eps: float = 1e-8):
+        self.theta = torch.zeros(n_features + 1, dtype=dtype)
+        self.m, self.v = torch.zeros_like(self.theta), torch.zeros_like(self.theta)
+        self.lr, self.penalty, self.betas, self.eps, self.t = lr, penalty, betas, eps, 0
+
+    def step(self, feats1: torch.Tensor, y: torch.Tensor) -> None:
+        """One step on a batch; ``feats1`` is ``(n, d + 1)``, the features with a ones column."""
+        b1, b2 = self.betas
+        self.t += 1
+        residual = torch.sigmoid(feats1 @ self.theta) - y
+        grad = torch.addmv(self.theta, feats1.T, residual, beta=self.penalty, alpha=1.0 / len(y))
+        self.m.lerp_(grad, 1 - b1)
+        self.v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denom = (self.v / (1 - b2**self.t)).sqrt_().add_(self.eps)
+        self.theta.addcdiv_(self.m, denom, value=-self.lr / (1 - b1**self.t))
+
+    @torch.no_grad()
+    def write_to(self, linear: nn.Linear) -> None:
+        linear.weight.copy_(self.theta[:-1].reshape(1, -1))
+        linear.bias.copy_(self.theta[-1:])
 
 
-def _readout_loss(linear: nn.Linear, feats: torch.Tensor, y: torch.Tensor, penalty: float) -> torch.Tensor:
-    bce = F.binary_cross_entropy_with_logits(linear(feats)[:, 0], y.to(feats.dtype))
-    return bce + penalty * 0.5 * (linear.weight.square().sum() + linear.bias.square().sum())
+def _with_ones(feats: torch.Tensor) -> torch.Tensor:
+    return torch.cat([feats, feats.new_ones(len(feats), 1)], 1)
 
 
 class ReadoutRefit:
-    """``fit`` batch hook: reset ``model.readout.linear`` and fit it to the batch's frozen features."""
+    """``fit`` batch hook: a fresh ``model.readout.linear`` (``W = 0``, ``μ = 0``) fitted to the batch's frozen
+    features by ``steps`` Adam steps."""
 
     def __init__(self, steps: int = PROTOCOL["inner_steps"], lr: float = PROTOCOL["lr"],
                  penalty: float = PROTOCOL["readout_penalty"]):
         self.steps, self.lr, self.penalty = steps, lr, penalty
 
+    @torch.no_grad()
     def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> None:
-        linear = model.readout.linear
-        with torch.no_grad():
-            feats = model.features(xb)
-            _zero(linear)
-        opt = torch.optim.Adam(linear.parameters(), lr=self.lr)
+        feats1 = _with_ones(model.features(xb))
+        opt = _ReadoutAdam(feats1.shape[1] - 1, feats1.dtype, self.lr, self.penalty)
+        y = yb.to(feats1.dtype)
         for _ in range(self.steps):
-            opt.zero_grad(set_to_none=True)
-            _readout_loss(linear, feats, yb, self.penalty).backward()
-            opt.step()
-        linear.zero_grad(set_to_none=True)
+            opt.step(feats1, y)
+        opt.write_to(model.readout.linear)
 
 
 def epoch_bias_correction(batches_per_epoch: int, betas: tuple[float, float] = PROTOCOL["betas"]):
@@ -74,27 +95,20 @@ def epoch_bias_correction(batches_per_epoch: int, betas: tuple[float, float] = P
 
 
 @torch.no_grad()
-def _features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model.features(x)
-
-
 def refit_readout(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed: int,
                   batch_size: int = PROTOCOL["batch_size"], lr: float = PROTOCOL["lr"],
                   penalty: float = PROTOCOL["readout_penalty"]) -> None:
     """A fresh read-out fitted on the frozen features of all of ``x``: one Adam step per batch, ``epochs`` epochs."""
-    linear = model.readout.linear
-    feats = _features(model, x)  # the block is frozen: compute the features once
-    _zero(linear)
-    opt = torch.optim.Adam(linear.parameters(), lr=lr)
+    feats1 = _with_ones(model.features(x))  # the block is frozen: compute the features once
+    opt = _ReadoutAdam(feats1.shape[1] - 1, feats1.dtype, lr, penalty)
+    y = y.to(feats1.dtype)
     gen = torch.Generator().manual_seed(seed + 1)
     for _ in range(epochs):
         perm = torch.randperm(len(y), generator=gen)
         for i in range(0, len(perm), batch_size):
             idx = perm[i:i + batch_size]
-            opt.zero_grad(set_to_none=True)
-            _readout_loss(linear, feats[idx], y[idx], penalty).backward()
-            opt.step()
-    linear.zero_grad(set_to_none=True)
+            opt.step(feats1[idx], y[idx])
+    opt.write_to(model.readout.linear)
 
 
 def train_hdnn(model: nn.Module, data, *, epochs: int, seed: int, regularisers: list[Regulariser],

@@ -23,6 +23,7 @@ EXPECTED = {
     "stopping_saving": ("stopping_saving", {"setup", "rows_ratio", "timings"}, {"mode", "time_ratio"}),
     "momentum_peer": ("momentum_peer", {"rows"}, {"depth", "memory_free", "max_abs_diff_output", "time_ratio",
                                                   "memory_ratio", "saved_bytes_ours", "saved_bytes_theirs"}),
+    "training": ("training", {"setting", "reference", "rows"}, {"time_s", "test_accuracy"}),
 }
 
 

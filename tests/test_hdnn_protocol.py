@@ -31,6 +31,27 @@ def test_epoch_bias_correction_equals_adam_with_the_step_counter_reset_to_the_ep
     assert (a - 1).abs().max() > 0.1  # the test moved the parameters
 
 
+def test_readout_adam_equals_torch_adam_on_the_penalised_bce(f64):
+    """The written-out gradient and update match autograd + torch.optim.Adam step for step."""
+    from experiments.hdnn_protocol import _ReadoutAdam, _with_ones
+
+    torch.manual_seed(1)
+    feats, y = torch.randn(50, 4), torch.randint(0, 2, (50,)).double()
+    lin = nn.Linear(4, 1)
+    nn.init.zeros_(lin.weight), nn.init.zeros_(lin.bias)
+    ref = torch.optim.Adam(lin.parameters(), lr=0.05)
+    ours = _ReadoutAdam(4, torch.float64, lr=0.05, penalty=1e-4)
+    for k in range(12):
+        rows = slice(0, 50) if k % 2 else slice(0, 25)  # batches of different sizes
+        ref.zero_grad()
+        loss = nn.functional.binary_cross_entropy_with_logits(lin(feats[rows])[:, 0], y[rows])
+        (loss + 1e-4 * 0.5 * (lin.weight.square().sum() + lin.bias.square().sum())).backward()
+        ref.step()
+        ours.step(_with_ones(feats[rows]), y[rows])
+    assert torch.allclose(ours.theta, torch.cat([lin.weight[0], lin.bias]).detach(), rtol=1e-12, atol=1e-14)
+    assert ours.theta.abs().max() > 0.1
+
+
 def test_readout_refit_starts_from_zero_and_lowers_the_loss_below_log_2():
     torch.manual_seed(0)
     model = nn.Module()
