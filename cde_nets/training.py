@@ -8,6 +8,9 @@ Reproducibility: the data loaders take a seed, :func:`seeded` fixes initialisati
 the batching (an explicit ``torch.Generator``) and every global random draw during training (dropout, Hutchinson
 probes). The checkpoint written after every epoch holds the model, optimiser, scheduler, history and all RNG
 states, so a run killed at any instant and resumed with ``resume=True`` ends bit for bit as an uninterrupted one.
+
+Launched with ``torchrun`` (or :func:`cde_nets.distributed.launch.spawn`), :func:`fit` trains data-parallel with
+DistributedDataParallel, each rank on its share of every global batch (:mod:`cde_nets.distributed.data_parallel`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .distributed import data_parallel as dp
 from .pieces import smoothness
 
 __all__ = ["Regulariser", "smoothness_R82", "smoothness_RK", "spectral_R_ell", "weight_decay", "seeded", "fit",
@@ -194,12 +198,30 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
     Returns the per-epoch metrics (one dict per epoch, resumed epochs included): ``epoch``, ``train_loss`` and
     ``train_accuracy`` (running, over the epoch's batches), ``reg_<name>``, ``test_loss``, ``test_accuracy``,
     ``lr`` and ``time_s`` (training and evaluation of the epoch).
+
+    Data-parallel: the same script launched as ``torchrun --standalone --nproc_per_node 2 script.py`` (or one whose
+    ranks join a process group some other way, e.g. :func:`cde_nets.distributed.launch.spawn`) trains with
+    ``DistributedDataParallel`` when ``torch.distributed`` is initialised with more than one process. A script run
+    by torchrun initialises the group itself before calling ``fit``::
+
+        torch.distributed.init_process_group("gloo")  # "nccl" on GPUs, with the model on cuda:LOCAL_RANK
+
+    ``batch_size`` stays the global batch (at least the world size): every rank draws the same seeded permutation
+    and trains on its contiguous share of each global batch, its loss weighted so that the averaged gradient is
+    that of the global batch mean, also when the last batch splits unevenly. Parameters therefore follow the
+    single-process run up to rounding (~1e-15 in float64) for models that treat samples independently and use
+    fixed-step solvers (adaptive step control and batch norm see the rank's share, random draws such as dropout
+    differ). Regularisers, ``post_step`` and ``batch_hook`` (called with the global batch) run on every rank on
+    identical parameters; the metrics are summed over ranks, so every rank returns the global history. Only
+    rank 0 shows the progress bar and writes the checkpoint (the others wait for it); with ``resume=True`` every
+    rank loads the same file.
     """
     x_tr, y_tr, x_te, y_te = _check_args(task, epochs, batch_size, data)
     if scheduler_interval not in ("epoch", "batch"):
         raise ValueError(f"`scheduler_interval` must be 'epoch' or 'batch', got {scheduler_interval!r}.")
     if resume and checkpoint is None:
         raise ValueError("`resume=True` needs `checkpoint`, the file to resume from.")
+    dp.check_batch_size(batch_size)
     opt = _make_optimizer(model, optimizer, lr)
     sched = _make_scheduler(scheduler, opt)
     regularisers = list(regularisers)
@@ -219,8 +241,9 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
         history, start = ck["history"], ck["epoch"] + 1
     else:
         _seed_globals(seed)
+    net = dp.wrap(model)
     bar = None
-    if progress and start < epochs:
+    if progress and start < epochs and dp.is_main():
         from tqdm.auto import tqdm
 
         bar = tqdm(total=epochs, initial=start, desc=desc, leave=False, dynamic_ncols=True)
@@ -228,7 +251,7 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
         t0 = time.perf_counter()
         step_sched = sched if scheduler_interval == "batch" else None
         metrics = _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch,
-                               batch_hook, step_sched)
+                               batch_hook, step_sched, net)
         if x_te is not None:
             metrics.update({f"test_{k}": v for k, v in evaluate(model, x_te, y_te, task).items()})
         metrics["lr"] = opt.param_groups[0]["lr"]
@@ -242,10 +265,12 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
             epoch_callback(epoch, model, metrics)
         history.append(metrics)
         if checkpoint is not None:
-            save_checkpoint(checkpoint, {
-                "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "scheduler": None if sched is None else sched.state_dict(), "epoch": epoch, "history": history,
-                "seed": seed, "batch_size": batch_size, "rng": rng_state(batch_gen)})
+            if dp.is_main():
+                save_checkpoint(checkpoint, {
+                    "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "scheduler": None if sched is None else sched.state_dict(), "epoch": epoch, "history": history,
+                    "seed": seed, "batch_size": batch_size, "rng": rng_state(batch_gen)})
+            dp.barrier()
         if bar is not None:
             bar.update(1)
             bar.set_postfix({k.replace("accuracy", "acc"): f"{v:.4g}" for k, v in metrics.items()
@@ -256,26 +281,32 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
 
 
 def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch, batch_hook=None,
-                 step_sched=None) -> dict:
-    model.train()
+                 step_sched=None, net=None) -> dict:
+    """One epoch; ``net`` runs the forward pass (``model`` wrapped in DDP under torch.distributed)."""
+    net = model if net is None else net
+    net.train()
     perm = torch.randperm(len(y_tr), generator=batch_gen)
     run_loss, run_correct, seen = 0.0, 0, 0
     reg_sums = {r.name: 0.0 for r in regularisers}
     n_batches = 0
     for i in range(0, len(perm), batch_size):
         idx = perm[i:i + batch_size]
-        xb, yb = x_tr[idx], y_tr[idx]
         if batch_hook is not None:
-            batch_hook(model, xb, yb)
+            batch_hook(model, x_tr[idx], y_tr[idx])
+        idx, n, weight = dp.shard(idx)
+        xb, yb = x_tr[idx], y_tr[idx]
         opt.zero_grad(set_to_none=True)
-        out = _prediction(model(xb))
+        out = _prediction(net(xb))
         loss = _loss(task, out, yb)
-        total = loss
+        total = loss * weight
         for reg in regularisers:
             value = reg.fn(model)
             reg_sums[reg.name] += float(torch.as_tensor(value).detach())
             total = total + reg.weight * value
-        if not torch.isfinite(total):
+        correct = _correct(out.detach(), yb) if task == "classification" and n else 0
+        loss_sum, correct, n, finite = dp.reduce_batch_stats(float(loss.detach()) * n, correct, n,
+                                                             bool(torch.isfinite(total)))
+        if not finite:
             raise FloatingPointError(f"the loss became {float(total)} in epoch {epoch}; lower the learning rate or "
                                      "tighten the solver tolerance (the last epoch's checkpoint is intact).")
         total.backward()
@@ -284,11 +315,10 @@ def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularise
             step_sched.step()
         if post_step is not None:
             post_step(model)
-        run_loss += float(loss.detach()) * len(yb)
-        seen += len(yb)
+        run_loss += loss_sum
+        seen += n
+        run_correct += correct
         n_batches += 1
-        if task == "classification":
-            run_correct += _correct(out.detach(), yb)
     metrics = {"epoch": epoch, "train_loss": run_loss / seen}
     if task == "classification":
         metrics["train_accuracy"] = run_correct / seen
