@@ -13,6 +13,10 @@ from .report import format_table, write_result
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
+        from .distributed import main as distributed
+        return distributed(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
     parser.add_argument("name", nargs="?", default="all", help=f"one of: {', '.join(REPRODUCTIONS)}, or all")
     size = parser.add_mutually_exclusive_group()

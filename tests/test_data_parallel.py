@@ -1,0 +1,131 @@
+"""Data-parallel ``fit`` (DDP over gloo, loopback) equals single-process training; rank 0 alone checkpoints; the
+distributed launcher runs end to end and its 8-process H2-DNN equals the centralised one."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from cde_nets import ODEBlock, discretize
+from cde_nets.datasets import Split
+from cde_nets.distributed import data_parallel as dp
+from cde_nets.distributed.launch import spawn
+from cde_nets.fields import NAIS, Hamiltonian
+from cde_nets.models import Classifier
+from cde_nets.training import fit, load_checkpoint, seeded, smoothness_RK
+
+# n_train = 33, batch 16: batches 16, 16, 1; the last one leaves rank 1 of 2 without a sample.
+# n_train = 45, batch 16: the last batch of 13 splits 7 / 6.
+CASES = {
+    "discrete": dict(n=33, batch=16, epochs=2),
+    "adjoint": dict(n=45, batch=16, epochs=2),
+}
+
+
+def data(n):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2 * n, 2, generator=g, dtype=torch.float64)
+    y = (x[:, 0] * x[:, 1] > 0).long()
+    return Split(x[:n], y[:n], x[n:], y[n:])
+
+
+def model(kind):
+    with seeded(0):
+        if kind == "discrete":
+            return Classifier(discretize(Hamiltonian(4, layers=3, T=1.0), "euler"), 2, 4, 1)
+        field = NAIS(4, 2, T=0.5, init_std=1.0)
+        return Classifier(ODEBlock(field, method="rk4", step_size=0.125, gradient="adjoint"), 2, 4, 1,
+                          input_as_u=True)
+
+
+def train(rank, world, kind, ckpt=None, epochs=None, resume=False):
+    """One rank's training (also called outside any process group for the single-process reference)."""
+    torch.set_default_dtype(torch.float64)
+    c = CASES[kind]
+    m = model(kind)
+    extra = {}
+    if kind == "discrete":
+        extra["regularisers"] = [smoothness_RK(1e-2, 1 / 3)]
+    else:
+        extra["post_step"] = lambda mod: mod.block.field.project_()
+    hist = fit(m, data(c["n"]), epochs=epochs or c["epochs"], batch_size=c["batch"], lr=0.05, seed=7,
+               progress=False, checkpoint=ckpt, resume=resume, **extra)
+    state = {k: v.detach().clone() for k, v in m.state_dict().items()}
+    refused = None
+    try:  # a global batch smaller than the world is refused (on every rank, before any collective)
+        fit(torch.nn.Linear(2, 1), data(8), epochs=1, batch_size=1, progress=False)
+    except ValueError as e:
+        refused = str(e)
+    return {"state": state, "history": hist, "world": dp.world_size(), "rank": dp.rank(), "refused": refused}
+
+
+def single(kind, **kw):
+    old = torch.get_default_dtype()
+    try:
+        return train(0, 1, kind, **kw)
+    finally:
+        torch.set_default_dtype(old)
+
+
+def max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_two_process_ddp_equals_single_process(kind, tmp_path):
+    ckpt = tmp_path / "ckpt" / "model.pt"
+    ranks = spawn(train, 2, kind, str(ckpt), timeout_s=120)
+    ref = single(kind)
+    assert [r["world"] for r in ranks] == [2, 2] and [r["rank"] for r in ranks] == [0, 1]
+    assert all("`batch_size` (1) is the global batch" in r["refused"] for r in ranks) and ref["refused"] is None
+    start = model(kind).state_dict()
+    assert max_diff(start, ref["state"]) > 1e-3  # training moved the parameters
+    for r in ranks:
+        assert max_diff(r["state"], ref["state"]) < 1e-6
+        for h, h_ref in zip(r["history"], ref["history"], strict=True):  # every rank reports the global metrics
+            assert abs(h["train_loss"] - h_ref["train_loss"]) < 1e-10
+            assert h["train_accuracy"] == h_ref["train_accuracy"]
+            assert h["test_accuracy"] == h_ref["test_accuracy"]
+    # rank 0 alone wrote the checkpoint, atomically: one file, holding the trained model
+    assert [p.name for p in ckpt.parent.iterdir()] == ["model.pt"]
+    assert max_diff(load_checkpoint(ckpt)["model"], ranks[0]["state"]) == 0.0
+    if kind == "discrete":  # resuming single-process from the 2-process checkpoint continues the same run
+        resumed = tmp_path / "resumed.pt"
+        shutil.copy(ckpt, resumed)
+        more = CASES[kind]["epochs"] + 1
+        cont = single(kind, ckpt=str(resumed), epochs=more, resume=True)
+        straight = single(kind, epochs=more)
+        assert len(cont["history"]) == more
+        assert max_diff(cont["state"], straight["state"]) < 1e-6
+        assert max_diff(cont["state"], ref["state"]) > 1e-4  # the extra epoch did train
+
+
+def test_shard_outside_a_group_is_the_whole_batch():
+    idx = torch.arange(5)
+    got, n, w = dp.shard(idx)
+    assert got is idx and n == 5 and w == 1.0 and dp.world_size() == 1 and not dp.is_distributed()
+
+
+def test_launcher_tiny_h2_on_8_processes_equals_centralised(tmp_path):
+    from experiments.distributed import main
+
+    assert main(["--tiny", "--nodes", "8", "--mode", "h2", "--out", str(tmp_path)]) == 0
+    h2 = json.loads((Path(tmp_path) / "distributed.json").read_text())["h2"]
+    assert h2["nodes"] == 8 and h2["max_abs_diff_outputs"] < 1e-10 and h2["max_abs_diff_gradients"] < 1e-10
+    for r, partners in enumerate(h2["partners"]):  # every rank talked, and only to its ring neighbours
+        assert partners and set(partners) <= {(r - 1) % 8, (r + 1) % 8}, (r, partners)
+    # per half step each rank sends its 1-entry state to one R-neighbour and its Kᵀσ contribution to the other;
+    # batch 4, float64: forward 2 halves · 2 messages · 4 · 8 = 128 bytes per layer, the same again backward
+    assert h2["forward_bytes_per_rank_per_layer"] == [128.0] * 8 and h2["bytes_per_rank_per_layer"] == [256.0] * 8
+
+
+def test_launcher_tiny_ddp(tmp_path):
+    from experiments.distributed import main
+
+    assert main(["--tiny", "--nodes", "2", "--mode", "ddp", "--out", str(tmp_path)]) == 0
+    ddp = json.loads((Path(tmp_path) / "distributed.json").read_text())["ddp"]
+    assert ddp["processes"] == 2 and ddp["max_abs_parameter_diff"] < 1e-6
+    assert ddp["train_loss_ddp"] == pytest.approx(ddp["train_loss_single"], abs=1e-10)
