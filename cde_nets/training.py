@@ -307,7 +307,8 @@ def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularise
         loss_sum, correct, n, finite = dp.reduce_batch_stats(float(loss.detach()) * n, correct, n,
                                                              bool(torch.isfinite(total)))
         if not finite:
-            raise FloatingPointError(f"the loss became {float(total)} in epoch {epoch}; lower the learning rate or "
+            value = float(total) if not torch.isfinite(total) else "non-finite on another rank"
+            raise FloatingPointError(f"the loss became {value} in epoch {epoch}; lower the learning rate or "
                                      "tighten the solver tolerance (the last epoch's checkpoint is intact).")
         total.backward()
         opt.step()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cde_nets import ODEBlock, discretize
+from cde_nets import ODEBlock, discretize, training
 from cde_nets.datasets import Split
 from cde_nets.distributed import data_parallel as dp
 from cde_nets.distributed.launch import spawn
@@ -50,15 +50,22 @@ def train(rank, world, kind, ckpt=None, epochs=None, resume=False):
         extra["regularisers"] = [smoothness_RK(1e-2, 1 / 3)]
     else:
         extra["post_step"] = lambda mod: mod.block.field.project_()
-    hist = fit(m, data(c["n"]), epochs=epochs or c["epochs"], batch_size=c["batch"], lr=0.05, seed=7,
-               progress=False, checkpoint=ckpt, resume=resume, **extra)
+    writes = []
+    save = training.save_checkpoint
+    training.save_checkpoint = lambda path, obj: (writes.append(path), save(path, obj))[1]
+    try:
+        hist = fit(m, data(c["n"]), epochs=epochs or c["epochs"], batch_size=c["batch"], lr=0.05, seed=7,
+                   progress=False, checkpoint=ckpt, resume=resume, **extra)
+    finally:
+        training.save_checkpoint = save
     state = {k: v.detach().clone() for k, v in m.state_dict().items()}
     refused = None
     try:  # a global batch smaller than the world is refused (on every rank, before any collective)
         fit(torch.nn.Linear(2, 1), data(8), epochs=1, batch_size=1, progress=False)
     except ValueError as e:
         refused = str(e)
-    return {"state": state, "history": hist, "world": dp.world_size(), "rank": dp.rank(), "refused": refused}
+    return {"state": state, "history": hist, "world": dp.world_size(), "rank": dp.rank(), "refused": refused,
+            "writes": len(writes)}
 
 
 def single(kind, **kw):
@@ -89,7 +96,8 @@ def test_two_process_ddp_equals_single_process(kind, tmp_path):
             assert abs(h["train_loss"] - h_ref["train_loss"]) < 1e-10
             assert h["train_accuracy"] == h_ref["train_accuracy"]
             assert h["test_accuracy"] == h_ref["test_accuracy"]
-    # rank 0 alone wrote the checkpoint, atomically: one file, holding the trained model
+    # rank 0 alone wrote the checkpoint, once per epoch, atomically: one file, holding the trained model
+    assert [r["writes"] for r in ranks] == [CASES[kind]["epochs"], 0]
     assert [p.name for p in ckpt.parent.iterdir()] == ["model.pt"]
     assert max_diff(load_checkpoint(ckpt)["model"], ranks[0]["state"]) == 0.0
     if kind == "discrete":  # resuming single-process from the 2-process checkpoint continues the same run
