@@ -26,6 +26,12 @@ def test_nais_digits_tiny(tmp_path):
     assert len(depths) == 450 and 1 <= min(depths) and max(depths) <= nais_digits.EVAL_MAX_DEPTH
 
 
+def test_conservation_fixed_steps_are_not_refined_by_the_sample_times():
+    # 100 sample intervals, 5 steps: the drift must be the 5-step Euler's (the 5-layer Euler net's), not 100 steps'
+    e = conservation.energy_drift(0, dict(batch=4, tolerances=(), steps=(5,), samples=101))
+    assert e[("continuous", "euler", 5)] == pytest.approx(e[("discrete", "euler", 5)], rel=1e-9)
+
+
 def test_conservation_tiny(tmp_path):
     res = conservation.run("tiny", 0, tmp_path)
     e = {(r.get("kind"), r.get("method"), r.get("setting_value")): r["ours"] for r in res["rows"]
