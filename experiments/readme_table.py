@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from .margins import check
 from .registry import REPRODUCTIONS
 from .report import _fmt
 
@@ -20,9 +21,20 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 DEFAULT_DIR = Path(__file__).parent / "recorded_results"
 
 
+def margin_table(results_dir: Path) -> list[str]:
+    """Markdown: the issue-6 margins (:mod:`experiments.margins`) against the recorded runs."""
+    out = ["**Margins** (full setting; `python -m experiments.margins` checks them)", "",
+           "| reproduction | setting | margin | published | ours | |", "|---|---|---|---|---|---|"]
+    for r in check(results_dir):
+        ours = "—" if r["ours"] is None else f"{r['ours']:.8g}"
+        out.append(f"| {r['reproduction']} | {r['setting']} | {r['margin']} | {r['published']} | {ours} | "
+                   f"{r['status']} |")
+    return out + [""]
+
+
 def table(results_dir: Path) -> str:
-    """Markdown: one section per reproduction found, with its setting, time and rows."""
-    out = []
+    """Markdown: the margins, then one section per reproduction found, with its setting, time and rows."""
+    out = margin_table(results_dir)
     for name in REPRODUCTIONS:
         path = results_dir / f"{name}.json"
         if not path.exists():

@@ -13,3 +13,23 @@ def test_table1_tiny_via_cli(tmp_path, capsys):
     assert len(h_rows) == 4 and all(0 <= r["ours"] <= 100 for r in h_rows)
     assert {r["published"] for r in h_rows} <= {v for pair in PUBLISHED.values() for v in pair}
     assert "| setting | published | ours |" in capsys.readouterr().out
+
+
+def test_margins_judge_only_full_runs_and_name_misses(tmp_path):
+    import json
+
+    from experiments.margins import check, main as margins_main
+
+    def write(name, size, rows):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"name": name, "size": size, "rows": [
+            {"setting": s, "ours": v} for s, v in rows.items()]}))
+
+    write("hdnn_table1", "full", {"swiss roll, H1, 64 layers (test)": 98.9, "double moons, H1, 4 layers (test)": 99.5,
+                                  "double moons, H2, 4 layers (test)": 100.0})
+    write("hauser", "quick", {"1-D bands, 1 node, C2 (test)": 50.0, "1-D bands, 1 node, C1 (test)": 75.0})
+    status = {(r["reproduction"], r["setting"]): r["status"] for r in check(tmp_path)}
+    assert status[("hdnn_table1", "swiss roll, H1, 64 layers (test)")] == "missed"  # 98.9 < 99
+    assert status[("hdnn_table1", "double moons, H1, 4 layers (test)")] == "met"  # the bound itself passes
+    assert status[("hauser", "1-D bands, 1 node, C2 (test)")] == "not judged (quick setting)"
+    assert status[("hdnn_fig4", "tanh MLP, 32 layers: test accuracy")] == "not run"
+    assert margins_main(["--from", str(tmp_path)]) == 1

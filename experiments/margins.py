@@ -1,0 +1,72 @@
+"""The margins the full setting must meet (issue 6), as data, checked against the reproductions' JSON.
+
+``python -m experiments.margins [--from DIR]`` prints one line per margin (met, missed, or not run in the full
+setting) and exits 1 if any full-setting result misses its margin. The README's margin table is generated from
+the same check (:mod:`experiments.readme_table`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import sys
+from pathlib import Path
+
+# BSM norms are computed in float32: 1 − 6e-8 is 1 to the last bit that float32 carries near 1.
+FLOAT32_ONE = 1 - 2.0**-23
+
+# (reproduction, row setting, comparison, bound, what the seeds publish)
+MARGINS = (
+    ("hdnn_table1", "swiss roll, H1, 64 layers (test)", ">=", 99.0, "99.8 %"),
+    ("hdnn_table1", "double moons, H1, 4 layers (test)", ">=", 99.5, "100 %"),
+    ("hdnn_table1", "double moons, H2, 4 layers (test)", ">=", 99.5, "100 %"),
+    ("hdnn_fig4", "tanh MLP, 32 layers: test accuracy", "<=", 60.0, "50 %"),
+    ("hdnn_fig4", "H2-DNN, 32 layers: min per-sample ‖Φ_ℓ‖₂ over training (>= 1)", ">=", FLOAT32_ONE, ">= 1"),
+    ("hauser", "1-D bands, 1 node, C2 (test)", ">=", 100.0, "100 %"),
+    ("hauser", "1-D bands, 1 node, C1 (test)", "<=", 80.0, "<= 75 %"),
+    ("hdnn_table2", "swiss roll, distributed, 4 layers (test)", ">=", 95.0, "100 %"),
+    ("hdnn_table2", "double circles, distributed, 4 layers (test)", ">=", 95.0, "99.7 %"),
+)
+_OPS = {">=": operator.ge, "<=": operator.le}
+
+
+def check(results_dir: Path) -> list[dict]:
+    """One dict per margin: ``status`` is ``met``, ``missed``, ``not run`` or ``not full`` (a quick run's value
+    is shown but not judged)."""
+    out = []
+    for name, setting, op, bound, published in MARGINS:
+        entry = dict(reproduction=name, setting=setting, margin=f"{op} {bound:g}", published=published, ours=None)
+        path = Path(results_dir) / f"{name}.json"
+        if not path.exists():
+            out.append({**entry, "status": "not run"})
+            continue
+        res = json.loads(path.read_text())
+        rows = {r["setting"]: r for r in res["rows"]}
+        if setting not in rows:
+            out.append({**entry, "status": f"not run ({res['size']} setting has no such row)"})
+            continue
+        ours = rows[setting]["ours"]
+        if res["size"] != "full":
+            status = f"not judged ({res['size']} setting)"
+        else:
+            status = "met" if _OPS[op](ours, bound) else "missed"
+        out.append({**entry, "ours": ours, "status": status})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .readme_table import DEFAULT_DIR
+
+    p = argparse.ArgumentParser(prog="python -m experiments.margins", description=__doc__)
+    p.add_argument("--from", dest="src", default=str(DEFAULT_DIR), help="folder of <name>.json results")
+    a = p.parse_args(argv)
+    rows = check(Path(a.src))
+    for r in rows:
+        ours = "—" if r["ours"] is None else f"{r['ours']:.6g}"
+        print(f"{r['status']:>10s}  {r['reproduction']}: {r['setting']}  {r['margin']}  ours {ours}")
+    return 1 if any(r["status"] == "missed" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
