@@ -26,7 +26,7 @@ PUBLISHED = {
 
 SETTINGS = {
     "tiny": dict(n=400, epochs=2, swiss=(4,), moons=(1,), baselines=(), T=1.2),
-    "quick": dict(n=4000, epochs=20, swiss=(4, 16), moons=(1, 4), baselines=(4,), T=1.2),
+    "quick": dict(n=8000, epochs=50, swiss=(4, 16), moons=(1, 4), baselines=(4,), T=1.2),
     "full": dict(n=8000, epochs=50, swiss=(4, 8, 16, 32, 64), moons=(1, 2, 4), baselines=(4, 16, 64), T=1.2),
 }
 

@@ -43,7 +43,7 @@ PUBLISHED = {
 
 SETTINGS = {
     "tiny": dict(n=400, epochs=2, layers=(2,), distributed_eval=("swiss roll",)),
-    "quick": dict(n=4000, epochs=30, layers=(4,), distributed_eval=("swiss roll", "double circles")),
+    "quick": dict(n=8000, epochs=50, layers=(4,), distributed_eval=("swiss roll", "double circles")),
     "full": dict(n=8000, epochs=50, layers=(2, 3, 4), distributed_eval=("swiss roll", "double circles")),
 }
 

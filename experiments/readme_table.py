@@ -2,8 +2,8 @@
 
 Reads ``<dir>/<name>.json`` for every registered reproduction (default ``experiments/recorded_results``: the
 committed runs, full setting where it was run, else quick) and rewrites the block between ``<!-- results:start -->``
-and ``<!-- results:end -->`` of ``README.md`` (``--check`` only reports whether it is current). Rows print "published | ours" as the runs wrote them;
-nothing is typed by hand.
+and ``<!-- results:end -->`` of ``README.md`` (``--check`` only reports whether it is current). Rows print
+"published | ours" as the runs wrote them; nothing is typed by hand.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ def format_table(res: dict) -> str:
     lines = [f"### {res['name']} ({res['size']}, seed {res['seed']}, {res['time_s']:.1f} s)", "",
              "| setting | published | ours |", "|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['setting']} | {_fmt(r['published'], r.get('unit', ''))} | {_fmt(r['ours'], r.get('unit', ''))} |")
+        unit = r.get("unit", "")
+        lines.append(f"| {r['setting']} | {_fmt(r['published'], unit)} | {_fmt(r['ours'], unit)} |")
     for n in res.get("notes", []):
         lines.append(f"\n_{n}_")
     return "\n".join(lines)
