@@ -39,7 +39,7 @@ RUSECKAS_LAMBDA = 0.1  # loss (R113)'s smoothing weight for the MNIST model, h =
 
 SETTINGS = {
     "tiny": dict(n_train=100, n_test=100, epochs=1, batch=50, lr=1e-3, L_ruseckas=4, L_h1=2, K_nais=3),
-    "quick": dict(n_train=800, n_test=500, epochs=2, batch=50, lr=3e-3, L_ruseckas=20, L_h1=2, K_nais=5),
+    "quick": dict(n_train=2000, n_test=1000, epochs=3, batch=50, lr=5e-3, L_ruseckas=20, L_h1=2, K_nais=5),
     "full": dict(n_train=None, n_test=None, epochs=40, batch=100, lr=1e-3, L_ruseckas=20, L_h1=8, K_nais=30),
 }
 
