@@ -19,6 +19,7 @@ from .report import _fmt
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 DEFAULT_DIR = Path(__file__).parent / "recorded_results"
+FOLD_ROWS = 40  # longer sections (the adjoint and conservation sweeps) are folded into <details>
 
 
 def margin_table(results_dir: Path) -> list[str]:
@@ -41,11 +42,14 @@ def table(results_dir: Path) -> str:
             out.append(f"**{name}**: not run in this setting.\n")
             continue
         res = json.loads(path.read_text())
-        out += [f"**{name}** ({res['size']} setting, seed {res['seed']}, {res['time_s']:.0f} s)", "",
-                "| setting | published | ours |", "|---|---|---|"]
+        where = f"({res['size']} setting, seed {res['seed']}, {res['time_s']:.0f} s)"
+        n_rows = len(res["rows"])
+        head = (f"<details><summary><b>{name}</b> {where}: {n_rows} rows</summary>" if n_rows > FOLD_ROWS
+                else f"**{name}** {where}")
+        out += [head, "", "| setting | published | ours |", "|---|---|---|"]
         out += [f"| {r['setting']} | {_fmt(r['published'], r.get('unit', ''))} | {_fmt(r['ours'], r.get('unit', ''))} |"
                 for r in res["rows"]]
-        out.append("")
+        out += ["", "</details>", ""] if n_rows > FOLD_ROWS else [""]
     return "\n".join(out).rstrip() + "\n"
 
 
