@@ -36,7 +36,8 @@ def check(results_dir: Path) -> list[dict]:
     is shown but not judged)."""
     out = []
     for name, setting, op, bound, published in MARGINS:
-        entry = dict(reproduction=name, setting=setting, margin=f"{op} {bound:g}", published=published, ours=None)
+        shown = "1 − 2⁻²³ (1 in float32)" if bound == FLOAT32_ONE else f"{bound:g}"
+        entry = dict(reproduction=name, setting=setting, margin=f"{op} {shown}", published=published, ours=None)
         path = Path(results_dir) / f"{name}.json"
         if not path.exists():
             out.append({**entry, "status": "not run"})

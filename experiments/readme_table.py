@@ -34,7 +34,7 @@ def margin_table(results_dir: Path) -> list[str]:
 
 
 def table(results_dir: Path) -> str:
-    """Markdown: the margins, then one section per reproduction found, with its setting, time and rows."""
+    """Markdown: the margins, then one section per reproduction found: setting, time, rows and notes."""
     out = margin_table(results_dir)
     for name in REPRODUCTIONS:
         path = results_dir / f"{name}.json"
@@ -49,7 +49,8 @@ def table(results_dir: Path) -> str:
         out += [head, "", "| setting | published | ours |", "|---|---|---|"]
         out += [f"| {r['setting']} | {_fmt(r['published'], r.get('unit', ''))} | {_fmt(r['ours'], r.get('unit', ''))} |"
                 for r in res["rows"]]
-        out += ["", "</details>", ""] if n_rows > FOLD_ROWS else [""]
+        out += [""] + [f"_{n}_\n" for n in res.get("notes", [])]
+        out += ["</details>", ""] if n_rows > FOLD_ROWS else []
     return "\n".join(out).rstrip() + "\n"
 
 
