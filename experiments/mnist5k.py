@@ -64,18 +64,22 @@ class ConvH1(Field):
 
 
 class ImageNAIS(nn.Module):
-    """``u = conv(image)``, ``x(0) = 0``, ``K`` shared NAISConv stages, global max pool, linear."""
+    """``u = conv(image)``, ``x(0) = 0``, ``K`` shared NAISConv stages, then the H1 net's head (flatten, linear).
 
-    def __init__(self, channels: int, K: int, h: float = 0.5):
+    A global max pool to ``channels`` numbers (8 features for 10 classes) capped the net near 75 % on this data;
+    the flattened state is the read-out Table III's H1 net uses, so the two compare block against block.
+    """
+
+    def __init__(self, channels: int, K: int, h: float = 0.5, side: int = 28):
         super().__init__()
         self.embed = nn.Conv2d(1, channels, 3, padding=1)
         self.net = discretize(NAISConv(channels, layers=1, T=h), "euler", stop=dict(eps=1e-30, max_depth=K))
-        self.head = nn.Linear(channels, 10)
+        self.head = nn.Linear(channels * side * side, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         u = self.embed(x)
         y, _ = self.net(torch.zeros_like(u), u=u)
-        return self.head(y.amax(dim=(2, 3)))
+        return self.head(y.flatten(1))
 
 
 def ruseckas(L: int) -> Classifier:
