@@ -144,7 +144,12 @@ class ODEBlock(nn.Module):
         return jump_t, None
 
     def trajectory(self, y0: torch.Tensor, t: torch.Tensor | list[float], u: torch.Tensor | None = None):
-        """The solution at times ``t`` (increasing, within ``[0, T]``, starting at 0): ``(len(t), *y0.shape)``."""
+        """The solution at times ``t`` (increasing, within ``[0, T]``, starting at 0): ``(len(t), *y0.shape)``.
+
+        Fixed-step methods step *through* every requested time (each is added to the step grid, so the values are
+        the scheme's own, not interpolated): times finer than ``step_size`` mean more, shorter steps. To see the
+        ``n``-step solution, ask for times on its grid.
+        """
         t = torch.as_tensor(t, dtype=torch.float64)
         if t.dim() != 1 or len(t) < 2 or not bool((t[1:] > t[:-1]).all()):
             raise ValueError("`t` must be a 1-D strictly increasing sequence of at least two times.")
