@@ -93,7 +93,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         last = hist[name][-1]
         rows.append(row(f"{name} accuracy (test)", None, 100 * last["test_accuracy"], "%",
                         train=100 * last["train_accuracy"], time_s=time.perf_counter() - tr))
-    gamma = float(models["model 1"].block.field.gamma)
+    gamma = float(models["model 1"].block.field.gamma.detach())
     rows.append(row("model 1 learned γ̃ = hγ", PUBLISHED["model 1 gamma"], gamma))
     figures = [] if size == "tiny" else _plot(models, data, out_dir)
     notes = ["R §5.1 prints figures, not accuracies, for both models; the published numbers are the parameter "
