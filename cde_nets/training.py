@@ -8,6 +8,8 @@ Reproducibility: the data loaders take a seed, :func:`seeded` fixes initialisati
 the batching (an explicit ``torch.Generator``) and every global random draw during training (dropout, Hutchinson
 probes). The checkpoint written after every epoch holds the model, optimiser, scheduler, history and all RNG
 states, so a run killed at any instant and resumed with ``resume=True`` ends bit for bit as an uninterrupted one.
+:func:`checkpointing` does this for every :func:`fit` inside a block (a script of several trainings, such as a
+reproduction: ``python -m experiments <name> --resume``).
 
 Launched with ``torchrun`` (or :func:`cde_nets.distributed.launch.spawn`), :func:`fit` trains data-parallel with
 DistributedDataParallel, each rank on its share of every global batch (:mod:`cde_nets.distributed.data_parallel`).
@@ -16,9 +18,11 @@ DistributedDataParallel, each rank on its share of every global batch (:mod:`cde
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +36,7 @@ from .distributed import data_parallel as dp
 from .pieces import smoothness
 
 __all__ = ["Regulariser", "smoothness_R82", "smoothness_RK", "spectral_R_ell", "weight_decay", "seeded", "fit",
-           "evaluate", "save_checkpoint", "load_checkpoint"]
+           "evaluate", "checkpointing", "save_checkpoint", "load_checkpoint"]
 
 Matrices = Callable[[nn.Module], Iterable[torch.Tensor]]
 
@@ -170,6 +174,45 @@ def _check_args(task: str, epochs: int, batch_size: int, data) -> tuple:
     return x_tr, y_tr, x_te, y_te
 
 
+@dataclass
+class _Checkpointing:
+    directory: Path
+    resume: bool
+    calls: int = 0
+
+    def next_path(self, desc: str) -> Path:
+        self.calls += 1
+        slug = re.sub(r"[^A-Za-z0-9]+", "_", desc).strip("_")[:60] or "fit"
+        return self.directory / f"{self.calls:03d}-{slug}.ckpt"
+
+
+_CHECKPOINTING: ContextVar[_Checkpointing | None] = ContextVar("cde_nets_checkpointing", default=None)
+
+
+@contextmanager
+def checkpointing(directory: str | Path, resume: bool = False):
+    """Checkpoint every :func:`fit` called inside the block that was not given its own ``checkpoint``.
+
+    The ``k``-th call writes ``directory/<k>-<desc>.ckpt`` after each epoch; with ``resume=True`` each call
+    continues from its file (a finished one returns its stored history at once, a missing one starts afresh). A
+    block whose fits are deterministic given their seeds, as every reproduction's are, therefore ends bit for bit
+    as an uninterrupted run however often it was killed and restarted. Resuming a different script, setting or
+    data set into the same directory is refused by the per-file checks of ``fit`` (seed, batch size, data shape).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    token = _CHECKPOINTING.set(_Checkpointing(directory, bool(resume)))
+    try:
+        yield directory
+    finally:
+        _CHECKPOINTING.reset(token)
+
+
+def _data_signature(x: torch.Tensor, y: torch.Tensor) -> list:
+    """Shape and a float64 sum of the training data: enough to refuse resuming onto other data."""
+    return [list(x.shape), float(x.double().sum()), float(y.double().sum())]
+
+
 def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer=None, lr: float = 1e-2,
         task: str = "classification", regularisers: Iterable[Regulariser] = (),
         post_step: Callable[[nn.Module], None] | None = None, scheduler=None, seed: int = 0,
@@ -193,7 +236,8 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
             batch's frozen features, as H-DNN's reference training does).
         seed: fixes the batch order and seeds the global RNGs at the start of a fresh run.
         checkpoint: file written atomically after every epoch; with ``resume=True`` training continues from it
-            (a missing file starts afresh, so the same command serves the first run and every restart).
+            (a missing file starts afresh, so the same command serves the first run and every restart). Inside
+            :func:`checkpointing`, ``None`` means the block's next file and the block's ``resume``.
         epoch_callback: ``f(epoch, model, metrics)`` after each epoch, before the checkpoint (may add metrics).
     Returns the per-epoch metrics (one dict per epoch, resumed epochs included): ``epoch``, ``train_loss`` and
     ``train_accuracy`` (running, over the epoch's batches), ``reg_<name>``, ``test_loss``, ``test_accuracy``,
@@ -219,8 +263,12 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
     x_tr, y_tr, x_te, y_te = _check_args(task, epochs, batch_size, data)
     if scheduler_interval not in ("epoch", "batch"):
         raise ValueError(f"`scheduler_interval` must be 'epoch' or 'batch', got {scheduler_interval!r}.")
+    block = _CHECKPOINTING.get()
+    if checkpoint is None and block is not None:
+        checkpoint, resume = block.next_path(desc), block.resume
     if resume and checkpoint is None:
         raise ValueError("`resume=True` needs `checkpoint`, the file to resume from.")
+    signature = None if checkpoint is None else _data_signature(x_tr, y_tr)
     dp.check_batch_size(batch_size)
     opt = _make_optimizer(model, optimizer, lr)
     sched = _make_scheduler(scheduler, opt)
@@ -231,8 +279,13 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
     if resume and Path(checkpoint).exists():
         ck = load_checkpoint(checkpoint)
         if (ck["seed"], ck["batch_size"]) != (seed, batch_size):
-            raise ValueError(f"the checkpoint was written with seed={ck['seed']}, batch_size={ck['batch_size']}; "
-                             "resume with the same values or start afresh without `resume`.")
+            raise ValueError(f"the checkpoint {str(checkpoint)!r} was written with seed={ck['seed']}, "
+                             f"batch_size={ck['batch_size']}; resume with the same values or start afresh without "
+                             "`resume`.")
+        if ck.get("data") not in (None, signature):
+            raise ValueError(f"the checkpoint {str(checkpoint)!r} was written for other training data (shape "
+                             f"{ck['data'][0]}, here {list(x_tr.shape)}, or other values); resume on the same data "
+                             "or start afresh without `resume`.")
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         if sched is not None and ck["scheduler"] is not None:
@@ -269,7 +322,8 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
                 save_checkpoint(checkpoint, {
                     "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "scheduler": None if sched is None else sched.state_dict(), "epoch": epoch, "history": history,
-                    "seed": seed, "batch_size": batch_size, "rng": rng_state(batch_gen)})
+                    "seed": seed, "batch_size": batch_size, "rng": rng_state(batch_gen),
+                    "data": signature})
             dp.barrier()
         if bar is not None:
             bar.update(1)

@@ -1,12 +1,21 @@
-"""``python -m experiments <name>|all [--quick|--tiny] [--seed N] [--out results]``."""
+"""``python -m experiments <name>|all [--quick|--tiny] [--seed N] [--out results] [--resume]``.
+
+Every training writes an atomic per-epoch checkpoint under ``OUT/checkpoints/<name>-<size>-seed<N>/``; after a
+crash or a kill, the same command with ``--resume`` continues where each training stopped and ends with the
+results of an uninterrupted run.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from contextlib import nullcontext
+from pathlib import Path
 
 import torch
+
+from cde_nets.training import checkpointing
 
 from .registry import REPRODUCTIONS, runner
 from .report import format_table, write_result
@@ -25,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results", help="directory for <name>.json and PNG plots")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue every training from its checkpoint in OUT/checkpoints (finished ones are not "
+                             "retrained); the results equal an uninterrupted run's")
+    parser.add_argument("--no-checkpoints", dest="checkpoints", action="store_false",
+                        help="do not write per-epoch training checkpoints")
     parser.add_argument("--list", action="store_true", help="list the reproductions and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -38,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         runner(name)  # fail on an unknown name before any work starts
     t0 = time.perf_counter()
+    if args.resume and not args.checkpoints:
+        parser.error("--resume needs the checkpoints: drop --no-checkpoints")
     for name in names:
-        res = runner(name)(size=size, seed=args.seed, out_dir=args.out)
+        ckpt_dir = Path(args.out) / "checkpoints" / f"{name}-{size}-seed{args.seed}"
+        with checkpointing(ckpt_dir, resume=args.resume) if args.checkpoints else nullcontext():
+            res = runner(name)(size=size, seed=args.seed, out_dir=args.out)
         path = write_result(res, args.out)
         print(format_table(res))
         print(f"\n(wrote {path})\n", flush=True)

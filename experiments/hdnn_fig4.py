@@ -59,16 +59,21 @@ def _mlp_decay(weight: float) -> Regulariser:
     return Regulariser("weight_decay", weight, fn)
 
 
-def _bsm_recorder(step, layers: int, probe: torch.Tensor, log: list):
-    """``fit`` epoch callback: per-layer BSM norms on ``probe`` (min/mean per sample, and of the mean matrix)."""
+def _bsm_recorder(step, layers: int, probe: torch.Tensor):
+    """``fit`` epoch callback: per-layer BSM norms on ``probe`` (min/mean per sample, and of the mean matrix),
+    stored in the epoch's metrics so that a checkpointed run keeps them when it is resumed."""
     def record(epoch, model, metrics):
         res = discrete_bsm(step, model.embed(probe), layers=layers, matrices=True)
         mean_matrix = torch.linalg.matrix_norm(res["Phi"].mean(1), ord=2)
-        log.append({"epoch": epoch, "min": res["min"].tolist(), "mean": res["mean"].tolist(),
-                    "mean_matrix": mean_matrix.tolist(), "test_accuracy": metrics.get("test_accuracy")})
+        metrics["bsm"] = {"epoch": epoch, "min": res["min"].tolist(), "mean": res["mean"].tolist(),
+                          "mean_matrix": mean_matrix.tolist(), "test_accuracy": metrics.get("test_accuracy")}
         metrics["bsm_min"] = float(res["min"].min())
 
     return record
+
+
+def _bsm_log(history: list[dict]) -> list[dict]:
+    return [h["bsm"] for h in history]
 
 
 def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
@@ -80,21 +85,20 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     data = double_moons(n=s["n"], seed=seed, dim=4, channels=(0, 3))
     model = hdnn_classifier("H2", L, s["T"], seed)
     net = model.block
-    log: list = []
     r = train_hdnn(model, data, epochs=s["epochs"], seed=seed, regularisers=[smoothness_RK(5e-4, s["T"] / L)],
                    desc=f"H2 L={L}", epoch_callback=_bsm_recorder(
-                       lambda l, y: net.scheme.readout(net.step(l, net.init_state(y))), L, data[0][:s["probe"]], log))
-    runs[f"H2 {L}"] = {"layers": L, **{k: r[k] for k in ("train_accuracy", "test_accuracy", "time_s")}, "bsm": log}
+                       lambda l, y: net.scheme.readout(net.step(l, net.init_state(y))), L, data[0][:s["probe"]]))
+    runs[f"H2 {L}"] = {"layers": L, **{k: r[k] for k in ("train_accuracy", "test_accuracy", "time_s")},
+                       "bsm": _bsm_log(r["history"])}
     data6 = double_moons(n=s["n"], seed=seed, dim=6, channels=(0, 5))
     for M in s["mlp_layers"]:
         with seeded(seed):
             mlp = TanhMLP(M, 6)
             model = Classifier(mlp, in_features=6, state_dim=6, n_out=1)
-        log = []
         r = train_hdnn(model, data6, epochs=s["epochs"], seed=seed, regularisers=[_mlp_decay(1e-4)],
-                       desc=f"MLP L={M}", epoch_callback=_bsm_recorder(mlp.step, M, data6[0][:s["probe"]], log))
+                       desc=f"MLP L={M}", epoch_callback=_bsm_recorder(mlp.step, M, data6[0][:s["probe"]]))
         runs[f"MLP {M}"] = {"layers": M, **{k: r[k] for k in ("train_accuracy", "test_accuracy", "time_s")},
-                            "bsm": log}
+                            "bsm": _bsm_log(r["history"])}
 
     h2 = runs[f"H2 {L}"]
     h2_min = min(min(e["min"]) for e in h2["bsm"])

@@ -1,0 +1,66 @@
+"""``python -m experiments NAME --resume`` after a SIGKILL ends with the uninterrupted run's results (issue 6)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cde_nets.training import checkpointing, fit, load_checkpoint
+from experiments.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "nais_digits"  # four trainings of several epochs in its tiny setting: a kill lands mid-run
+
+
+def _measured(out: Path) -> list:
+    rows = json.loads((out / f"{NAME}.json").read_text())["rows"]
+    return [(r["setting"], r["ours"]) for r in rows]
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    assert main([NAME, "--tiny", "--threads", "1", "--out", str(whole)]) == 0
+
+    cmd = [sys.executable, "-m", "experiments", NAME, "--tiny", "--threads", "1", "--out", str(broken)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts = broken / "checkpoints" / f"{NAME}-tiny-seed0"
+    deadline = time.monotonic() + 120
+    while not any(ckpts.glob("001-*.ckpt")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (broken / f"{NAME}.json").exists(), "the run finished before the kill: nothing was resumed"
+    (first,) = ckpts.glob("001-*.ckpt")
+    epoch0 = load_checkpoint(first)["history"][0]
+
+    assert main([NAME, "--tiny", "--threads", "1", "--out", str(broken), "--resume"]) == 0
+    assert _measured(broken) == _measured(whole)
+    # the first training's first epoch was resumed, not retrained (a rerun would have measured a new time)
+    assert load_checkpoint(first)["history"][0] == epoch0
+
+
+def test_checkpointing_block_names_files_and_refuses_other_data(tmp_path):
+    import torch
+    from torch import nn
+
+    def data(scale):
+        g = torch.Generator().manual_seed(0)
+        x = scale * torch.randn(32, 3, generator=g)
+        return x, (x[:, 0] > 0).long(), x, (x[:, 0] > 0).long()
+
+    def run(d, resume):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2)
+        with checkpointing(tmp_path, resume=resume):
+            return fit(model, d, epochs=2, batch_size=8, seed=0, progress=False, desc="probe run")
+
+    first = run(data(1.0), resume=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["001-probe_run.ckpt"]
+    assert run(data(1.0), resume=True) == first  # finished: the stored history comes back
+    with pytest.raises(ValueError, match="other training data"):
+        run(data(2.0), resume=True)
