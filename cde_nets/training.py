@@ -36,7 +36,7 @@ from .distributed import data_parallel as dp
 from .pieces import smoothness
 
 __all__ = ["Regulariser", "smoothness_R82", "smoothness_RK", "spectral_R_ell", "weight_decay", "seeded", "fit",
-           "evaluate", "checkpointing", "save_checkpoint", "load_checkpoint"]
+           "evaluate", "task_loss", "checkpointing", "save_checkpoint", "load_checkpoint"]
 
 Matrices = Callable[[nn.Module], Iterable[torch.Tensor]]
 
@@ -101,7 +101,8 @@ def seeded(seed: int):
     yield
 
 
-def _loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def task_loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss :func:`fit` trains on: MSE (regression), BCE on one logit, cross-entropy on several."""
     if task == "regression":
         return F.mse_loss(out, y.to(out.dtype).reshape(out.shape))
     if out.shape[-1] == 1:
@@ -129,7 +130,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "cl
     try:
         for i in range(0, len(y), batch_size):
             out = _prediction(model(x[i:i + batch_size]))
-            total += float(_loss(task, out, y[i:i + batch_size])) * len(out)
+            total += float(task_loss(task, out, y[i:i + batch_size])) * len(out)
             if task == "classification":
                 correct += _correct(out, y[i:i + batch_size])
     finally:
@@ -351,7 +352,7 @@ def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularise
         xb, yb = x_tr[idx], y_tr[idx]
         opt.zero_grad(set_to_none=True)
         out = _prediction(net(xb))
-        loss = _loss(task, out, yb)
+        loss = task_loss(task, out, yb)
         total = loss * weight
         for reg in regularisers:
             value = reg.fn(model)

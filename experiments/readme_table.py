@@ -13,12 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-from .margins import check
+from .margins import RECORDED, check
 from .registry import REPRODUCTIONS
 from .report import _fmt
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-DEFAULT_DIR = Path(__file__).parent / "recorded_results"
 FOLD_ROWS = 40  # longer sections (the adjoint and conservation sweeps) are folded into <details>
 
 
@@ -64,7 +63,7 @@ def splice(readme: str, body: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.readme_table", description=__doc__)
-    p.add_argument("--from", dest="src", default=str(DEFAULT_DIR), help="folder of <name>.json results")
+    p.add_argument("--from", dest="src", default=str(RECORDED), help="folder of <name>.json results")
     p.add_argument("--readme", default="README.md")
     p.add_argument("--check", action="store_true", help="exit 1 if the README's table is not the generated one")
     a = p.parse_args(argv)

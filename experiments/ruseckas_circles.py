@@ -15,13 +15,12 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.nn.functional as F
 
 from cde_nets import discretize
 from cde_nets.datasets import concentric_circles
 from cde_nets.fields import CubicFriction
 from cde_nets.models import Classifier
-from cde_nets.training import fit, seeded, smoothness_R82
+from cde_nets.training import fit, seeded, smoothness_R82, task_loss
 
 from .common import parameter_count, threads
 from .report import result, row, save_figure
@@ -56,10 +55,7 @@ def _train(model: Classifier, data, s: dict, seed: int, desc: str) -> list[dict]
 
 def _initial_gradient_norm(model: Classifier, data) -> float:
     """‖∇ loss‖ over all parameters on the whole training set, before training (the loss ``fit`` uses)."""
-    out = model(data.x_train)
-    y = data.y_train
-    loss = (F.binary_cross_entropy_with_logits(out[:, 0], y.to(out.dtype)) if out.shape[1] == 1
-            else F.cross_entropy(out, y))
+    loss = task_loss("classification", model(data.x_train), data.y_train)
     grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
     return float(torch.sqrt(sum(g.square().sum() for g in grads)))
 
