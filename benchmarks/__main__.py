@@ -1,4 +1,4 @@
-"""The whole benchmark suite from one command: ``python -m benchmarks [--tiny] [--only NAME ...]`` (issue 7).
+"""The whole benchmark suite from one command: ``python -m cde_nets.benchmarks [--tiny] [--only NAME ...]`` (issue 7).
 
 Runs every module of :data:`BENCHMARKS` (each writes ``benchmarks/results/<name>.json``; ``--tiny`` runs write
 to a temporary folder), then prints one summary
@@ -9,6 +9,7 @@ table: each benchmark's headline ratios against its goal. A new benchmark module
 from __future__ import annotations
 
 import argparse
+import sys
 import importlib
 import tempfile
 import time
@@ -103,8 +104,8 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cde_nets.benchmarks")
     p.add_argument("--tiny", action="store_true", help="tiny configurations (seconds; what the tests run)")
     p.add_argument("--only", nargs="*", help="names of benchmarks to run (default: all)")
     p.add_argument("--out", help="folder for the JSON results (default: benchmarks/results; with --tiny a temporary "
@@ -120,12 +121,13 @@ def main(argv: list[str] | None = None) -> None:
         if a.only and name not in a.only:
             continue
         t0 = time.perf_counter()
-        res = importlib.import_module(f"benchmarks.{name}").run(tiny=a.tiny, out_dir=out)
+        res = importlib.import_module(f"cde_nets.benchmarks.{name}").run(tiny=a.tiny, out_dir=out)
         print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
         lines += [f"| {name} | {measure} | {value} | {goal} |" for measure, value in headline(res)]
     print("\n".join(lines))
     print(f"results in {out or 'benchmarks/results'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

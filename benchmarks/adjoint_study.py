@@ -1,6 +1,6 @@
 """The adjoint study (SPEC §5) for a 16-piece Hamiltonian block on swiss-roll points.
 
-``python -m benchmarks.adjoint_study [--tiny]`` writes ``benchmarks/results/adjoint_study.json`` and prints a
+``python -m cde_nets.benchmarks.adjoint_study [--tiny]`` writes ``benchmarks/results/adjoint_study.json`` and prints a
 markdown table. Data: the swiss roll of SPEC §7 (``cde_nets.datasets`` when present, otherwise generated here
 with the same formula), 2-D points padded with two zeros to R⁴; loss: binary cross-entropy of a fixed linear
 read-out of ``y(T)``.

@@ -1,7 +1,7 @@
 """Discrete mode against a hand-written loop of the same layer equations, and against torchdiffeq's fixed grid.
 
 Issue 7, item 1: H1, H2, momentum, cubic-friction and NAIS nets, and a weight-shared NAIS block that stops per
-sample; 64 layers, (dim, batch) in {(4, 256), (64, 1024)}, forward and forward+backward. Goal: <= 1.1x the hand loop. ``python -m benchmarks.discrete_overhead [--tiny]``.
+sample; 64 layers, (dim, batch) in {(4, 256), (64, 1024)}, forward and forward+backward. Goal: <= 1.1x the hand loop. ``python -m cde_nets.benchmarks.discrete_overhead [--tiny]``.
 """
 
 from __future__ import annotations

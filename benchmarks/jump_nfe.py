@@ -1,6 +1,6 @@
 """NFE of a 16-piece Hamiltonian block at rtol 1e-3, both gradient modes, with and without ``jump_t``.
 
-``python -m benchmarks.jump_nfe [--tiny]`` writes ``benchmarks/results/jump_nfe.json``.
+``python -m cde_nets.benchmarks.jump_nfe [--tiny]`` writes ``benchmarks/results/jump_nfe.json``.
 """
 
 from __future__ import annotations

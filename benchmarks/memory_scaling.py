@@ -2,7 +2,7 @@
 
 Goal: the adjoint's memory is flat (1000 steps <= 1.2x the memory of 10); backprop's grows linearly, and the
 slope (bytes per step) is reported. Memory is the peak of tensors saved for backward
-(:class:`cde_nets.diagnostics.SavedTensorMemory`). ``python -m benchmarks.memory_scaling [--tiny]``.
+(:class:`cde_nets.diagnostics.SavedTensorMemory`). ``python -m cde_nets.benchmarks.memory_scaling [--tiny]``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ times forward+backward in float32 and measures the bytes saved for backward, wit
 ours ``memory_free=True``), at depths 16 and 64.
 
 ``momentumnet`` is a benchmark peer only, never a dependency: when it is missing the result records
-``skipped``. ``python -m benchmarks.momentum_peer [--tiny]``.
+``skipped``. ``python -m cde_nets.benchmarks.momentum_peer [--tiny]``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ with ``discretize(field, "euler", stop=dict(eps, max_depth))``: each sample stop
 eps`` and leaves the batch (compaction). Half the batch gets a tiny input ``u`` (its equilibrium is next to
 ``x(0)``: a few steps), half a large one (hundreds of steps). The baseline runs the same Euler step on the
 whole batch until the slowest sample stops (batch-level stopping at ``max(depths)``). Reported: field rows
-evaluated, and median wall time of forward and forward+backward. ``python -m benchmarks.stopping_saving
+evaluated, and median wall time of forward and forward+backward. ``python -m cde_nets.benchmarks.stopping_saving
 [--tiny]``.
 """
 

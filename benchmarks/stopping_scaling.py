@@ -8,7 +8,7 @@ compacted as samples stop, the work is ``Σ depths`` row-steps, so the goal is t
 line ``t = c Σ depths + t₀`` over the fractions 0, 0.25, 0.5, 0.75, 1 must fit every point within 20 %
 (``max_rel_deviation = max |t − fit| / fit``). Also reported: the fit ``t = c Σ depths + d · steps + t₀`` with a
 per-step cost ``d`` independent of the rows (``steps`` = loop length = max depth).
-``python -m benchmarks.stopping_scaling [--tiny]``.
+``python -m cde_nets.benchmarks.stopping_scaling [--tiny]``.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from solvers.architectures import architecture
-from solvers.errors import check_positive
-from solvers.schemes import Scheme, get_scheme
-from solvers.stopping import unroll
+from cde_nets.solvers.architectures import architecture
+from cde_nets.solvers.errors import check_positive
+from cde_nets.solvers.schemes import Scheme, get_scheme
+from cde_nets.solvers.stopping import unroll
 
 from .fields.base import Field
 from .pieces import gathered

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from solvers.adapter import (
+from cde_nets.solvers.adapter import (
     ADAPTIVE_METHODS,
     FIXED_METHODS,
     GRADIENTS,
@@ -18,8 +18,8 @@ from solvers.adapter import (
     integrate,
     validate_tolerances,
 )
-from solvers.errors import check_positive
-from solvers.stopping import integrate_until_converged
+from cde_nets.solvers.errors import check_positive
+from cde_nets.solvers.stopping import integrate_until_converged
 
 from .fields.base import Field
 from .pieces import gathered

@@ -24,8 +24,8 @@ import torch.nn.functional as nnf
 import torchsde
 from torch import nn
 
-from solvers.adapter import GRADIENTS, SolverStats, aligned_grid
-from solvers.errors import check_positive
+from cde_nets.solvers.adapter import GRADIENTS, SolverStats, aligned_grid
+from cde_nets.solvers.errors import check_positive
 
 __all__ = ["SDEBlock", "SDE_METHODS", "NOISES"]
 

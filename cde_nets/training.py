@@ -9,7 +9,7 @@ the batching (an explicit ``torch.Generator``) and every global random draw duri
 probes). The checkpoint written after every epoch holds the model, optimiser, scheduler, history and all RNG
 states, so a run killed at any instant and resumed with ``resume=True`` ends bit for bit as an uninterrupted one.
 :func:`checkpointing` does this for every :func:`fit` inside a block (a script of several trainings, such as a
-reproduction: ``python -m experiments <name> --resume``).
+reproduction: ``python -m cde_nets.experiments <name> --resume``).
 
 Launched with ``torchrun`` (or :func:`cde_nets.distributed.launch.spawn`), :func:`fit` trains data-parallel with
 DistributedDataParallel, each rank on its share of every global batch (:mod:`cde_nets.distributed.data_parallel`).

@@ -1,1 +1,1 @@
-"""Reproductions of the seeds' tables and figures (application layer). Run ``python -m experiments --help``."""
+"""Reproductions of the seeds' tables and figures (application layer). Run ``python -m cde_nets.experiments --help``."""

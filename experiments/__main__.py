@@ -1,4 +1,4 @@
-"""``python -m experiments <name>|all [--quick|--tiny] [--seed N] [--out results] [--resume]``.
+"""``python -m cde_nets.experiments <name>|all [--quick|--tiny] [--seed N] [--out results] [--resume]``.
 
 Every training writes an atomic per-epoch checkpoint under ``OUT/checkpoints/<name>-<size>-seed<N>/``; after a
 crash or a kill, the same command with ``--resume`` continues where each training stopped and ends with the
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
         from .distributed import main as distributed
         return distributed(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m cde_nets.experiments", description=__doc__)
     parser.add_argument("name", nargs="?", default="all", help=f"one of: {', '.join(REPRODUCTIONS)}, or all")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="reduced setting (main job)")

@@ -1,4 +1,4 @@
-"""Scale-out launcher: ``python -m experiments distributed --nodes 8 [--quick|--tiny] [--mode h2|ddp|both]``.
+"""Scale-out launcher: ``python -m cde_nets.experiments distributed --nodes 8 [--quick|--tiny] [--mode h2|ddp|both]``.
 
 *h2*: the distributed H2-DNN (one process per node, ring communication graph ``S``, :func:`run_h2`) runs
 ``repeat`` timed forward + backward passes of ``loss = Σ c ⊙ y_L``; the centralised masked model does the same in
@@ -14,7 +14,7 @@ weight grows to 0.1 within ~160 steps), so no two summation orders, DDP's or ano
 beyond the first hundred steps.
 
 *ddp-worker*: one rank of the same training, for ``torchrun``; rank 0 then repeats it single-process and prints
-the comparison (``torchrun --standalone --nproc_per_node 8 -m experiments.distributed --mode ddp-worker``).
+the comparison (``torchrun --standalone --nproc_per_node 8 -m cde_nets.experiments.distributed --mode ddp-worker``).
 
 Not a reproduction of a published table, so not in the registry (``all`` does not run it). Writes
 ``<out>/distributed.json`` atomically.
@@ -219,7 +219,7 @@ def run_ddp_mode(nodes: int, s: dict, seed: int) -> tuple[list[dict], dict]:
 
 def torchrun_line(nodes: int, size: str, seed: int) -> str:
     flag = "" if size == "full" else f" --{size}"
-    return (f"torchrun --standalone --nproc_per_node {nodes} -m experiments.distributed --mode ddp-worker{flag}"
+    return (f"torchrun --standalone --nproc_per_node {nodes} -m cde_nets.experiments.distributed --mode ddp-worker{flag}"
             f" --seed {seed}")
 
 
@@ -249,7 +249,7 @@ def ddp_worker(size: str, seed: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments distributed", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m cde_nets.experiments distributed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=8, help="processes (H2 nodes / DDP ranks), default 8")
     size = parser.add_mutually_exclusive_group()

@@ -1,6 +1,6 @@
 """The margins the full setting must meet (issue 6), as data, checked against the reproductions' JSON.
 
-``python -m experiments.margins [--from DIR]`` prints one line per margin (met, missed, or not run in the full
+``python -m cde_nets.experiments.margins [--from DIR]`` prints one line per margin (met, missed, or not run in the full
 setting) and exits 1 if any full-setting result misses its margin. The README's margin table is generated from
 the same check (:mod:`experiments.readme_table`).
 """
@@ -58,7 +58,7 @@ def check(results_dir: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.margins", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m cde_nets.experiments.margins", description=__doc__)
     p.add_argument("--from", dest="src", default=str(RECORDED), help="folder of <name>.json results")
     a = p.parse_args(argv)
     rows = check(Path(a.src))

@@ -1,4 +1,4 @@
-"""The README's results table, generated from the reproductions' JSON (``python -m experiments.readme_table``).
+"""The README's results table, generated from the reproductions' JSON (``python -m cde_nets.experiments.readme_table``).
 
 Reads ``<dir>/<name>.json`` for every registered reproduction (default ``experiments/recorded_results``: the
 committed runs, full setting where it was run, else quick) and rewrites the block between ``<!-- results:start -->``
@@ -23,7 +23,7 @@ FOLD_ROWS = 40  # longer sections (the adjoint and conservation sweeps) are fold
 
 def margin_table(results_dir: Path) -> list[str]:
     """Markdown: the issue-6 margins (:mod:`experiments.margins`) against the recorded runs."""
-    out = ["**Margins** (full setting; `python -m experiments.margins` checks them)", "",
+    out = ["**Margins** (full setting; `python -m cde_nets.experiments.margins` checks them)", "",
            "| reproduction | setting | margin | published | ours | |", "|---|---|---|---|---|---|"]
     for r in check(results_dir):
         ours = "—" if r["ours"] is None else f"{r['ours']:.8g}"
@@ -62,7 +62,7 @@ def splice(readme: str, body: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.readme_table", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m cde_nets.experiments.readme_table", description=__doc__)
     p.add_argument("--from", dest="src", default=str(RECORDED), help="folder of <name>.json results")
     p.add_argument("--readme", default="README.md")
     p.add_argument("--check", action="store_true", help="exit 1 if the README's table is not the generated one")

@@ -160,7 +160,7 @@ def test_dense_eq_S9_and_S22(f64, k):
 
 
 def test_dense_matrix_is_S22_for_k3():
-    from solvers.schemes import dense_matrix
+    from cde_nets.solvers.schemes import dense_matrix
 
     assert dense_matrix(3).tolist() == [[1, 0, 0], [1, -1, 0], [1, -2, 1]]
     assert torch.equal(dense_matrix(5) @ dense_matrix(5), torch.eye(5, dtype=torch.float64))  # binomial inversion
@@ -273,7 +273,7 @@ def test_blog_second_order_block_is_momentum_on_a_second_order_field(f64):
 
 def test_the_map_names_each_network_of_this_file(f64):
     """SPEC §6: every scheme has a row, and each (scheme, field) pair above resolves to its paper's architecture."""
-    from solvers import ARCHITECTURES, SCHEMES, architecture
+    from cde_nets.solvers import ARCHITECTURES, SCHEMES, architecture
 
     assert {r.scheme for r in ARCHITECTURES} == set(SCHEMES)
     assert all(any(r.scheme == s and r.field_kind == "any" for r in ARCHITECTURES) for s in SCHEMES)

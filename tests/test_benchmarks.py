@@ -8,8 +8,8 @@ import pkgutil
 
 import pytest
 
-import benchmarks
-from benchmarks.__main__ import BENCHMARKS
+import cde_nets.benchmarks
+from cde_nets.benchmarks.__main__ import BENCHMARKS
 
 # module -> (JSON file it writes in tiny mode, top-level keys, keys of every row)
 EXPECTED = {
@@ -28,14 +28,14 @@ EXPECTED = {
 
 
 def test_every_benchmark_module_is_in_the_suite_table():
-    modules = {m.name for m in pkgutil.iter_modules(benchmarks.__path__)} - {"common", "__main__"}
+    modules = {m.name for m in pkgutil.iter_modules(cde_nets.benchmarks.__path__)} - {"common", "__main__"}
     assert modules == {name for name, _, _ in BENCHMARKS} == set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", [name for name, _, _ in BENCHMARKS])
 def test_tiny_run_writes_its_json(name, tmp_path):
     file, keys, row_keys = EXPECTED[name]
-    module = importlib.import_module(f"benchmarks.{name}")
+    module = importlib.import_module(f"cde_nets.benchmarks.{name}")
     res = module.run(tiny=True, out_dir=tmp_path)
     data = json.loads((tmp_path / f"{file}.json").read_text())
     assert keys <= set(data) and "machine" in data
@@ -50,7 +50,7 @@ def test_tiny_run_writes_its_json(name, tmp_path):
 
 def test_stopping_depths_are_the_designed_ones(tmp_path):
     """Early samples start at equilibrium (depth 1), the others run max_depth = 4 steps: Σ depths is exact."""
-    from benchmarks.stopping_scaling import run
+    from cde_nets.benchmarks.stopping_scaling import run
 
     res = run(tiny=True, out_dir=tmp_path)
     batch, max_depth = 16, 4
@@ -62,7 +62,7 @@ def test_stopping_depths_are_the_designed_ones(tmp_path):
 def test_momentum_peer_matches_and_memory_free_keeps_two_states(tmp_path):
     """Same map as momentumnet to 1e-10 in float64; memory-free saves only (x_L, v_L): 2 · batch · dim float32s."""
     pytest.importorskip("momentumnet")
-    from benchmarks.momentum_peer import run
+    from cde_nets.benchmarks.momentum_peer import run
 
     res = run(tiny=True, out_dir=tmp_path)
     for r in res["rows"]:

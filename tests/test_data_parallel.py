@@ -125,7 +125,7 @@ def test_shard_outside_a_group_is_the_whole_batch():
 
 
 def test_launcher_tiny_h2_on_8_processes_equals_centralised(tmp_path):
-    from experiments.distributed import main
+    from cde_nets.experiments.distributed import main
 
     assert main(["--tiny", "--nodes", "8", "--mode", "h2", "--out", str(tmp_path)]) == 0
     h2 = json.loads((Path(tmp_path) / "distributed.json").read_text())["h2"]
@@ -138,7 +138,7 @@ def test_launcher_tiny_h2_on_8_processes_equals_centralised(tmp_path):
 
 
 def test_launcher_tiny_ddp(tmp_path):
-    from experiments.distributed import main
+    from cde_nets.experiments.distributed import main
 
     assert main(["--tiny", "--nodes", "2", "--mode", "ddp", "--out", str(tmp_path)]) == 0
     ddp = json.loads((Path(tmp_path) / "distributed.json").read_text())["ddp"]

@@ -67,7 +67,7 @@ def test_fixed_step_rows_and_validation(f64):
 
 
 def test_benchmark_script_runs_tiny(tmp_path):
-    from benchmarks.adjoint_study import run, swiss_roll
+    from cde_nets.benchmarks.adjoint_study import run, swiss_roll
 
     x, y = swiss_roll(8)
     assert x.shape == (8, 2) and float(y.sum()) == 4 and float(x[4].norm()) == pytest.approx(0.2)

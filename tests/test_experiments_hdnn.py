@@ -2,8 +2,8 @@
 
 import json
 
-from experiments.__main__ import main
-from experiments.hdnn_table1 import PUBLISHED
+from cde_nets.experiments.__main__ import main
+from cde_nets.experiments.hdnn_table1 import PUBLISHED
 
 
 def test_table1_tiny_via_cli(tmp_path, capsys):
@@ -18,7 +18,7 @@ def test_table1_tiny_via_cli(tmp_path, capsys):
 def test_margins_judge_only_full_runs_and_name_misses(tmp_path):
     import json
 
-    from experiments.margins import check, main as margins_main
+    from cde_nets.experiments.margins import check, main as margins_main
 
     def write(name, size, rows):
         (tmp_path / f"{name}.json").write_text(json.dumps({"name": name, "size": size, "rows": [

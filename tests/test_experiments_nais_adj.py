@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from experiments import adjoint_study, conservation, mnist5k, nais_digits
+from cde_nets.experiments import adjoint_study, conservation, mnist5k, nais_digits
 
 
 def _by_setting(res: dict) -> dict:

@@ -1,4 +1,4 @@
-"""``python -m experiments NAME --resume`` after a SIGKILL ends with the uninterrupted run's results (issue 6)."""
+"""``python -m cde_nets.experiments NAME --resume`` after a SIGKILL ends with the uninterrupted run's results (issue 6)."""
 
 import json
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cde_nets.training import checkpointing, fit, load_checkpoint
-from experiments.__main__ import main
+from cde_nets.experiments.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "nais_digits"  # four trainings of several epochs in its tiny setting: a kill lands mid-run
@@ -26,7 +26,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     assert main([NAME, "--tiny", "--threads", "1", "--out", str(whole)]) == 0
 
-    cmd = [sys.executable, "-m", "experiments", NAME, "--tiny", "--threads", "1", "--out", str(broken)]
+    cmd = [sys.executable, "-m", "cde_nets.experiments", NAME, "--tiny", "--threads", "1", "--out", str(broken)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpts = broken / "checkpoints" / f"{NAME}-tiny-seed0"
     deadline = time.monotonic() + 120

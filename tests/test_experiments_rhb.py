@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from experiments import blog, hauser, ruseckas_circles
-from experiments.report import write_result
+from cde_nets.experiments import blog, hauser, ruseckas_circles
+from cde_nets.experiments.report import write_result
 
 
 def _check_rows(res: dict, tmp_path) -> dict:

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from cde_nets.training import fit
-from experiments.__main__ import main
-from experiments.hdnn_protocol import ReadoutRefit, epoch_bias_correction
+from cde_nets.experiments.__main__ import main
+from cde_nets.experiments.hdnn_protocol import ReadoutRefit, epoch_bias_correction
 
 
 def test_epoch_bias_correction_equals_adam_with_the_step_counter_reset_to_the_epoch(f64):
@@ -33,7 +33,7 @@ def test_epoch_bias_correction_equals_adam_with_the_step_counter_reset_to_the_ep
 
 def test_readout_adam_equals_torch_adam_on_the_penalised_bce(f64):
     """The written-out gradient and update match autograd + torch.optim.Adam step for step."""
-    from experiments.hdnn_protocol import _ReadoutAdam, _with_ones
+    from cde_nets.experiments.hdnn_protocol import _ReadoutAdam, _with_ones
 
     torch.manual_seed(1)
     feats, y = torch.randn(50, 4), torch.randint(0, 2, (50,)).double()

@@ -9,7 +9,7 @@ from scipy.linalg import expm
 from cde_nets import ODEBlock
 from cde_nets.fields import Field, Hamiltonian
 from cde_nets.pieces import Pieces
-from solvers import SolverError
+from cde_nets.solvers import SolverError
 
 
 class Linear(Field):

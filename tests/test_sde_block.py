@@ -181,7 +181,7 @@ def test_noise_robustness_experiment_tiny(tmp_path):
     # The two models differ only by the noise: same initial weights, and with noise off the SDE model's logits
     # equal the ODE model's (Euler on the same grid; float32, 1e-5). The tiny run gives one accuracy per model
     # and ε.
-    from experiments import noise_robustness as nr
+    from cde_nets.experiments import noise_robustness as nr
 
     s = nr.SETTINGS["tiny"]
     ode, sde = nr.build(False, s, 0), nr.build(True, s, 0)

@@ -9,7 +9,7 @@ import torch
 from cde_nets import ODEBlock, discretize
 from cde_nets.fields import NAIS, Field
 from cde_nets.pieces import Pieces
-from solvers.stopping import integrate_until_converged, odeint_until_converged, unroll
+from cde_nets.solvers.stopping import integrate_until_converged, odeint_until_converged, unroll
 
 
 class Decay(Field):
@@ -164,7 +164,7 @@ def test_ode_block_stopping_times_differ(f64):
 
 def test_stopping_saving_benchmark_tiny(tmp_path):
     """The benchmark's batch-level baseline evaluates batch × max depth rows; stopping evaluates Σ depths."""
-    from benchmarks.stopping_saving import run
+    from cde_nets.benchmarks.stopping_saving import run
 
     res = run(tiny=True, out_dir=tmp_path)
     assert (tmp_path / "stopping_saving.json").exists()

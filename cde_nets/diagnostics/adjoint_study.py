@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from solvers.adapter import ADAPTIVE_METHODS, FIXED_METHODS
-from solvers.errors import SolverError
+from cde_nets.solvers.adapter import ADAPTIVE_METHODS, FIXED_METHODS
+from cde_nets.solvers.errors import SolverError
 
 from ..ode_block import ODEBlock
 from .memory import SavedTensorMemory

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from solvers.adapter import FIXED_METHODS, aligned_grid, integrate
+from cde_nets.solvers.adapter import FIXED_METHODS, aligned_grid, integrate
 
 __all__ = ["FrozenPiece", "merge_times", "piece_of", "evaluate_at", "solve_segments", "solve_piece"]
 

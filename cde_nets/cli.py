@@ -1,0 +1,33 @@
+"""The ``cde-nets`` command: ``cde-nets experiments …`` and ``cde-nets benchmarks …``.
+
+The same programs run as ``python -m cde_nets.experiments`` and ``python -m cde_nets.benchmarks``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+_COMMANDS = {
+    "experiments": "reproductions of the papers' tables and figures",
+    "benchmarks": "speed and memory against torchdiffeq, torchode and hand-written loops",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in _COMMANDS:
+        lines = [f"  {name:12s} {what}" for name, what in _COMMANDS.items()]
+        print("usage: cde-nets {experiments,benchmarks} [options]\n\ncommands:\n" + "\n".join(lines))
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\ncde-nets: unknown command {argv[0]!r}; use one of {', '.join(_COMMANDS)}.", file=sys.stderr)
+            return 2
+        return 0
+    if argv[0] == "experiments":
+        from cde_nets.experiments.__main__ import main as run
+    else:
+        from cde_nets.benchmarks.__main__ import main as run
+    return run(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
