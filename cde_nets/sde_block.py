@@ -27,6 +27,10 @@ from torch import nn
 from cde_nets.solvers.adapter import GRADIENTS, SolverStats, aligned_grid
 from cde_nets.solvers.errors import check_positive
 
+from .block import Block
+from .fields.bound import BoundField
+from .solution import Solution
+
 __all__ = ["SDEBlock", "SDE_METHODS", "NOISES"]
 
 NOISES = ("diagonal", "additive", None)
@@ -60,10 +64,10 @@ class _SDE(nn.Module):
 
     noise_type = "diagonal"
 
-    def __init__(self, field: nn.Module, shape: tuple[int, ...], rho: nn.Parameter | None, multiplicative: bool,
+    def __init__(self, field: BoundField, shape: tuple[int, ...], rho: nn.Parameter | None, multiplicative: bool,
                  sde_type: str, stats: SolverStats, count_vjp: bool, l: int = 0):
         super().__init__()
-        self.field = field
+        self.field = field  # a BoundField (plain object): this call's field and input
         self.shape = shape
         self.rho = rho  # (C,) with σ = softplus(ρ), or None for g = 0
         self.reps = math.prod(shape[1:]) if len(shape) > 1 else 1
@@ -96,8 +100,7 @@ class _SDE(nn.Module):
             self.probe.discard("f")
             return torch.zeros_like(y)
         z = y.reshape(y.shape[0], *self.shape)
-        evaluate = getattr(self.field, "evaluate", None)
-        out = evaluate(self.l, z) if evaluate is not None and hasattr(self.field, "grid") else self.field(t, z)
+        out = self.field.evaluate(self.l, z) if hasattr(self.field, "grid") else self.field(t, z)
         return self._count(out.reshape(y.shape[0], -1))
 
     def g(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -115,7 +118,7 @@ class _SDE(nn.Module):
         return self._count(out)
 
 
-class SDEBlock(nn.Module):
+class SDEBlock(Block):
     r"""``y(T)`` of ``dy = F(t, y) dt + g(y) dW`` for a :class:`~cde_nets.fields.base.Field` ``F`` (torchsde).
 
     Args:
@@ -126,13 +129,14 @@ class SDEBlock(nn.Module):
         method: a torchsde fixed-step method, see :data:`SDE_METHODS` (``euler``, ``milstein``, ``srk`` are Itô;
             ``midpoint``, ``heun``, ``euler_heun``, ``log_ode``, ``reversible_heun`` Stratonovich; ``milstein``
             both). Each runs its own SDE type, so ``sde_type`` defaults to the method's.
-        dt: largest step; default one step per parameter piece (``field.grid.h``). Steps always end on every
-            piece boundary, and each step uses the parameters of its piece.
+        step_size: largest step; default one step per parameter piece (``field.grid.h``). Steps always end on
+            every piece boundary, and each step uses the parameters of its piece.
         adaptive: subdivide each of those steps by torchsde's step-doubling error control (one full step against
             two half steps, ``rtol``/``atol``; the adjoint's backward solve too). Refused for ``reversible_heun``
             (torchsde does not record its adaptive steps) and for ``euler`` with diagonal noise (adaptive
             Euler-Maruyama need not converge with multiplicative noise).
-        rtol, atol: tolerances of ``adaptive`` (torchsde's defaults).
+        rtol, atol: tolerances of ``adaptive`` (default 1e-5 and 1e-4, torchsde's: strong orders ½-1 make
+            ODE-like tolerances unaffordable); refused without ``adaptive``, where they would be ignored.
         sde_type: ``"ito"`` or ``"stratonovich"`` (matters for diagonal noise only).
         gradient: ``"adjoint"`` (``sdeint_adjoint``: the adjoint SDE solved backwards on the same Brownian path)
             or ``"backprop"`` (differentiate through the steps).
@@ -148,7 +152,9 @@ class SDEBlock(nn.Module):
         paths: with noise on, integrate ``paths`` independent paths per sample and return their mean.
         channels: number of noise channels when the field declares no ``state_shape``.
 
-    After each call, :attr:`stats` holds ``nfe_forward`` (drift plus diffusion evaluations), ``nfe_backward``
+    Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.solution.Solution` with the
+    states at requested grid times too. After each call, :attr:`stats` holds ``nfe_forward`` (drift plus
+    diffusion evaluations), ``nfe_backward``
     (evaluations of the adjoint solve, or vector-Jacobian products through recorded evaluations for
     ``backprop``; filled in by ``backward()``) and ``steps_forward`` / ``steps_backward`` (the steps of the fixed
     grid; with ``adaptive`` their subdivisions show only in the evaluation counts).
@@ -161,10 +167,10 @@ class SDEBlock(nn.Module):
         sigma: float | torch.Tensor = 0.1,
         T: float | None = None,
         method: str = "euler",
-        dt: float | None = None,
+        step_size: float | None = None,
         adaptive: bool = False,
-        rtol: float = 1e-5,
-        atol: float = 1e-4,
+        rtol: float | None = None,
+        atol: float | None = None,
         sde_type: str | None = None,
         gradient: str = "adjoint",
         adjoint_method: str | None = None,
@@ -173,21 +179,8 @@ class SDEBlock(nn.Module):
         paths: int = 1,
         channels: int | None = None,
     ):
-        super().__init__()
-        if not isinstance(field, nn.Module) or not callable(getattr(field, "forward", None)):
-            raise TypeError(f"`field` must be an nn.Module with forward(t, y), got {type(field).__name__}.")
-        self.field = field
+        super().__init__(field, T)
         grid = getattr(field, "grid", None)
-        if T is None:
-            if grid is None:
-                raise ValueError("`T` is required for a field without a time grid.")
-            T = grid.T
-        self.T = check_positive("T", T, "T is the end time of the integration over [0, T].")
-        if grid is not None and grid.L > 1 and abs(self.T - grid.T) > 1e-12 * grid.T:
-            raise ValueError(
-                f"`T`={self.T} differs from the field's T={grid.T}, over which its {grid.L} parameter pieces "
-                "are laid out; leave `T` unset or build the field with this T."
-            )
         if noise not in NOISES:
             raise ValueError(f"`noise` must be one of {NOISES} (g = σ ⊙ y, g = σ, g = 0), got {noise!r}.")
         self.noise = noise
@@ -215,10 +208,15 @@ class SDEBlock(nn.Module):
             raise ValueError("`adjoint_method` applies to gradient='adjoint' only; drop it or set gradient='adjoint'.")
         levy = {_LEVY[m] for m in (method, self.adjoint_method) if m in _LEVY}
         self._levy = "foster" if "foster" in levy else (levy.pop() if levy else "none")
-        if dt is not None:
-            check_positive("dt", dt, "It is the largest step of the fixed-step SDE solver; it must be > 0.")
-        self.dt = dt
+        if step_size is not None:
+            check_positive("step_size", step_size, "It is the largest step of the fixed-step SDE solver.")
+        self.step_size = step_size
         self.adaptive = bool(adaptive)
+        if not self.adaptive and (rtol is not None or atol is not None):
+            raise ValueError("`rtol`/`atol` control adaptive stepping; with adaptive=False they would be ignored. "
+                             "Drop them, or pass adaptive=True.")
+        rtol = 1e-5 if rtol is None else rtol
+        atol = 1e-4 if atol is None else atol
         if self.adaptive:
             if method == "reversible_heun":
                 raise ValueError("`adaptive=True` is not supported with method='reversible_heun' (torchsde does not "
@@ -230,7 +228,7 @@ class SDEBlock(nn.Module):
             check_positive("atol", atol, "It is the absolute tolerance of adaptive stepping.")
         self.rtol, self.atol = float(rtol), float(atol)
         bounds = grid.boundaries.tolist() if grid is not None else [0.0, self.T]
-        self.register_buffer("_grid", aligned_grid(bounds, dt), persistent=False)
+        self.register_buffer("_grid", aligned_grid(bounds, step_size), persistent=False)
         self._steps_per_piece = (len(self._grid) - 1) // max(len(bounds) - 1, 1)
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
             raise ValueError(f"`seed` must be a non-negative integer or None, got {seed!r}.")
@@ -300,6 +298,11 @@ class SDEBlock(nn.Module):
         return self._stats.as_dict()
 
     @property
+    def times(self) -> torch.Tensor:
+        """The step grid (float64): the times at which :meth:`solve` can save the state."""
+        return self._grid.clone()
+
+    @property
     def stochastic(self) -> bool:
         """Whether the next call integrates with noise."""
         return self.noise is not None and (self.training or self.noise_at_eval)
@@ -317,7 +320,18 @@ class SDEBlock(nn.Module):
         ``k`` of sample ``i`` is row ``k · batch + i``) to use instead of the block's seeded one, with the Lévy-area
         approximation that ``method`` needs (``srk``: space-time, ``log_ode``: foster); ignored without noise.
         """
-        self._prepare(y0, u)
+        return self.solve(y0, u, bm=bm).y
+
+    def solve(self, y0: torch.Tensor, u: torch.Tensor | None = None, t=None, bm=None) -> Solution:
+        """As calling the block, and the (path-averaged) states at times ``t``, which must be points of the step
+        grid :attr:`times` (the block never interpolates a Brownian path)."""
+        bound = self.bind(y0, u)
+        if self.rho is not None and (y0.dim() < 2 or y0.shape[1] != self.rho.shape[0]):
+            raise ValueError(
+                f"`y0` has {y0.shape[1] if y0.dim() > 1 else 0} channels but `sigma` has {self.rho.shape[0]}; "
+                "build the block with matching `channels`."
+            )
+        save = None if t is None else self._save_indices(t)
         stochastic = self.stochastic
         paths = self.paths if stochastic else 1
         shape = tuple(y0.shape[1:])
@@ -325,10 +339,12 @@ class SDEBlock(nn.Module):
         y = y0.reshape(batch, -1)
         if paths > 1:
             y = y.repeat(paths, 1)
+            if u is not None:
+                bound = BoundField(self.field, u.repeat(paths, *([1] * (u.dim() - 1))))
         self._stats = SolverStats()
         rho = self.rho if stochastic else None
         pieces = getattr(getattr(self.field, "grid", None), "L", 1)
-        sdes = [_SDE(self.field, shape, rho, self.noise == "diagonal", self.sde_type, self._stats,
+        sdes = [_SDE(bound, shape, rho, self.noise == "diagonal", self.sde_type, self._stats,
                      count_vjp=self.gradient == "backprop", l=l) for l in range(pieces)]
         grid = self._grid.to(device=y.device, dtype=y.dtype)
         if bm is None or not stochastic:
@@ -338,15 +354,37 @@ class SDEBlock(nn.Module):
         elif tuple(getattr(bm, "shape", ())) != tuple(y.shape):
             raise ValueError(f"`bm` must have shape {tuple(y.shape)} (paths · batch, numel per sample), got "
                              f"{tuple(getattr(bm, 'shape', ()))}.")
-        y = self._integrate(sdes, y, grid, bm)
+        extra = [u] if u is not None and u.requires_grad else []
+        states = self._integrate(sdes, y, grid, bm, extra)
         self._stats.steps_forward = len(grid) - 1
         for sde in sdes:
             sde.backward_phase = True
+        y = states[-1]
         if y.requires_grad:
             steps = len(grid) - 1
             y.register_hook(lambda g: setattr(self._stats, "steps_backward", steps))
-        y = y.reshape(paths, batch, *shape)
-        return y[0] if paths == 1 else y.mean(0)
+
+        def average(z: torch.Tensor) -> torch.Tensor:
+            z = z.reshape(paths, batch, *shape)
+            return z[0] if paths == 1 else z.mean(0)
+
+        ys = ts = None
+        if save is not None:
+            ys = torch.stack([average(states[i]) for i in save])
+            ts = self._grid[save].clone()
+        return Solution(y=average(y), ts=ts, ys=ys, stats=self._stats.as_dict())
+
+    def _save_indices(self, t) -> list[int]:
+        tt = self.check_times(t, self.T)
+        grid = self._grid
+        idx = []
+        for ti in tt.tolist():
+            j = int(torch.argmin((grid - ti).abs()))
+            if abs(float(grid[j]) - ti) > 1e-12 * max(1.0, self.T):
+                raise ValueError(f"`t`={ti} is not a point of the step grid; an SDE block saves states only at "
+                                 "its grid times (`block.times`). Choose those, or a `step_size` that divides them.")
+            idx.append(j)
+        return idx
 
     # -- internals ------------------------------------------------------------------------------------
     def _entropy(self) -> int:
@@ -356,13 +394,16 @@ class SDEBlock(nn.Module):
             return int(torch.randint(0, 2**31 - 1, ()))
         return int(np.random.SeedSequence([self.seed, k]).generate_state(1)[0])
 
-    def _integrate(self, sdes: list[_SDE], y: torch.Tensor, grid: torch.Tensor, bm) -> torch.Tensor:
+    def _integrate(self, sdes: list[_SDE], y: torch.Tensor, grid: torch.Tensor, bm, extra_params: list
+                   ) -> list[torch.Tensor]:
         # One torchsde call per step with dt >= the step: torchsde clamps the step to the end of `ts`, so every
         # step (forward and the adjoint's reverse) lands exactly on the grid and each piece keeps its parameters.
         # The solver's extra state (reversible_heun's stored f, g) is carried across the steps of one piece and
         # restarted at each piece boundary, where the parameters jump.
-        params = [p for p in self.parameters() if p.requires_grad]
+        # the call's input u is differentiated too (the adjoint's vector-Jacobian products reach it)
+        params = [p for p in self.parameters() if p.requires_grad] + list(extra_params)
         extra = None
+        states = [y]
         big = float(self.T)
         tol = dict(adaptive=self.adaptive, rtol=self.rtol, atol=self.atol)
         for i in range(len(grid) - 1):
@@ -388,25 +429,9 @@ class SDEBlock(nn.Module):
                     ys, extra = torchsde.sdeint(sde, y, ts, bm=bm, method=self.method, dt=dt,
                                                 extra_solver_state=extra, extra=True, **tol)
             y = ys[-1]
-        return y
-
-    def _prepare(self, y0: torch.Tensor, u: torch.Tensor | None) -> None:
-        if hasattr(self.field, "check_state"):
-            self.field.check_state(y0, "y0")
-        elif not isinstance(y0, torch.Tensor) or y0.dim() < 2:
-            raise ValueError("`y0` must be a tensor of shape (batch, ...).")
-        if self.rho is not None and (y0.dim() < 2 or y0.shape[1] != self.rho.shape[0]):
-            raise ValueError(
-                f"`y0` has {y0.shape[1] if y0.dim() > 1 else 0} channels but `sigma` has {self.rho.shape[0]}; "
-                "build the block with matching `channels`."
-            )
-        if u is not None:
-            if not hasattr(self.field, "bind"):
-                raise TypeError(f"`u` was given but {type(self.field).__name__} takes no input; drop `u`.")
-            self.field.bind(u)
-        elif getattr(self.field, "needs_input", False) and getattr(self.field, "u", None) is None:
-            raise ValueError(f"{type(self.field).__name__} needs a block input: pass `u=` or call `field.bind(u)`.")
+            states.append(y)
+        return states
 
     def extra_repr(self) -> str:
         return (f"noise={self.noise!r}, T={self.T}, method={self.method!r}, sde_type={self.sde_type!r}, "
-                f"gradient={self.gradient!r}, dt={self.dt}, adaptive={self.adaptive}, paths={self.paths}")
+                f"gradient={self.gradient!r}, step_size={self.step_size}, adaptive={self.adaptive}, paths={self.paths}")

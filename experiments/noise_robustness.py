@@ -57,7 +57,7 @@ def build(noise: bool, s: dict, seed: int) -> Classifier:
         readout_seed = int(torch.randint(0, 2**31 - 1, ()))
     h = s["T"] / s["L"]
     if noise:
-        block = SDEBlock(field, noise="additive", sigma=s["sigma"], method="euler", dt=h, gradient="backprop",
+        block = SDEBlock(field, noise="additive", sigma=s["sigma"], method="euler", step_size=h, gradient="backprop",
                          seed=seed)
         block.rho.requires_grad_(False)
     else:

@@ -51,6 +51,18 @@ class SolverStats:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    # read like a dict (``stats["nfe_forward"]``): a Solution's stats stay live, so backward counts appear later
+    def __getitem__(self, key: str) -> int:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(f"{key!r}; the counts are {sorted(self.__dataclass_fields__)}")
+        return getattr(self, key)
+
+    def keys(self):
+        return self.as_dict().keys()
+
+    def items(self):
+        return self.as_dict().items()
+
 
 def check_method(method: str) -> str:
     if method not in ADAPTIVE_METHODS and method not in FIXED_METHODS:

@@ -52,7 +52,8 @@ def skew(n, seed):
 
 @pytest.mark.parametrize("method", ["dopri5", "rk4", "euler", "bosh3"])
 def test_constant_field_is_exact(f64, method):
-    block = ODEBlock(Constant([1.5, -2.0], T=2.0), method=method, rtol=1e-9, atol=1e-9)
+    tol = dict(rtol=1e-9, atol=1e-9) if method in ("dopri5", "bosh3") else {}
+    block = ODEBlock(Constant([1.5, -2.0], T=2.0), method=method, **tol)
     y0 = torch.tensor([[0.25, 1.0]])
     assert torch.allclose(block(y0), y0 + 2.0 * torch.tensor([1.5, -2.0]), atol=1e-12, rtol=0)
 
@@ -63,7 +64,7 @@ def test_linear_skew_against_expm(f64, gradient):
     block = ODEBlock(Linear(A, T=2.0), rtol=1e-11, atol=1e-12, gradient=gradient)
     y0 = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
     t = torch.tensor([0.0, 0.5, 1.3, 2.0])
-    ys = block.trajectory(y0, t)
+    ys = block.solve(y0, t=t).ys
     for k, tk in enumerate(t.tolist()):
         exact = y0 @ torch.from_numpy(expm(A.numpy() * tk)).T
         assert torch.allclose(ys[k], exact, atol=1e-9, rtol=0)

@@ -34,10 +34,10 @@ def test_zero_noise_equals_ode_block(f64, method, ode_method):
     field = _friction()
     y0 = torch.randn(6, 3)
     ode = ODEBlock(field, method=ode_method, step_size=0.05, gradient="backprop")(y0)
-    sde = SDEBlock(field, noise=None, method=method, dt=0.05)(y0)
+    sde = SDEBlock(field, noise=None, method=method, step_size=0.05)(y0)
     assert (sde - ode).abs().max().item() < 1e-6
     # Eval mode with noise_at_eval=False integrates the same drift ODE although the block has noise.
-    noisy = SDEBlock(field, noise="diagonal", sigma=0.5, method=method, dt=0.05).eval()
+    noisy = SDEBlock(field, noise="diagonal", sigma=0.5, method=method, step_size=0.05).eval()
     assert (noisy(y0) - ode).abs().max().item() < 1e-6
     # Default grid: one step per parameter piece, as ODEBlock's fixed-step default.
     assert (SDEBlock(field, noise=None)(y0) - ODEBlock(field, method="euler")(y0)).abs().max().item() < 1e-6
@@ -47,7 +47,7 @@ def test_ornstein_uhlenbeck_moments(f64):
     # dy = −θ y dt + σ dW: y(T) ~ N(y0 e^{−θT}, σ²(1 − e^{−2θT}) / (2θ)). Euler-Maruyama bias at dt = 0.02 is
     # ~θ² dt T e^{−θT} / 2 ≈ 0.004 on the mean, below one standard error (≈ 0.005 for 4000 paths).
     theta, sigma, y0, T, n = 1.0, 0.5, 1.0, 1.0, 4000
-    block = SDEBlock(Linear(theta), noise="additive", sigma=sigma, method="euler", dt=0.02, seed=11)
+    block = SDEBlock(Linear(theta), noise="additive", sigma=sigma, method="euler", step_size=0.02, seed=11)
     with torch.no_grad():
         yT = block(torch.full((n, 1), y0))[:, 0]
     mean, var = y0 * math.exp(-theta * T), sigma**2 * (1 - math.exp(-2 * theta * T)) / (2 * theta)
@@ -57,7 +57,7 @@ def test_ornstein_uhlenbeck_moments(f64):
 
 
 def _grads(field, y0, dt, gradient):
-    block = SDEBlock(field, noise="diagonal", sigma=0.3, method="midpoint", dt=dt, seed=7, gradient=gradient)
+    block = SDEBlock(field, noise="diagonal", sigma=0.3, method="midpoint", step_size=dt, seed=7, gradient=gradient)
     field.zero_grad()
     block(y0).pow(2).sum().backward()
     return torch.cat([block.rho.grad] + [p.grad.flatten() for p in field.parameters()]), block.stats
@@ -102,8 +102,8 @@ def test_adaptive_error_follows_tolerance(f64):
 def test_seeded_runs_repeat(f64):
     field = _friction()
     y0 = torch.randn(5, 3)
-    a = SDEBlock(field, sigma=0.4, seed=3, dt=0.1)
-    b = SDEBlock(field, sigma=0.4, seed=3, dt=0.1)
+    a = SDEBlock(field, sigma=0.4, seed=3, step_size=0.1)
+    b = SDEBlock(field, sigma=0.4, seed=3, step_size=0.1)
     first, second = a(y0), a(y0)
     assert torch.equal(first, b(y0)) and torch.equal(second, b(y0))
     assert (first - second).abs().max().item() > 1e-3  # a new path at each call
@@ -116,7 +116,7 @@ def test_given_brownian_path(f64):
     # whatever the block's seed.
     y0 = torch.randn(3, 2)
     bm = torchsde.BrownianInterval(t0=0.0, t1=1.0, size=(3, 2), dtype=torch.float64, entropy=5)
-    block = SDEBlock(Linear(0.0, dim=2), noise="additive", sigma=torch.tensor([0.2, 0.7]), dt=0.1, seed=9)
+    block = SDEBlock(Linear(0.0, dim=2), noise="additive", sigma=torch.tensor([0.2, 0.7]), step_size=0.1, seed=9)
     expected = y0 + torch.tensor([0.2, 0.7]) * bm(0.0, 1.0)
     assert (block(y0, bm=bm) - expected).abs().max().item() < 1e-12
     with pytest.raises(ValueError, match="`bm` must have shape \\(3, 2\\)"):
@@ -128,8 +128,8 @@ def test_paths_average_reduces_variance(f64):
     field = Linear(1.0)
     y0 = torch.zeros(2000, 1)
     with torch.no_grad():
-        one = SDEBlock(field, noise="additive", sigma=1.0, dt=0.25, seed=1)(y0).var().item()
-        avg = SDEBlock(field, noise="additive", sigma=1.0, dt=0.25, seed=2, paths=16)(y0).var().item()
+        one = SDEBlock(field, noise="additive", sigma=1.0, step_size=0.25, seed=1)(y0).var().item()
+        avg = SDEBlock(field, noise="additive", sigma=1.0, step_size=0.25, seed=2, paths=16)(y0).var().item()
     assert abs(avg * 16 / one - 1) < 3 * 2 * math.sqrt(2 / 1999)
 
 
@@ -141,8 +141,8 @@ def test_validation_errors():
         SDEBlock(field, sigma=0.0)
     with pytest.raises(ValueError, match="`sigma` must be a number or have shape \\(3,\\)"):
         SDEBlock(field, sigma=torch.ones(2))
-    with pytest.raises(ValueError, match="`dt` must be a finite number > 0"):
-        SDEBlock(field, dt=-0.1)
+    with pytest.raises(ValueError, match="`step_size` must be a finite number > 0"):
+        SDEBlock(field, step_size=-0.1)
     with pytest.raises(ValueError, match="`T` must be a finite number > 0"):
         SDEBlock(Linear(1.0), T=0.0)
     with pytest.raises(ValueError, match="`T`=2.0 differs from the field's T"):

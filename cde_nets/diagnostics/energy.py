@@ -56,7 +56,7 @@ def energy_trajectory(
     """Energy ``H(y(t), t)`` and extended energy ``E(t)`` along the block's trajectory (see module docstring).
 
     Args:
-        block: an :class:`~cde_nets.ODEBlock` (any solver; its ``trajectory`` is used).
+        block: an :class:`~cde_nets.ODEBlock` (any solver; its ``solve(y0, t=...)`` is used).
         y0: ``(batch, n)`` initial states.
         t: increasing times starting at 0 within ``[0, T]``; piece boundaries are added internally.
         energy: per-piece energy ``(l, y) -> (batch,)``; default ``block.field.energy_at``.
@@ -68,7 +68,7 @@ def energy_trajectory(
     field = block.field
     energy = _energy_fn(field, energy)
     merged, index = merge_times(field, t, block.T)
-    ys = block.trajectory(y0, torch.tensor(merged, dtype=torch.float64))
+    ys = block.solve(y0, t=torch.tensor(merged, dtype=torch.float64)).ys
     grid = getattr(field, "grid", None)
     bounds = set(grid.jumps.tolist()) if grid is not None else set()
     H, E, jumps = [], [], []

@@ -8,13 +8,10 @@ A field is an ``nn.Module`` with ``forward(t, y)`` (torchdiffeq's convention, so
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import nn
 
-from solvers.errors import check_finite
+from cde_nets.solvers.errors import check_finite
 
 from ..pieces import TimeGrid
 
@@ -31,7 +28,8 @@ class Field(nn.Module):
       Hamiltonian fields); ``None`` otherwise.
     - ``order``: ``k`` when the state is ``(x, x', ..., x^(k-1))`` stacked along the last feature axis.
     - ``hamiltonian``: has ``energy(t, y)``.
-    - ``needs_input``: non-autonomous in an input ``u`` that must be bound before integrating (NAIS).
+    - ``needs_input``: driven by a per-sample block input ``u`` of shape ``(batch, *input_shape)``, passed with
+      every call: ``forward(t, y, u)`` and ``evaluate(l, y, u)`` (NAIS).
     - ``kind``: which row of the solver ↔ architecture map applies (SPEC §6).
     """
 
@@ -40,6 +38,7 @@ class Field(nn.Module):
     order: int = 1
     hamiltonian: bool = False
     needs_input: bool = False
+    input_shape: tuple[int | None, ...] = ()
     kind: str = "generic"  # row of the solver ↔ architecture map (solvers.architectures)
     separable: bool = False  # p' depends on q only and q' on p only: evaluate_half is available
     _memo: dict | None = None  # live only inside cde_nets.pieces.gathered (one forward call)
@@ -62,8 +61,15 @@ class Field(nn.Module):
         """True when the parameters do not depend on time (one piece)."""
         return self.grid.L == 1
 
-    def forward(self, t: torch.Tensor | float, y: torch.Tensor) -> torch.Tensor:
-        return self.evaluate(self.grid.index(t), y)
+    def forward(self, t: torch.Tensor | float, y: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        """``F(t, y)`` (or ``F(t, y, u)`` for a field with ``needs_input``): the piece in force at ``t``."""
+        if u is None:
+            if self.needs_input:
+                raise ValueError(f"{type(self).__name__} needs its block input: call it as field(t, y, u).")
+            return self.evaluate(self.grid.index(t), y)
+        if not self.needs_input:
+            raise TypeError(f"{type(self).__name__} takes no input `u`; call it as field(t, y).")
+        return self.evaluate(self.grid.index(t), y, u)
 
     def memo(self, key, compute):
         """``compute()``, computed once per :func:`~cde_nets.pieces.gathered` call for a hashable ``key``
@@ -75,8 +81,9 @@ class Field(nn.Module):
             self._memo[key] = compute()
         return self._memo[key]
 
-    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
-        """``F(y)`` with the parameters of piece ``l``; ``y`` has shape ``(batch, *state_shape)``."""
+    def evaluate(self, l: int, y: torch.Tensor, *u: torch.Tensor) -> torch.Tensor:
+        """``F(y)`` with the parameters of piece ``l``; ``y`` has shape ``(batch, *state_shape)``. Fields with
+        ``needs_input`` take the block input as a third argument: ``evaluate(l, y, u)``."""
         raise NotImplementedError
 
     def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
@@ -90,19 +97,35 @@ class Field(nn.Module):
         f = self.evaluate(l, y)
         return f[..., :n_p] if part == 0 else f[..., n_p:]
 
-    @contextmanager
-    def rows(self, idx: torch.Tensor) -> Iterator[Field]:
-        """Restrict per-sample data bound to the field (e.g. NAIS's input ``u``) to batch rows ``idx``.
-
-        Per-sample stopping compacts the batch; fields holding per-sample data override this. Default: no-op.
-        """
-        yield self
-
     def evaluate_half(self, l: int, z: torch.Tensor, part: int) -> torch.Tensor:
         """Separable fields: ``p'`` from ``z = q`` (``part=0``) or ``q'`` from ``z = p`` (``part=1``)."""
         raise TypeError(f"{type(self).__name__} is not separable; use `evaluate_part`.")
 
     # -- validation ---------------------------------------------------------------------------------
+    def check_input(self, u: torch.Tensor | None, batch: int, name: str = "u") -> None:
+        """Raise an error naming ``name`` unless ``u`` is what this field takes: ``None`` for a field without
+        input, a finite ``(batch, *input_shape)`` floating-point tensor for one with ``needs_input``."""
+        if not self.needs_input:
+            if u is not None:
+                raise TypeError(f"`{name}` was given but {type(self).__name__} takes no block input; drop `{name}`.")
+            return
+        if u is None:
+            raise ValueError(f"{type(self).__name__} needs its block input: pass `{name}=` (shape (batch, "
+                             f"{', '.join('*' if w is None else str(w) for w in self.input_shape)})).")
+        if not isinstance(u, torch.Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(u).__name__}.")
+        want = tuple(self.input_shape)
+        if u.dim() != len(want) + 1 or any(w is not None and w != s for w, s in zip(want, u.shape[1:])):
+            sizes = ", ".join("*" if w is None else str(w) for w in want)
+            raise ValueError(f"`{name}` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, "
+                             f"{sizes}); pass an input of that shape or build the field with matching input size.")
+        if u.shape[0] != batch:
+            raise ValueError(f"`{name}` has batch {u.shape[0]} but the state has batch {batch}; pass the input "
+                             "of this batch.")
+        if not u.is_floating_point():
+            raise TypeError(f"`{name}` must be a floating-point tensor, got {u.dtype}.")
+        check_finite(name, u)
+
     def check_state(self, y: torch.Tensor, name: str = "y0") -> None:
         """Raise a ``ValueError`` naming ``name`` if ``y`` is not ``(batch, *state_shape)`` or not finite."""
         if not isinstance(y, torch.Tensor):

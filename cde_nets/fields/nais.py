@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
-from solvers.errors import check_positive
+from cde_nets.solvers.errors import check_positive
 
 from ..pieces import Pieces
 from .activations import DERIVATIVES, resolve_activation
@@ -19,59 +17,17 @@ __all__ = ["NAIS", "NAISConv"]
 
 
 class _Input(Field):
-    """Holds the block input ``u`` bound per batch; restricts it to compacted rows for per-sample stopping."""
+    """A field driven by a per-sample block input ``u``, passed with every call: ``forward(t, x, u)``,
+    ``evaluate(l, x, u)``. Nothing is stored on the module, so gradients reach ``u`` in every mode."""
 
     needs_input = True
     kind = "nais"
-    input_shape: tuple[int | None, ...] = ()
 
-    def bind(self, u: torch.Tensor) -> _Input:
-        """Bind the block input ``u`` (``(batch, *input_shape)``) for the next solves; returns the field."""
-        if not isinstance(u, torch.Tensor):
-            raise TypeError(f"`u` must be a torch.Tensor, got {type(u).__name__}.")
-        want = self.input_shape
-        if u.dim() != len(want) + 1 or any(w is not None and w != s for w, s in zip(want, u.shape[1:])):
-            sizes = ", ".join("*" if w is None else str(w) for w in want)
+    def _check_batch(self, x: torch.Tensor, u: torch.Tensor) -> None:
+        if u.shape[0] != x.shape[0]:
             raise ValueError(
-                f"`u` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, {sizes}); "
-                "bind the block input with that shape (or build the field with matching input size)."
+                f"`u` has batch {u.shape[0]} but the state has batch {x.shape[0]}; pass the input of this batch."
             )
-        self.u = u
-        self._rows_cache = None
-        return self
-
-    @contextmanager
-    def rows(self, idx: torch.Tensor) -> Iterator[Field]:
-        """Within the block the field sees ``u[idx]``: the input rows of a compacted batch."""
-        u = self._u_for(None)
-        # A stopping loop passes the same idx tensor until the batch shrinks: gather u once per compaction.
-        key = (idx, u, torch.is_grad_enabled())
-        cache = getattr(self, "_rows_cache", None)
-        if cache is not None and all(a is b for a, b in zip(cache[0], key)):
-            rows = cache[1]
-        else:
-            rows = u[idx]
-            object.__setattr__(self, "_rows_cache", (key, rows))
-        # u is a plain attribute (never a buffer): skip nn.Module.__setattr__'s checks on this per-step path
-        object.__setattr__(self, "u", rows)
-        try:
-            yield self
-        finally:
-            object.__setattr__(self, "u", u)
-
-    def _u_for(self, x: torch.Tensor | None) -> torch.Tensor:
-        u = getattr(self, "u", None)
-        if u is None:
-            raise ValueError(
-                f"{type(self).__name__} needs its block input: call `field.bind(u)` (or pass `u=` to "
-                "the block) before integrating."
-            )
-        if x is not None and u.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"the bound `u` has batch {u.shape[0]} but the state has batch {x.shape[0]}; bind the "
-                "input of this batch."
-            )
-        return u
 
 
 class NAIS(_Input):
@@ -79,9 +35,8 @@ class NAIS(_Input):
     block (eq. N3) ``x(k+1) = x(k) + h σ(A x(k) + B u + b)``. ``u`` is ``(batch, input_dim)``; ``x`` is
     ``(batch, dim)``.
 
-    The block input is bound per batch with :meth:`bind` (``field.bind(u)`` returns the field), so
-    ``forward(t, x)`` keeps torchdiffeq's signature; :meth:`rows` restricts it to the rows of a compacted
-    batch (per-sample stopping). ``R``, ``B``, ``b`` are :class:`~cde_nets.pieces.Pieces` (``layers = 1``: the
+    The block input travels with each call: ``field(t, x, u)``; blocks pass it on (``block(x0, u=u)``).
+    ``R``, ``B``, ``b`` are :class:`~cde_nets.pieces.Pieces` (``layers = 1``: the
     time-invariant block of the paper).
 
     ``delta`` is Alg. N1's bound on ``‖RᵀR‖_F``: default ``1 − 2ε`` (Theorem N2: Condition N1 for ``h <= 1``
@@ -126,7 +81,6 @@ class NAIS(_Input):
             init=lambda w: w.normal_(0, 1 / math.sqrt(input_dim), generator=generator),
         )
         self.b = Pieces(self.grid, (dim,))
-        self.u = None
 
     def A(self, l: int) -> torch.Tensor:
         """``A_l = −R_lᵀR_l − εI`` (eq. N13); built once per call of a discrete block (every step shares it)."""
@@ -137,14 +91,14 @@ class NAIS(_Input):
 
         return self.memo(("A", l), build)
 
-    def preactivation(self, l: int, x: torch.Tensor) -> torch.Tensor:
-        u = self._u_for(x)
+    def preactivation(self, l: int, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        self._check_batch(x, u)
         # B u + b is constant over the block's steps (for the rows in play): once per call and compaction
         drive = self.memo(("Bu+b", l, u), lambda: torch.addmm(self.b[l], u, self.B[l].T))
         return torch.addmm(drive, x, self.A(l).T)
 
-    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
-        return self.sigma(self.preactivation(l, x))
+    def evaluate(self, l: int, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return self.sigma(self.preactivation(l, x, u))
 
     @torch.no_grad()
     def project_(self) -> NAIS:
@@ -164,11 +118,10 @@ class NAIS(_Input):
         return self
 
     @torch.no_grad()
-    def stability_margin(self, x: torch.Tensor, h: float | None = None, l: int = 0) -> float:
-        """Condition N1 (eq. N8) checked on a batch: ``max_x ρ(I + h σ'(A x + B u + b) A)`` for the bound
-        ``u``.
+    def stability_margin(self, x: torch.Tensor, u: torch.Tensor, h: float | None = None, l: int = 0) -> float:
+        """Condition N1 (eq. N8) checked on a batch: ``max_x ρ(I + h σ'(A x + B u + b) A)``.
 
-        ``x``: ``(batch, dim)``; ``h``: the step (default the grid's ``T / layers``); ``l``: the piece. The
+        ``x``: ``(batch, dim)``; ``u``: ``(batch, input_dim)``; ``h``: the step (default the grid's ``T / layers``); ``l``: the piece. The
         eigenvalues of the batch of Jacobians (eq. N6) come from one batched ``torch.linalg.eigvals``. Below 1
         the forward-Euler block contracts towards its input-dependent equilibrium at every ``x`` of the batch.
         """
@@ -176,7 +129,7 @@ class NAIS(_Input):
             raise NotImplementedError(f"no derivative known for activation {self.activation_name!r}.")
         h = self.grid.h if h is None else check_positive("h", h, "It is the step of the Euler block.")
         self.check_state(x, "x")
-        D = DERIVATIVES[self.activation_name](self.preactivation(l, x))
+        D = DERIVATIVES[self.activation_name](self.preactivation(l, x, u))
         M = torch.eye(self.dim, dtype=x.dtype) + h * D[:, :, None] * self.A(l)[None]
         return float(torch.linalg.eigvals(M).abs().max())
 
@@ -225,7 +178,6 @@ class NAISConv(_Input):
         centre = torch.zeros(channels, channels, kernel_size, kernel_size)
         centre[range(channels), range(channels), kernel_size // 2, kernel_size // 2] = 1.0
         self.register_buffer("centre", centre, persistent=False)
-        self.u = None
         self.project_()
 
     def kernel(self, l: int) -> torch.Tensor:
@@ -236,12 +188,12 @@ class NAISConv(_Input):
 
         return self.memo(("kernel", l), build)
 
-    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
-        u = self._u_for(x)
+    def evaluate(self, l: int, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        self._check_batch(x, u)
         if u.shape[2:] != x.shape[2:]:
             raise ValueError(
-                f"the bound `u` has spatial size {tuple(u.shape[2:])} but the state has "
-                f"{tuple(x.shape[2:])}; bind an input of the state's size."
+                f"`u` has spatial size {tuple(u.shape[2:])} but the state has "
+                f"{tuple(x.shape[2:])}; pass an input of the state's size."
             )
         pad = self.k // 2
         drive = self.memo(("D*u+b", l, u), lambda: F.conv2d(u, self.D[l], self.b[l], padding=pad))
