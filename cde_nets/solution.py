@@ -20,8 +20,8 @@ class Solution:
         ts: the times at which states were saved (float64, increasing), or ``None`` when only ``y`` was asked
             for. In discrete mode layer ``l`` sits at time ``l h``, so both modes share one time axis.
         ys: the saved states, ``(len(ts), batch, *state_shape)``, or ``None``.
-        stats: counts of the solve (read like a dict) — ``nfe_forward``, ``nfe_backward`` (filled in when ``backward()`` runs),
-            ``steps_forward``, ``rejected_forward``, ``steps_backward``, ``rejected_backward``. In discrete mode
+        stats: counts of the solve (read like a dict) — ``nfe_forward``, ``nfe_backward`` (filled in when
+            ``backward()`` runs), ``steps_forward``, ``rejected_forward``, ``steps_backward``, ``rejected_backward``. In discrete mode
             a step is a layer and ``nfe`` counts field evaluations (rows of the batch are not counted).
         stop_times: per-sample stopping times ``(batch,)`` float64 when the block stops each sample on its own
             (``stop=``), else ``None``.

@@ -59,3 +59,20 @@ def test_pairing_detects_a_non_symplectic_matrix(f64):
     assert singular_value_pairing(torch.diag(torch.tensor([2.0, 1.0, 1.0, 1.0])))[()] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="even size"):
         singular_value_pairing(torch.eye(3))
+
+
+def test_continuous_bsm_preserves_a_non_canonical_J(f64):
+    """The flow of y' = J ∇H preserves any skew J as Φ J Φᵀ = J; with a learned (non-canonical) J the old test
+    ΦᵀJΦ = J reported defects of 27-132 for this exactly Poisson flow."""
+    g = torch.Generator().manual_seed(2)
+    field = Hamiltonian(4, layers=2, T=1.0, J="learned", init_std=1.0, generator=g)
+    with torch.no_grad():
+        for p in field.parameters():
+            p.normal_(0, 1.0, generator=g)
+    J = field.J
+    assert (J @ J + torch.eye(4)).abs().max() > 0.1  # genuinely non-canonical
+    block = ODEBlock(field, rtol=1e-11, atol=1e-12)
+    r = continuous_bsm(block, torch.randn(3, 4, generator=g), [0.5, 1.0], J=J.detach(), matrices=True)
+    assert r["symplecticity_defect"].max() < 1e-7
+    Phi = r["Phi"]
+    assert (Phi.transpose(-1, -2) @ J @ Phi - J).abs().max() > 1e-2  # the other form does not hold here

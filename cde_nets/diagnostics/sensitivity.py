@@ -1,9 +1,12 @@
-r"""Backward sensitivity matrices (BSMs) and their symplectic structure (SPEC §2; H sections III-IV).
+r"""Backward sensitivity matrices (BSMs) and their symplectic structure (Galimberti et al., sections III-IV).
 
 - Discrete (H eq. 20): ``Φ_ℓ = ∂y_N/∂y_{N−ℓ}`` for every ``ℓ = 1..N`` of a net ``y_{l+1} = Ψ_l(y_l)``. Vanishing
   gradients are ``‖Φ_ℓ‖₂ → 0`` as ``ℓ`` grows; H2-DNN layers are symplectic (Lemma H4, eq. H33), so
   ``‖Φ_ℓ‖₂ ≥ 1`` at every depth.
-- Continuous (Lemma H2, Theorem H1): ``Φ(t) = ∂y(T)/∂y(T−t)`` satisfies ``Φᵀ J Φ = J`` and ``‖Φ‖₂ ≥ 1``.
+- Continuous (Galimberti et al., Lemma 2 and Theorem 1): ``Φ(t) = ∂y(T)/∂y(T−t)`` of ``y' = J ∇H`` preserves
+  ``J``: with ``Φ`` the ordinary Jacobian (rows: outputs), ``Φ J Φᵀ = J`` for every skew ``J``; the form
+  ``Φᵀ J Φ = J`` is the same statement only when ``J⁻¹ = −J`` (``J² = −I``, e.g. the canonical ``J``).
+  ``‖Φ‖₂ ≥ 1``.
 - A matrix that is symplectic w.r.t. the canonical ``J = [[0, −I], [I, 0]]`` (which is orthogonal) has singular
   values in reciprocal pairs: sorted decreasingly, ``σ_i σ_{2n+1−i} = 1``.
 
@@ -88,7 +91,7 @@ def continuous_bsm(
         block: :class:`~cde_nets.ODEBlock` (method and tolerances are used; tight tolerances approach the
             exact flow's Jacobian).
         y0: ``(batch, n)``; ``t``: backward horizons in ``(0, T]``.
-        J: if given, adds ``symplecticity_defect`` ``(K, batch)`` = ``‖ΦᵀJΦ − J‖_F``.
+        J: if given, adds ``symplecticity_defect`` ``(K, batch)`` = ``‖Φ J Φᵀ − J‖_F`` (any skew ``J``).
     Returns:
         ``t``, ``norms`` ``(K, batch)`` with ``min``/``mean``/``max`` ``(K,)``, optional ``Phi`` ``(K, batch, n, n)``.
     """
@@ -112,11 +115,13 @@ def continuous_bsm(
 
 
 def symplecticity_defect(Phi: torch.Tensor, J: torch.Tensor) -> torch.Tensor:
-    """``‖Φᵀ J Φ − J‖_F`` for each matrix in ``Phi`` ``(…, n, n)``; zero iff ``Φ`` is ``J``-symplectic."""
+    """``‖Φ J Φᵀ − J‖_F`` for each Jacobian in ``Phi`` ``(…, n, n)`` (rows: outputs); zero iff ``Φ`` preserves the
+    Poisson structure ``J`` of ``y' = J ∇H`` (Galimberti et al., Lemma 2). For the canonical ``J`` this equals
+    ``‖Φᵀ J Φ − J‖_F``, the usual symplecticity condition."""
     if J.shape[-2:] != Phi.shape[-2:]:
         raise ValueError(f"`J` has shape {tuple(J.shape)}, but Phi's matrices are {tuple(Phi.shape[-2:])}.")
     J = J.to(Phi)
-    return torch.linalg.matrix_norm(Phi.transpose(-1, -2) @ J @ Phi - J)
+    return torch.linalg.matrix_norm(Phi @ J @ Phi.transpose(-1, -2) - J)
 
 
 def singular_value_pairing(Phi: torch.Tensor) -> torch.Tensor:
