@@ -322,6 +322,10 @@ class SDEBlock(Block):
         """
         return self.solve(y0, u, bm=bm).y
 
+    # torchdiffeq's and torchsde's step loops are data-dependent control flow with host synchronisation on every
+    # step: under torch.compile the solve runs eagerly and everything around it is compiled (under inductor
+    # the adaptive loop failed outright with a view+inplace error).
+    @torch.compiler.disable
     def solve(self, y0: torch.Tensor, u: torch.Tensor | None = None, t=None, bm=None) -> Solution:
         """As calling the block, and the (path-averaged) states at times ``t``, which must be points of the step
         grid :attr:`times` (the block never interpolates a Brownian path)."""
