@@ -1,9 +1,19 @@
 """The field interface every vector field implements.
 
-A field is an ``nn.Module`` with ``forward(t, y)`` (torchdiffeq's convention, so it also works with plain
-``torchdiffeq.odeint``). Its parameters are :class:`~cde_nets.pieces.Pieces` over one :class:`TimeGrid`;
-``forward(t, y)`` looks up the piece in force and calls ``evaluate(l, y)``, which discrete mode calls directly
-(one scheme step per piece). Capabilities are declared, not guessed: schemes and blocks check them.
+Any ``nn.Module`` with ``forward(t, y)`` runs in continuous mode, and in discrete mode with ``steps=N``. A
+:class:`Field` adds time-varying parameters that both modes share exactly. The contract of a piecewise field:
+
+1. ``super().__init__(T=T, layers=L)`` creates ``self.grid``, the partition of ``[0, T]`` into ``L`` pieces of
+   length ``h = T / L`` (piece ``l`` holds on ``[l h, (l + 1) h)``).
+2. Every time-varying parameter is a :class:`~cde_nets.pieces.Pieces` on that grid (a ``(L, *shape)`` tensor;
+   ``self.W[l]`` is piece ``l``). Parameters that do not vary in time are ordinary ``nn.Parameter``s.
+3. ``evaluate(l, y)`` returns ``F(y)`` with the parameters of piece ``l`` for ``y`` of shape
+   ``(batch, *state_shape)``. ``forward(t, y)`` (inherited) looks up the piece in force at ``t`` and calls it;
+   discrete mode calls ``evaluate`` directly, one scheme step per piece, so no rounding of ``l h`` can pick a
+   neighbouring piece. Continuous mode tells adaptive solvers where the pieces jump.
+4. Declare ``state_shape`` (and, where they apply, the capabilities below); blocks check inputs against it.
+
+``docs/guides/own_field.md`` walks through a complete example in both modes.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ class Field(nn.Module):
     - ``hamiltonian``: has ``energy(t, y)``.
     - ``needs_input``: driven by a per-sample block input ``u`` of shape ``(batch, *input_shape)``, passed with
       every call: ``forward(t, y, u)`` and ``evaluate(l, y, u)`` (NAIS).
-    - ``kind``: which row of the solver ↔ architecture map applies (SPEC §6).
+    - ``kind``: which row of the solver ↔ architecture map (:mod:`cde_nets.solvers.architectures`) applies.
     """
 
     state_shape: tuple[int | None, ...] = ()
