@@ -1,7 +1,8 @@
 """Discrete mode against a hand-written loop of the same layer equations, and against torchdiffeq's fixed grid.
 
 Issue 7, item 1: H1, H2, momentum, cubic-friction and NAIS nets, and a weight-shared NAIS block that stops per
-sample; 64 layers, (dim, batch) in {(4, 256), (64, 1024)}, forward and forward+backward. Goal: <= 1.1x the hand loop. ``python -m cde_nets.benchmarks.discrete_overhead [--tiny]``.
+sample; 64 layers, (dim, batch) in {(4, 256), (64, 1024)}, forward and forward+backward. Goal: <= 1.1x the hand loop.
+``python -m cde_nets.benchmarks.discrete_overhead [--tiny]``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from cde_nets import ODEBlock, discretize
+from cde_nets import ODEBlock, Stop, discretize
 from cde_nets.fields import NAIS, CubicFriction, Hamiltonian
 
 from .common import interleaved_medians, write
@@ -95,7 +96,7 @@ def _cases(dim: int, batch: int, layers: int) -> tuple[torch.Tensor, list]:
     nais_net = discretize(nais, "euler")
     shared = NAIS(dim, dim, layers=1, T=1.0 / layers, generator=g)
     # eps = 1e-300: no sample converges, so the stopping loop runs all `layers` steps of the shared piece
-    stopping = discretize(shared, "euler", stop=dict(eps=1e-300, max_depth=layers))
+    stopping = discretize(shared, "euler", stop=Stop(eps=1e-300, max_depth=layers))
     y0 = torch.randn(batch, dim, generator=g)
     u = torch.randn(batch, dim, generator=g)
     return y0, [
@@ -104,7 +105,7 @@ def _cases(dim: int, batch: int, layers: int) -> tuple[torch.Tensor, list]:
         ("cubic friction", discretize(fr, "euler"), lambda y: hand_friction(fr, y), fr),
         ("momentum", mom, lambda y: hand_momentum(mom, y), None),
         ("NAIS", lambda y: nais_net(y, u), lambda y: hand_nais(nais, y, u), None),
-        ("NAIS shared, per-sample stopping", lambda y: stopping(y, u)[0],
+        ("NAIS shared, per-sample stopping", lambda y: stopping(y, u),
          lambda y: hand_nais_stopping(shared, y, u, layers, 1e-300), None),
     ]
 

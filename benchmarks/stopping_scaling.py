@@ -1,7 +1,7 @@
 """Pattern-dependent stopping: wall time against the fraction of samples that converge early (issue 7, item 4).
 
 A time-invariant NAIS block (one piece, eq. N3) ``x ← x + h tanh(A x + B u + b)`` runs with per-sample stopping
-(``discretize(field, "euler", stop=dict(eps, max_depth))``, SPEC §4, N §5.3). Samples started at their
+(``discretize(field, "euler", stop=Stop(eps, max_depth))``, Ciccone et al. 2018, §5.3). Samples started at their
 equilibrium ``x* = −A⁻¹(B u + b)`` move by ``h |tanh(≈ 0)| < eps`` in the first step and stop at depth 1; the others
 start far from it (slowest decay rate ``ε = 0.01`` of ``A``) and run all ``max_depth`` steps. With the batch
 compacted as samples stop, the work is ``Σ depths`` row-steps, so the goal is time ∝ ``Σ depths``: a least-squares
@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 import torch
 
-from cde_nets import discretize
+from cde_nets import Stop, discretize
 from cde_nets.fields import NAIS
 
 from .common import interleaved_medians, write
@@ -46,19 +46,19 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     eps = 1e-3
     gen = torch.Generator().manual_seed(0)
     field = NAIS(dim, dim, layers=1, T=0.1, generator=gen).project_()  # h = 0.1, Condition N1 holds for h <= 1
-    net = discretize(field, "euler", stop={"eps": eps, "max_depth": max_depth})
+    net = discretize(field, "euler", stop=Stop(eps=eps, max_depth=max_depth))
     cases = []
     for fraction in FRACTIONS:
         x0, u = _inputs(field, batch, fraction, gen)
         with torch.no_grad():
-            _, depths = net(x0, u)
+            depths = net.solve(x0, u).depths
         cases.append((fraction, x0, u, int(depths.sum()), int((depths == 1).sum()), int(depths.max())))
     rows = []
     for mode in ("forward", "forward+backward"):
         def call(x0, u, mode=mode):
             if mode == "forward":
                 return lambda: net(x0, u)
-            return lambda: net(x0, u)[0].square().mean().backward()
+            return lambda: net(x0, u).square().mean().backward()
 
         with torch.set_grad_enabled(mode != "forward"):
             times = interleaved_medians([call(x0, u) for _, x0, u, *_ in cases], repeat, warmup)

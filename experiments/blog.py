@@ -103,10 +103,10 @@ def velocity_buffer(updates: tuple[float, ...] = UPDATES, m: float = 0.5, eta: f
     ``x ← x + v``) residual streams replaying ``updates`` from ``x_0 = 0``."""
     out = {}
     x0 = torch.zeros(1, 1, dtype=torch.float64)
-    for name, net in (("first", discretize(Given(updates), "euler", return_all=True)),
-                      ("second", discretize(Given(updates), "momentum", momentum=(m, eta), return_all=True))):
+    for name, net in (("first", discretize(Given(updates), "euler")),
+                      ("second", discretize(Given(updates), "momentum", momentum=(m, eta)))):
         with torch.no_grad():
-            out[name] = [round(float(s), 12) for s in net(x0.clone())]
+            out[name] = [round(float(s), 12) for s in net.solve(x0.clone(), t=net.times).ys]
     return out
 
 
@@ -117,11 +117,11 @@ class ResidualNet(nn.Module):
         super().__init__()
         self.embed = nn.Linear(n_in, width)
         self.net = discretize(Residual(width, layers, hidden), "euler" if order == 1 else "momentum",
-                              return_all=True, **({"momentum": (0.5, 1.0)} if order == 2 else {}))
+                              **({"momentum": (0.5, 1.0)} if order == 2 else {}))
         self.head = nn.Linear(width, n_out)
 
     def states(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return self.net(self.embed(x))
+        return list(self.net.solve(self.embed(x), t=self.net.times).ys)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.states(x)[-1])

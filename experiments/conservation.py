@@ -86,7 +86,8 @@ def energy_drift(seed: int, s: dict) -> dict:
         for L in s["steps"]:
             f = hamiltonian(L, seed)
             with torch.no_grad():
-                states = discretize(f, scheme, return_all=True)(y0)
+                net = discretize(f, scheme)
+                states = net.solve(y0, t=net.times).ys
             out[("discrete", scheme, L)] = discrete_energy(f, states)["drift"]
     return out
 

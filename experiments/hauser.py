@@ -18,7 +18,7 @@ import time
 import torch
 from torch import nn
 
-from cde_nets import discretize
+from cde_nets import DiscreteNet, discretize
 from cde_nets.datasets import hauser_bands, hauser_disk
 from cde_nets.diagnostics.profiles import perturbation_ratio
 from cde_nets.fields.base import Field
@@ -75,10 +75,21 @@ class _Last(nn.Module):
         return self.net(x)[-1]
 
 
+class _Layers(nn.Module):
+    """Every layer's state ``[x⁽⁰⁾, …, x⁽ᴸ⁾]`` of a discrete net (its saved states at all layer boundaries)."""
+
+    def __init__(self, net: DiscreteNet):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return list(self.net.solve(x, t=self.net.times).ys)
+
+
 def ck_classifier(d: int, k: int, layers: int, T: float) -> Classifier:
     """``linear(x⁽ᴸ⁾)`` of a C^k net of ``d`` tanh nodes per layer (states kept for the ratio)."""
-    net = discretize(TanhNodes(d, layers, T), "ck", k=k, return_all=True)
-    return Classifier(_Last(net), in_features=d, state_dim=d, n_out=1)
+    net = discretize(TanhNodes(d, layers, T), "ck", k=k)
+    return Classifier(_Last(_Layers(net)), in_features=d, state_dim=d, n_out=1)
 
 
 def c0_classifier(d: int, layers: int) -> Classifier:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cde_nets import discretize
+from cde_nets import Stop, discretize
 from cde_nets.datasets import Split, mnist_5k
 from cde_nets.fields import CubicFrictionConv, NAISConv
 from cde_nets.fields.base import Field
@@ -73,12 +73,12 @@ class ImageNAIS(nn.Module):
     def __init__(self, channels: int, K: int, h: float = 0.5, side: int = 28):
         super().__init__()
         self.embed = nn.Conv2d(1, channels, 3, padding=1)
-        self.net = discretize(NAISConv(channels, layers=1, T=h), "euler", stop=dict(eps=1e-30, max_depth=K))
+        self.net = discretize(NAISConv(channels, layers=1, T=h), "euler", stop=Stop(eps=1e-30, max_depth=K))
         self.head = nn.Linear(channels * side * side, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         u = self.embed(x)
-        y, _ = self.net(torch.zeros_like(u), u=u)
+        y = self.net(torch.zeros_like(u), u=u)
         return self.head(y.flatten(1))
 
 

@@ -1,7 +1,7 @@
 """NAIS-Net (N §5.1, SPEC §4) against shared-weight ResNets on scikit-learn's digits, and depth per class.
 
 All four nets are one block of ``K`` forward-Euler stages with shared weights (``h = 0.25``, one parameter piece,
-``discretize(field, "euler", stop=dict(eps, max_depth=K))`` unrolls piece 0 for ``K`` steps), then a linear
+``discretize(field, "euler", stop=Stop(eps, max_depth=K))`` unrolls piece 0 for ``K`` steps), then a linear
 read-out of the 64-dimensional final state:
 
 - NAIS-Net: ``x(k+1) = x(k) + h tanh(A x(k) + B u + b)``, ``A = −RᵀR − εI`` (eqs. N3, N13), ``x(0) = 0``, the
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cde_nets import discretize
+from cde_nets import Stop, discretize
 from cde_nets.datasets import digits
 from cde_nets.fields import NAIS
 from cde_nets.fields.base import Field
@@ -73,25 +73,12 @@ class SharedResidual(Field):
         return torch.tanh(self.bn[l](z) if self.bn is not None else z)
 
 
-class FixedDepth(nn.Module):
-    """Wraps a stopping ``DiscreteNet``: returns ``y`` and keeps the last ``depths`` ``(batch,)``."""
-
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.net = net
-        self.depths: torch.Tensor | None = None
-
-    def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
-        y, self.depths = self.net(y0, u=u)
-        return y
-
-
 def build(arch: str, K: int, h: float = H, dim: int = 64, eps: float = TRAIN_EPS) -> Classifier:
     """One of the four nets of the module docstring, ``K`` shared stages, read-out ``linear(64 → 10)``."""
     nais = arch in ("NAIS-Net", "ResNet-SH-NA")
     field = NAIS(dim, dim, layers=1, T=h) if nais else SharedResidual(
         dim, stages=K if arch == "ResNet-SH-BN" else None, h=h)
-    block = FixedDepth(discretize(field, "euler", stop=dict(eps=eps, max_depth=K)))
+    block = discretize(field, "euler", stop=Stop(eps=eps, max_depth=K))
     return Classifier(block, in_features=dim, state_dim=dim, n_out=10, input_as_u=nais)
 
 
@@ -99,15 +86,14 @@ def build(arch: str, K: int, h: float = H, dim: int = 64, eps: float = TRAIN_EPS
 def depth_per_class(model: Classifier, x: torch.Tensor, y: torch.Tensor, eps: float = EVAL_EPS,
                     max_depth: int = EVAL_MAX_DEPTH) -> dict:
     """Per-sample stopping depths at ``eps`` (N §5.3): ``{class: depths list}`` and the test accuracy."""
-    net = model.block.net
-    train_stop = net.stop
-    net.stop = {"eps": eps, "max_depth": max_depth}
     model.eval()
     try:
-        acc = float((model(x).argmax(-1) == y).float().mean())
-        depths = model.block.depths
+        z = model.embed(x)
+        y0, u = (z.new_zeros(z.shape[0], model.state_dim), z) if model.input_as_u else (z, None)
+        sol = model.block.solve(y0, u, stop=Stop(eps=eps, max_depth=max_depth))  # the evaluation rule, this call
+        acc = float((model.readout(sol.y).argmax(-1) == y).float().mean())
+        depths = sol.depths
     finally:
-        net.stop = train_stop
         model.train()
     return {"accuracy": acc, "depths": {int(c): depths[y == c].tolist() for c in range(10)}}
 
@@ -145,7 +131,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         with seeded(seed):
             model = build(arch, s["K"])
         counts[arch] = parameter_count(model)
-        post = (lambda m: m.block.net.field.project_()) if arch == "NAIS-Net" else None
+        post = (lambda m: m.block.field.project_()) if arch == "NAIS-Net" else None
         if post is not None:
             post(model)
         try:
