@@ -152,7 +152,7 @@ def hauser_bands(n: int = 400, seed: Seed = 0, dtype: torch.dtype = torch.float3
     _check_n(n, 4)
     rng = _rngs(seed, 1)[0]
 
-    def draw():
+    def draw() -> tuple[np.ndarray, np.ndarray]:
         red = rng.uniform(-1, 1, n // 2)
         blue = np.concatenate([rng.uniform(-3, -1.5, n // 4), rng.uniform(1.5, 3, n // 4)])
         return np.concatenate([red, blue])[:, None], np.concatenate([np.ones(n // 2), np.zeros(n // 2)])
@@ -168,7 +168,7 @@ def hauser_disk(n: int = 800, seed: Seed = 0, dtype: torch.dtype = torch.float32
     _check_n(n, 2)
     rng = _rngs(seed, 1)[0]
 
-    def draw():
+    def draw() -> tuple[np.ndarray, np.ndarray]:
         th = rng.uniform(0, 2 * np.pi, n)
         r = np.concatenate([np.sqrt(rng.uniform(0, 1, n // 2)), np.sqrt(rng.uniform(1.5**2, 2.5**2, n // 2))])
         return np.stack([r * np.cos(th), r * np.sin(th)], 1), np.concatenate([np.ones(n // 2), np.zeros(n // 2)])

@@ -277,7 +277,7 @@ def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer
     batch_gen = torch.Generator().manual_seed(seed)
     history: list[dict] = []
     start = 0
-    if resume and Path(checkpoint).exists():
+    if resume and checkpoint is not None and Path(checkpoint).exists():
         ck = load_checkpoint(checkpoint)
         if (ck["seed"], ck["batch_size"]) != (seed, batch_size):
             raise ValueError(f"the checkpoint {str(checkpoint)!r} was written with seed={ck['seed']}, "

@@ -16,11 +16,15 @@ r"""The adjoint state, Noether's conserved ``a·F``, and log-density / entropy c
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from .flow import evaluate_at, merge_times, piece_of, solve_piece, solve_segments
+from .flow import evaluate_at, evaluate_piece, merge_times, piece_of, solve_piece, solve_segments
+
+if TYPE_CHECKING:
+    from ..ode_block import ODEBlock
 
 __all__ = ["adjoint_state", "exact_trace", "hutchinson_trace", "log_density_change"]
 
@@ -28,7 +32,7 @@ VectorFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 def adjoint_state(
-    block: nn.Module,
+    block: ODEBlock,
     y0: torch.Tensor,
     t: torch.Tensor | Sequence[float],
     a_T: torch.Tensor | None = None,
@@ -57,24 +61,26 @@ def adjoint_state(
         start = y0.detach().requires_grad_(True)
         states = solve_segments(block, start, merged, graph=True)
         if a_T is None:
+            assert loss is not None  # exactly one of a_T and loss was given
             a_T = torch.autograd.grad(loss(states[-1]), states[-1], retain_graph=True)[0]
         if tuple(a_T.shape) != tuple(y0.shape):
             raise ValueError(f"`a_T` has shape {tuple(a_T.shape)}; it must match y0 {tuple(y0.shape)}.")
         a = list(torch.autograd.grad(states[-1], states[:-1], grad_outputs=a_T.detach())) + [a_T.detach()]
     grid = getattr(field, "grid", None)
     bounds = set(grid.jumps.tolist()) if grid is not None else set()
-    aF, ext = [], []
+    aF_k: list[torch.Tensor] = []
+    ext_k: list[torch.Tensor] = []
     shift = torch.zeros(y0.shape[0], dtype=y0.dtype, device=y0.device)
     with torch.no_grad():
         for s, y, ak in zip(merged, states, a):
             y = y.detach()
             l = piece_of(field, s)
             if s in bounds:
-                shift = shift - (ak * (field.evaluate(l, y) - field.evaluate(l - 1, y))).flatten(1).sum(1)
+                shift = shift - (ak * (evaluate_piece(field, l, y) - evaluate_piece(field, l - 1, y))).flatten(1).sum(1)
             q = (ak * evaluate_at(field, l, y, s)).flatten(1).sum(1)
-            aF.append(q)
-            ext.append(q + shift)
-    aF, ext = torch.stack(aF)[index], torch.stack(ext)[index]
+            aF_k.append(q)
+            ext_k.append(q + shift)
+    aF, ext = torch.stack(aF_k)[index], torch.stack(ext_k)[index]
     ext = ext - ext[-1] + aF[-1]  # anchor the extended quantity at a(T)·F(y(T)), as in eq. R25
 
     def drift(q: torch.Tensor) -> float:
@@ -154,7 +160,7 @@ class _WithLogDensity(nn.Module):
         y = z[:, : self.n]
 
         def fn(v: torch.Tensor) -> torch.Tensor:
-            return self.field.evaluate(self.l, v)
+            return evaluate_piece(self.field, self.l, v)
 
         with torch.no_grad():
             f = fn(y)
@@ -167,7 +173,7 @@ class _WithLogDensity(nn.Module):
 
 @torch.no_grad()
 def log_density_change(
-    block: nn.Module,
+    block: ODEBlock,
     y0: torch.Tensor,
     trace: str = "exact",
     probes: int = 8,

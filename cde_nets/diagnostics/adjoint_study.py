@@ -22,6 +22,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -30,6 +31,7 @@ from cde_nets.solvers.adapter import ADAPTIVE_METHODS, FIXED_METHODS
 from cde_nets.solvers.errors import SolverError
 
 from ..ode_block import ODEBlock
+from ..pieces import TimeGrid
 from .memory import SavedTensorMemory
 
 __all__ = ["adjoint_study", "markdown_table", "discrete_forward"]
@@ -97,6 +99,17 @@ def _timed(field, forward, loss_fn, extra, repeat: int) -> float:
         torch.autograd.grad(loss_fn(forward(), *extra), params, allow_unused=True)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _block_runs(block: ODEBlock, y0: torch.Tensor) -> tuple[Callable[[], torch.Tensor], Callable[[], dict]]:
+    """A study row's forward and statistics callables, bound to this block (not to a loop variable)."""
+    return (lambda: block(y0)), (lambda: block.stats)
+
+
+def _counted_stats(counter: _CountEvaluations) -> Callable[[], dict]:
+    """A discrete row's statistics: the field evaluations counted in its forward pass (the backward does one
+    VJP per evaluation)."""
+    return lambda: {"nfe_forward": counter.count, "nfe_backward": counter.count}
 
 
 def adjoint_study(
@@ -181,16 +194,17 @@ def adjoint_study(
                      "nfe_backward": st["nfe_backward"], "time_s": t, "peak_saved_bytes": peak,
                      **({"grad": g} if keep_gradients else {})})
 
-    T = field.grid.T
+    grid = cast(TimeGrid, field.grid)  # checked above (hasattr); nn.Module types attributes as Tensor | Module
+    T = grid.T
     for method in methods:
-        settings = ([{"rtol": r, "atol": r} for r in tolerances] if method in ADAPTIVE_METHODS
+        settings: list[dict[str, Any]] = ([{"rtol": r, "atol": r} for r in tolerances] if method in ADAPTIVE_METHODS
                     else [{"step_size": T / s} for s in steps])
         for cfg in settings:
             for gradient in gradients:
                 block = ODEBlock(field, method=method, gradient=gradient, **cfg)
                 row = {"mode": gradient, "method": method, "rtol": cfg.get("rtol"),
                        "steps": round(T / cfg["step_size"]) if "step_size" in cfg else None}
-                record(row, lambda b=block: b(yd), lambda b=block: b.stats)
+                record(row, *_block_runs(block, yd))
     for scheme in schemes:
         counter = _CountEvaluations(field)
 
@@ -199,8 +213,8 @@ def adjoint_study(
             with counter:
                 return discrete_forward(field, scheme, yd)
 
-        record({"mode": "discrete", "method": scheme, "rtol": None, "steps": field.grid.L}, forward,
-               lambda c=counter: {"nfe_forward": c.count, "nfe_backward": c.count})
+        record({"mode": "discrete", "method": scheme, "rtol": None, "steps": grid.L}, forward,
+               _counted_stats(counter))
     return {"reference": {**ref_cfg, "mode": "backprop", "dtype": "float64", "loss": loss_ref,
                           "nfe_forward": ref_stats["nfe_forward"], "grad_norm": float(g_ref.norm()),
                           **({"grad": g_ref} if keep_gradients else {})},

@@ -18,11 +18,15 @@ on each piece (zero for the exact flow).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from .flow import merge_times
+
+if TYPE_CHECKING:
+    from ..ode_block import ODEBlock
 
 __all__ = ["energy_trajectory", "discrete_energy", "relative_drift"]
 
@@ -43,12 +47,13 @@ def _energy_fn(field: nn.Module, energy: EnergyFn | None) -> EnergyFn:
             f"{type(field).__name__} declares no energy; pass `energy=lambda l, y: ...` (per-piece energy, "
             "returning (batch,)) or use a Hamiltonian field."
         )
-    return field.energy_at
+    # Duck-typed (any module with energy_at, checked above); nn.Module types it as Tensor | Module, hence the cast.
+    return cast(EnergyFn, field.energy_at)
 
 
 @torch.no_grad()
 def energy_trajectory(
-    block: nn.Module,
+    block: ODEBlock,
     y0: torch.Tensor,
     t: torch.Tensor | Sequence[float],
     energy: EnergyFn | None = None,
@@ -71,7 +76,9 @@ def energy_trajectory(
     ys = block.solve(y0, t=torch.tensor(merged, dtype=torch.float64)).ys
     grid = getattr(field, "grid", None)
     bounds = set(grid.jumps.tolist()) if grid is not None else set()
-    H, E, jumps = [], [], []
+    H_k: list[torch.Tensor] = []
+    E_k: list[torch.Tensor] = []
+    jumps = []
     eps = torch.zeros(y0.shape[0], dtype=y0.dtype, device=y0.device)
     for s, y in zip(merged, ys):
         l = grid.index(s) if grid is not None else 0
@@ -80,9 +87,9 @@ def energy_trajectory(
             eps = eps - jump
             jumps.append({"t": s, "mean_jump": float(jump.mean())})
         h = energy(l, y)
-        H.append(h)
-        E.append(h + eps)
-    H, E = torch.stack(H)[index], torch.stack(E)[index]
+        H_k.append(h)
+        E_k.append(h + eps)
+    H, E = torch.stack(H_k)[index], torch.stack(E_k)[index]
     return {
         "times": [merged[i] for i in index],
         "H": H,

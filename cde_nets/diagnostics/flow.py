@@ -9,13 +9,27 @@ fixed gives both: no step straddles a jump, and ``y(t_{k+1})`` is a differentiab
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch import nn
 
 from cde_nets.solvers.adapter import FIXED_METHODS, aligned_grid, integrate
 
+if TYPE_CHECKING:
+    from ..ode_block import ODEBlock
+
 __all__ = ["FrozenPiece", "merge_times", "piece_of", "evaluate_at", "solve_segments", "solve_piece"]
+
+
+class _Piecewise(Protocol):
+    def evaluate(self, l: int, y: torch.Tensor, /) -> torch.Tensor: ...
+
+
+def evaluate_piece(field: nn.Module, l: int, y: torch.Tensor) -> torch.Tensor:
+    """``F_l(y) = field.evaluate(l, y)`` of a field with parameter pieces: a cde_nets field or any module with such a
+    method (duck-typed, so the cast: ``nn.Module`` types unknown attributes as ``Tensor | Module``)."""
+    return cast(_Piecewise, field).evaluate(l, y)
 
 
 class FrozenPiece(nn.Module):
@@ -27,7 +41,7 @@ class FrozenPiece(nn.Module):
         self.l = l
 
     def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.field.evaluate(self.l, y)
+        return evaluate_piece(self.field, self.l, y)
 
 
 def _check_times(t: torch.Tensor | Sequence[float], T: float) -> torch.Tensor:
@@ -70,11 +84,11 @@ def piece_of(field: nn.Module, t: float) -> int:
 
 def evaluate_at(field: nn.Module, l: int, y: torch.Tensor, t: float) -> torch.Tensor:
     """``F_l(y)`` — ``field.evaluate`` when the field has pieces, else ``field(t, y)``."""
-    return field.evaluate(l, y) if hasattr(field, "evaluate") else field(torch.tensor(t, dtype=torch.float64), y)
+    return evaluate_piece(field, l, y) if hasattr(field, "evaluate") else field(torch.tensor(t, dtype=torch.float64), y)
 
 
 def solve_segments(
-    block: nn.Module, y0: torch.Tensor, times: Sequence[float], graph: bool = True
+    block: ODEBlock, y0: torch.Tensor, times: Sequence[float], graph: bool = True
 ) -> list[torch.Tensor]:
     """States at ``times`` (increasing, each segment inside one piece), chained so that each state is a
     differentiable function of the previous one (``graph=True``; backprop through the solver's steps).
@@ -93,7 +107,7 @@ def solve_segments(
     return states
 
 
-def solve_piece(block: nn.Module, func: nn.Module, y: torch.Tensor, a: float, b: float) -> torch.Tensor:
+def solve_piece(block: ODEBlock, func: nn.Module, y: torch.Tensor, a: float, b: float) -> torch.Tensor:
     """``y(b)`` of ``y' = func(t, y)``, ``y(a) = y``, with the block's method, tolerances and step size."""
     span = torch.tensor([a, b], dtype=torch.float64, device=y.device)
     grid = aligned_grid([a, b], block.step_size) if block.method in FIXED_METHODS else None

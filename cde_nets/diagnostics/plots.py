@@ -36,7 +36,7 @@ def plot_bsm(result: dict, ax: Any = None):
     """``min/mean/max ‖Φ‖₂`` against ``ℓ`` (discrete) or ``t`` (continuous), log scale."""
     plt = _plt()
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots()
-    x = result.get("ell", result.get("t"))
+    x = result["ell"] if "ell" in result else result["t"]
     for key in ("min", "mean", "max"):
         ax.semilogy(list(x), result[key].tolist(), label=key)
     ax.set_xlabel("ℓ" if "ell" in result else "t")

@@ -17,11 +17,15 @@ on each batch row independently). Matrices are ``(…, batch, n, n)``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .flow import merge_times, solve_segments
+
+if TYPE_CHECKING:
+    from ..ode_block import ODEBlock
 
 __all__ = ["discrete_bsm", "continuous_bsm", "symplecticity_defect", "singular_value_pairing"]
 
@@ -42,6 +46,11 @@ def _summary(norms: torch.Tensor) -> dict:
     return {"norms": norms, "min": norms.min(1).values, "mean": norms.mean(1), "max": norms.max(1).values}
 
 
+def _layer(step: Step, l: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Layer ``l`` of ``step(l, y)`` as a callable ``y -> y_{l+1}``."""
+    return lambda y: step(l, y)
+
+
 def discrete_bsm(
     step: Step | Sequence[Callable[[torch.Tensor], torch.Tensor]],
     y0: torch.Tensor,
@@ -57,10 +66,11 @@ def discrete_bsm(
     Returns:
         ``ell`` (``1..N``), ``norms`` ``(N, batch)`` and their ``min``/``mean``/``max`` over the batch ``(N,)``.
     """
+    fns: list[Callable[[torch.Tensor], torch.Tensor]]
     if callable(step) and not isinstance(step, (nn.ModuleList, list, tuple)):
         if not isinstance(layers, int) or layers < 1:
             raise ValueError(f"`layers` must be a positive integer when `step` is step(l, y), got {layers!r}.")
-        fns = [lambda y, l=l: step(l, y) for l in range(layers)]
+        fns = [_layer(step, l) for l in range(layers)]
     else:
         fns = list(step)
         if not fns:
@@ -79,7 +89,7 @@ def discrete_bsm(
 
 
 def continuous_bsm(
-    block: nn.Module,
+    block: ODEBlock,
     y0: torch.Tensor,
     t: torch.Tensor | Sequence[float],
     J: torch.Tensor | None = None,

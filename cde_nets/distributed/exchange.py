@@ -48,7 +48,9 @@ class Comm:
         for dst in sorted(outgoing):
             t = outgoing[dst].detach().contiguous()
             self._record(phase, dst, t)
-            handles.append(dist.isend(t, dst, tag=tag))
+            handle = dist.isend(t, dst, tag=tag)
+            assert handle is not None  # None only on a rank outside the process group
+            handles.append(handle)
         received = {}
         for src in sorted(incoming):
             buf = torch.empty(incoming[src], dtype=like.dtype, device=like.device)

@@ -21,6 +21,10 @@ def _softplus_inverse(x: float) -> float:
 class _Friction(nn.Module):
     """``γ sign(x)|x|^μ`` with ``γ >= 0`` (softplus of a raw parameter when learned) and ``μ > 1``."""
 
+    # One of the two is set in __init__ (a parameter when learned, else a buffer).
+    gamma_raw: nn.Parameter
+    gamma_fixed: torch.Tensor
+
     def __init__(self, gamma: float, learn_gamma: bool, mu: float):
         super().__init__()
         if not math.isfinite(float(mu)) or mu <= 1:
@@ -95,7 +99,8 @@ class CubicFriction(Field):
     def mu(self) -> float:
         return self.friction.mu
 
-    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
+    # A field without block input takes no `u`: narrower than Field.evaluate(l, y, *u), on purpose.
+    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         # γ (a softplus when learned) once per call of a discrete net; see cde_nets.pieces.gathered
         gamma = self.memo("gamma", lambda: self.friction.gamma)
         return self.friction.subtract_from(torch.addmm(self.b[l], x, self.W[l].T), x, gamma)
@@ -147,6 +152,7 @@ class CubicFrictionConv(Field):
     def gamma(self) -> torch.Tensor:
         return self.friction.gamma
 
-    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
+    # A field without block input takes no `u`: narrower than Field.evaluate(l, y, *u), on purpose.
+    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         affine = F.conv2d(x, self.kernel[l], self.bias[l], padding=self.kernel_size // 2)
         return self.friction.subtract_from(affine, x, self.memo("gamma", lambda: self.friction.gamma))

@@ -51,6 +51,11 @@ class Hamiltonian(Field):
     hamiltonian = True
     kind = "hamiltonian"
 
+    # Buffers (register_buffer) and optional masks set in __init__, declared for the type checker.
+    J_fixed: torch.Tensor
+    K_mask: torch.Tensor | None
+    J_mask: torch.Tensor | None
+
     def __init__(
         self,
         dim: int,
@@ -203,7 +208,8 @@ class Hamiltonian(Field):
         K, b = self.K_half(l, part), (self.b_p[l] if part == 0 else self.b_q[l])
         return self.sigma(torch.addmm(b, z, K.T)) @ K
 
-    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
+    # A field without block input takes no `u`: narrower than Field.evaluate(l, y, *u), on purpose.
+    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if self._separable:
             return torch.cat([self.evaluate_part(l, y, 0), self.evaluate_part(l, y, 1)], -1)
         return self.grad_H(l, y) @ self.memo("J.T", lambda: self.J.T)

@@ -69,6 +69,10 @@ class SecondOrder(Field):
 
     kind = "second_order"
 
+    # Parameters when learned, else buffers (register_buffer); gamma_raw is None without damping.
+    gamma_raw: torch.Tensor | None
+    eta_raw: torch.Tensor
+
     def __init__(
         self,
         dim: int,
@@ -116,7 +120,10 @@ class SecondOrder(Field):
     @property
     def gamma(self) -> torch.Tensor:
         """Per-channel damping ``γ = softplus(γ_raw) > 0``, ``(dim,)`` (zeros without damping)."""
-        return F.softplus(self.gamma_raw) if self.damping else torch.zeros_like(self.eta_raw)
+        if not self.damping:
+            return torch.zeros_like(self.eta_raw)
+        assert self.gamma_raw is not None  # built whenever damping is on
+        return F.softplus(self.gamma_raw)
 
     @property
     def eta(self) -> torch.Tensor:
@@ -125,7 +132,8 @@ class SecondOrder(Field):
 
     def drive(self, l: int, x: torch.Tensor) -> torch.Tensor:
         """``η f_l(x)``."""
-        fx = self.f.evaluate(l, x) if hasattr(self.f, "evaluate") else self.f(x)
+        evaluate = getattr(self.f, "evaluate", None)  # a PiecewiseMLP, or any module with evaluate(l, x)
+        fx = evaluate(l, x) if evaluate is not None else self.f(x)
         return self.eta * fx
 
     def _top(self, l: int, x: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
@@ -140,7 +148,8 @@ class SecondOrder(Field):
                 "concatenate (x, x', ...) along the features or build the field with matching dim/order."
             )
 
-    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
+    # A field without block input takes no `u`: narrower than Field.evaluate(l, y, *u), on purpose.
+    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """``F(y)`` for piece ``l``; ``y``: ``(batch, order·dim)``."""
         self._check_width(y)
         d = self.dim
