@@ -17,7 +17,7 @@ def test_energy_is_conserved_by_the_flow(f64):
     with torch.no_grad():
         field.b.data.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
     y0 = torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
-    ys = ODEBlock(field, rtol=1e-11, atol=1e-12).trajectory(y0, torch.linspace(0, 10, 21))
+    ys = ODEBlock(field, rtol=1e-11, atol=1e-12).solve(y0, t=torch.linspace(0, 10, 21)).ys
     H = torch.stack([field.energy(0.0, y) for y in ys])
     drift = ((H - H[0]).abs().max(0).values / H[0].abs()).max()
     assert drift < 1e-6
