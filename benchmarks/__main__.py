@@ -9,8 +9,8 @@ table: each benchmark's headline ratios against its goal. A new benchmark module
 from __future__ import annotations
 
 import argparse
-import sys
 import importlib
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -90,6 +90,16 @@ def _training(res: dict) -> Headline:
             ("64-layer H1 swiss roll: test accuracy", f"{100 * res['test_accuracy']:.2f} %")]
 
 
+def _adjoint_pieces(res: dict) -> Headline:
+    out = []
+    for case, growth in res["per_piece_growth"].items():
+        rows = [r for r in res["rows"] if f"dim={r['dim']} batch={r['batch']}" == case]
+        top = max(rows, key=lambda r: r["pieces"])
+        out += [(f"adjoint / backprop, {top['pieces']} pieces, {case}", f"{top['new_over_backprop']:.2f}"),
+                (f"adjoint time per piece, most / fewest pieces, {case}", f"{growth['new_adjoint']:.2f}")]
+    return out
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -97,6 +107,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("memory_scaling", _memory, "adjoint <= 1.2; backprop linear"),
     ("jump_nfe", _jump, "fewer NFE with jump_t"),
     ("adjoint_study", _adjoint_study, "adjoint memory below backprop"),
+    ("adjoint_pieces", _adjoint_pieces, "<= 3; <= 1.2"),
     ("stopping_scaling", _stopping, "<= 20 %"),
     ("stopping_saving", _stopping_saving, "< 1"),
     ("momentum_peer", _peer, "outputs equal (< 1e-10)"),

@@ -4,6 +4,7 @@ differential equations")."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 from torch import nn
@@ -12,6 +13,7 @@ from cde_nets.solvers.adapter import (
     ADAPTIVE_METHODS,
     FIXED_METHODS,
     GRADIENTS,
+    PiecewiseParam,
     SolverStats,
     aligned_grid,
     check_method,
@@ -24,11 +26,17 @@ from cde_nets.solvers.stopping import integrate_until_converged
 
 from .block import Block
 from .fields.bound import BoundField
-from .pieces import gathered
+from .pieces import gathered, piece_modules
 from .solution import Solution
 from .stop import Stop, as_stop
 
 __all__ = ["ODEBlock"]
+
+
+def _piecewise(field: nn.Module) -> list[PiecewiseParam]:
+    """The field's trainable pieces, for the adjoint to differentiate one piece at a time."""
+    return [PiecewiseParam(p.data, p.grid.boundaries.tolist(), p.grid.index, partial(object.__setattr__, p, "_unbound"))
+            for p in piece_modules(field)]
 
 
 class ODEBlock(Block):
@@ -179,7 +187,7 @@ class ODEBlock(Block):
             bound, y0, t, method=self.method, rtol=self.rtol, atol=self.atol, gradient=self.gradient,
             params=self._params(bound), jump_t=jump_t, grid=grid, options=self.options, max_steps=self.max_steps,
             seminorm=self.seminorm, adjoint_method=self.adjoint_method, adjoint_rtol=self.adjoint_rtol,
-            adjoint_atol=self.adjoint_atol, stats=self._stats,
+            adjoint_atol=self.adjoint_atol, stats=self._stats, pieces=_piecewise(self.field),
         )
         return ys
 

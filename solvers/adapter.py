@@ -8,6 +8,7 @@ before torchdiffeq's own assertion would fire — in the forward solve and in th
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -17,6 +18,7 @@ from torch import nn
 from torchdiffeq import odeint, odeint_adjoint
 
 from .errors import SolverError, check_positive
+from .piecewise_adjoint import PiecewiseParam, lands_on_boundaries, piecewise_adjoint
 
 __all__ = [
     "ADAPTIVE_METHODS",
@@ -27,7 +29,11 @@ __all__ = [
     "check_method",
     "check_options",
     "aligned_grid",
+    "PiecewiseParam",
 ]
+
+# False routes every adjoint through torchdiffeq's ``odeint_adjoint`` (the reference the tests compare with).
+_PIECEWISE_ADJOINT = True
 
 ADAPTIVE_METHODS: dict[str, int] = {"dopri8": 8, "dopri5": 5, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
 FIXED_METHODS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
@@ -108,9 +114,16 @@ class _Counted(nn.Module):
         self.max_steps = max_steps
         self.count_vjp = count_vjp
         self.backward_phase = False
+        self.scan_backward = True  # the piecewise adjoint checks its state once per interval instead
+        self.backward_jumps: list[float] = []  # jump_t of an adaptive backward solve, increasing
+        self.field_error: BaseException | None = None
 
     def forward(self, t, y):
-        out = self.field(t, y)
+        try:
+            out = self.field(t, y)
+        except BaseException as exc:
+            self.field_error = exc  # the field's own exception passes through unchanged
+            raise
         if self.backward_phase:
             self.stats.nfe_backward += 1
         else:
@@ -129,12 +142,15 @@ class _Counted(nn.Module):
             self.stats.steps_forward + self.stats.rejected_forward)
         where = "adjoint (backward) solve" if backward else "forward solve"
         if steps >= self.max_steps:
+            t0f = float(torch.as_tensor(t0).detach())
             raise SolverError(
-                f"max_steps={self.max_steps} reached in the {where} at t={float(torch.as_tensor(t0).detach()):.6g} after {nfe} field "
+                f"max_steps={self.max_steps} reached in the {where} at t={t0f:.6g} after {nfe} field "
                 "evaluations; raise `max_steps`, loosen `rtol`/`atol`, or regularise the field (it may be stiff).",
                 nfe=nfe,
             )
         t0f, dtf = float(torch.as_tensor(t0).detach()), float(torch.as_tensor(dt).detach())
+        if backward and self.backward_jumps:
+            self._clip_on_jump(t0f, dtf, dt)
         moved = (t0f - dtf != t0f) if backward else (t0f + dtf != t0f)
         if not moved or dtf <= 0:
             raise SolverError(
@@ -145,12 +161,27 @@ class _Counted(nn.Module):
             )
         # torchdiffeq asserts finiteness itself in the forward solve (caught in `integrate`); the adjoint solve's
         # state is a tuple whose failure would surface as a bare AssertionError from `backward()`, so check here.
-        if backward and not all(bool(torch.isfinite(v).all()) for v in y0):
+        if backward and self.scan_backward and not all(bool(torch.isfinite(v).all()) for v in y0):
             raise SolverError(
                 f"the state became non-finite (NaN/inf) in the {where} at t={t0f:.6g} after {nfe} field "
                 "evaluations; lower the learning rate, tighten the tolerance, or check the inputs.",
                 nfe=nfe,
             )
+
+    def _clip_on_jump(self, t0: float, dt: float, dt_tensor: torch.Tensor) -> None:
+        """torchdiffeq clips a step at a jump only when the jump lies strictly inside it; a step that ends exactly
+        on one (common with equal pieces: after a clipped step of one piece the next proposal is often the same
+        size) neither re-evaluates the field on the jump's far side nor moves on to the next jump, so every
+        later step of the solve crosses jumps. Widening ``dt`` by a few ulps makes the solver clip it there.
+        The backward solve runs in negated time ``s = −t``: the step ends at ``s = −t0 + dt``."""
+        end = -t0 + dt
+        k = bisect.bisect_left(self.backward_jumps, -end)
+        if k == len(self.backward_jumps) or self.backward_jumps[k] != -end:
+            return
+        wider = dt
+        while -t0 + wider <= end:
+            wider = math.nextafter(wider, math.inf)
+        dt_tensor.fill_(wider)
 
     def callback_step(self, t0, y0, dt):
         self._check_step(t0, y0, dt, backward=False)
@@ -202,12 +233,26 @@ def integrate(
     adjoint_rtol: float | None = None,
     adjoint_atol: float | None = None,
     stats: SolverStats | None = None,
+    pieces: Sequence[PiecewiseParam] | None = None,
 ) -> tuple[torch.Tensor, SolverStats]:
     """Solve ``y' = field(t, y)`` at times ``t`` (float64, increasing) with torchdiffeq.
 
     ``jump_t`` (adaptive methods) lists the times where the field jumps; ``grid`` (fixed-step methods) is the
-    step grid, which should contain those times. ``gradient="adjoint"`` uses ``odeint_adjoint`` with ``params``
-    as ``adjoint_params`` (seminorm by default); ``"backprop"`` differentiates through the solver's operations.
+    step grid, which should contain those times. ``"backprop"`` differentiates through the solver's operations.
+
+    ``gradient="adjoint"`` solves the adjoint ODE backwards (Chen et al. 2018) and returns gradients for every
+    tensor of ``params`` that requires grad: parameters, and any other tensor the field closes over (e.g. a
+    block input ``u``). ``pieces`` lists the parameters that are constant on pieces of time
+    (:class:`~solvers.piecewise_adjoint.PiecewiseParam`: ``(data, boundaries, piece_at, set_views)``); with the
+    seminorm (default) the backward solve then carries one piece-shaped gradient state per such tensor and
+    differentiates only the piece in force, so its cost is linear in the number of pieces
+    (:mod:`solvers.piecewise_adjoint`); its steps, and so its gradients up to rounding, are those of
+    torchdiffeq's ``odeint_adjoint`` with ``norm="seminorm"``, except where that one evaluates a piece that is
+    not in force (see the module). Without the seminorm, when ``t`` requires grad,
+    or when the backward solver would not step on every piece boundary (an adaptive backward method without
+    them in ``jump_t``, a fixed-step one whose ``grid`` lacks them), it falls back to ``odeint_adjoint`` with
+    ``params`` as ``adjoint_params``, whose cost grows with the square of the number of pieces.
+
     Returns the solution at ``t``, ``(len(t), *y0.shape)``, and the call's :class:`SolverStats`.
     """
     check_method(method)
@@ -226,15 +271,27 @@ def integrate(
         if gradient == "adjoint":
             adj_method = method if adjoint_method is None else check_method(adjoint_method)
             adj_options = _adjoint_options(adj_method, jump_t, grid, seminorm)
-            ys = odeint_adjoint(
-                func, y0, t, adjoint_params=tuple(params or ()), adjoint_method=adj_method,
-                adjoint_rtol=rtol if adjoint_rtol is None else adjoint_rtol,
-                adjoint_atol=atol if adjoint_atol is None else adjoint_atol,
-                adjoint_options=adj_options, **kwargs,
-            )
+            adj_rtol = rtol if adjoint_rtol is None else adjoint_rtol
+            adj_atol = atol if adjoint_atol is None else adjoint_atol
+            if adj_method in ADAPTIVE_METHODS and jump_t is not None:
+                func.backward_jumps = sorted(float(j) for j in jump_t.tolist())
+            if _piecewise_applies(seminorm, y0, t, pieces, adj_method, jump_t, grid):
+                func.scan_backward = False
+                ys = piecewise_adjoint(
+                    func, y0, t, tuple(params or ()), tuple(pieces or ()), rtol=rtol, atol=atol, method=method,
+                    options=options, adjoint_rtol=adj_rtol, adjoint_atol=adj_atol, adjoint_method=adj_method,
+                    adjoint_options=adj_options, stats=stats, adjoint_adaptive=adj_method in ADAPTIVE_METHODS,
+                )
+            else:
+                ys = odeint_adjoint(
+                    func, y0, t, adjoint_params=tuple(params or ()), adjoint_method=adj_method,
+                    adjoint_rtol=adj_rtol, adjoint_atol=adj_atol, adjoint_options=adj_options, **kwargs,
+                )
         else:
             ys = odeint(func, y0, t, **kwargs)
     except AssertionError as exc:
+        if exc is func.field_error:
+            raise
         nfe = stats.nfe_forward
         if "non-finite" in str(exc):
             msg = (f"the state became non-finite (NaN/inf) in the forward solve after {nfe} field evaluations; "
@@ -245,6 +302,15 @@ def integrate(
         raise SolverError(msg, nfe=nfe) from None
     func.backward_phase = True
     return ys, stats
+
+
+def _piecewise_applies(seminorm, y0, t, pieces, adj_method, jump_t, grid) -> bool:
+    if not (_PIECEWISE_ADJOINT and seminorm and isinstance(y0, torch.Tensor)) or t.requires_grad:
+        return False
+    if not pieces:
+        return True
+    stops = jump_t if adj_method in ADAPTIVE_METHODS else grid
+    return lands_on_boundaries(pieces, t, None if stops is None else stops.tolist())
 
 
 def _grid_constructor(grid: torch.Tensor):
