@@ -1,26 +1,32 @@
-"""The training loop every experiment uses: reproducible, checkpointed atomically each epoch, resumable.
+"""The training loop every experiment uses: reproducible, checkpointed atomically, resumable, and refusing to
+continue from anything it cannot trust.
 
-:func:`fit` trains for classification (one logit: binary cross-entropy; several: cross-entropy) or regression (MSE)
-with any optimiser, the seeds' regularisers as :class:`Regulariser` terms (eq. R82 smoothness, R_K and R_ℓ of
-SPEC §2, weight decay), a post-step hook (NAIS ``project_()``), a tqdm progress bar and per-epoch metrics.
+A :class:`Trainer` is the training policy — task and loss, optimiser, regularisers, schedule, what is checkpointed
+and when, what happens on a non-finite gradient — and ``trainer.fit(model, data, epochs=, batch_size=)`` applies
+it. Classification uses binary cross-entropy on one logit and cross-entropy on several; regression MSE. The seeds'
+regularisers are :class:`Regulariser` terms (Ruseckas eq. 82 smoothness; Galimberti et al.'s R_K and R_ℓ; weight
+decay).
 
-Reproducibility: the data loaders take a seed, :func:`seeded` fixes initialisation, and ``fit(seed=...)`` fixes
-the batching (an explicit ``torch.Generator``) and every global random draw during training (dropout, Hutchinson
-probes). The checkpoint written after every epoch holds the model, optimiser, scheduler, history and all RNG
-states, so a run killed at any instant and resumed with ``resume=True`` ends bit for bit as an uninterrupted one.
-:func:`checkpointing` does this for every :func:`fit` inside a block (a script of several trainings, such as a
-reproduction: ``python -m cde_nets.experiments <name> --resume``).
+Reproducibility: the data loaders take a seed, :func:`seeded` fixes initialisation, and the trainer's ``seed``
+fixes the batching and every random draw during training (dropout, Hutchinson probes) through generators of its
+own: the caller's global random state is left as it was. A checkpoint holds the model, optimiser, scheduler,
+history, those generators and the training configuration, so a run killed at any instant and resumed ends bit
+for bit as an uninterrupted one — and a resume under other settings (optimiser, learning rate, loss,
+regularisers, data, model) is refused with the list of differences. :func:`checkpointing` checkpoints every
+``fit`` inside a block (a script of several trainings, such as a reproduction:
+``cde-nets experiments <name> --resume``).
 
-Launched with ``torchrun`` (or :func:`cde_nets.distributed.launch.spawn`), :func:`fit` trains data-parallel with
+Launched with ``torchrun`` (or :func:`cde_nets.distributed.launch.spawn`), ``fit`` trains data-parallel with
 DistributedDataParallel, each rank on its share of every global batch (:mod:`cde_nets.distributed.data_parallel`).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -31,12 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .distributed import data_parallel as dp
 from .pieces import smoothness
 
-__all__ = ["Regulariser", "smoothness_R82", "smoothness_RK", "spectral_R_ell", "weight_decay", "seeded", "fit",
-           "evaluate", "task_loss", "checkpointing", "save_checkpoint", "load_checkpoint"]
+__all__ = ["Trainer", "Checkpoints", "Hooks", "NonFiniteError", "Regulariser", "smoothness_R82", "smoothness_RK",
+           "spectral_R_ell", "weight_decay", "seeded", "evaluate", "task_loss", "checkpointing", "save_checkpoint",
+           "load_checkpoint", "CheckpointError"]
 
 Matrices = Callable[[nn.Module], Iterable[torch.Tensor]]
 
@@ -115,11 +122,6 @@ def _correct(out: torch.Tensor, y: torch.Tensor) -> int:
     return int((pred == y).sum())
 
 
-def _prediction(out):
-    """Blocks with stopping return ``(y, depths)``, and models may too: keep the prediction."""
-    return out[0] if isinstance(out, tuple) else out
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "classification",
              batch_size: int = 1024) -> dict:
@@ -129,7 +131,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "cl
     total, correct = 0.0, 0
     try:
         for i in range(0, len(y), batch_size):
-            out = _prediction(model(x[i:i + batch_size]))
+            out = model(x[i:i + batch_size])
             total += float(task_loss(task, out, y[i:i + batch_size])) * len(out)
             if task == "classification":
                 correct += _correct(out, y[i:i + batch_size])
@@ -141,38 +143,393 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "cl
     return res
 
 
-def _make_optimizer(model: nn.Module, optimizer, lr: float) -> torch.optim.Optimizer:
-    if optimizer is None:
-        return torch.optim.Adam(model.parameters(), lr=lr)
-    opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(model.parameters())
-    if not isinstance(opt, torch.optim.Optimizer):
-        raise TypeError("`optimizer` must be a torch.optim.Optimizer or a factory `params -> Optimizer`, "
-                        f"got a factory returning {type(opt).__name__}.")
-    return opt
+class NonFiniteError(FloatingPointError):
+    """A loss or gradient became NaN/inf; the parameters were not updated with it and nothing non-finite was
+    saved. ``last_checkpoint`` names the last good checkpoint (``None`` if none was written)."""
+
+    def __init__(self, message: str, last_checkpoint: Path | None):
+        super().__init__(message)
+        self.last_checkpoint = last_checkpoint
 
 
-def _make_scheduler(scheduler, opt: torch.optim.Optimizer):
-    if scheduler is None or hasattr(scheduler, "state_dict"):
-        return scheduler
-    return scheduler(opt)
+@dataclass(frozen=True)
+class Checkpoints:
+    """What is checkpointed and when: the model, optimiser, scheduler, history, random generators and training
+    configuration, written atomically to ``path`` after every ``every``-th epoch and after the last one. With
+    ``resume=True`` training continues from ``path`` (a missing file starts afresh, so one command serves the
+    first run and every restart)."""
+
+    path: str | Path
+    every: int = 1
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(f"`every` must be a positive integer (epochs between checkpoints), got {self.every!r}.")
 
 
-def _check_args(task: str, epochs: int, batch_size: int, data) -> tuple:
-    if task not in ("classification", "regression"):
-        raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"`epochs` must be a positive integer, got {epochs!r}.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")
+@dataclass(frozen=True)
+class Hooks:
+    """Calls into a training run: ``batch(model, x, y)`` before each batch's forward pass (e.g. refit a read-out on
+    the batch's frozen features, as H-DNN's reference training does), ``post_step(model)`` after every optimiser
+    step (e.g. NAIS's ``project_()``), ``epoch(epoch, model, metrics)`` after each epoch, before its checkpoint
+    (may add metrics)."""
+
+    batch: Callable[[nn.Module, torch.Tensor, torch.Tensor], None] | None = None
+    post_step: Callable[[nn.Module], None] | None = None
+    epoch: Callable[[int, nn.Module, dict], None] | None = None
+
+
+_TASKS = ("classification", "regression")
+_NONFINITE = ("raise", "skip")
+
+
+class Trainer:
+    """A training policy; :meth:`fit` applies it to a model and data.
+
+    Args:
+        task: ``"classification"`` (labels ``(n,)`` integers; one logit trains binary cross-entropy on labels 0/1,
+            ``C`` logits cross-entropy on labels ``0..C−1``) or ``"regression"`` (MSE against float targets of the
+            output's shape).
+        optimizer: a factory ``params -> Optimizer`` (e.g. ``lambda p: torch.optim.SGD(p, lr=0.1)``); default Adam
+            with learning rate ``lr``.
+        lr: the default Adam's learning rate (> 0); refused together with ``optimizer``, which sets its own.
+        regularisers: :class:`Regulariser` terms added to the loss.
+        scheduler: a factory ``optimizer -> LR scheduler``, stepped once per epoch (``ReduceLROnPlateau`` with the
+            epoch's test loss, or train loss without test data), or after every optimiser step with
+            ``scheduler_interval="batch"``.
+        seed: fixes the batch order and every random draw of the training (its own generators; the global random
+            state is restored afterwards).
+        nonfinite: what a non-finite loss or gradient does: ``"raise"`` (:class:`NonFiniteError` naming the epoch,
+            the batch and the last good checkpoint) or ``"skip"`` (the step is skipped and counted in the epoch's
+            ``skipped_steps``). Either way non-finite values never reach the parameters nor a checkpoint.
+        checkpoints: a :class:`Checkpoints` policy (or a path: every epoch, no resume). Inside
+            :func:`checkpointing`, ``None`` means the block's next file.
+        hooks: :class:`Hooks` into the run.
+        progress: show a tqdm bar (rank 0 only); ``desc`` labels it and names the run's checkpoint in a block.
+    """
+
+    def __init__(
+        self,
+        *,
+        task: str = "classification",
+        optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+        lr: float | None = None,
+        regularisers: Iterable[Regulariser] = (),
+        scheduler: Callable[[torch.optim.Optimizer], object] | None = None,
+        scheduler_interval: str = "epoch",
+        seed: int = 0,
+        nonfinite: str = "raise",
+        checkpoints: Checkpoints | str | Path | None = None,
+        hooks: Hooks | None = None,
+        progress: bool = True,
+        desc: str = "train",
+    ):
+        if task not in _TASKS:
+            raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
+        if optimizer is not None and lr is not None:
+            raise ValueError("`lr` sets the default Adam's learning rate; `optimizer` sets its own. Drop `lr` (put the "
+                             "learning rate in the factory) or drop `optimizer`.")
+        if optimizer is not None and (isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer)):
+            raise TypeError("`optimizer` must be a factory `params -> Optimizer` (e.g. `lambda p: torch.optim.SGD(p, "
+                            "lr=0.1)`), so that a resumed run can rebuild it and check its settings.")
+        lr = 1e-2 if lr is None else lr
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+            raise ValueError(f"`lr` must be a finite number > 0, got {lr!r}.")
+        if scheduler_interval not in ("epoch", "batch"):
+            raise ValueError(f"`scheduler_interval` must be 'epoch' or 'batch', got {scheduler_interval!r}.")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"`seed` must be a non-negative integer, got {seed!r}.")
+        if nonfinite not in _NONFINITE:
+            raise ValueError(f"`nonfinite` must be 'raise' or 'skip', got {nonfinite!r}.")
+        regularisers = list(regularisers)
+        for r in regularisers:
+            if not isinstance(r, Regulariser):
+                raise TypeError(f"`regularisers` must hold Regulariser terms, got {type(r).__name__}.")
+        if isinstance(checkpoints, (str, Path)):
+            checkpoints = Checkpoints(checkpoints)
+        if checkpoints is not None and not isinstance(checkpoints, Checkpoints):
+            raise TypeError(f"`checkpoints` must be a Checkpoints policy or a path, got {type(checkpoints).__name__}.")
+        self.task, self.optimizer, self.lr = task, optimizer, float(lr)
+        self.regularisers = regularisers
+        self.scheduler, self.scheduler_interval = scheduler, scheduler_interval
+        self.seed, self.nonfinite = seed, nonfinite
+        self.checkpoints = checkpoints
+        self.hooks = hooks or Hooks()
+        self.progress, self.desc = bool(progress), str(desc)
+
+    # -- configuration a resume must match -------------------------------------------------------------
+    def _configuration(self, model: nn.Module, opt: torch.optim.Optimizer, sched, batch_size: int,
+                       x: torch.Tensor, y: torch.Tensor) -> dict:
+        hyper = {k: v for k, v in opt.defaults.items() if isinstance(v, (bool, int, float, str, tuple, type(None)))}
+        return {
+            "task": self.task,
+            "optimizer": {"class": type(opt).__name__, **{k: list(v) if isinstance(v, tuple) else v
+                                                          for k, v in hyper.items()}},
+            "scheduler": None if sched is None else type(sched).__name__,
+            "scheduler_interval": self.scheduler_interval,
+            "regularisers": [[r.name, r.weight] for r in self.regularisers],
+            "seed": self.seed,
+            "batch_size": batch_size,
+            "nonfinite": self.nonfinite,
+            "data": _data_signature(x, y),
+            "model": {k: list(v.shape) for k, v in model.state_dict().items()},
+        }
+
+    # -- the run ---------------------------------------------------------------------------------------
+    def fit(self, model: nn.Module, data, *, epochs: int, batch_size: int = 128) -> list[dict]:
+        """Train ``model`` on ``data``: a :class:`~cde_nets.datasets.Split` or ``(x_train, y_train, x_test,
+        y_test)`` (``None`` for both test entries to skip testing), for ``epochs`` epochs in all (a resumed run
+        trains the missing ones; asking for more epochs than a finished checkpoint holds extends it).
+
+        Returns the per-epoch metrics (one dict per epoch, resumed epochs included): ``epoch``, ``train_loss`` and
+        ``train_accuracy`` (running, over the epoch's batches), ``reg_<name>``, ``test_loss``, ``test_accuracy``,
+        ``lr``, ``skipped_steps`` and ``time_s``.
+
+        Data-parallel: the same script launched as ``torchrun --standalone --nproc_per_node 2 script.py`` trains
+        with ``DistributedDataParallel`` once ``torch.distributed`` is initialised with more than one process
+        (``torch.distributed.init_process_group("gloo")``; ``"nccl"`` on GPUs). ``batch_size`` stays the global
+        batch: every rank draws the same seeded permutation and trains on its contiguous share of each global
+        batch, its loss weighted so that the averaged gradient is that of the global batch mean. Parameters
+        follow the single-process run up to rounding for models that treat samples independently and use
+        fixed-step solvers. Regularisers and hooks run on every rank; metrics are summed over ranks; only rank 0
+        shows the progress bar and writes checkpoints.
+        """
+        x_tr, y_tr, x_te, y_te = _check_data(self.task, data)
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"`epochs` must be a positive integer, got {epochs!r}.")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")
+        dp.check_batch_size(batch_size)
+        policy = self.checkpoints
+        block = _CHECKPOINTING.get()
+        if policy is None and block is not None:
+            policy = Checkpoints(block.next_path(self.desc), resume=block.resume)
+        opt = self._make_optimizer(model)
+        sched = None if self.scheduler is None else self.scheduler(opt)
+        config = self._configuration(model, opt, sched, batch_size, x_tr, y_tr)
+        devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+        with torch.random.fork_rng(devices=devices):
+            return self._run(model, opt, sched, config, policy, x_tr, y_tr, x_te, y_te, epochs, batch_size)
+
+    def _make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            return torch.optim.Adam(model.parameters(), lr=self.lr)
+        opt = self.optimizer(model.parameters())
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError("`optimizer` must be a factory `params -> Optimizer`, got a factory returning "
+                            f"{type(opt).__name__}.")
+        return opt
+
+    def _run(self, model, opt, sched, config, policy, x_tr, y_tr, x_te, y_te, epochs, batch_size) -> list[dict]:
+        batch_gen = torch.Generator().manual_seed(self.seed)
+        history: list[dict] = []
+        start = 0
+        last_good: Path | None = None
+        if policy is not None and policy.resume and Path(policy.path).exists():
+            ck = load_checkpoint(policy.path)
+            _check_resume(policy.path, ck, config, epochs)
+            _load_model(policy.path, model, ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            if sched is not None and ck["scheduler"] is not None:
+                sched.load_state_dict(ck["scheduler"])
+            torch.set_rng_state(ck["rng"]["torch"])
+            batch_gen.set_state(ck["rng"]["batches"])
+            history, start = ck["history"], ck["epoch"] + 1
+            last_good = Path(policy.path)
+        else:
+            torch.manual_seed(self.seed)  # inside fit's fork of the global generator: the caller's is restored
+        labels_checked = False
+        net = dp.wrap(model)
+        bar = None
+        if self.progress and start < epochs and dp.is_main():
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=epochs, initial=start, desc=self.desc, leave=False, dynamic_ncols=True)
+        for epoch in range(start, epochs):
+            t0 = time.perf_counter()
+            step_sched = sched if self.scheduler_interval == "batch" else None
+            metrics, labels_checked = self._epoch(model, net, opt, x_tr, y_tr, batch_size, batch_gen, epoch,
+                                                  step_sched, last_good, labels_checked)
+            if x_te is not None:
+                metrics.update({f"test_{k}": v for k, v in evaluate(model, x_te, y_te, self.task).items()})
+            metrics["lr"] = opt.param_groups[0]["lr"]
+            if sched is not None and self.scheduler_interval == "epoch":
+                if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                    sched.step(metrics.get("test_loss", metrics["train_loss"]))
+                else:
+                    sched.step()  # type: ignore[attr-defined]
+            metrics["time_s"] = time.perf_counter() - t0
+            if self.hooks.epoch is not None:
+                self.hooks.epoch(epoch, model, metrics)
+            history.append(metrics)
+            if policy is not None and ((epoch + 1) % policy.every == 0 or epoch + 1 == epochs):
+                _check_parameters_finite(model, epoch, last_good)
+                if dp.is_main():
+                    save_checkpoint(policy.path, {
+                        "format": _FORMAT, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": None if sched is None else sched.state_dict(), "epoch": epoch,
+                        "history": history, "config": config,
+                        "rng": {"torch": torch.get_rng_state(), "batches": batch_gen.get_state()}})
+                dp.barrier()
+                last_good = Path(policy.path)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix({k.replace("accuracy", "acc"): f"{v:.4g}" for k, v in metrics.items()
+                                 if k in ("train_loss", "train_accuracy", "test_accuracy")})
+        if bar is not None:
+            bar.close()
+        return history
+
+    def _epoch(self, model, net, opt, x_tr, y_tr, batch_size, batch_gen, epoch, step_sched, last_good,
+               labels_checked) -> tuple[dict, bool]:
+        net.train()
+        perm = torch.randperm(len(y_tr), generator=batch_gen)
+        run_loss, run_correct, seen, skipped = 0.0, 0, 0, 0
+        reg_sums = {r.name: 0.0 for r in self.regularisers}
+        n_batches = 0
+        params = [p for p in model.parameters() if p.requires_grad]
+        for b, i in enumerate(range(0, len(perm), batch_size)):
+            idx = perm[i:i + batch_size]
+            if self.hooks.batch is not None:
+                self.hooks.batch(model, x_tr[idx], y_tr[idx])
+            idx, n, weight = dp.shard(idx)
+            xb, yb = x_tr[idx], y_tr[idx]
+            opt.zero_grad(set_to_none=True)
+            out = net(xb)
+            if not labels_checked and self.task == "classification":
+                _check_labels(y_tr, out.shape[-1])
+                labels_checked = True
+            loss = task_loss(self.task, out, yb)
+            total = loss * weight
+            for reg in self.regularisers:
+                value = reg.fn(model)
+                reg_sums[reg.name] += float(torch.as_tensor(value).detach())
+                total = total + reg.weight * value
+            correct = _correct(out.detach(), yb) if self.task == "classification" and n else 0
+            loss_sum, correct, n, finite = dp.reduce_batch_stats(float(loss.detach()) * n, correct, n,
+                                                                 bool(torch.isfinite(total)))
+            if finite:
+                total.backward()
+                # one fused norm over every gradient: NaN/inf anywhere makes it non-finite (DDP has already
+                # averaged the gradients, so every rank decides alike)
+                grads = [p.grad for p in params if p.grad is not None]
+                finite = not grads or bool(torch.isfinite(torch.linalg.vector_norm(
+                    torch.stack(torch._foreach_norm(grads)))))
+                what = "gradient"
+            else:
+                what = "loss"
+            if not finite:
+                if self.nonfinite == "raise":
+                    where = (f"the last good checkpoint is {str(last_good)!r}" if last_good
+                             else "no checkpoint was written")
+                    raise NonFiniteError(
+                        f"the {what} became non-finite in epoch {epoch}, batch {b} (the loss was {float(total):.6g}); "
+                        f"the parameters were not updated with it and {where}. Lower the learning rate, tighten the "
+                        "solver tolerance, or train with nonfinite='skip' to skip such steps.", last_good)
+                opt.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            opt.step()
+            if step_sched is not None:
+                step_sched.step()
+            if self.hooks.post_step is not None:
+                self.hooks.post_step(model)
+            run_loss += loss_sum
+            seen += n
+            run_correct += correct
+            n_batches += 1
+        metrics: dict = {"epoch": epoch, "train_loss": run_loss / seen if seen else float("nan")}
+        if self.task == "classification":
+            metrics["train_accuracy"] = run_correct / seen if seen else float("nan")
+        metrics.update({f"reg_{k}": v / max(n_batches, 1) for k, v in reg_sums.items()})
+        metrics["skipped_steps"] = skipped
+        return metrics, labels_checked
+
+
+_FORMAT = "cde_nets.training/2"
+
+
+def _check_data(task: str, data) -> tuple:
     if not isinstance(data, Sequence) or len(data) != 4:
-        raise ValueError("`data` must be a Split or a tuple (x_train, y_train, x_test, y_test); "
-                         "pass None for both test entries to skip testing.")
+        raise ValueError("`data` must be a Split or a tuple (x_train, y_train, x_test, y_test); pass None for both "
+                         "test entries to skip testing.")
     x_tr, y_tr, x_te, y_te = data
+    for name, t in (("x_train", x_tr), ("y_train", y_tr)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"`data` {name} must be a torch.Tensor, got {type(t).__name__}.")
     if len(x_tr) != len(y_tr) or len(x_tr) == 0:
         raise ValueError(f"x_train and y_train must have the same positive length, got {len(x_tr)} and {len(y_tr)}.")
     if (x_te is None) != (y_te is None):
         raise ValueError("x_test and y_test must both be tensors or both be None.")
+    for name, x in (("x_train", x_tr), ("x_test", x_te)):
+        if x is not None and x.is_floating_point():
+            bad = ~torch.isfinite(x.reshape(len(x), -1)).all(1)
+            if bool(bad.any()):
+                raise ValueError(f"`data` {name} holds a non-finite value at sample {int(bad.nonzero()[0])} "
+                                 f"({int(bad.sum())} samples in all); clean or drop them before training.")
+    if task == "classification":
+        for name, y in (("y_train", y_tr), ("y_test", y_te)):
+            if y is not None and (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool):
+                raise TypeError(f"`data` {name} must hold integer class labels for classification, got {y.dtype}; "
+                                "use `.long()`, or task='regression' for real-valued targets.")
+    elif y_tr.is_floating_point() and not bool(torch.isfinite(y_tr).all()):
+        raise ValueError("`data` y_train holds non-finite regression targets.")
     return x_tr, y_tr, x_te, y_te
+
+
+def _check_labels(y: torch.Tensor, logits: int) -> None:
+    hi = 2 if logits == 1 else logits
+    bad = (y < 0) | (y >= hi)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        what = ("0 or 1 for one logit (binary cross-entropy)" if logits == 1
+                else f"in 0..{logits - 1} for {logits} logits")
+        raise ValueError(f"`data` y_train has label {int(y[i])} at sample {i}; labels must be {what}.")
+
+
+def _check_parameters_finite(model: nn.Module, epoch: int, last_good: Path | None) -> None:
+    for name, p in model.state_dict().items():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            where = f"the last good checkpoint {str(last_good)!r} is kept" if last_good else "nothing was saved"
+            raise NonFiniteError(f"`{name}` holds non-finite values after epoch {epoch}; it was not saved ({where}).",
+                                 last_good)
+
+
+def _check_resume(path, ck: dict, config: dict, epochs: int) -> None:
+    if ck.get("format") != _FORMAT or "config" not in ck:
+        raise CheckpointError(f"{str(path)!r} was not written by this version's Trainer (format "
+                              f"{ck.get('format')!r}); start afresh without resume, or delete the file.")
+    old = ck["config"]
+    diffs = []
+    for key in config:
+        if key == "model":
+            continue
+        if old.get(key) != config[key]:
+            diffs.append(f"{key}: {old.get(key)!r} in the checkpoint, {config[key]!r} now")
+    diffs += _model_differences(old.get("model", {}), config["model"])
+    if diffs:
+        raise CheckpointError(f"{str(path)!r} was written with other settings; resume with the same ones (only "
+                              "`epochs` may grow) or start afresh without resume:\n  " + "\n  ".join(diffs))
+    if ck["epoch"] + 1 > epochs:
+        raise CheckpointError(f"{str(path)!r} already holds {ck['epoch'] + 1} epochs but epochs={epochs} was asked "
+                              f"for; ask for epochs >= {ck['epoch'] + 1}, or start afresh without resume.")
+
+
+def _model_differences(old: dict, new: dict) -> list[str]:
+    out = [f"model parameter {k!r} is missing now" for k in old if k not in new]
+    out += [f"model parameter {k!r} is new (not in the checkpoint)" for k in new if k not in old]
+    out += [f"model parameter {k!r} has shape {old[k]} in the checkpoint, {new[k]} now"
+            for k in new if k in old and old[k] != new[k]]
+    return out
+
+
+def _load_model(path, model: nn.Module, state: dict) -> None:
+    diffs = _model_differences({k: list(v.shape) for k, v in state.items()},
+                               {k: list(v.shape) for k, v in model.state_dict().items()})
+    if diffs:
+        raise CheckpointError(f"{str(path)!r} holds another model:\n  " + "\n  ".join(diffs))
+    model.load_state_dict(state)
 
 
 @dataclass
@@ -191,14 +548,14 @@ _CHECKPOINTING: ContextVar[_Checkpointing | None] = ContextVar("cde_nets_checkpo
 
 
 @contextmanager
-def checkpointing(directory: str | Path, resume: bool = False):
-    """Checkpoint every :func:`fit` called inside the block that was not given its own ``checkpoint``.
+def checkpointing(directory: str | Path, resume: bool = False) -> Iterator[Path]:
+    """Checkpoint every :meth:`Trainer.fit` called inside the block whose trainer has no ``checkpoints`` policy.
 
     The ``k``-th call writes ``directory/<k>-<desc>.ckpt`` after each epoch; with ``resume=True`` each call
     continues from its file (a finished one returns its stored history at once, a missing one starts afresh). A
     block whose fits are deterministic given their seeds, as every reproduction's are, therefore ends bit for bit
     as an uninterrupted run however often it was killed and restarted. Resuming a different script, setting or
-    data set into the same directory is refused by the per-file checks of ``fit`` (seed, batch size, data shape).
+    data set into the same directory is refused by each file's configuration check.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -212,171 +569,3 @@ def checkpointing(directory: str | Path, resume: bool = False):
 def _data_signature(x: torch.Tensor, y: torch.Tensor) -> list:
     """Shape and a float64 sum of the training data: enough to refuse resuming onto other data."""
     return [list(x.shape), float(x.double().sum()), float(y.double().sum())]
-
-
-def fit(model: nn.Module, data, *, epochs: int, batch_size: int = 128, optimizer=None, lr: float = 1e-2,
-        task: str = "classification", regularisers: Iterable[Regulariser] = (),
-        post_step: Callable[[nn.Module], None] | None = None, scheduler=None, seed: int = 0,
-        checkpoint: str | Path | None = None, resume: bool = False, progress: bool = True, desc: str = "train",
-        epoch_callback: Callable[[int, nn.Module, dict], None] | None = None,
-        batch_hook: Callable[[nn.Module, torch.Tensor, torch.Tensor], None] | None = None,
-        scheduler_interval: str = "epoch") -> list[dict]:
-    """Train ``model`` on ``data``: a :class:`~cde_nets.datasets.Split` or ``(x_train, y_train, x_test, y_test)``.
-
-    Args:
-        epochs: the total number of epochs (a resumed run trains only the missing ones).
-        optimizer: an optimiser over ``model``'s parameters, or a factory ``params -> Optimizer``; default Adam(lr).
-        task: ``"classification"`` (labels ``(n,)`` long; one logit uses BCE, several cross-entropy) or
-            ``"regression"`` (MSE against float targets of the output's shape).
-        regularisers: :class:`Regulariser` terms added to the loss.
-        post_step: called with the model after every optimiser step (e.g. ``lambda m: m.block.field.project_()``).
-        scheduler: an LR scheduler or a factory ``optimizer -> scheduler``; stepped once per epoch
-            (``ReduceLROnPlateau`` with the epoch's test loss, or train loss without test data), or after every
-            optimiser step with ``scheduler_interval="batch"``.
-        batch_hook: ``f(model, x_batch, y_batch)`` before each batch's forward pass (e.g. refit a read-out on the
-            batch's frozen features, as H-DNN's reference training does).
-        seed: fixes the batch order and seeds the global RNGs at the start of a fresh run.
-        checkpoint: file written atomically after every epoch; with ``resume=True`` training continues from it
-            (a missing file starts afresh, so the same command serves the first run and every restart). Inside
-            :func:`checkpointing`, ``None`` means the block's next file and the block's ``resume``.
-        epoch_callback: ``f(epoch, model, metrics)`` after each epoch, before the checkpoint (may add metrics).
-    Returns the per-epoch metrics (one dict per epoch, resumed epochs included): ``epoch``, ``train_loss`` and
-    ``train_accuracy`` (running, over the epoch's batches), ``reg_<name>``, ``test_loss``, ``test_accuracy``,
-    ``lr`` and ``time_s`` (training and evaluation of the epoch).
-
-    Data-parallel: the same script launched as ``torchrun --standalone --nproc_per_node 2 script.py`` (or one whose
-    ranks join a process group some other way, e.g. :func:`cde_nets.distributed.launch.spawn`) trains with
-    ``DistributedDataParallel`` when ``torch.distributed`` is initialised with more than one process. A script run
-    by torchrun initialises the group itself before calling ``fit``::
-
-        torch.distributed.init_process_group("gloo")  # "nccl" on GPUs, with the model on cuda:LOCAL_RANK
-
-    ``batch_size`` stays the global batch (at least the world size): every rank draws the same seeded permutation
-    and trains on its contiguous share of each global batch, its loss weighted so that the averaged gradient is
-    that of the global batch mean, also when the last batch splits unevenly. Parameters therefore follow the
-    single-process run up to rounding (~1e-15 in float64) for models that treat samples independently and use
-    fixed-step solvers (adaptive step control and batch norm see the rank's share, random draws such as dropout
-    differ). Regularisers, ``post_step`` and ``batch_hook`` (called with the global batch) run on every rank on
-    identical parameters; the metrics are summed over ranks, so every rank returns the global history. Only
-    rank 0 shows the progress bar and writes the checkpoint (the others wait for it); with ``resume=True`` every
-    rank loads the same file.
-    """
-    x_tr, y_tr, x_te, y_te = _check_args(task, epochs, batch_size, data)
-    if scheduler_interval not in ("epoch", "batch"):
-        raise ValueError(f"`scheduler_interval` must be 'epoch' or 'batch', got {scheduler_interval!r}.")
-    block = _CHECKPOINTING.get()
-    if checkpoint is None and block is not None:
-        checkpoint, resume = block.next_path(desc), block.resume
-    if resume and checkpoint is None:
-        raise ValueError("`resume=True` needs `checkpoint`, the file to resume from.")
-    signature = None if checkpoint is None else _data_signature(x_tr, y_tr)
-    dp.check_batch_size(batch_size)
-    opt = _make_optimizer(model, optimizer, lr)
-    sched = _make_scheduler(scheduler, opt)
-    regularisers = list(regularisers)
-    batch_gen = torch.Generator().manual_seed(seed)
-    history: list[dict] = []
-    start = 0
-    if resume and checkpoint is not None and Path(checkpoint).exists():
-        ck = load_checkpoint(checkpoint)
-        if (ck["seed"], ck["batch_size"]) != (seed, batch_size):
-            raise ValueError(f"the checkpoint {str(checkpoint)!r} was written with seed={ck['seed']}, "
-                             f"batch_size={ck['batch_size']}; resume with the same values or start afresh without "
-                             "`resume`.")
-        if ck.get("data") not in (None, signature):
-            raise ValueError(f"the checkpoint {str(checkpoint)!r} was written for other training data (shape "
-                             f"{ck['data'][0]}, here {list(x_tr.shape)}, or other values); resume on the same data "
-                             "or start afresh without `resume`.")
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        if sched is not None and ck["scheduler"] is not None:
-            sched.load_state_dict(ck["scheduler"])
-        set_rng_state(ck["rng"], batch_gen)
-        history, start = ck["history"], ck["epoch"] + 1
-    else:
-        _seed_globals(seed)
-    net = dp.wrap(model)
-    bar = None
-    if progress and start < epochs and dp.is_main():
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=epochs, initial=start, desc=desc, leave=False, dynamic_ncols=True)
-    for epoch in range(start, epochs):
-        t0 = time.perf_counter()
-        step_sched = sched if scheduler_interval == "batch" else None
-        metrics = _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch,
-                               batch_hook, step_sched, net)
-        if x_te is not None:
-            metrics.update({f"test_{k}": v for k, v in evaluate(model, x_te, y_te, task).items()})
-        metrics["lr"] = opt.param_groups[0]["lr"]
-        if sched is not None and scheduler_interval == "epoch":
-            if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                sched.step(metrics.get("test_loss", metrics["train_loss"]))
-            else:
-                sched.step()
-        metrics["time_s"] = time.perf_counter() - t0
-        if epoch_callback is not None:
-            epoch_callback(epoch, model, metrics)
-        history.append(metrics)
-        if checkpoint is not None:
-            if dp.is_main():
-                save_checkpoint(checkpoint, {
-                    "model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "scheduler": None if sched is None else sched.state_dict(), "epoch": epoch, "history": history,
-                    "seed": seed, "batch_size": batch_size, "rng": rng_state(batch_gen),
-                    "data": signature})
-            dp.barrier()
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix({k.replace("accuracy", "acc"): f"{v:.4g}" for k, v in metrics.items()
-                             if k in ("train_loss", "train_accuracy", "test_accuracy")})
-    if bar is not None:
-        bar.close()
-    return history
-
-
-def _train_epoch(model, opt, x_tr, y_tr, batch_size, batch_gen, task, regularisers, post_step, epoch, batch_hook=None,
-                 step_sched=None, net=None) -> dict:
-    """One epoch; ``net`` runs the forward pass (``model`` wrapped in DDP under torch.distributed)."""
-    net = model if net is None else net
-    net.train()
-    perm = torch.randperm(len(y_tr), generator=batch_gen)
-    run_loss, run_correct, seen = 0.0, 0, 0
-    reg_sums = {r.name: 0.0 for r in regularisers}
-    n_batches = 0
-    for i in range(0, len(perm), batch_size):
-        idx = perm[i:i + batch_size]
-        if batch_hook is not None:
-            batch_hook(model, x_tr[idx], y_tr[idx])
-        idx, n, weight = dp.shard(idx)
-        xb, yb = x_tr[idx], y_tr[idx]
-        opt.zero_grad(set_to_none=True)
-        out = _prediction(net(xb))
-        loss = task_loss(task, out, yb)
-        total = loss * weight
-        for reg in regularisers:
-            value = reg.fn(model)
-            reg_sums[reg.name] += float(torch.as_tensor(value).detach())
-            total = total + reg.weight * value
-        correct = _correct(out.detach(), yb) if task == "classification" and n else 0
-        loss_sum, correct, n, finite = dp.reduce_batch_stats(float(loss.detach()) * n, correct, n,
-                                                             bool(torch.isfinite(total)))
-        if not finite:
-            value = float(total) if not torch.isfinite(total) else "non-finite on another rank"
-            raise FloatingPointError(f"the loss became {value} in epoch {epoch}; lower the learning rate or "
-                                     "tighten the solver tolerance (the last epoch's checkpoint is intact).")
-        total.backward()
-        opt.step()
-        if step_sched is not None:
-            step_sched.step()
-        if post_step is not None:
-            post_step(model)
-        run_loss += loss_sum
-        seen += n
-        run_correct += correct
-        n_batches += 1
-    metrics = {"epoch": epoch, "train_loss": run_loss / seen}
-    if task == "classification":
-        metrics["train_accuracy"] = run_correct / seen
-    metrics.update({f"reg_{k}": v / n_batches for k, v in reg_sums.items()})
-    return metrics

@@ -25,7 +25,7 @@ from cde_nets.datasets import digits
 from cde_nets.diagnostics.profiles import cosine_profile, norm_profile, piece_gradient_norms, state_gradient_norms
 from cde_nets.fields.base import Field
 from cde_nets.fields.second_order import PiecewiseMLP
-from cde_nets.training import evaluate, fit, seeded
+from cde_nets.training import Trainer, evaluate, seeded
 
 from .common import threads
 from .report import result, row, save_figure
@@ -186,7 +186,8 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         with seeded(seed):
             model = ResidualNet(order, s["width"], s["layers"], s["hidden"])
         before = diagnostics(model, data.x_test, data.y_test)
-        fit(model, data, epochs=s["epochs"], batch_size=s["batch"], lr=s["lr"], seed=seed, desc=f"digits {name}")
+        trainer = Trainer(lr=s["lr"], seed=seed, desc=f"digits {name}")
+        trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
         acc = evaluate(model, data.x_test, data.y_test)["accuracy"]
         prof = diagnostics(model, data.x_test, data.y_test)
         prof["initial"] = before
@@ -196,7 +197,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
                         float(np.mean(prof["update_cosine"]))))
         rows.append(row(f"digits, {name}: ‖∂L/∂x_0‖ / ‖∂L/∂x_L‖", None,
                         prof["state_grad"][0] / max(prof["state_grad"][-1], 1e-300)))
-    figures = [] if size == "tiny" else _plot(toys, {k: v for k, v in profiles.items()}, out_dir)
+    figures = _plot(toys, {k: v for k, v in profiles.items()}, out_dir)
     notes = ["Published toys give limits, not errors: the fitted slope -1 is the first-order rate both recurrences "
              "share.", "B §8 predicts successive velocities of the second-order net align (cossim near 1) where "
              "a first-order net's updates need not; the blog prints no numbers for the diagnostics.",

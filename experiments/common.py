@@ -10,7 +10,7 @@ from torch import nn
 from cde_nets import discretize
 from cde_nets.fields import MS1, MS2, MS3, Hamiltonian
 from cde_nets.models import Classifier
-from cde_nets.training import fit, seeded, smoothness_RK
+from cde_nets.training import Trainer, seeded, smoothness_RK
 
 __all__ = ["hdnn_classifier", "train_classifier", "HDNN_SCHEMES"]
 
@@ -43,8 +43,8 @@ def train_classifier(model: nn.Module, data, *, epochs: int, batch_size: int, lr
     """Train with Adam and optional R_K smoothness; returns final metrics, history and wall time."""
     regs = [smoothness_RK(smooth, h)] if smooth else []
     t0 = time.perf_counter()
-    hist = fit(model, data, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, regularisers=regs, desc=desc,
-               **kw)
+    hist = Trainer(lr=lr, seed=seed, regularisers=regs, desc=desc, **kw).fit(model, data, epochs=epochs,
+                                                                              batch_size=batch_size)
     return {"train_accuracy": hist[-1].get("train_accuracy"), "test_accuracy": hist[-1].get("test_accuracy"),
             "history": hist, "time_s": time.perf_counter() - t0}
 

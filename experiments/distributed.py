@@ -35,7 +35,7 @@ from cde_nets.datasets import swiss_roll
 from cde_nets.distributed import data_parallel as dp
 from cde_nets.distributed.h2 import _setup, run_h2
 from cde_nets.distributed.launch import spawn
-from cde_nets.training import fit
+from cde_nets.training import Trainer
 
 from .common import hdnn_classifier
 from .report import format_table, result, row, write_result
@@ -166,8 +166,9 @@ def ddp_train(rank: int, world: int, cfg: dict) -> dict:
         data = swiss_roll(n=cfg["n"], dim=4, seed=cfg["seed"], dtype=torch.float64)
         model = hdnn_classifier("H1", cfg["layers"], float(cfg["layers"]) / 4, cfg["seed"])
         t0 = time.perf_counter()
-        hist = fit(model, data, epochs=cfg["epochs"], batch_size=cfg["batch"], seed=cfg["seed"], progress=False,
-                   optimizer=lambda params: torch.optim.SGD(params, lr=cfg["lr"]))
+        trainer = Trainer(seed=cfg["seed"], progress=False,
+                          optimizer=lambda params: torch.optim.SGD(params, lr=cfg["lr"]))
+        hist = trainer.fit(model, data, epochs=cfg["epochs"], batch_size=cfg["batch"])
         elapsed = time.perf_counter() - t0
     finally:
         torch.set_default_dtype(old)
@@ -219,8 +220,8 @@ def run_ddp_mode(nodes: int, s: dict, seed: int) -> tuple[list[dict], dict]:
 
 def torchrun_line(nodes: int, size: str, seed: int) -> str:
     flag = "" if size == "full" else f" --{size}"
-    return (f"torchrun --standalone --nproc_per_node {nodes} -m cde_nets.experiments.distributed --mode ddp-worker{flag}"
-            f" --seed {seed}")
+    return (f"torchrun --standalone --nproc_per_node {nodes} -m cde_nets.experiments.distributed "
+            f"--mode ddp-worker{flag} --seed {seed}")
 
 
 def ddp_worker(size: str, seed: int) -> int:
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         r, extra["ddp"] = run_ddp_mode(args.nodes, SETTINGS[size]["ddp"], args.seed)
         rows += r
     line = torchrun_line(args.nodes, size, args.seed)
-    notes = [f"Your own script calling fit(...): torchrun --standalone --nproc_per_node {args.nodes} script.py "
+    notes = [f"Your own script calling Trainer.fit: torchrun --standalone --nproc_per_node {args.nodes} script.py "
              "(it calls torch.distributed.init_process_group first).",
              f"This DDP comparison under torchrun: {line}",
              "Wall times on this machine; each rank and the single process use one intra-op thread."]

@@ -24,7 +24,7 @@ from cde_nets.diagnostics.profiles import perturbation_ratio
 from cde_nets.fields.base import Field
 from cde_nets.models import Classifier
 from cde_nets.pieces import Pieces
-from cde_nets.training import fit, seeded
+from cde_nets.training import Trainer, seeded
 
 from .common import threads
 from .report import result, row, save_figure
@@ -102,7 +102,7 @@ def _states(model: Classifier, x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _train(model, data, s, seed, desc) -> dict:
-    hist = fit(model, data, epochs=s["epochs"], batch_size=s["batch"], lr=s["lr"], seed=seed, desc=desc)
+    hist = Trainer(lr=s["lr"], seed=seed, desc=desc).fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
     return {"test": 100 * hist[-1]["test_accuracy"], "train": 100 * hist[-1]["train_accuracy"],
             "ratio": perturbation_ratio(_states(model, data.x_test))}
 
@@ -152,7 +152,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         rows.append(row(f"perturbation ratio, C{k} net (2 nodes)", PUBLISHED["ratio Ck"] if k == 1 else None,
                         res[f"disk C{k}"]["ratio"]))
     rows.append(row("perturbation ratio, 20-layer C0 net", PUBLISHED["ratio C0"], res["C0"]["ratio"]))
-    figures = [] if size == "tiny" else _plot(models, bands, disk, out_dir)
+    figures = _plot(models, bands, disk, out_dir)
     notes = ["S §4 gives no depth, Δl or schedule: here L = {layers}, Δl = T/L with T = {T}, Adam lr {lr}, "
              "batch {batch}, {epochs} epochs; weights start standard normal.".format(**s),
              "The 2-D set is our stand-in for S Fig. 4's data (a disk inside an annulus; a two-node C1 flow is a "

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from cde_nets.training import Regulariser, evaluate, fit
+from cde_nets.training import Hooks, Regulariser, Trainer, evaluate
 
 __all__ = ["PROTOCOL", "ReadoutRefit", "epoch_bias_correction", "refit_readout", "train_hdnn"]
 
@@ -121,11 +121,12 @@ def train_hdnn(model: nn.Module, data, *, epochs: int, seed: int, regularisers: 
     batches = math.ceil(len(data[1]) / p["batch_size"])
     block_params = [q for n, q in model.named_parameters() if not n.startswith("readout.")]
     t0 = time.perf_counter()
-    hist = fit(model, data, epochs=epochs, batch_size=p["batch_size"], seed=seed, regularisers=regularisers,
-               optimizer=lambda _: torch.optim.Adam(block_params, lr=p["lr"], betas=p["betas"]),
-               scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, epoch_bias_correction(batches)),
-               scheduler_interval="batch", batch_hook=ReadoutRefit(), desc=desc, epoch_callback=epoch_callback,
-               **fit_kw)
+    trainer = Trainer(seed=seed, regularisers=regularisers,
+                      optimizer=lambda _: torch.optim.Adam(block_params, lr=p["lr"], betas=p["betas"]),
+                      scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, epoch_bias_correction(batches)),
+                      scheduler_interval="batch", hooks=Hooks(batch=ReadoutRefit(), epoch=epoch_callback), desc=desc,
+                      **fit_kw)
+    hist = trainer.fit(model, data, epochs=epochs, batch_size=p["batch_size"])
     refit_readout(model, data[0], data[1], epochs=epochs, seed=seed)
     train = evaluate(model, data[0], data[1])
     test = evaluate(model, data[2], data[3]) if data[2] is not None else {}

@@ -27,7 +27,7 @@ from cde_nets.fields import CubicFrictionConv, NAISConv
 from cde_nets.fields.base import Field
 from cde_nets.models import Classifier
 from cde_nets.pieces import Pieces
-from cde_nets.training import evaluate, fit, seeded, smoothness_R82
+from cde_nets.training import Hooks, Trainer, evaluate, seeded, smoothness_R82
 
 from .common import parameter_count, threads
 from .report import result, row, save_figure
@@ -130,8 +130,9 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     for (name, (make, post, regs)), published in zip(builders.items(), PUBLISHED.values()):
         with seeded(seed):
             model = make()
-        hist = fit(model, data, epochs=s["epochs"], batch_size=s["batch"], seed=seed, post_step=post, regularisers=regs,
-                   optimizer=lambda p: torch.optim.Adam(p, lr=s["lr"]), progress=size != "tiny", desc=name)
+        trainer = Trainer(seed=seed, hooks=Hooks(post_step=post), regularisers=regs,
+                          optimizer=lambda p: torch.optim.Adam(p, lr=s["lr"]), progress=size != "tiny", desc=name)
+        hist = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
         curves[name] = hist
         acc = 100 * evaluate(model, data.x_test, data.y_test)["accuracy"]
         pub = f"{published[0]}-{published[1]}" if isinstance(published, tuple) else published
@@ -147,6 +148,6 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
              "per epoch over 40 epochs).",
              "Table III's range 98.04-98.38 % covers 2-8 H1 layers; NAIS-Net's 97.28 % is N §5.1's fully "
              "connected MNIST net, ours is the convolutional NAIS block (Alg. N2)."]
-    figures = [] if size == "tiny" else _plot(curves, out_dir)
+    figures = _plot(curves, out_dir)
     return result("mnist5k", rows, size=size, seed=seed, time_s=time.perf_counter() - t0, settings=s, notes=notes,
                   figures=figures)

@@ -33,7 +33,7 @@ from cde_nets.datasets import digits
 from cde_nets.fields import NAIS
 from cde_nets.fields.base import Field
 from cde_nets.models import Classifier
-from cde_nets.training import evaluate, fit, seeded
+from cde_nets.training import Hooks, Trainer, evaluate, seeded
 
 from .common import parameter_count, threads
 from .report import result, row, save_figure
@@ -135,9 +135,10 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         if post is not None:
             post(model)
         try:
-            hist = fit(model, data, epochs=s["epochs"], batch_size=s["batch"], seed=seed, post_step=post,
-                       optimizer=lambda p: torch.optim.SGD(p, lr=s["lr"], momentum=s["momentum"]),
-                       progress=size != "tiny", desc=f"digits {arch}")
+            trainer = Trainer(seed=seed, hooks=Hooks(post_step=post),
+                              optimizer=lambda p: torch.optim.SGD(p, lr=s["lr"], momentum=s["momentum"]),
+                              progress=size != "tiny", desc=f"digits {arch}")
+            hist = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
             acc = 100 * evaluate(model, data.x_test, data.y_test)["accuracy"]
             curves[arch] = hist
         except FloatingPointError as exc:
@@ -158,7 +159,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
                  + ", ".join(f"{c}: {m:.1f}" for c, m in means.items()) + ".")
     notes.append(f"SGD momentum {s['momentum']}, lr {s['lr']} (published 0.1, which stalls here), batch {s['batch']}, "
                  f"{s['epochs']} epochs, tanh, h = {H}, state 64; ResNet-SH-NA has no published number.")
-    figures = [] if size == "tiny" else _plot(depth_info["depths"], EVAL_MAX_DEPTH, curves, out_dir)
+    figures = _plot(depth_info["depths"], EVAL_MAX_DEPTH, curves, out_dir)
     return result("nais_digits", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
                   settings={**s, "train_eps": TRAIN_EPS, "eval_eps": EVAL_EPS, "parameters": counts,
                             "mean_depth_per_class": means, "depths_per_class": depth_info["depths"]},

@@ -18,7 +18,7 @@ growing ``ε``; accuracies are averaged over ``draws`` perturbations. There is n
 (``{"setting", "published", "ours", "unit", ...}``: accuracy in % per model and ``ε``, then per model the
 accuracy lost from ``ε = 0`` to ``ε = 0.1`` in points), ``"settings"`` (the
 configuration, plus ``"curves"``: ``{model: [accuracy per ε]}`` and ``"eps"``), ``"seed"``, ``"time_s"``,
-``"figures"`` (the PNG, except for ``size="tiny"``) and ``"notes"``.
+``"figures"`` (the PNG) and ``"notes"``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from cde_nets.fields import Hamiltonian
 from cde_nets.models import Classifier
 from cde_nets.ode_block import ODEBlock
 from cde_nets.sde_block import SDEBlock
-from cde_nets.training import evaluate, fit, seeded
+from cde_nets.training import Trainer, evaluate, seeded
 
 from .report import SIZES, result, row, save_figure
 
@@ -109,7 +109,7 @@ def run(size: str | bool = "quick", seed: int = 0, out_dir="results") -> dict:
         rows, curves, train = _experiment(s, seed)
     finally:
         torch.set_num_threads(threads)
-    figures = [] if size == "tiny" else _plot(curves, s["eps"], s, out_dir)
+    figures = _plot(curves, s["eps"], s, out_dir)
     notes = [f"Additive noise σ = {s['sigma']} (fixed) in training; Euler / Euler-Maruyama with one step per piece "
              f"(h = {s['T'] / s['L']}); Adam lr {s['lr']} with cosine decay, batch {s['batch']}, {s['epochs']} "
              "epochs; the two models start from the same weights and see the same batches.",
@@ -127,8 +127,9 @@ def _experiment(s: dict, seed: int) -> tuple[list[dict], dict, dict]:
     for name, noise in (("ODE", False), ("SDE", True)):
         tr = time.perf_counter()
         model = build(noise, s, seed)
-        hist = fit(model, data, epochs=s["epochs"], batch_size=s["batch"], lr=s["lr"], seed=seed, desc=name,
-                   scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, s["epochs"]))
+        trainer = Trainer(lr=s["lr"], seed=seed, desc=name,
+                          scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, s["epochs"]))
+        hist = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
         models[name] = model
         train[name] = {"train_accuracy": 100 * hist[-1]["train_accuracy"], "time_s": time.perf_counter() - tr}
     sde_block = models["SDE"].block

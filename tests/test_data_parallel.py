@@ -14,7 +14,7 @@ from cde_nets.distributed import data_parallel as dp
 from cde_nets.distributed.launch import spawn
 from cde_nets.fields import NAIS, Hamiltonian
 from cde_nets.models import Classifier
-from cde_nets.training import fit, load_checkpoint, seeded, smoothness_RK
+from cde_nets.training import Checkpoints, Hooks, Trainer, load_checkpoint, seeded, smoothness_RK
 
 # n_train = 33, batch 16: batches 16, 16, 1; the last one leaves rank 1 of 2 without a sample.
 # n_train = 45, batch 16: the last batch of 13 splits 7 / 6.
@@ -49,19 +49,20 @@ def train(rank, world, kind, ckpt=None, epochs=None, resume=False):
     if kind == "discrete":
         extra["regularisers"] = [smoothness_RK(1e-2, 1 / 3)]
     else:
-        extra["post_step"] = lambda mod: mod.block.field.project_()
+        extra["hooks"] = Hooks(post_step=lambda mod: mod.block.field.project_())
     writes = []
     save = training.save_checkpoint
     training.save_checkpoint = lambda path, obj: (writes.append(path), save(path, obj))[1]
     try:
-        hist = fit(m, data(c["n"]), epochs=epochs or c["epochs"], batch_size=c["batch"], lr=0.05, seed=7,
-                   progress=False, checkpoint=ckpt, resume=resume, **extra)
+        trainer = Trainer(lr=0.05, seed=7, progress=False,
+                          checkpoints=None if ckpt is None else Checkpoints(ckpt, resume=resume), **extra)
+        hist = trainer.fit(m, data(c["n"]), epochs=epochs or c["epochs"], batch_size=c["batch"])
     finally:
         training.save_checkpoint = save
     state = {k: v.detach().clone() for k, v in m.state_dict().items()}
     refused = None
     try:  # a global batch smaller than the world is refused (on every rank, before any collective)
-        fit(torch.nn.Linear(2, 1), data(8), epochs=1, batch_size=1, progress=False)
+        Trainer(progress=False).fit(torch.nn.Linear(2, 1), data(8), epochs=1, batch_size=1)
     except ValueError as e:
         refused = str(e)
     return {"state": state, "history": hist, "world": dp.world_size(), "rank": dp.rank(), "refused": refused,

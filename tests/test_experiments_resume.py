@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cde_nets.training import checkpointing, fit, load_checkpoint
+from cde_nets.training import CheckpointError, Trainer, checkpointing, load_checkpoint
 from cde_nets.experiments.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,10 +57,10 @@ def test_checkpointing_block_names_files_and_refuses_other_data(tmp_path):
         torch.manual_seed(0)
         model = nn.Linear(3, 2)
         with checkpointing(tmp_path, resume=resume):
-            return fit(model, d, epochs=2, batch_size=8, seed=0, progress=False, desc="probe run")
+            return Trainer(seed=0, progress=False, desc="probe run").fit(model, d, epochs=2, batch_size=8)
 
     first = run(data(1.0), resume=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["001-probe_run.ckpt"]
     assert run(data(1.0), resume=True) == first  # finished: the stored history comes back
-    with pytest.raises(ValueError, match="other training data"):
+    with pytest.raises(CheckpointError, match="written with other settings.*\n  data: "):
         run(data(2.0), resume=True)

@@ -19,8 +19,13 @@ from cde_nets.fields import NAIS
 from cde_nets.models import Classifier
 from cde_nets.pieces import Pieces, TimeGrid
 from cde_nets.training import (
+    CheckpointError,
+    Checkpoints,
+    Hooks,
+    NonFiniteError,
+    Regulariser,
+    Trainer,
     evaluate,
-    fit,
     load_checkpoint,
     save_checkpoint,
     seeded,
@@ -45,7 +50,7 @@ def test_learns_a_linearly_separable_set():
     data = separable()
     with seeded(0):
         model = torch.nn.Linear(2, 1)
-    hist = fit(model, data, epochs=30, batch_size=20, lr=0.1, progress=False)
+    hist = Trainer(lr=0.1, progress=False).fit(model, data, epochs=30, batch_size=20)
     assert hist[-1]["test_accuracy"] == 1.0 and hist[-1]["train_accuracy"] == 1.0
     assert [h["epoch"] for h in hist] == list(range(30))
     assert evaluate(model, data.x_test, data.y_test)["accuracy"] == 1.0
@@ -58,8 +63,8 @@ def test_regression_reaches_the_least_squares_solution(f64):
     X1 = np.hstack([x.numpy(), np.ones((64, 1))])
     coef = np.linalg.lstsq(X1, y.numpy(), rcond=None)[0]
     model = torch.nn.Linear(3, 2)
-    hist = fit(model, (x, y, None, None), epochs=400, batch_size=64, task="regression", progress=False,
-               optimizer=lambda p: torch.optim.SGD(p, lr=0.3))
+    trainer = Trainer(task="regression", progress=False, optimizer=lambda p: torch.optim.SGD(p, lr=0.3))
+    hist = trainer.fit(model, (x, y, None, None), epochs=400, batch_size=64)
     assert np.allclose(model.weight.detach().numpy(), coef[:3].T, atol=1e-9)
     assert np.allclose(model.bias.detach().numpy(), coef[3], atol=1e-9)
     resid = X1 @ coef - y.numpy()
@@ -94,8 +99,8 @@ def test_fit_adds_the_weighted_regulariser_to_the_loss(f64):
     loss = torch.nn.functional.binary_cross_entropy_with_logits(ref(data.x_train)[:, 0], data.y_train.double())
     loss = loss + 0.5 * sum(p.square().sum() for p in ref.parameters())
     grads = torch.autograd.grad(loss, list(ref.parameters()))
-    hist = fit(model, data, epochs=1, batch_size=8, progress=False, regularisers=[weight_decay(0.5)],
-               optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    trainer = Trainer(progress=False, regularisers=[weight_decay(0.5)], optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    hist = trainer.fit(model, data, epochs=1, batch_size=8)
     for p, p0, g in zip(model.parameters(), theta0, grads):
         assert torch.allclose(p.detach(), p0 - 0.1 * g, rtol=0, atol=1e-15)
     assert hist[0]["reg_weight_decay"] == pytest.approx(sum(float(p.square().sum()) for p in theta0), rel=1e-15)
@@ -109,7 +114,7 @@ def test_one_seed_fixes_training_bit_for_bit_even_with_dropout():
             model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Dropout(0.2),
                                         torch.nn.Linear(8, 1))
         torch.rand(disturb)  # whatever the caller drew before, fit's seed decides batches and dropout masks
-        hist = fit(model, data, epochs=3, batch_size=16, seed=seed, progress=False)
+        hist = Trainer(seed=seed, progress=False).fit(model, data, epochs=3, batch_size=16)
         return torch.cat([p.detach().flatten() for p in model.parameters()]), hist
 
     (a, ha), (b, hb), (c, _) = run(7, 1), run(7, 5), run(8, 1)
@@ -118,9 +123,9 @@ def test_one_seed_fixes_training_bit_for_bit_even_with_dropout():
 
 
 def test_scheduler_factory_steps_once_per_epoch(capsys):
-    hist = fit(torch.nn.Linear(2, 1), separable(), epochs=4, batch_size=50, progress=True, desc="sched",
-               optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-               scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    trainer = Trainer(progress=True, desc="sched", optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                      scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    hist = trainer.fit(torch.nn.Linear(2, 1), separable(), epochs=4, batch_size=50)
     assert [h["lr"] for h in hist] == [0.1, 0.1, 0.05, 0.05]
     assert "sched" in capsys.readouterr().err  # the progress bar
 
@@ -136,7 +141,7 @@ def test_post_step_projects_nais_after_every_step():
         R = m.block.field.R.data[0]
         norms.append(float(torch.linalg.matrix_norm(R.T @ R).detach()))
 
-    fit(model, data, epochs=1, batch_size=50, lr=0.5, post_step=project, progress=False)
+    Trainer(lr=0.5, hooks=Hooks(post_step=project), progress=False).fit(model, data, epochs=1, batch_size=50)
     assert len(norms) == 4 and max(norms) <= (1 - 2 * field.eps) * (1 + 1e-6)
 
 
@@ -169,7 +174,8 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
             victim.kill()
     # killed after training epoch 3, before its checkpoint: the file holds epoch 2 (StepLR mid-period)
     assert load_checkpoint(ckpt)["epoch"] == 2 and not out.exists()
-    (tmp_path / ".b.ckpt.torn.tmp").write_bytes(b"\x80half a pickle")  # what a kill during a write leaves
+    torn = tmp_path / f".b.ckpt.{victim.pid}.x1y2.tmp"  # what a kill during a write leaves (its writer is dead)
+    torn.write_bytes(b"\x80half a pickle")
     subprocess.run([sys.executable, DEMO, str(ckpt), str(out), "--resume"], check=True, env=env, timeout=120)
     a, b = torch.load(full_out), torch.load(out)
     assert a["params"].keys() == b["params"].keys()
@@ -177,12 +183,16 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
         assert torch.equal(a["params"][k], b["params"][k]), k
     strip = lambda h: [{k: v for k, v in r.items() if k != "time_s"} for r in h]  # noqa: E731
     assert len(b["history"]) == 6 and strip(a["history"]) == strip(b["history"])
-    assert not (tmp_path / ".b.ckpt.torn.tmp").exists()
+    assert not torn.exists()
+
+
+def _state(epoch: int) -> dict:
+    return {"model": {}, "optimizer": {}, "epoch": epoch, "history": []}
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     path = tmp_path / "c.ckpt"
-    save_checkpoint(path, {"epoch": 1})
+    save_checkpoint(path, _state(1))
 
     def crash(*a, **k):
         raise KeyboardInterrupt("killed between write and rename")
@@ -190,28 +200,182 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     with monkeypatch.context() as mp:
         mp.setattr(os, "replace", crash)
         with pytest.raises(KeyboardInterrupt):
-            save_checkpoint(path, {"epoch": 2})
+            save_checkpoint(path, _state(2))
     assert load_checkpoint(path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["c.ckpt"]  # no temporary file left behind
-    save_checkpoint(path, {"epoch": 3})
+    save_checkpoint(path, _state(3))
     assert load_checkpoint(path)["epoch"] == 3
+    assert (path.stat().st_mode & 0o777) == 0o644  # readable like any results file
+
+
+def test_cleanup_leaves_a_live_writers_temporary_file(tmp_path):
+    """Two runs writing one file: the clean-up of stale temporary files must not delete the other's in flight."""
+    path = tmp_path / "c.ckpt"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        live = tmp_path / f".c.ckpt.{other.pid}.abcd.tmp"
+        live.write_bytes(b"in flight")
+        save_checkpoint(path, _state(1))
+        assert live.exists()
+    finally:
+        other.kill()
+        other.wait()
+    save_checkpoint(path, _state(2))
+    assert not live.exists()  # its writer is gone: now it is stale
 
 
 def test_errors(tmp_path):
     data = separable()
     with pytest.raises(ValueError, match="`task` must be"):
-        fit(torch.nn.Linear(2, 1), data, epochs=1, task="ranking")
+        Trainer(task="ranking")
     with pytest.raises(ValueError, match="`epochs` must be a positive integer"):
-        fit(torch.nn.Linear(2, 1), data, epochs=0)
-    with pytest.raises(ValueError, match="`resume=True` needs `checkpoint`"):
-        fit(torch.nn.Linear(2, 1), data, epochs=1, resume=True)
-    with pytest.raises(TypeError, match="`optimizer` must be a torch.optim.Optimizer"):
-        fit(torch.nn.Linear(2, 1), data, epochs=1, optimizer=lambda p: list(p))
+        Trainer().fit(torch.nn.Linear(2, 1), data, epochs=0)
+    with pytest.raises(TypeError, match="`optimizer` must be a factory"):
+        Trainer(progress=False, optimizer=lambda p: list(p)).fit(torch.nn.Linear(2, 1), data, epochs=1)
     with pytest.raises(ValueError, match="`data` must be a Split"):
-        fit(torch.nn.Linear(2, 1), data[:2], epochs=1)
-    ck = tmp_path / "e.ckpt"
-    fit(torch.nn.Linear(2, 1), data, epochs=1, seed=1, checkpoint=ck, progress=False)
-    with pytest.raises(ValueError, match="written with seed=1"):
-        fit(torch.nn.Linear(2, 1), data, epochs=2, seed=2, checkpoint=ck, resume=True, progress=False)
+        Trainer().fit(torch.nn.Linear(2, 1), data[:2], epochs=1)
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         load_checkpoint(tmp_path / "missing.ckpt")
+
+
+# -- a trainer you can leave running --------------------------------------------------------------------------
+def _sqrt_regulariser(step_of_nan: int) -> Regulariser:
+    """sqrt(d) with d = 0 on the given call: a finite value (0) whose gradient is inf · 0 = NaN."""
+    calls = {"n": 0}
+
+    def fn(m):
+        calls["n"] += 1
+        w = next(m.parameters())
+        d = w.square().sum() * (0.0 if calls["n"] == step_of_nan else 1.0)
+        return d.sqrt()
+
+    return Regulariser("sqrt", 1e-3, fn)
+
+
+def test_a_nan_gradient_under_a_finite_loss_is_never_stepped_nor_saved(tmp_path):
+    data = separable(n=40)
+    ck = tmp_path / "n.ckpt"
+    with seeded(0):
+        model = torch.nn.Linear(2, 1)
+    trainer = Trainer(progress=False, regularisers=[_sqrt_regulariser(6)], checkpoints=Checkpoints(ck))
+    with pytest.raises(NonFiniteError, match=r"gradient became non-finite in epoch 1, batch 0 .* the last good "
+                       r"checkpoint is .*n.ckpt") as info:
+        trainer.fit(model, data, epochs=3, batch_size=8)  # 5 batches an epoch: call 6 is epoch 1, batch 0
+    assert info.value.last_checkpoint == ck
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    saved = load_checkpoint(ck)
+    assert saved["epoch"] == 0 and all(bool(torch.isfinite(v).all()) for v in saved["model"].values())
+
+    with seeded(0):
+        model = torch.nn.Linear(2, 1)
+    hist = Trainer(progress=False, regularisers=[_sqrt_regulariser(6)], nonfinite="skip").fit(
+        model, data, epochs=3, batch_size=8)
+    assert [h["skipped_steps"] for h in hist] == [0, 1, 0]
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def _trained(tmp_path, **kw) -> tuple[Path, Split]:
+    data = separable(n=40)
+    ck = tmp_path / "r.ckpt"
+    with seeded(0):
+        model = torch.nn.Linear(2, 1)
+    Trainer(progress=False, checkpoints=ck, lr=0.01, **kw).fit(model, data, epochs=2, batch_size=8)
+    return ck, data
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(lr=0.5), r"optimizer: .*'lr': 0.01.* in the checkpoint, .*'lr': 0.5"),
+        (dict(optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)), r"optimizer: .*'class': 'Adam'"),
+        (dict(regularisers=[weight_decay(0.1)]), r"regularisers: \[\] in the checkpoint, \[\['weight_decay', 0.1\]\]"),
+        (dict(task="regression"), r"task: 'classification' in the checkpoint, 'regression' now"),
+        (dict(seed=3), r"seed: 0 in the checkpoint, 3 now"),
+        (dict(batch_size=4), r"batch_size: 8 in the checkpoint, 4 now"),
+        (dict(model=torch.nn.Linear(2, 2)), r"model parameter 'weight' has shape \[1, 2\] in the checkpoint, \[2, 2\]"),
+        (dict(data=separable(5, n=40)), r"data: "),
+        (dict(epochs=1), r"already holds 2 epochs but epochs=1"),
+    ],
+)
+def test_resume_refuses_changed_settings(tmp_path, change, match):
+    ck, data = _trained(tmp_path)
+    kw = dict(lr=0.01)
+    model = change.pop("model", torch.nn.Linear(2, 1))
+    data = change.pop("data", data)
+    epochs = change.pop("epochs", 3)
+    batch_size = change.pop("batch_size", 8)
+    if "optimizer" in change:
+        kw.pop("lr")
+    kw.update(change)
+    with pytest.raises(CheckpointError, match=match):
+        Trainer(progress=False, checkpoints=Checkpoints(ck, resume=True), **kw).fit(
+            model, data, epochs=epochs, batch_size=batch_size)
+
+
+def test_resume_may_extend_epochs_and_leaves_the_global_random_state_alone(tmp_path):
+    ck, data = _trained(tmp_path)
+    state = torch.get_rng_state()
+    with seeded(0):
+        model = torch.nn.Linear(2, 1)
+    torch.set_rng_state(state)
+    hist = Trainer(progress=False, lr=0.01, checkpoints=Checkpoints(ck, resume=True)).fit(
+        model, data, epochs=4, batch_size=8)
+    assert [h["epoch"] for h in hist] == [0, 1, 2, 3]
+    assert torch.equal(torch.get_rng_state(), state)  # the trainer drew from generators of its own
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (b"", r"is empty \(0 bytes\)"),
+        (b"\x80\x02garbage", r"is corrupt or truncated"),
+        ("truncated", r"is corrupt or truncated"),
+        ("not-a-checkpoint", r"is not a cde_nets training checkpoint"),
+    ],
+)
+def test_checkpoint_loader_says_what_is_wrong(tmp_path, content, match):
+    path = tmp_path / "bad.ckpt"
+    if content == "truncated":
+        save_checkpoint(path, _state(1) | {"model": {"w": torch.randn(1000)}})
+        path.write_bytes(path.read_bytes()[:-500])
+    elif content == "not-a-checkpoint":
+        torch.save({"weights": 1}, path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("data", "exc", "match"),
+    [
+        (Split(torch.randn(8, 2), torch.tensor([0, 2, 1, 0, 1, 0, 1, 0]), None, None), ValueError,
+         r"y_train has label 2 at sample 1; labels must be 0 or 1 for one logit"),
+        (Split(torch.randn(8, 2), torch.rand(8), None, None), TypeError, r"y_train must hold integer class labels"),
+        (Split(torch.randn(8, 2).index_put_((torch.tensor([5]),), torch.tensor(float("nan"))), torch.zeros(8).long(),
+               None, None), ValueError, r"x_train holds a non-finite value at sample 5"),
+    ],
+)
+def test_bad_training_data_is_named(data, exc, match):
+    with pytest.raises(exc, match=match):
+        Trainer(progress=False).fit(torch.nn.Linear(2, 1), data, epochs=1, batch_size=4)
+
+
+def test_out_of_range_labels_for_several_logits():
+    data = Split(torch.randn(8, 2), torch.tensor([0, 1, 2, 3, 4, 5, 6, 7]), None, None)
+    with pytest.raises(ValueError, match=r"label 3 at sample 3; labels must be in 0..2 for 3 logits"):
+        Trainer(progress=False).fit(torch.nn.Linear(2, 3), data, epochs=1, batch_size=4)
+
+
+@pytest.mark.parametrize(("kw", "exc", "match"), [
+    (dict(lr=-0.1), ValueError, r"`lr` must be a finite number > 0"),
+    (dict(lr=0.1, optimizer=lambda p: torch.optim.SGD(p, lr=0.1)), ValueError, r"`lr` sets the default Adam"),
+    (dict(nonfinite="ignore"), ValueError, r"`nonfinite` must be 'raise' or 'skip'"),
+    (dict(seed=-1), ValueError, r"`seed` must be a non-negative integer"),
+    (dict(regularisers=[lambda m: 0]), TypeError, r"`regularisers` must hold Regulariser terms"),
+    (dict(checkpoints=3), TypeError, r"`checkpoints` must be a Checkpoints policy or a path"),
+    (dict(scheduler_interval="step"), ValueError, r"`scheduler_interval` must be 'epoch' or 'batch'"),
+])
+def test_trainer_settings_are_checked(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        Trainer(**kw)

@@ -17,7 +17,7 @@ from cde_nets import discretize
 from cde_nets.datasets import swiss_roll
 from cde_nets.fields import Hamiltonian
 from cde_nets.models import Classifier
-from cde_nets.training import fit, seeded, smoothness_RK
+from cde_nets.training import Checkpoints, Hooks, Trainer, seeded, smoothness_RK
 
 
 def main(ckpt: str, out: Path, resume: bool = False, hang_at: int = -1) -> None:
@@ -30,9 +30,10 @@ def main(ckpt: str, out: Path, resume: bool = False, hang_at: int = -1) -> None:
     with seeded(3):
         model = torch.nn.Sequential(torch.nn.Dropout(0.1),
                                     Classifier(discretize(Hamiltonian(4, layers=8, T=1.0), "euler"), 2, 4, 1))
-    hist = fit(model, data, epochs=6, batch_size=50, lr=0.02, seed=3, checkpoint=ckpt, resume=resume,
-               progress=False, regularisers=[smoothness_RK(1e-3, 1 / 8)], epoch_callback=hang,
-               scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    trainer = Trainer(lr=0.02, seed=3, checkpoints=Checkpoints(ckpt, resume=resume), progress=False,
+                      regularisers=[smoothness_RK(1e-3, 1 / 8)], hooks=Hooks(epoch=hang),
+                      scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    hist = trainer.fit(model, data, epochs=6, batch_size=50)
     torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()}, "history": hist}, out)
 
 
