@@ -8,6 +8,7 @@ stopping). The block input ``u`` of a non-autonomous field travels with the call
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -32,6 +33,7 @@ class Block(nn.Module):
         super().__init__()
         if not isinstance(field, nn.Module) or not callable(getattr(field, "forward", None)):
             raise TypeError(f"`field` must be an nn.Module with forward(t, y), got {type(field).__name__}.")
+        _check_signature(field)
         self.field = field
         grid = getattr(field, "grid", None)
         if T is None:
@@ -109,3 +111,18 @@ def _check_tensor_state(y0: object) -> None:
     if y0.dim() < 1 or not y0.is_floating_point():
         raise ValueError(f"`y0` must be a floating-point tensor of shape (batch, ...), got {y0.dtype} of shape "
                          f"{tuple(y0.shape)}.")
+
+
+def _check_signature(field: nn.Module) -> None:
+    """A field is called as ``F(t, y)``: refuse, by name, a module whose ``forward`` cannot take two arguments."""
+    try:
+        sig = inspect.signature(field.forward)
+    except (TypeError, ValueError):  # builtins without a signature: let the call decide
+        return
+    try:
+        sig.bind(0.0, None)
+    except TypeError:
+        raise TypeError(
+            f"`field` is called as F(t, y), but {type(field).__name__}.forward{sig} does not take (t, y); wrap it, "
+            f"e.g. `class F(nn.Module): def forward(self, t, y): return module(y)`."
+        ) from None

@@ -77,7 +77,7 @@ class _SDE(nn.Module):
         self.count_vjp = count_vjp
         self.l = l  # fixed per object: the adjoint's reverse solve of a step must see that step's piece
         self.backward_phase = False
-        self.probe = set()
+        self.probe: set[str] = set()
 
     def arm_probe(self) -> None:
         """torchsde's ``sdeint`` first calls ``f`` and ``g`` once to check shapes; answer those with zeros."""
@@ -159,6 +159,9 @@ class SDEBlock(Block):
     ``backprop``; filled in by ``backward()``) and ``steps_forward`` / ``steps_backward`` (the steps of the fixed
     grid; with ``adaptive`` their subdivisions show only in the evaluation counts).
     """
+
+    _grid: torch.Tensor  # buffer: the step grid (float64)
+    rho: nn.Parameter | None
 
     def __init__(
         self,
@@ -336,6 +339,12 @@ class SDEBlock(Block):
                 "build the block with matching `channels`."
             )
         save = None if t is None else self._save_indices(t)
+        if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to integrate, every parameter in the graph
+            y = y0 + 0 * bound(torch.zeros((), dtype=torch.float64), y0)
+            if self.rho is not None:
+                y = y + 0 * self.rho.sum()
+            ys = None if save is None else y.unsqueeze(0).expand(len(save), *y.shape)
+            return Solution(y=y, ts=None if save is None else self._grid[save].clone(), ys=ys, stats=self._stats)
         stochastic = self.stochastic
         paths = self.paths if stochastic else 1
         shape = tuple(y0.shape[1:])

@@ -79,9 +79,11 @@ class BoundField:
     """``field`` with one call's input ``u`` fixed (``None`` for fields without input).
 
     Attribute reads fall through to the field (``grid``, ``split``, ``separable``, ``state_shape``, ...).
+    A plain ``__dict__`` object, not ``__slots__``: torch.compile (2.13) guards on the ``__dict__`` of objects
+    alive across a graph break and fails on slotted ones.
     """
 
-    __slots__ = ("field", "u")
+    field: Any  # a Field or a plain module: its evaluate* methods are duck-typed
 
     def __init__(self, field: nn.Module, u: torch.Tensor | None = None):
         self.field = field
@@ -110,6 +112,6 @@ class BoundField:
         return BoundField(self.field, None if self.u is None else self.u[idx])
 
     def __getattr__(self, name: str) -> Any:
-        if name in BoundField.__slots__:  # not yet set (copying): no fall-through, no recursion
+        if name in ("field", "u"):  # not yet set (copying): no fall-through, no recursion
             raise AttributeError(name)
         return getattr(self.field, name)

@@ -146,6 +146,8 @@ class NAISConv(_Input):
     ``I + h σ'(·) A`` (Lemma N1) then lies in the unit disc for ``h <= 1`` (Condition N1, Theorem N3).
     """
 
+    centre: torch.Tensor  # buffer: 1 at each channel's own centre tap
+
     def __init__(
         self,
         channels: int,
