@@ -18,6 +18,8 @@ Any ``nn.Module`` with ``forward(t, y)`` runs in continuous mode, and in discret
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -91,7 +93,8 @@ class Field(nn.Module):
             self._memo[key] = compute()
         return self._memo[key]
 
-    def evaluate(self, l: int, y: torch.Tensor, *u: torch.Tensor) -> torch.Tensor:
+    # (*args, **kwargs): subclasses take (l, y) or, with needs_input, (l, y, u)
+    def evaluate(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """``F(y)`` with the parameters of piece ``l``; ``y`` has shape ``(batch, *state_shape)``. Fields with
         ``needs_input`` take the block input as a third argument: ``evaluate(l, y, u)``."""
         raise NotImplementedError

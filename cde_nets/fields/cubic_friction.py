@@ -99,8 +99,7 @@ class CubicFriction(Field):
     def mu(self) -> float:
         return self.friction.mu
 
-    # A field without block input takes no `u`: narrower than Field.evaluate(l, y, *u), on purpose.
-    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
         # γ (a softplus when learned) once per call of a discrete net; see cde_nets.pieces.gathered
         gamma = self.memo("gamma", lambda: self.friction.gamma)
         return self.friction.subtract_from(torch.addmm(self.b[l], x, self.W[l].T), x, gamma)
@@ -152,7 +151,6 @@ class CubicFrictionConv(Field):
     def gamma(self) -> torch.Tensor:
         return self.friction.gamma
 
-    # A field without block input takes no `u`: narrower than Field.evaluate(l, y, *u), on purpose.
-    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
         affine = F.conv2d(x, self.kernel[l], self.bias[l], padding=self.kernel_size // 2)
         return self.friction.subtract_from(affine, x, self.memo("gamma", lambda: self.friction.gamma))

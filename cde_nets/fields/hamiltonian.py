@@ -208,8 +208,7 @@ class Hamiltonian(Field):
         K, b = self.K_half(l, part), (self.b_p[l] if part == 0 else self.b_q[l])
         return self.sigma(torch.addmm(b, z, K.T)) @ K
 
-    # A field without block input takes no `u`: narrower than Field.evaluate(l, y, *u), on purpose.
-    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
         if self._separable:
             return torch.cat([self.evaluate_part(l, y, 0), self.evaluate_part(l, y, 1)], -1)
         return self.grad_H(l, y) @ self.memo("J.T", lambda: self.J.T)

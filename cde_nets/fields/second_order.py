@@ -148,8 +148,7 @@ class SecondOrder(Field):
                 "concatenate (x, x', ...) along the features or build the field with matching dim/order."
             )
 
-    # A field without block input takes no `u`: narrower than Field.evaluate(l, y, *u), on purpose.
-    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
         """``F(y)`` for piece ``l``; ``y``: ``(batch, order·dim)``."""
         self._check_width(y)
         d = self.dim
