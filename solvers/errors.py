@@ -6,7 +6,7 @@ import math
 
 import torch
 
-__all__ = ["SolverError", "check_finite", "check_positive"]
+__all__ = ["SolverError", "check_finite", "check_positive", "check_positive_int", "check_init_std"]
 
 
 class SolverError(RuntimeError):
@@ -28,6 +28,26 @@ def check_positive(name: str, value: float, fix: str = "") -> float:
         raise TypeError(f"`{name}` must be a positive number, got {value!r}.") from None
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.{(' ' + fix) if fix else ''}")
+    return v
+
+
+def check_positive_int(name: str, value: object, what: str = "") -> int:
+    """Raise ``ValueError`` unless ``value`` is an integer >= 1 (``bool`` is refused: ``True`` is not a size)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer{(' (' + what + ')') if what else ''}, got {value!r}.")
+    return value
+
+
+def check_init_std(value: float | None) -> float | None:
+    """``init_std``: ``None`` (the field's default) or a finite number >= 0 (0 starts the weights at zero)."""
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"`init_std` must be a number, got {value!r}.") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"`init_std` must be a finite number >= 0 (a standard deviation), got {value!r}.")
     return v
 
 

@@ -96,3 +96,44 @@ def test_an_empty_batch_gives_an_empty_result_with_every_parameter_in_the_graph(
     assert y.shape == (0, 4)
     y.sum().backward()
     assert all(p.grad is not None and float(p.grad.abs().sum()) == 0.0 for p in block.parameters())
+
+
+FIELDS: list[Case] = [
+    ("hamiltonian-width-zero", lambda: Hamiltonian(4, width=0), ValueError, r"`width` must be a positive integer"),
+    ("hamiltonian-dim-bool", lambda: Hamiltonian(True), ValueError, r"`dim` must be a positive integer"),
+    ("hamiltonian-init-std-negative", lambda: Hamiltonian(4, init_std=-1.0), ValueError,
+     r"`init_std` must be a finite number >= 0"),
+    ("hamiltonian-init-std-nan", lambda: Hamiltonian(4, init_std=float("nan")), ValueError, r"`init_std`"),
+    ("hamiltonian-J-nan", lambda: Hamiltonian(2, J=torch.full((2, 2), float("nan"))), ValueError,
+     r"`J` must be a finite floating-point skew-symmetric matrix"),
+    ("hamiltonian-J-inf", lambda: Hamiltonian(2, J=torch.tensor([[0.0, float("inf")], [-float("inf"), 0.0]])),
+     ValueError, r"`J` must be a finite"),
+    ("hamiltonian-J-not-skew", lambda: Hamiltonian(2, J=torch.eye(2)), ValueError, r"`J` must be skew-symmetric"),
+    ("hamiltonian-J-shape", lambda: Hamiltonian(4, J=torch.zeros(2, 2)), ValueError, r"`J` has shape \(2, 2\)"),
+    ("hamiltonian-K-kind", lambda: Hamiltonian(4, K="diag"), ValueError, r"`K` must be 'full'"),
+    ("hamiltonian-blockdiag-odd", lambda: Hamiltonian(3, K="blockdiag"), ValueError, r"needs an even `dim`"),
+    ("hamiltonian-layers-zero", lambda: Hamiltonian(4, layers=0), ValueError, r"`layers` must be a positive"),
+    ("hamiltonian-T-negative", lambda: Hamiltonian(4, T=-1.0), ValueError, r"`T` must be a finite positive"),
+    ("cubic-friction-init-std", lambda: __import__("cde_nets.fields", fromlist=["CubicFriction"]).CubicFriction(
+        2, init_std=-1.0), ValueError, r"`init_std` must be a finite number >= 0"),
+    ("cubic-friction-gamma-negative", lambda: __import__("cde_nets.fields", fromlist=["CubicFriction"]).CubicFriction(
+        2, gamma=-1.0), ValueError, r"`gamma` must be a finite number >= 0"),
+    ("nais-init-std", lambda: NAIS(3, 2, init_std=-0.5), ValueError, r"`init_std` must be a finite number >= 0"),
+    ("nais-eps", lambda: NAIS(3, 2, eps=0.7), ValueError, r"`eps` must lie in \(0, 0.5\)"),
+    ("nais-dim", lambda: NAIS(0, 2), ValueError, r"`dim` must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize(("thunk", "exc", "match"), [c[1:] for c in FIELDS], ids=[c[0] for c in FIELDS])
+def test_bad_field_arguments_raise_named_errors(thunk, exc, match):
+    with pytest.raises(exc, match=match):
+        thunk()
+
+
+def test_relative_drift_of_zero_energies_is_refused_not_huge():
+    from cde_nets.diagnostics import relative_drift
+
+    E = torch.tensor([[0.0, 0.0], [1e-17, -2e-17]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"relative drift is undefined: the initial energies are zero"):
+        relative_drift(E)
+    assert relative_drift(torch.tensor([[2.0], [2.5]], dtype=torch.float64)) == pytest.approx(0.25)

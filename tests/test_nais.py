@@ -1,5 +1,5 @@
-"""NAIS field (SPEC §4): Alg. N1/N2 projections give Condition N1, the tanh equilibrium is reached
-geometrically, the input-output gain bound (eq. N10) holds, the bound input follows compacted rows."""
+"""NAIS field (Ciccone et al. 2018): Alg. 1/2 projections give Condition 1, the tanh equilibrium is reached
+geometrically, the input-output gain bound (eq. 10) holds, the call's input follows compacted rows."""
 
 import math
 
@@ -21,7 +21,7 @@ def test_projection_makes_the_block_stable(scale, seed, eps, loose):
     field = NAIS(5, 3, layers=2, eps=eps, delta=delta, init_std=scale, generator=g).double()
     with torch.no_grad():
         field.b.data.normal_(0, 1, generator=g)
-    field.bind(torch.randn(16, 3, generator=g, dtype=torch.float64))
+    u = torch.randn(16, 3, generator=g, dtype=torch.float64)
     x = torch.randn(16, 5, generator=g, dtype=torch.float64)
     # Large R: Condition N1 fails before the projection (ρ(I + A) > 1 at σ' = 1, the unsaturated limit)
     assert torch.linalg.eigvalsh(torch.eye(5) + field.A(0).detach()).abs().max() > 1
@@ -29,7 +29,7 @@ def test_projection_makes_the_block_stable(scale, seed, eps, loose):
     for l in range(2):
         R = field.R.data.detach()[l]
         assert float(torch.linalg.matrix_norm(R.T @ R)) == pytest.approx(field.delta, rel=1e-12)
-        assert field.stability_margin(x, h=1.0, l=l) < 1
+        assert field.stability_margin(x, u, h=1.0, l=l) < 1
     R1 = field.R.data.clone()
     field.project_()
     assert torch.equal(field.R.data, R1)  # idempotent
@@ -53,17 +53,16 @@ def test_steady_state_reached_geometrically_from_two_starts(f64):
     with torch.no_grad():
         x_star = -torch.linalg.solve(field.A(0), (u @ field.B[0].T + field.b[0]).T).T
     net = discretize(field, "euler")
-    rho_star = field.bind(u).stability_margin(x_star, h=1.0)
+    rho_star = field.stability_margin(x_star, u, h=1.0)
     for x0 in (torch.zeros(1, 4), 3 * torch.randn(1, 4, generator=g)):
-        field.bind(u)
         x, errs, xs = x0, [], [x0]
         with torch.no_grad():
             for _ in range(300):
-                x = net.step(0, (x,))[0]
+                x = net.step(0, (x,), u=u)[0]
                 errs.append((x - x_star).norm().item())
                 xs.append(x)
         assert errs[-1] < 1e-6
-        rho_bar = field.bind(u.expand(301, 2)).stability_margin(torch.cat(xs), h=1.0)  # sup along the run
+        rho_bar = field.stability_margin(torch.cat(xs), u.expand(301, 2), h=1.0)  # sup along the run
         assert rho_star <= rho_bar < 1
         ratios = [b / a for a, b in zip(errs[100:200], errs[101:201])]
         assert max(ratios) <= rho_bar + 1e-3
@@ -88,15 +87,13 @@ def test_input_output_gain_bound(f64):
         x, xw, rho = torch.zeros(1, 4), torch.zeros(1, 4), 0.0
         bound_parts = []
         for _ in range(60):
-            z = field.bind(u).preactivation(0, x)
-            zw = field.bind(u + w).preactivation(0, xw)
+            z = field.preactivation(0, x, u)
+            zw = field.preactivation(0, xw, u + w)
             dz = zw - z
             D = torch.where(dz.abs() > 1e-12, (torch.tanh(zw) - torch.tanh(z)) / dz, 1 - torch.tanh(z) ** 2)
             rho = max(rho, torch.linalg.matrix_norm(torch.eye(4) + h * D[0, :, None] * A, 2).item())
-            field.bind(u)
-            x = net.step(0, (x,))[0]
-            field.bind(u + w)
-            xw = net.step(0, (xw,))[0]
+            x = net.step(0, (x,), u=u)[0]
+            xw = net.step(0, (xw,), u=u + w)[0]
             bound_parts.append((xw - x).norm().item())
         assert rho < 1
         bound = (h * torch.linalg.matrix_norm(B, 2) * w.norm() / (1 - rho)).item()
@@ -105,24 +102,24 @@ def test_input_output_gain_bound(f64):
     assert worst > 0.05  # the bound is not vacuous on these inputs
 
 
-def test_rows_restrict_the_bound_input(f64):
+def test_rows_restrict_the_call_input(f64):
+    from cde_nets.fields.bound import BoundField
+
     field = NAIS(3, 2, layers=2, generator=torch.Generator().manual_seed(2))
     x, u = torch.randn(5, 3), torch.randn(5, 2)
-    full = field.bind(u)(0.7, x)
+    bound = BoundField(field, u)
+    full = bound(0.7, x)
+    assert torch.equal(full, field(0.7, x, u))
     idx = torch.tensor([4, 1, 3])
-    with field.rows(idx):
-        assert torch.allclose(field(0.7, x[idx]), full[idx], atol=1e-15, rtol=0)
-        assert torch.allclose(field(0.7, x[idx]), full[idx], atol=1e-15, rtol=0)  # the cached gather
-    assert torch.equal(field(0.7, x), full)  # restored on exit
-    with field.rows(idx[:2]):  # a new compaction gathers again
-        assert torch.allclose(field(0.7, x[idx[:2]]), full[idx[:2]], atol=1e-15, rtol=0)
+    rows = bound.rows(idx)
+    assert torch.allclose(rows(0.7, x[idx]), full[idx], atol=1e-15, rtol=0)
+    assert torch.equal(bound(0.7, x), full)  # the bound field itself is unchanged
 
 
 def conv_jacobian_radius(field, x, u, h=1.0):
     """ρ(∂(x + h F(x))/∂x) of the dense Jacobian (Lemma N1) at the state ``x``."""
-    field.bind(u)
     n = x.numel()
-    J = torch.autograd.functional.jacobian(lambda z: (z + h * field(0.0, z)).reshape(-1), x).reshape(n, n)
+    J = torch.autograd.functional.jacobian(lambda z: (z + h * field(0.0, z, u)).reshape(-1), x).reshape(n, n)
     return torch.linalg.eigvals(J).abs().max().item()
 
 
@@ -157,28 +154,28 @@ def test_conv_projection_alg_N2(f64):
 
 def test_errors(f64):
     field = NAIS(4, 2)
-    with pytest.raises(ValueError, match=r"needs its block input: call `field.bind\(u\)`"):
+    with pytest.raises(ValueError, match=r"needs its block input: call it as field\(t, y, u\)"):
         field(0.0, torch.zeros(3, 4))
-    with pytest.raises(ValueError, match="needs a block input: pass `u=`"):
+    with pytest.raises(ValueError, match="needs its block input: pass `u=`"):
         ODEBlock(NAIS(4, 2))(torch.zeros(3, 4))
-    with pytest.raises(ValueError, match=r"`u` has shape \(3, 5\), but NAIS expects \(batch, 2\); bind"):
-        field.bind(torch.zeros(3, 5))
+    with pytest.raises(ValueError, match=r"`u` has shape \(3, 5\), but NAIS expects \(batch, 2\)"):
+        ODEBlock(field)(torch.zeros(3, 4), u=torch.zeros(3, 5))
     with pytest.raises(TypeError, match="`u` must be a torch.Tensor"):
-        field.bind([[0.0, 0.0]])
-    with pytest.raises(ValueError, match="the bound `u` has batch 2 but the state has batch 3"):
-        field.bind(torch.zeros(2, 2))(0.0, torch.zeros(3, 4))
+        ODEBlock(field)(torch.zeros(1, 4), u=[[0.0, 0.0]])
+    with pytest.raises(ValueError, match="`u` has batch 2 but the state has batch 3"):
+        field(0.0, torch.zeros(3, 4), torch.zeros(2, 2))
     with pytest.raises(ValueError, match=r"`eps` must lie in \(0, 0.5\)"):
         NAIS(4, 2, eps=0.6)
     with pytest.raises(ValueError, match=r"`delta` must lie in \(0, 2\(1 − eps\)\]"):
         NAIS(4, 2, eps=0.1, delta=1.9)
     with pytest.raises(ValueError, match="`h` must be a finite number > 0"):
-        field.bind(torch.zeros(3, 2)).stability_margin(torch.zeros(3, 4), h=0.0)
+        field.stability_margin(torch.zeros(3, 4), torch.zeros(3, 2), h=0.0)
     with pytest.raises(ValueError, match=r"`x` has shape \(3, 5\), but NAIS expects \(batch, 4\)"):
-        field.stability_margin(torch.zeros(3, 5), h=1.0)
+        field.stability_margin(torch.zeros(3, 5), torch.zeros(3, 2), h=1.0)
     conv = NAISConv(2)
     with pytest.raises(
-        ValueError, match=r"the bound `u` has spatial size \(3, 3\) but the state has \(4, 4\)"
+        ValueError, match=r"`u` has spatial size \(3, 3\) but the state has \(4, 4\)"
     ):
-        conv.bind(torch.zeros(1, 2, 3, 3))(0.0, torch.zeros(1, 2, 4, 4))
+        conv(0.0, torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 3, 3))
     with pytest.raises(ValueError, match="Alg. N2 needs 0 < eps < eta < 1"):
         NAISConv(2, eps=0.2, eta=0.1)

@@ -120,9 +120,9 @@ def test_errors(f64):
         SecondOrder(0)
     with pytest.raises(ValueError, match="`hidden` must be a positive integer"):
         SecondOrder(2, hidden=0)
-    with pytest.raises(ValueError, match="`gamma` must be > 0"):
+    with pytest.raises(ValueError, match="`gamma` must be a finite number > 0"):
         SecondOrder(2, gamma=0.0)
-    with pytest.raises(ValueError, match="`eta` must be > 0"):
+    with pytest.raises(ValueError, match="`eta` must be a finite number > 0"):
         SecondOrder(2, eta=-1.0)
     with pytest.raises(ValueError, match=r"`y0` has shape \(3, 5\), but SecondOrder expects \(batch, 4\)"):
         ODEBlock(SecondOrder(2))(torch.zeros(3, 5))

@@ -34,9 +34,25 @@ EnergyFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 def relative_drift(E: torch.Tensor) -> float:
-    """``max_{k, b} |E_k,b − E_0,b| / mean_b |E_0,b|`` for ``E`` of shape ``(times, batch)``."""
-    scale = E[0].abs().mean().clamp_min(torch.finfo(E.dtype).tiny)
+    """``max_{k, b} |E_k,b − E_0,b| / mean_b |E_0,b|`` for ``E`` of shape ``(times, batch)``.
+
+    Undefined when the initial energies vanish (a ratio to zero would report rounding noise as a huge drift):
+    then a ``ValueError`` says so, and the absolute drift ``(E − E[0]).abs().max()`` is the number to report.
+    """
+    scale = E[0].abs().mean()
+    if not bool(scale > 64 * torch.finfo(E.dtype).eps * E.abs().max()):
+        raise ValueError(f"the relative drift is undefined: the initial energies are zero (mean |E_0| = "
+                         f"{float(scale):.3g}); report the absolute drift (E - E[0]).abs().max() instead, or shift "
+                         "the energy by a constant.")
     return float((E - E[0]).abs().max() / scale)
+
+
+def _drift(E: torch.Tensor) -> float | None:
+    """:func:`relative_drift`, or ``None`` where it is undefined (zero initial energies)."""
+    try:
+        return relative_drift(E)
+    except ValueError:
+        return None
 
 
 def _energy_fn(field: nn.Module, energy: EnergyFn | None) -> EnergyFn:
@@ -68,7 +84,7 @@ def energy_trajectory(
     Returns:
         ``times`` (len K), ``H`` and ``extended`` ``(K, batch)``, ``jumps`` (one dict per interior boundary:
         ``t`` and the mean over the batch of ``H_l − H_{l−1}``), ``drift`` and ``extended_drift``
-        (:func:`relative_drift`).
+        (:func:`relative_drift`; ``None`` where the initial energies are zero and a relative drift is undefined).
     """
     field = block.field
     energy = _energy_fn(field, energy)
@@ -95,8 +111,8 @@ def energy_trajectory(
         "H": H,
         "extended": E,
         "jumps": jumps,
-        "drift": relative_drift(H),
-        "extended_drift": relative_drift(E),
+        "drift": _drift(H),
+        "extended_drift": _drift(E),
     }
 
 
@@ -124,4 +140,4 @@ def discrete_energy(
     H = torch.stack([energy(piece[l], y) for l, y in enumerate(states)])
     step = torch.stack([energy(piece[l], states[l + 1]) - energy(piece[l], states[l]) for l in range(L)])
     E = torch.cat([H[:1], H[:1] + step.cumsum(0)])
-    return {"H": H, "step_error": step, "extended": E, "drift": relative_drift(H), "extended_drift": relative_drift(E)}
+    return {"H": H, "step_error": step, "extended": E, "drift": _drift(H), "extended_drift": _drift(E)}

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from cde_nets.solvers.errors import check_init_std
+
 from ..pieces import Pieces
 from .activations import resolve_activation
 from .base import Field
@@ -30,19 +32,20 @@ class _Split(Field):
 
     def __init__(self, dim, layers, T, activation, init_std, generator):
         super().__init__(T=T, layers=layers)
-        self.half = _even(dim, type(self).__name__)
+        self.half_dim = _even(dim, type(self).__name__)
         self.dim = dim
         self.state_shape = (dim,)
-        self.split = (self.half, self.half)
+        self.split = (self.half_dim, self.half_dim)
         self.activation_name, self.sigma = resolve_activation(activation)
-        std = 1.0 / math.sqrt(self.half) if init_std is None else float(init_std)
+        init_std = check_init_std(init_std)
+        std = 1.0 / math.sqrt(self.half_dim) if init_std is None else init_std
         self._init = lambda w: w.normal_(0.0, std, generator=generator)
 
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.evaluate_part(l, y, 0), self.evaluate_part(l, y, 1)], -1)
 
     def evaluate_part(self, l, y, part):
-        return self.evaluate_half(l, y[..., self.half:] if part == 0 else y[..., : self.half], part)
+        return self.evaluate_half(l, y[..., self.half_dim:] if part == 0 else y[..., : self.half_dim], part)
 
 
 class MS1(_Split):
@@ -52,7 +55,7 @@ class MS1(_Split):
 
     def __init__(self, dim: int, layers: int = 1, T: float = 1.0, activation="tanh", init_std=None, generator=None):
         super().__init__(dim, layers, T, activation, init_std, generator)
-        n = self.half
+        n = self.half_dim
         self.K0 = Pieces(self.grid, (n, n), init=self._init)
         self.b1 = Pieces(self.grid, (n,))
         self.b2 = Pieces(self.grid, (n,))
@@ -69,7 +72,7 @@ class MS1(_Split):
         ``K0 D K0ᵀ``-type products with this ``J``, which are symmetric. The reading ``J K ᵀ = I`` of H App. I
         (``J = K_lᵀ⁻¹``) gives the right vector field but not the form the layers preserve (tested).
         """
-        n = self.half
+        n = self.half_dim
         Z = torch.zeros(n, n, dtype=self.K0.data.dtype)
         K = torch.cat([torch.cat([Z, self.K0[l]], 1), torch.cat([-self.K0[l].T, Z], 1)], 0)
         return K.T
@@ -87,7 +90,8 @@ class MS2(Field):
         self.dim = dim
         self.state_shape = (dim,)
         self.activation_name, self.sigma = resolve_activation(activation)
-        std = 1.0 / math.sqrt(dim) if init_std is None else float(init_std)
+        init_std = check_init_std(init_std)
+        std = 1.0 / math.sqrt(dim) if init_std is None else init_std
         self.register_buffer("_iu", torch.triu_indices(dim, dim, 1))
         self.S = Pieces(self.grid, (dim * (dim - 1) // 2,), init=lambda w: w.normal_(0.0, std, generator=generator))
         self.b = Pieces(self.grid, (dim,))
@@ -108,7 +112,7 @@ class MS3(_Split):
 
     def __init__(self, dim: int, layers: int = 1, T: float = 1.0, activation="tanh", init_std=None, generator=None):
         super().__init__(dim, layers, T, activation, init_std, generator)
-        n = self.half
+        n = self.half_dim
         self.K1 = Pieces(self.grid, (n, n), init=self._init)
         self.K2 = Pieces(self.grid, (n, n), init=self._init)
         self.b1 = Pieces(self.grid, (n,))

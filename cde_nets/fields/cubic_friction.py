@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cde_nets.solvers.errors import check_init_std
+
 from ..pieces import Pieces
 from .base import Field
 
@@ -81,11 +83,12 @@ class CubicFriction(Field):
         generator: torch.Generator | None = None,
     ):
         super().__init__(T=T, layers=layers)
-        if not isinstance(dim, int) or dim < 1:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValueError(f"`dim` must be a positive integer, got {dim!r}.")
         self.dim = dim
         self.state_shape = (dim,)
-        std = 1.0 / math.sqrt(dim) if init_std is None else float(init_std)
+        init_std = check_init_std(init_std)
+        std = 1.0 / math.sqrt(dim) if init_std is None else init_std
         init = None if zero_init else (lambda w: w.normal_(0.0, std, generator=generator))
         self.W = Pieces(self.grid, (dim, dim), init=init)
         self.b = Pieces(self.grid, (dim,))
@@ -134,14 +137,15 @@ class CubicFrictionConv(Field):
         generator: torch.Generator | None = None,
     ):
         super().__init__(T=T, layers=layers)
-        if not isinstance(channels, int) or channels < 1:
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
             raise ValueError(f"`channels` must be a positive integer, got {channels!r}.")
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"`kernel_size` must be a positive odd integer (same-size padding), got {kernel_size!r}.")
         self.channels = channels
         self.state_shape = (channels, None, None)
         self.kernel_size = kernel_size
-        std = 1.0 / math.sqrt(channels * kernel_size**2) if init_std is None else float(init_std)
+        init_std = check_init_std(init_std)
+        std = 1.0 / math.sqrt(channels * kernel_size**2) if init_std is None else init_std
         init = None if zero_init else (lambda w: w.normal_(0.0, std, generator=generator))
         self.kernel = Pieces(self.grid, (channels, channels, kernel_size, kernel_size), init=init)
         self.bias = Pieces(self.grid, (channels,))

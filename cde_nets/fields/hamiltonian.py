@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from cde_nets.solvers.errors import check_init_std, check_positive_int
+
 from ..pieces import Pieces
 from .activations import ANTIDERIVATIVES, resolve_activation
 from .base import Field
@@ -71,12 +73,14 @@ class Hamiltonian(Field):
         generator: torch.Generator | None = None,
     ):
         super().__init__(T=T, layers=layers)
-        if not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"`dim` must be a positive integer, got {dim!r}.")
+        check_positive_int("dim", dim, "the state size")
+        if width is not None:
+            check_positive_int("width", width, "rows of K; leave it None for the default")
+        init_std = check_init_std(init_std)
         self.dim = dim
         self.state_shape = (dim,)
         self.activation_name, self.sigma = resolve_activation(activation)
-        std = 1.0 / math.sqrt(dim) if init_std is None else float(init_std)
+        std = 1.0 / math.sqrt(dim) if init_std is None else init_std
         normal = (lambda w: w.normal_(0.0, std, generator=generator)) if std > 0 else None
 
         if K not in ("full", "blockdiag"):
@@ -103,6 +107,9 @@ class Hamiltonian(Field):
         if isinstance(J, torch.Tensor):
             if tuple(J.shape) != (dim, dim):
                 raise ValueError(f"`J` has shape {tuple(J.shape)}, expected ({dim}, {dim}).")
+            if not J.is_floating_point() or not bool(torch.isfinite(J).all()):
+                raise ValueError("`J` must be a finite floating-point skew-symmetric matrix; it holds NaN/inf or is "
+                                 f"{J.dtype}.")
             skew = (J + J.T).abs().max().item()
             if skew > 1e-12 * max(1.0, J.abs().max().item()):
                 raise ValueError(f"`J` must be skew-symmetric (J = -Jᵀ); max |J + Jᵀ| = {skew:.3g}. Use (A - A.T)/2.")

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from cde_nets.solvers.errors import check_positive
+from cde_nets.solvers.errors import check_init_std, check_positive
 
 from ..pieces import Pieces
 from .activations import DERIVATIVES, resolve_activation
@@ -72,7 +72,8 @@ class NAIS(_Input):
         self.dim, self.input_dim, self.eps, self.delta = dim, input_dim, float(eps), delta
         self.state_shape, self.input_shape = (dim,), (input_dim,)
         self.activation_name, self.sigma = resolve_activation(activation)
-        std = 1.0 / math.sqrt(dim) if init_std is None else float(init_std)
+        init_std = check_init_std(init_std)
+        std = 1.0 / math.sqrt(dim) if init_std is None else init_std
         normal = lambda w: w.normal_(0, std, generator=generator)  # noqa: E731
         self.R = Pieces(self.grid, (dim, dim), init=normal)
         self.B = Pieces(
@@ -121,8 +122,8 @@ class NAIS(_Input):
     def stability_margin(self, x: torch.Tensor, u: torch.Tensor, h: float | None = None, l: int = 0) -> float:
         """Condition N1 (eq. N8) checked on a batch: ``max_x ρ(I + h σ'(A x + B u + b) A)``.
 
-        ``x``: ``(batch, dim)``; ``u``: ``(batch, input_dim)``; ``h``: the step (default the grid's ``T / layers``); ``l``: the piece. The
-        eigenvalues of the batch of Jacobians (eq. N6) come from one batched ``torch.linalg.eigvals``. Below 1
+        ``x``: ``(batch, dim)``; ``u``: ``(batch, input_dim)``; ``h``: the step (default the grid's
+        ``T / layers``); ``l``: the piece. The eigenvalues of the batch of Jacobians (eq. N6) come from one batched ``torch.linalg.eigvals``. Below 1
         the forward-Euler block contracts towards its input-dependent equilibrium at every ``x`` of the batch.
         """
         if self.activation_name not in DERIVATIVES:

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cde_nets.solvers.errors import check_init_std
+
 from ..pieces import Pieces, TimeGrid
 from .base import Field
 
@@ -31,7 +33,9 @@ class PiecewiseMLP(nn.Module):
         generator: torch.Generator | None = None,
     ):
         super().__init__()
-        s1, s2 = init_std / math.sqrt(dim), init_std / math.sqrt(hidden)
+        std = check_init_std(init_std)
+        std = 1.0 if std is None else std
+        s1, s2 = std / math.sqrt(dim), std / math.sqrt(hidden)
         self.W1 = Pieces(grid, (hidden, dim), init=lambda w: w.normal_(0, s1, generator=generator))
         self.c1 = Pieces(grid, (hidden,))
         self.W2 = Pieces(grid, (dim, hidden), init=lambda w: w.normal_(0, s2, generator=generator))
@@ -96,8 +100,8 @@ class SecondOrder(Field):
         if hidden is not None and (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1):
             raise ValueError(f"`hidden` must be a positive integer (width of the default f), got {hidden!r}.")
         for name, v in (("gamma", gamma), ("eta", eta)):
-            if not v > 0:
-                raise ValueError(f"`{name}` must be > 0 (it is kept positive by a softplus), got {v!r}.")
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"`{name}` must be a finite number > 0 (kept positive by a softplus), got {v!r}.")
         self.dim, self.k = dim, order
         self.order = order
         self.state_shape = (order * dim,)
