@@ -22,11 +22,12 @@ from cde_nets.solvers.adapter import (
     integrate,
     validate_tolerances,
 )
-from cde_nets.solvers.errors import check_positive
+from cde_nets.solvers.errors import SolverError, check_positive
 from cde_nets.solvers.stopping import integrate_until_converged
 
 from .block import Block
 from .fields.bound import BoundField
+from .nonfinite import Watch, check_result, nonfinite_parameter
 from .pieces import gathered, piece_modules
 from .solution import Solution
 from .stop import Stop, as_stop
@@ -219,13 +220,46 @@ class ODEBlock(Block):
         return params
 
     def _integrate(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid) -> torch.Tensor:
-        ys, _ = integrate(
-            bound, y0, t, method=self.method, rtol=self.rtol, atol=self.atol, gradient=self.gradient,
-            params=self._params(bound), jump_t=jump_t, grid=grid, options=self.options, max_steps=self.max_steps,
-            seminorm=self.seminorm, adjoint_method=self.adjoint_method, adjoint_rtol=self.adjoint_rtol,
-            adjoint_atol=self.adjoint_atol, stats=self._stats, pieces=_piecewise(self.field),
-        )
+        try:
+            ys, _ = integrate(
+                bound, y0, t, method=self.method, rtol=self.rtol, atol=self.atol, gradient=self.gradient,
+                params=self._params(bound), jump_t=jump_t, grid=grid, options=self.options,
+                max_steps=self.max_steps, seminorm=self.seminorm, adjoint_method=self.adjoint_method,
+                adjoint_rtol=self.adjoint_rtol, adjoint_atol=self.adjoint_atol, stats=self._stats,
+                pieces=_piecewise(self.field),
+            )
+        except SolverError as exc:
+            # NaN in a parameter or the field makes adaptive steps fail until they underflow: say what it was
+            if nonfinite_parameter(self.field) is not None or "underflow" in str(exc):
+                reason = self._nonfinite(bound, y0, t, jump_t, grid)
+                if reason is not None:
+                    raise SolverError(reason, nfe=exc.nfe) from exc
+            raise
+        check_result(ys[-1], lambda: self._nonfinite(bound, y0, t, jump_t, grid) or "the solve returned NaN/inf.")
         return ys
+
+    def _nonfinite(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid) -> str | None:
+        """Why the solve from ``y0`` went non-finite, or ``None`` if the field stays finite along it."""
+        name = nonfinite_parameter(self.field)
+        if name is not None:
+            return (f"parameter `{name}` holds NaN/inf, so the solve is non-finite; restore the last good checkpoint "
+                    "(a diverged optimiser step?) or re-initialise it.")
+        watch = Watch(bound)
+        with torch.no_grad():
+            try:
+                integrate(watch, y0.detach(), t, method=self.method, rtol=self.rtol, atol=self.atol,
+                          gradient="backprop", jump_t=jump_t, grid=grid, options=self.options,
+                          max_steps=self.max_steps)
+            except SolverError:
+                pass
+        if watch.t is None:
+            return None
+        grid_ = getattr(self.field, "grid", None)
+        piece = f" (piece {grid_.index(watch.t)} of {grid_.L})" if grid_ is not None and grid_.L > 1 else ""
+        return (f"the state became non-finite (NaN/inf) in the forward solve: the field first returned a "
+                f"non-finite value at t={watch.t:.6g}{piece}, evaluation {watch.evaluations}. The solution blows "
+                "up there: use smaller steps (`step_size`, or an adaptive method), shrink the weights or inputs, "
+                "or use float64.")
 
     def _solve_stopping(self, bound: BoundField, y0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         jump_t, grid = self._grids(self.field)

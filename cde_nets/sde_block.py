@@ -29,6 +29,7 @@ from cde_nets.solvers.errors import check_positive
 
 from .block import Block
 from .fields.bound import BoundField
+from .nonfinite import check_result, nonfinite_parameter
 from .solution import Solution
 
 __all__ = ["SDEBlock", "SDE_METHODS", "NOISES"]
@@ -369,6 +370,7 @@ class SDEBlock(Block):
                              f"{tuple(getattr(bm, 'shape', ()))}.")
         extra = [u] if u is not None and u.requires_grad else []
         states = self._integrate(sdes, y, grid, bm, extra)
+        check_result(states[-1], lambda: self._nonfinite(states, grid))
         self._stats.steps_forward = len(grid) - 1
         for sde in sdes:
             sde.backward_phase = True
@@ -386,6 +388,15 @@ class SDEBlock(Block):
             ys = torch.stack([average(states[i]) for i in save])
             ts = self._grid[save].clone()
         return Solution(y=average(y), ts=ts, ys=ys, stats=self._stats.as_dict())
+
+    def _nonfinite(self, states: list[torch.Tensor], grid: torch.Tensor) -> str:
+        name = nonfinite_parameter(self)
+        if name is not None:
+            return (f"parameter `{name}` holds NaN/inf, so the solve is non-finite; restore the last good checkpoint "
+                    "or re-initialise it.")
+        k = next(i for i, y in enumerate(states) if not bool(torch.isfinite(y).all()))
+        return (f"the state became non-finite (NaN/inf) in step {k} of {len(states) - 1} (t = {float(grid[k - 1]):.6g}"
+                f" to {float(grid[k]):.6g}); use a smaller `step_size`, a smaller noise scale, or float64.")
 
     def _save_indices(self, t) -> list[int]:
         tt = self.check_times(t, self.T)

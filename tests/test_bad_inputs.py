@@ -137,3 +137,38 @@ def test_relative_drift_of_zero_energies_is_refused_not_huge():
     with pytest.raises(ValueError, match=r"relative drift is undefined: the initial energies are zero"):
         relative_drift(E)
     assert relative_drift(torch.tensor([[2.0], [2.5]], dtype=torch.float64)) == pytest.approx(0.25)
+
+
+def _nan_field() -> Hamiltonian:
+    f = Hamiltonian(4, layers=2)
+    with torch.no_grad():
+        f.K.data[0, 0, 0] = float("nan")
+    return f
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda f: ODEBlock(f, method="rk4"),
+        lambda f: ODEBlock(f),
+        lambda f: ODEBlock(f, stop=Stop(eps=1e-3)),
+        lambda f: ODEBlock(f, gradient="backprop"),
+        lambda f: SDEBlock(f),
+    ],
+    ids=["fixed", "adaptive", "stopping", "backprop", "sde"],
+)
+def test_a_nan_parameter_is_named_not_passed_on(make):
+    """A NaN weight: fixed-step solves returned all NaN and adaptive ones reported 'step size underflow'."""
+    from cde_nets.solvers.errors import SolverError
+
+    with pytest.raises(SolverError, match=r"parameter `(field\.)?K\.data` holds NaN/inf"):
+        make(_nan_field())(torch.randn(3, 4))
+
+
+def test_a_blow_up_is_located_in_time():
+    from cde_nets.fields import CubicFriction
+    from cde_nets.solvers.errors import SolverError
+
+    f = CubicFriction(4, layers=2)
+    with pytest.raises(SolverError, match=r"non-finite value at t=0\.\d+ \(piece 0 of 2\)"):
+        ODEBlock(f, method="rk4")(100 * torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
