@@ -46,10 +46,16 @@ def _check_n(n: int, multiple: int) -> None:
         raise ValueError(f"`n` must be a positive multiple of {multiple}, got {n!r}.")
 
 
+def _check_dtype(dtype: torch.dtype) -> None:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"`dtype` must be a floating-point torch dtype (features), got {dtype!r}.")
+
+
 def _embed(points: np.ndarray, dim: int, channels: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     """Put the 2-D points into features ``channels`` of a ``(n, dim)`` zero matrix."""
     if not isinstance(dim, int) or dim < 2:
         raise ValueError(f"`dim` must be an int >= 2 to embed 2-D points, got {dim!r}.")
+    _check_dtype(dtype)
     if len(channels) != 2 or channels[0] == channels[1] or not all(0 <= c < dim for c in channels):
         raise ValueError(f"`channels` must be two distinct feature indices in [0, {dim}), got {channels!r}.")
     x = np.zeros((points.shape[0], dim))
@@ -123,6 +129,8 @@ def concentric_circles(n: int = 400, dim: int = 2, seed: Seed = 0, noise: float 
     noise σ = ``noise`` per coordinate. ``n`` training points (half per class) and ``n_test`` (default ``n``)
     test points drawn independently; features ``(·, dim)`` with the point in the first two."""
     _check_n(n, 2)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0 or noise == float("inf"):
+        raise ValueError(f"`noise` must be a finite standard deviation >= 0, got {noise!r}.")
     n_test = n if n_test is None else n_test
     _check_n(n_test, 2)
     rng = _rngs(seed, 1)[0]

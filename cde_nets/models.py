@@ -40,6 +40,9 @@ class Readout(nn.Module):
         super().__init__()
         if kind not in ("linear", "coordinate", "maxpool"):
             raise ValueError(f"`readout` must be 'linear', 'coordinate' or 'maxpool', got {kind!r}.")
+        for name, v in (("state_dim", state_dim), ("n_out", n_out)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {v!r}.")
         self.kind = kind
         self.n_out = n_out
         if kind == "coordinate" and n_out > state_dim:

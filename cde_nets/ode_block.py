@@ -140,7 +140,7 @@ class ODEBlock(Block):
             raise ValueError(f"{', '.join(f'`{n}`' for n in adjoint_set)} set(s) the adjoint's backward solve; "
                              f"gradient={gradient!r} has none. Drop them, or use gradient='adjoint'.")
         if adjoint_method is not None:
-            check_method(adjoint_method)
+            check_method(adjoint_method, "adjoint_method")
         self.adjoint_method = adjoint_method
         self.adjoint_rtol = None if adjoint_rtol is None else check_positive("adjoint_rtol", adjoint_rtol)
         self.adjoint_atol = None if adjoint_atol is None else check_positive("adjoint_atol", adjoint_atol)

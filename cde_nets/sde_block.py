@@ -245,6 +245,8 @@ class SDEBlock(Block):
         self._shape_hint = tuple(getattr(field, "state_shape", ()) or ())
         if channels is None:
             channels = self._shape_hint[0] if self._shape_hint else None
+        if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
+            raise ValueError(f"`channels` must be a positive integer (noise channels), got {channels!r}.")
         if noise is not None:
             if channels is None:
                 raise ValueError(

@@ -70,16 +70,18 @@ class SolverStats:
         return self.as_dict().items()
 
 
-def check_method(method: str) -> str:
-    if method not in ADAPTIVE_METHODS and method not in FIXED_METHODS:
+def check_method(method: str, name: str = "method") -> str:
+    if not isinstance(method, str) or (method not in ADAPTIVE_METHODS and method not in FIXED_METHODS):
         raise ValueError(
-            f"`method` {method!r} is unknown; adaptive: {sorted(ADAPTIVE_METHODS)}, "
+            f"`{name}` {method!r} is unknown; adaptive: {sorted(ADAPTIVE_METHODS)}, "
             f"fixed-step: {sorted(FIXED_METHODS)}."
         )
     return method
 
 
 def check_options(method: str, options: dict | None) -> dict:
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"`options` must be a dict of torchdiffeq options, got {type(options).__name__}.")
     options = dict(options or {})
     valid = _ADAPTIVE_OPTIONS if method in ADAPTIVE_METHODS else _FIXED_OPTIONS
     unknown = set(options) - valid

@@ -22,8 +22,10 @@ class SolverError(RuntimeError):
 
 def check_positive(name: str, value: float, fix: str = "") -> float:
     """Raise ``ValueError`` unless ``value`` is a finite number > 0."""
+    if isinstance(value, (str, bytes, bool)):
+        raise TypeError(f"`{name}` must be a positive number, got {value!r}.")
     try:
-        v = float(value)
+        v = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise TypeError(f"`{name}` must be a positive number, got {value!r}.") from None
     if not math.isfinite(v) or v <= 0:

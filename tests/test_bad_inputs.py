@@ -10,7 +10,18 @@ import torch
 from torch import nn
 
 from cde_nets import ODEBlock, SDEBlock, Stop
-from cde_nets.fields import NAIS, Hamiltonian
+from cde_nets import datasets as D
+from cde_nets.diagnostics import (
+    continuous_bsm,
+    discrete_bsm,
+    energy_trajectory,
+    hutchinson_trace,
+    singular_value_pairing,
+    symplecticity_defect,
+)
+from cde_nets.fields import MS1, NAIS, CubicFriction, CubicFrictionConv, Hamiltonian, NAISConv, SecondOrder
+from cde_nets.models import Classifier, Readout, ZeroPad
+from cde_nets.pieces import Pieces, TimeGrid
 
 
 def H4() -> Hamiltonian:
@@ -20,12 +31,24 @@ def H4() -> Hamiltonian:
 Case = tuple[str, Callable[[], object], type[BaseException], str]
 
 BLOCKS: list[Case] = [
-    ("ode-step-size-grid-too-large", lambda: ODEBlock(H4(), method="rk4", step_size=1e-7), ValueError,
-     r"`step_size`=1e-07 takes 10000000 steps .* more than max_steps=100000"),
-    ("ode-stop-window-too-small", lambda: ODEBlock(H4(), stop=Stop(eps=1e-3, window=1e-5)), ValueError,
-     r"`stop.window`=1e-05 makes 100000 windows"),
-    ("ode-linear-module", lambda: ODEBlock(nn.Linear(2, 2), T=1.0), TypeError,
-     r"`field` is called as F\(t, y\), but Linear.forward"),
+    (
+        "ode-step-size-grid-too-large",
+        lambda: ODEBlock(H4(), method="rk4", step_size=1e-7),
+        ValueError,
+        r"`step_size`=1e-07 takes 10000000 steps .* more than max_steps=100000",
+    ),
+    (
+        "ode-stop-window-too-small",
+        lambda: ODEBlock(H4(), stop=Stop(eps=1e-3, window=1e-5)),
+        ValueError,
+        r"`stop.window`=1e-05 makes 100000 windows",
+    ),
+    (
+        "ode-linear-module",
+        lambda: ODEBlock(nn.Linear(2, 2), T=1.0),
+        TypeError,
+        r"`field` is called as F\(t, y\), but Linear.forward",
+    ),
     ("ode-no-T-for-plain-module", lambda: ODEBlock(nn.Tanh()), TypeError, r"`field` is called as F\(t, y\)"),
     ("ode-max-steps-bool", lambda: ODEBlock(H4(), max_steps=True), ValueError, r"`max_steps` must be a positive"),
     ("ode-max-steps-zero", lambda: ODEBlock(H4(), max_steps=0), ValueError, r"`max_steps` must be a positive"),
@@ -34,42 +57,98 @@ BLOCKS: list[Case] = [
     ("ode-unknown-method", lambda: ODEBlock(H4(), method="rk45"), ValueError, r"`method` 'rk45' is unknown"),
     ("ode-unknown-gradient", lambda: ODEBlock(H4(), gradient="magic"), ValueError, r"`gradient` must be one of"),
     ("ode-unknown-option", lambda: ODEBlock(H4(), options={"foo": 1}), ValueError, r"unknown option\(s\) \['foo'\]"),
-    ("ode-T-mismatch", lambda: ODEBlock(Hamiltonian(4, layers=2, T=1.0), T=2.0), ValueError,
-     r"`T`=2.0 differs from the field's T=1.0"),
+    (
+        "ode-T-mismatch",
+        lambda: ODEBlock(Hamiltonian(4, layers=2, T=1.0), T=2.0),
+        ValueError,
+        r"`T`=2.0 differs from the field's T=1.0",
+    ),
     ("ode-T-zero", lambda: ODEBlock(H4(), T=0.0), ValueError, r"`T` must be a finite number > 0"),
     ("ode-y0-list", lambda: ODEBlock(H4())([[0.0] * 4]), TypeError, r"`y0` must be a torch.Tensor"),
     ("ode-y0-shape", lambda: ODEBlock(H4())(torch.zeros(2, 3)), ValueError, r"`y0` has shape \(2, 3\)"),
-    ("ode-y0-int", lambda: ODEBlock(H4())(torch.zeros(2, 4, dtype=torch.long)), TypeError,
-     r"`y0` must be a floating-point tensor"),
+    (
+        "ode-y0-int",
+        lambda: ODEBlock(H4())(torch.zeros(2, 4, dtype=torch.long)),
+        TypeError,
+        r"`y0` must be a floating-point tensor",
+    ),
     ("ode-y0-nan", lambda: ODEBlock(H4())(torch.full((2, 4), float("nan"))), ValueError, r"`y0`"),
-    ("ode-mixed-dtype", lambda: ODEBlock(H4())(torch.zeros(2, 4, dtype=torch.float64)), TypeError,
-     r"`y0` is torch.float64 but the field's parameters are torch.float32"),
-    ("ode-u-for-field-without-input", lambda: ODEBlock(H4())(torch.zeros(2, 4), u=torch.zeros(2, 4)), TypeError,
-     r"`u` was given but Hamiltonian takes no block input; drop `u`"),
-    ("ode-missing-u", lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3)), ValueError,
-     r"NAIS needs its block input: pass `u=`"),
-    ("ode-u-batch", lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3), u=torch.zeros(3, 2)), ValueError,
-     r"`u` has batch 3 but the state has batch 2"),
-    ("ode-u-shape", lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3), u=torch.zeros(2, 5)), ValueError,
-     r"`u` has shape \(2, 5\), but NAIS expects \(batch, 2\)"),
-    ("ode-u-list", lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3), u=[[0.0, 0.0]] * 2), TypeError,
-     r"`u` must be a torch.Tensor"),
-    ("ode-u-nan", lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3), u=torch.full((2, 2), float("nan"))), ValueError,
-     r"`u`"),
-    ("ode-t-decreasing", lambda: ODEBlock(H4()).solve(torch.zeros(1, 4), t=[0.5, 0.2]), ValueError,
-     r"`t` must be a 1-D strictly increasing"),
-    ("ode-t-beyond-T", lambda: ODEBlock(H4()).solve(torch.zeros(1, 4), t=[0.0, 2.0]), ValueError,
-     r"`t` must lie within \[0, T\]"),
-    ("ode-t-with-stop", lambda: ODEBlock(H4(), stop=Stop(eps=1.0)).solve(torch.zeros(1, 4), t=[0.0, 1.0]),
-     ValueError, r"`t` and `stop` do not combine"),
+    (
+        "ode-mixed-dtype",
+        lambda: ODEBlock(H4())(torch.zeros(2, 4, dtype=torch.float64)),
+        TypeError,
+        r"`y0` is torch.float64 but the field's parameters are torch.float32",
+    ),
+    (
+        "ode-u-for-field-without-input",
+        lambda: ODEBlock(H4())(torch.zeros(2, 4), u=torch.zeros(2, 4)),
+        TypeError,
+        r"`u` was given but Hamiltonian takes no block input; drop `u`",
+    ),
+    (
+        "ode-missing-u",
+        lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3)),
+        ValueError,
+        r"NAIS needs its block input: pass `u=`",
+    ),
+    (
+        "ode-u-batch",
+        lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3), u=torch.zeros(3, 2)),
+        ValueError,
+        r"`u` has batch 3 but the state has batch 2",
+    ),
+    (
+        "ode-u-shape",
+        lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3), u=torch.zeros(2, 5)),
+        ValueError,
+        r"`u` has shape \(2, 5\), but NAIS expects \(batch, 2\)",
+    ),
+    (
+        "ode-u-list",
+        lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3), u=[[0.0, 0.0]] * 2),
+        TypeError,
+        r"`u` must be a torch.Tensor",
+    ),
+    (
+        "ode-u-nan",
+        lambda: ODEBlock(NAIS(3, 2))(torch.zeros(2, 3), u=torch.full((2, 2), float("nan"))),
+        ValueError,
+        r"`u`",
+    ),
+    (
+        "ode-t-decreasing",
+        lambda: ODEBlock(H4()).solve(torch.zeros(1, 4), t=[0.5, 0.2]),
+        ValueError,
+        r"`t` must be a 1-D strictly increasing",
+    ),
+    (
+        "ode-t-beyond-T",
+        lambda: ODEBlock(H4()).solve(torch.zeros(1, 4), t=[0.0, 2.0]),
+        ValueError,
+        r"`t` must lie within \[0, T\]",
+    ),
+    (
+        "ode-t-with-stop",
+        lambda: ODEBlock(H4(), stop=Stop(eps=1.0)).solve(torch.zeros(1, 4), t=[0.0, 1.0]),
+        ValueError,
+        r"`t` and `stop` do not combine",
+    ),
     ("stop-eps-zero", lambda: Stop(eps=0.0), ValueError, r"`eps` must be a finite number > 0"),
     ("stop-max-depth-float", lambda: Stop(eps=1e-3, max_depth=2.5), ValueError, r"`max_depth` must be a positive"),
     ("stop-not-a-dict", lambda: ODEBlock(H4(), stop=1e-3), TypeError, r"`stop` must be a cde_nets.Stop or a dict"),
-    ("sde-rtol-without-adaptive", lambda: SDEBlock(H4(), rtol=1e-3), ValueError,
-     r"`rtol`/`atol` control adaptive stepping"),
+    (
+        "sde-rtol-without-adaptive",
+        lambda: SDEBlock(H4(), rtol=1e-3),
+        ValueError,
+        r"`rtol`/`atol` control adaptive stepping",
+    ),
     ("sde-y0-list", lambda: SDEBlock(H4())([[0.0] * 4]), TypeError, r"`y0` must be a torch.Tensor"),
-    ("sde-t-off-grid", lambda: SDEBlock(H4(), step_size=0.25).solve(torch.zeros(1, 4), t=[0.3, 1.0]), ValueError,
-     r"`t`=0.3 is not a point of the step grid"),
+    (
+        "sde-t-off-grid",
+        lambda: SDEBlock(H4(), step_size=0.25).solve(torch.zeros(1, 4), t=[0.3, 1.0]),
+        ValueError,
+        r"`t`=0.3 is not a point of the step grid",
+    ),
 ]
 
 
@@ -101,23 +180,43 @@ def test_an_empty_batch_gives_an_empty_result_with_every_parameter_in_the_graph(
 FIELDS: list[Case] = [
     ("hamiltonian-width-zero", lambda: Hamiltonian(4, width=0), ValueError, r"`width` must be a positive integer"),
     ("hamiltonian-dim-bool", lambda: Hamiltonian(True), ValueError, r"`dim` must be a positive integer"),
-    ("hamiltonian-init-std-negative", lambda: Hamiltonian(4, init_std=-1.0), ValueError,
-     r"`init_std` must be a finite number >= 0"),
+    (
+        "hamiltonian-init-std-negative",
+        lambda: Hamiltonian(4, init_std=-1.0),
+        ValueError,
+        r"`init_std` must be a finite number >= 0",
+    ),
     ("hamiltonian-init-std-nan", lambda: Hamiltonian(4, init_std=float("nan")), ValueError, r"`init_std`"),
-    ("hamiltonian-J-nan", lambda: Hamiltonian(2, J=torch.full((2, 2), float("nan"))), ValueError,
-     r"`J` must be a finite floating-point skew-symmetric matrix"),
-    ("hamiltonian-J-inf", lambda: Hamiltonian(2, J=torch.tensor([[0.0, float("inf")], [-float("inf"), 0.0]])),
-     ValueError, r"`J` must be a finite"),
+    (
+        "hamiltonian-J-nan",
+        lambda: Hamiltonian(2, J=torch.full((2, 2), float("nan"))),
+        ValueError,
+        r"`J` must be a finite floating-point skew-symmetric matrix",
+    ),
+    (
+        "hamiltonian-J-inf",
+        lambda: Hamiltonian(2, J=torch.tensor([[0.0, float("inf")], [-float("inf"), 0.0]])),
+        ValueError,
+        r"`J` must be a finite",
+    ),
     ("hamiltonian-J-not-skew", lambda: Hamiltonian(2, J=torch.eye(2)), ValueError, r"`J` must be skew-symmetric"),
     ("hamiltonian-J-shape", lambda: Hamiltonian(4, J=torch.zeros(2, 2)), ValueError, r"`J` has shape \(2, 2\)"),
     ("hamiltonian-K-kind", lambda: Hamiltonian(4, K="diag"), ValueError, r"`K` must be 'full'"),
     ("hamiltonian-blockdiag-odd", lambda: Hamiltonian(3, K="blockdiag"), ValueError, r"needs an even `dim`"),
     ("hamiltonian-layers-zero", lambda: Hamiltonian(4, layers=0), ValueError, r"`layers` must be a positive"),
     ("hamiltonian-T-negative", lambda: Hamiltonian(4, T=-1.0), ValueError, r"`T` must be a finite positive"),
-    ("cubic-friction-init-std", lambda: __import__("cde_nets.fields", fromlist=["CubicFriction"]).CubicFriction(
-        2, init_std=-1.0), ValueError, r"`init_std` must be a finite number >= 0"),
-    ("cubic-friction-gamma-negative", lambda: __import__("cde_nets.fields", fromlist=["CubicFriction"]).CubicFriction(
-        2, gamma=-1.0), ValueError, r"`gamma` must be a finite number >= 0"),
+    (
+        "cubic-friction-init-std",
+        lambda: __import__("cde_nets.fields", fromlist=["CubicFriction"]).CubicFriction(2, init_std=-1.0),
+        ValueError,
+        r"`init_std` must be a finite number >= 0",
+    ),
+    (
+        "cubic-friction-gamma-negative",
+        lambda: __import__("cde_nets.fields", fromlist=["CubicFriction"]).CubicFriction(2, gamma=-1.0),
+        ValueError,
+        r"`gamma` must be a finite number >= 0",
+    ),
     ("nais-init-std", lambda: NAIS(3, 2, init_std=-0.5), ValueError, r"`init_std` must be a finite number >= 0"),
     ("nais-eps", lambda: NAIS(3, 2, eps=0.7), ValueError, r"`eps` must lie in \(0, 0.5\)"),
     ("nais-dim", lambda: NAIS(0, 2), ValueError, r"`dim` must be a positive integer"),
@@ -166,9 +265,308 @@ def test_a_nan_parameter_is_named_not_passed_on(make):
 
 
 def test_a_blow_up_is_located_in_time():
-    from cde_nets.fields import CubicFriction
     from cde_nets.solvers.errors import SolverError
+
+    from cde_nets.fields import CubicFriction
 
     f = CubicFriction(4, layers=2)
     with pytest.raises(SolverError, match=r"non-finite value at t=0\.\d+ \(piece 0 of 2\)"):
         ODEBlock(f, method="rk4")(100 * torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+
+# Data sets, models, pieces, diagnostics, fields and blocks, one row per bad input.
+API: list[Case] = [
+    ("swiss-n=0", lambda: D.swiss_roll(n=0), ValueError, "`n` must be a positive multiple of 2, got 0\\."),
+    ("swiss-n=-5", lambda: D.swiss_roll(n=-5), ValueError, "`n` must be a positive multiple of 2, got \\-5\\."),
+    ("swiss-n=7", lambda: D.swiss_roll(n=7), ValueError, "`n` must be a positive multiple of 2, got 7\\."),
+    (
+        "swiss-dim=1",
+        lambda: D.swiss_roll(n=100, dim=1),
+        ValueError,
+        "`dim` must be an int >= 2 to embed 2\\-D points, g",
+    ),
+    (
+        "swiss-seed=str",
+        lambda: D.swiss_roll(n=100, seed="a"),
+        ValueError,
+        "`seed` must be a non\\-negative int or a torch\\.Gen",
+    ),
+    (
+        "moons-dtype-int",
+        lambda: D.double_moons(n=100, dtype=torch.long),
+        TypeError,
+        "`dtype` must be a floating\\-point torch dtype \\(fe",
+    ),
+    (
+        "circles-noise--1",
+        lambda: D.concentric_circles(noise=-1.0),
+        ValueError,
+        "`noise` must be a finite standard deviation >= 0",
+    ),
+    (
+        "circles-n_test--1",
+        lambda: D.concentric_circles(n_test=-1),
+        ValueError,
+        "`n` must be a positive multiple of 2, got \\-1\\.",
+    ),
+    (
+        "digits-test_fraction-0",
+        lambda: D.digits(test_fraction=0.0),
+        ValueError,
+        "`test_fraction` must lie in \\(0, 1\\), got 0\\.0\\.",
+    ),
+    (
+        "digits-test_fraction-1.5",
+        lambda: D.digits(test_fraction=1.5),
+        ValueError,
+        "`test_fraction` must lie in \\(0, 1\\), got 1\\.5\\.",
+    ),
+    (
+        "mnist-test_fraction-2",
+        lambda: D.mnist_5k(test_fraction=2.0),
+        ValueError,
+        "`test_fraction` must lie in \\(0, 1\\), got 2\\.0\\.",
+    ),
+    ("hauser_bands-n=0", lambda: D.hauser_bands(n=0), ValueError, "`n` must be a positive multiple of 4, got 0\\."),
+    (
+        "zeropad-smaller",
+        lambda: ZeroPad(2)(torch.zeros(3, 4)),
+        ValueError,
+        "input has 4 features/channels, more than the sta",
+    ),
+    ("readout-kind", lambda: Readout("softmax", 4, 2), ValueError, "`readout` must be 'linear', 'coordinate' or 'max"),
+    (
+        "readout-coord-n_out>dim",
+        lambda: Readout("coordinate", 2, 3),
+        ValueError,
+        "`readout='coordinate'` needs n_out <= state size",
+    ),
+    (
+        "classifier-n_out-0",
+        lambda: Classifier(ODEBlock(Hamiltonian(4)), 2, 4, 0),
+        ValueError,
+        "`n_out` must be a positive integer, got 0\\.",
+    ),
+    (
+        "classifier-in_features>state",
+        lambda: Classifier(ODEBlock(Hamiltonian(4)), 6, 4, 2)(torch.zeros(2, 6)),
+        ValueError,
+        "input has 6 features/channels, more than the sta",
+    ),
+    ("pieces-layers-0", lambda: TimeGrid(1.0, 0), ValueError, "`layers` must be a positive integer \\(number of p"),
+    (
+        "pieces-init-shape",
+        lambda: Pieces(TimeGrid(1.0, 2), (3,), init=torch.zeros(4)),
+        ValueError,
+        "`init` has shape \\(4,\\); expected one piece \\(3,\\) o",
+    ),
+    (
+        "timegrid-T-nan",
+        lambda: TimeGrid(float("nan"), 2),
+        ValueError,
+        "`T` must be a finite positive end time, got nan\\.",
+    ),
+    (
+        "energy_traj-t-not-from-0",
+        lambda: energy_trajectory(ODEBlock(Hamiltonian(4)), torch.zeros(1, 4), [0.5, 1.0]),
+        ValueError,
+        "`t` must start at 0 and end at or before T=1\\.0, ",
+    ),
+    (
+        "energy_traj-non-ham",
+        lambda: energy_trajectory(ODEBlock(CubicFriction(2)), torch.zeros(1, 2), [0.0, 1.0]),
+        TypeError,
+        "CubicFriction declares no energy; pass `energy=l",
+    ),
+    (
+        "continuous_bsm-t-0",
+        lambda: continuous_bsm(ODEBlock(Hamiltonian(4)), torch.zeros(1, 4), [0.0]),
+        ValueError,
+        "`t` must hold horizons in \\(0, T=1\\.0\\], got \\[0\\.0\\]\\.",
+    ),
+    (
+        "continuous_bsm-J-shape",
+        lambda: continuous_bsm(ODEBlock(Hamiltonian(4)), torch.zeros(1, 4), [1.0], J=torch.eye(3)),
+        ValueError,
+        "`J` has shape \\(3, 3\\), but Phi's matrices are \\(4,",
+    ),
+    (
+        "discrete_bsm-layers-0",
+        lambda: discrete_bsm(lambda l, y: y, torch.zeros(1, 2), layers=0),
+        ValueError,
+        "`layers` must be a positive integer when `step` ",
+    ),
+    (
+        "discrete_bsm-3d",
+        lambda: discrete_bsm([lambda y: y], torch.zeros(1, 2, 2)),
+        ValueError,
+        "`y0` must be \\(batch, n\\), got shape \\(1, 2, 2\\); fl",
+    ),
+    (
+        "svp-odd",
+        lambda: singular_value_pairing(torch.eye(3)),
+        ValueError,
+        "`Phi` must hold square matrices of even size, go",
+    ),
+    (
+        "symplecticity-J-shape",
+        lambda: symplecticity_defect(torch.eye(4)[None], torch.eye(2)),
+        ValueError,
+        "`J` has shape \\(2, 2\\), but Phi's matrices are \\(4,",
+    ),
+    (
+        "hutchinson-probes-0",
+        lambda: hutchinson_trace(lambda y: y, torch.zeros(2, 3), probes=0),
+        ValueError,
+        "`probes` must be an integer >= 2 \\(the standard e",
+    ),
+    (
+        "sde-paths-1.5",
+        lambda: SDEBlock(Hamiltonian(4), paths=1.5),
+        ValueError,
+        "`paths` must be a positive integer \\(Brownian pat",
+    ),
+    (
+        "sde-seed--1",
+        lambda: SDEBlock(Hamiltonian(4), seed=-1),
+        ValueError,
+        "`seed` must be a non\\-negative integer or None, g",
+    ),
+    (
+        "sde-noise-at-eval-str",
+        lambda: SDEBlock(Hamiltonian(4), channels=0),
+        ValueError,
+        "`channels` must be a positive integer \\(noise cha",
+    ),
+    ("ode-T-str", lambda: ODEBlock(Hamiltonian(4), T="1"), TypeError, "`T` must be a positive number, got '1'\\."),
+    ("ode-field-None", lambda: ODEBlock(None), TypeError, "`field` must be an nn\\.Module with forward\\(t, y\\),"),
+    (
+        "ode-options-not-dict",
+        lambda: ODEBlock(Hamiltonian(4), options=[1]),
+        TypeError,
+        "`options` must be a dict of torchdiffeq options,",
+    ),
+    (
+        "ode-adjoint_method-bad",
+        lambda: ODEBlock(Hamiltonian(4), adjoint_method="xx"),
+        ValueError,
+        "`adjoint_method` 'xx' is unknown; adaptive: \\['ad",
+    ),
+    (
+        "ode-adjoint_rtol-neg",
+        lambda: ODEBlock(Hamiltonian(4), adjoint_rtol=-1),
+        ValueError,
+        "`adjoint_rtol` must be a finite number > 0, got ",
+    ),
+    (
+        "ode-y0-0-dim",
+        lambda: ODEBlock(Hamiltonian(4))(torch.tensor(1.0)),
+        ValueError,
+        "`y0` has shape \\(\\), but Hamiltonian expects \\(batc",
+    ),
+    (
+        "ode-y0-complex",
+        lambda: ODEBlock(Hamiltonian(4))(torch.zeros(2, 4, dtype=torch.complex64)),
+        TypeError,
+        "`y0` must be a floating\\-point tensor, got torch\\.",
+    ),
+    (
+        "ode-t-2d",
+        lambda: ODEBlock(Hamiltonian(4)).solve(torch.zeros(1, 4), t=[[0.0, 1.0]]),
+        ValueError,
+        "`t` must be a 1\\-D strictly increasing sequence o",
+    ),
+    (
+        "ode-t-one-time",
+        lambda: ODEBlock(Hamiltonian(4)).solve(torch.zeros(1, 4), t=[0.5]),
+        ValueError,
+        "`t` must be a 1\\-D strictly increasing sequence o",
+    ),
+    (
+        "ode-t-str",
+        lambda: ODEBlock(Hamiltonian(4)).solve(torch.zeros(1, 4), t="abc"),
+        TypeError,
+        "`t` must be a 1\\-D sequence of times, got str\\.",
+    ),
+    (
+        "ode-t-nan",
+        lambda: ODEBlock(Hamiltonian(4)).solve(torch.zeros(1, 4), t=[0.0, float("nan")]),
+        ValueError,
+        "`t` must be a 1\\-D strictly increasing sequence o",
+    ),
+    (
+        "ode-t-negative",
+        lambda: ODEBlock(Hamiltonian(4)).solve(torch.zeros(1, 4), t=[-1.0, 1.0]),
+        ValueError,
+        "`t` must lie within \\[0, T\\] = \\[0, 1\\.0\\], got \\[\\-1\\.0",
+    ),
+    (
+        "stop-window-neg",
+        lambda: Stop(eps=1e-3, window=-1.0),
+        ValueError,
+        "`window` must be a finite number > 0, got \\-1\\.0\\. ",
+    ),
+    ("stop-eps-str", lambda: Stop(eps="a"), TypeError, "`eps` must be a positive number, got 'a'\\."),
+    (
+        "activation-unknown",
+        lambda: Hamiltonian(4, activation="swish2"),
+        ValueError,
+        "`activation` 'swish2' is unknown; use one of \\['i",
+    ),
+    (
+        "second_order-order-0",
+        lambda: SecondOrder(2, order=0),
+        ValueError,
+        "`order` must be a positive integer \\(1 = first or",
+    ),
+    (
+        "second_order-hidden-0",
+        lambda: SecondOrder(2, hidden=0),
+        ValueError,
+        "`hidden` must be a positive integer \\(width of th",
+    ),
+    (
+        "conv-friction-kernel-even",
+        lambda: CubicFrictionConv(2, kernel_size=2),
+        ValueError,
+        "`kernel_size` must be a positive odd integer \\(sa",
+    ),
+    (
+        "nais-conv-kernel-even",
+        lambda: NAISConv(2, kernel_size=4),
+        ValueError,
+        "`kernel_size` must be a positive odd integer \\(sa",
+    ),
+    (
+        "nais-delta-big",
+        lambda: NAIS(3, 2, eps=0.1, delta=5.0),
+        ValueError,
+        "`delta` must lie in \\(0, 2\\(1 − eps\\)\\] = \\(0, 1\\.8\\] f",
+    ),
+    ("ms1-odd", lambda: MS1(3), ValueError, "MS1 splits y = \\(p, q\\) and needs an even `dim`, g"),
+    (
+        "K_mask-shape",
+        lambda: Hamiltonian(4, K_mask=torch.ones(3, 3)),
+        ValueError,
+        "`K_mask` has shape \\(3, 3\\), expected \\(4, 4\\) or \\(1",
+    ),
+    (
+        "J_mask-asym",
+        lambda: Hamiltonian(4, J_mask=torch.triu(torch.ones(4, 4))),
+        ValueError,
+        "`J_mask` must be symmetric so that the masked J ",
+    ),
+    (
+        "J-str-unknown",
+        lambda: Hamiltonian(4, J="random"),
+        ValueError,
+        "`J` must be 'canonical', 'structured', 'learned'",
+    ),
+    ("friction-mu", lambda: CubicFriction(2, mu=0.5), ValueError, "`mu` must be > 1 \\(eq\\. R57\\), got 0\\.5\\."),
+]
+
+
+@pytest.mark.parametrize(("thunk", "exc", "match"), [c[1:] for c in API], ids=[c[0] for c in API])
+def test_bad_api_input_raises_a_named_error(thunk, exc, match):
+    with pytest.raises(exc, match=match):
+        thunk()
