@@ -115,8 +115,52 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
 )
 
 
+# Seconds per benchmark, for the help listing: `--tiny` measured once on the 2-core development machine (shared
+# with other work, so upper bounds); full runs from the recorded result's own time where it keeps one.
+MEASURED_S: dict[str, dict[str, float]] = {
+    "discrete_overhead": {"tiny": 0.1},
+    "continuous_overhead": {"tiny": 3.6},
+    "memory_scaling": {"tiny": 0.6},
+    "jump_nfe": {"tiny": 0.9},
+    "adjoint_study": {"tiny": 63.1},
+    "adjoint_pieces": {"tiny": 0.2},
+    "stopping_scaling": {"tiny": 0.5},
+    "stopping_saving": {"tiny": 2.3},
+    "momentum_peer": {"tiny": 0.0},  # skipped: the peer package (momentumnet) was not installed
+    "training": {"tiny": 0.2},
+}
+
+
+def _times(name: str) -> dict[str, float]:
+    out = dict(MEASURED_S.get(name, {}))
+    recorded = Path(__file__).parent / "results" / f"{name}.json"
+    if recorded.exists():
+        import json
+
+        time_s = json.loads(recorded.read_text()).get("time_s")
+        if isinstance(time_s, (int, float)):
+            out.setdefault("full", float(time_s))
+    return out
+
+
+def listing() -> str:
+    """The benchmarks, one a line: name, seconds with ``--tiny`` and in full (— where never timed), goal."""
+    def sec(s: float | None) -> str:
+        if s is None:
+            return "—"
+        return "<1 s" if s < 1 else (f"{s:.0f} s" if s < 100 else f"{s / 60:.0f} min")
+
+    lines = [f"  {'name':22s} {'tiny':>7s} {'full':>7s}  goal"]
+    for name, _, goal in BENCHMARKS:
+        t = _times(name)
+        lines.append(f"  {name:22s} {sec(t.get('tiny')):>7s} {sec(t.get('full')):>7s}  {goal}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cde_nets.benchmarks")
+    p = argparse.ArgumentParser(prog="python -m cde_nets.benchmarks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"benchmarks (seconds on 2 CPU cores; — where never timed):\n{listing()}")
     p.add_argument("--tiny", action="store_true", help="tiny configurations (seconds; what the tests run)")
     p.add_argument("--only", nargs="*", help="names of benchmarks to run (default: all)")
     p.add_argument("--out", help="folder for the JSON results (default: benchmarks/results; with --tiny a temporary "

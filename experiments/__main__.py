@@ -1,8 +1,9 @@
-"""``python -m cde_nets.experiments <name>|all [--quick|--tiny] [--seed N] [--out results] [--resume]``.
+"""``python -m cde_nets.experiments [<name>|all] [--quick|--tiny] [--seed N] [--out results] [--resume]``
+(also ``cde-nets experiments …``).
 
-Every training writes an atomic per-epoch checkpoint under ``OUT/checkpoints/<name>-<size>-seed<N>/``; after a
-crash or a kill, the same command with ``--resume`` continues where each training stopped and ends with the
-results of an uninterrupted run.
+With no name it lists the reproductions and their running times; ``all`` runs every one. Every training writes an
+atomic per-epoch checkpoint under ``OUT/checkpoints/<name>-<size>-seed<N>/``; after a crash or a kill, the same
+command with ``--resume`` continues where each training stopped and ends with the results of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -17,8 +18,38 @@ import torch
 
 from cde_nets.training import checkpointing
 
-from .registry import REPRODUCTIONS, runner
-from .report import format_table, write_result
+from .registry import ALL_QUICK_S, REPRODUCTIONS, runner, times
+from .report import SIZES, format_table, write_result
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "—"
+    if s < 1:
+        return "<1 s"
+    return f"{s:.0f} s" if s < 100 else f"{s / 60:.0f} min"
+
+
+def listing() -> str:
+    """The reproductions, one a line: name, seconds at each setting (— where never timed), description."""
+    lines = [f"  {'name':18s} {'tiny':>7s} {'quick':>7s} {'full':>7s}  what"]
+    for name, (_, desc) in REPRODUCTIONS.items():
+        t = times(name)
+        lines.append(f"  {name:18s} " + " ".join(f"{_seconds(t.get(size)):>7s}" for size in SIZES) + f"  {desc}")
+    lines.append(f"  {'all':18s} {'':>7s} {_seconds(ALL_QUICK_S):>7s} {'':>7s}  every one of them, in this order")
+    return "\n".join(lines)
+
+
+def _epilog() -> str:
+    from cde_nets.benchmarks.__main__ import listing as benchmark_listing
+
+    return (f"reproductions (seconds at each setting on 2 CPU cores; full times are the recorded runs'):\n"
+            f"{listing()}\n\n"
+            "  distributed        the scale-out launcher, not a reproduction: `python -m cde_nets.experiments "
+            "distributed --help`\n\n"
+            f"benchmarks (`cde-nets benchmarks [--tiny] [--only NAME ...]`):\n{benchmark_listing()}\n\n"
+            "examples:\n  cde-nets experiments all --quick      every reproduction, reduced setting (the main job)\n"
+            "  cde-nets experiments hdnn_fig4 --tiny  one reproduction in seconds")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
         from .distributed import main as distributed
         return distributed(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m cde_nets.experiments", description=__doc__)
-    parser.add_argument("name", nargs="?", default="all", help=f"one of: {', '.join(REPRODUCTIONS)}, or all")
+    parser = argparse.ArgumentParser(prog="python -m cde_nets.experiments", description=__doc__, epilog=_epilog(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", nargs="?", default=None,
+                        help="a reproduction (listed below) or all; without one, list them and exit")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="reduced setting (main job)")
     size.add_argument("--tiny", dest="size", action="store_const", const="tiny", help="seconds (test suite)")
@@ -39,11 +72,13 @@ def main(argv: list[str] | None = None) -> int:
                              "retrained); the results equal an uninterrupted run's")
     parser.add_argument("--no-checkpoints", dest="checkpoints", action="store_false",
                         help="do not write per-epoch training checkpoints")
-    parser.add_argument("--list", action="store_true", help="list the reproductions and exit")
+    parser.add_argument("--list", action="store_true", help="list the reproductions and exit (as with no name)")
     args = parser.parse_args(argv)
-    if args.list:
-        for name, (_, desc) in REPRODUCTIONS.items():
-            print(f"{name:24s} {desc}")
+    if args.list or args.name is None:
+        print("reproductions (seconds at each setting on 2 CPU cores; — where never timed):")
+        print(listing())
+        print("\nrun one:  cde-nets experiments NAME [--quick|--tiny]\nrun all:  cde-nets experiments all --quick"
+              "   (the main job; `all` alone runs the full setting)\nmore:     cde-nets experiments --help")
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -96,7 +96,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
              "the JSON: nfe_forward, nfe_backward, time_s, peak_saved_bytes per row.",
              f"Swiss roll (SPEC §7), {s['n']} points padded to R⁴, BCE of a fixed random linear read-out; float64; "
              f"reference: backprop through dopri5 at rtol = atol = {s['ref_rtol']:.0e}."]
-    figures = [] if size == "tiny" else _plot(studies, out_dir)
+    figures = _plot(studies, out_dir)
     return result("adjoint_study", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
                   settings={k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}
                   | {"references": {k: v["reference"] for k, v in studies.items()}},

@@ -165,6 +165,6 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
              "(drift ∝ h^p; the symplectic schemes' energy error stays bounded, O(h^p), for all time).",
              f"Energy: H2 field on R⁴, constant parameters, T = {T_ENERGY:g}, batch {s['batch']}, float64. Noether: "
              f"cubic friction on R², one piece, T = {T_NOETHER:g}, loss ‖y(T) − target‖², float64."]
-    figures = [] if size == "tiny" else _plot(energy, noether, s, out_dir)
+    figures = _plot(energy, noether, s, out_dir)
     return result("conservation", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
                   settings={**s, "T_energy": T_ENERGY, "T_noether": T_NOETHER}, notes=notes, figures=figures)

@@ -122,9 +122,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         if deep:
             rows.append(row(f"tanh MLP, {M} layers: max mean ‖Φ_ℓ‖₂, ℓ >= 7, end of training (paper ≈ 0)", None,
                             max(deep)))
-    figures = []
-    if size != "tiny":
-        figures.append(_plot(runs, out_dir))
+    figures = [_plot(runs, out_dir)]
     notes = ["Published: H Fig. 4 and §V-C (BSM norms in [1, 11] for the 32-layer H2-DNN; the 32-layer MLP at 50 % "
              "with ‖Φ_ℓ‖ ≈ 0 for ℓ = 7..32). BSMs are recorded once per epoch, not per iteration.",
              f"N = {s['n']} points, {s['epochs']} epochs, T = {s['T']} for the H2-DNN."]

@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 # name -> (module, description); `all` runs them in this order.
 REPRODUCTIONS: dict[str, tuple[str, str]] = {
@@ -23,6 +25,37 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
     "conservation": ("cde_nets.experiments.conservation", "Energy drift and Noether charge against solver and tolerance"),
     "noise_robustness": ("cde_nets.experiments.noise_robustness", "SDE vs ODE blocks under input perturbations"),
 }
+
+
+# Seconds each reproduction took where no recorded result holds the time: one `all --tiny` run (seed 0) on the
+# 2-core development machine while other jobs shared it, so these are upper bounds. The quick setting was not
+# timed per reproduction (a run under that load was no measurement); the whole `all --quick` is ALL_QUICK_S.
+MEASURED_S: dict[str, dict[str, float]] = {
+    "hdnn_table1": {"tiny": 1.4},
+    "hdnn_fig4": {"tiny": 0.7},
+    "hdnn_table2": {"tiny": 74.4},
+    "ruseckas_circles": {"tiny": 2.9},
+    "hauser": {"tiny": 2.6},
+    "blog": {"tiny": 2.2},
+    "nais_digits": {"tiny": 50.7},
+    "mnist5k": {"tiny": 2.2},
+    "adjoint_study": {"tiny": 5.4},
+    "conservation": {"tiny": 1.1},
+    "noise_robustness": {"tiny": 0.1},
+}
+ALL_QUICK_S = 285.0  # `all --quick` on the 2-core development machine after the install (the README's main job)
+RECORDED_RESULTS = Path(__file__).parent / "recorded_results"
+
+
+def times(name: str) -> dict[str, float]:
+    """Seconds per setting (``tiny``, ``quick``, ``full``) that are known for ``name``: the recorded result's own
+    ``time_s`` for its setting, :data:`MEASURED_S` for the others; a setting never timed is absent."""
+    out = dict(MEASURED_S.get(name, {}))
+    path = RECORDED_RESULTS / f"{name}.json"
+    if path.exists():
+        res = json.loads(path.read_text())
+        out[res["size"]] = float(res["time_s"])
+    return out
 
 
 def runner(name: str) -> Callable:

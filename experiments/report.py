@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from cde_nets.checkpoint import atomic_write
 __all__ = ["SIZES", "row", "result", "write_result", "format_table", "save_figure"]
 
 SIZES = ("tiny", "quick", "full")
+FILE_MODE = 0o644  # results are for reading by anyone; mkstemp (inside atomic_write) would leave them 0600
 
 
 def row(setting: str, published: float | str | None, ours: float | str | None, unit: str = "", **extra: Any) -> dict:
@@ -41,8 +43,13 @@ def _clean(obj: Any) -> Any:
 
 
 def write_result(res: dict, out_dir: str | Path) -> Path:
-    """Write ``<out_dir>/<name>.json`` atomically (temporary file, fsync, rename)."""
-    return atomic_write(Path(out_dir) / f"{res['name']}.json", lambda fh: json.dump(_clean(res), fh, indent=2))
+    """Write ``<out_dir>/<name>.json`` atomically (temporary file, fsync, rename), mode 0644."""
+
+    def write(fh) -> None:
+        json.dump(_clean(res), fh, indent=2)
+        os.fchmod(fh.fileno(), FILE_MODE)  # before the rename, so the file never appears with another mode
+
+    return atomic_write(Path(out_dir) / f"{res['name']}.json", write)
 
 
 def _fmt(v: Any, unit: str) -> str:
@@ -67,11 +74,16 @@ def format_table(res: dict) -> str:
 
 
 def save_figure(fig, out_dir: str | Path, name: str) -> str:
-    """Save a matplotlib figure as ``<out_dir>/<name>.png``; returns the path."""
+    """Save a matplotlib figure as ``<out_dir>/<name>.png`` (atomically, mode 0644); returns the path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+
+    def write(fh) -> None:
+        fig.savefig(fh, format="png", dpi=110, bbox_inches="tight")
+        os.fchmod(fh.fileno(), FILE_MODE)
+
+    atomic_write(path, write, binary=True)
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -1,0 +1,79 @@
+"""The command line: listing without a name, help that lists every experiment and benchmark with its times, tiny
+runs that write their JSON and plots with mode 0644. Fast calls only (one ``--tiny`` run of a fast reproduction)."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+from cde_nets.benchmarks.__main__ import BENCHMARKS
+from cde_nets.benchmarks.__main__ import main as benchmarks_main
+from cde_nets.experiments.__main__ import main as experiments_main
+from cde_nets.experiments.registry import REPRODUCTIONS, times
+
+from cde_nets.cli import main as cli
+
+
+def test_no_name_lists_the_reproductions_with_times_and_runs_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli(["experiments"]) == 0
+    out = capsys.readouterr().out
+    for name in REPRODUCTIONS:
+        line = next(line for line in out.splitlines() if line.strip().startswith(name + " "))
+        assert " s " in line or " min " in line, line  # at least one recorded or measured time
+    assert "all --quick" in out
+    assert not (tmp_path / "results").exists()  # nothing ran
+
+
+def test_every_reproduction_has_a_time_for_each_setting_it_was_run_in():
+    for name in REPRODUCTIONS:
+        t = times(name)
+        assert "tiny" in t and "full" in t, (name, t)
+        assert all(v > 0 for v in t.values())
+
+
+def test_experiments_help_lists_every_experiment_and_benchmark(capsys):
+    with pytest.raises(SystemExit) as exc:
+        experiments_main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for name in [*REPRODUCTIONS, *(b[0] for b in BENCHMARKS)]:
+        assert f"  {name} " in out, name
+    assert "tiny" in out and "quick" in out and "full" in out
+
+
+def test_benchmarks_help_lists_the_benchmarks(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli(["benchmarks", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for name, _, goal in BENCHMARKS:
+        assert f"  {name} " in out and goal in out, name
+
+
+def test_top_level_help_and_unknown_command(capsys):
+    assert cli(["--help"]) == 0
+    assert "experiments" in capsys.readouterr().out
+    assert cli(["nonsense"]) == 2
+    assert "unknown command 'nonsense'" in capsys.readouterr().err
+
+
+def test_unknown_reproduction_is_refused_before_any_work(tmp_path):
+    with pytest.raises(SystemExit, match="unknown reproduction 'nope'"):
+        experiments_main(["nope", "--tiny", "--out", str(tmp_path)])
+
+
+def test_tiny_run_writes_json_and_plot_with_mode_0644(tmp_path, capsys):
+    assert experiments_main(["hdnn_fig4", "--tiny", "--out", str(tmp_path), "--no-checkpoints"]) == 0
+    res = json.loads((tmp_path / "hdnn_fig4.json").read_text())
+    assert res["size"] == "tiny" and res["figures"]
+    for path in (tmp_path / "hdnn_fig4.json", tmp_path / "hdnn_fig4.png"):
+        assert path.exists(), path
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    assert "hdnn_fig4" in capsys.readouterr().out
+
+
+def test_benchmarks_reject_an_unknown_name(capsys):
+    with pytest.raises(SystemExit):
+        benchmarks_main(["--only", "nope"])
