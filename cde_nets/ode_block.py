@@ -11,15 +11,15 @@ import torch
 from torch import nn
 
 from cde_nets.solvers.adapter import (
-    ADAPTIVE_METHODS,
     FIXED_METHODS,
-    GRADIENTS,
     PiecewiseParam,
     SolverStats,
     aligned_grid,
+    check_gradient,
     check_method,
     check_options,
     integrate,
+    is_adaptive,
     validate_tolerances,
 )
 from cde_nets.solvers.errors import SolverError, check_positive
@@ -63,10 +63,15 @@ class ODEBlock(Block):
         T: end time; defaults to ``field.T`` (must equal it when the field is time-varying; required for a
             plain module).
         method: a torchdiffeq method — adaptive (``dopri5``, ``dopri8``, ``bosh3``, ``fehlberg2``,
-            ``adaptive_heun``) or fixed-step (``euler``, ``midpoint``, ``heun2``, ``heun3``, ``rk4``).
+            ``adaptive_heun``) or fixed-step (``euler``, ``midpoint``, ``heun2``, ``heun3``, ``rk4``), or ``alf``
+            (asynchronous leapfrog, :mod:`~cde_nets.solvers.alf`: adaptive, or fixed with ``step_size``).
         rtol, atol: tolerances of adaptive methods (default 1e-6, 1e-8); refused for fixed-step methods.
-        gradient: ``"adjoint"`` (continuous adjoint, O(1) memory in the steps; seminorm by default) or
-            ``"backprop"`` (differentiate through the solver's steps: the discrete adjoint of the solver).
+        gradient: ``"adjoint"`` (continuous adjoint, O(1) memory in the steps; seminorm by default),
+            ``"backprop"`` (differentiate through the solver's steps: the discrete adjoint of the solver), or the
+            exact gradient of the solver's steps at low memory: ``"checkpoint"`` (replay each step from a stored
+            state), ``"symplectic"`` (the symplectic adjoint over the replayed stages), ``"reversible"``
+            (``method="alf"``: states rebuilt by the integrator's inverse, constant memory). See
+            ``docs/guides/gradients.md``.
         step_size: fixed-step methods only; default one step per parameter piece (the discrete-mode grid). The
             grid always contains every piece boundary.
         jumps: adaptive methods only (default True): tell the solver where time-varying parameters jump
@@ -105,15 +110,13 @@ class ODEBlock(Block):
     ):
         super().__init__(field, T)
         self.method = check_method(method)
-        adaptive = method in ADAPTIVE_METHODS
+        adaptive = is_adaptive(method, step_size)
         self.options = check_options(method, options)
         if not adaptive and (rtol is not None or atol is not None):
             raise ValueError(f"`rtol`/`atol` control adaptive methods; the fixed-step {method!r} would ignore them. "
                              "Drop them (set the step with `step_size`), or use an adaptive method such as 'dopri5'.")
         self.rtol, self.atol = validate_tolerances(1e-6 if rtol is None else rtol, 1e-8 if atol is None else atol)
-        if gradient not in GRADIENTS:
-            raise ValueError(f"`gradient` must be one of {GRADIENTS}, got {gradient!r}.")
-        self.gradient = gradient
+        self.gradient = check_gradient(method, gradient)
         if step_size is not None:
             if adaptive:
                 raise ValueError(
@@ -167,7 +170,7 @@ class ODEBlock(Block):
     def _grids(self, field: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         grid = getattr(field, "grid", None)
         bounds = grid.boundaries.tolist() if grid is not None else [0.0, self.T]
-        if self.method in FIXED_METHODS:
+        if not is_adaptive(self.method, self.step_size):
             return None, aligned_grid(bounds, self.step_size)
         jump_t = grid.jumps if (grid is not None and self.jumps) else None
         return jump_t, None

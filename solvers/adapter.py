@@ -19,11 +19,17 @@ from torchdiffeq import odeint, odeint_adjoint
 
 from .errors import SolverError, check_positive
 from .piecewise_adjoint import PiecewiseParam, lands_on_boundaries, piecewise_adjoint
+from .replay import replay_gradient
+from .tableaux import method_tableau
 
 __all__ = [
     "ADAPTIVE_METHODS",
     "FIXED_METHODS",
     "GRADIENTS",
+    "ODE_GRADIENTS",
+    "REVERSIBLE_METHODS",
+    "check_gradient",
+    "is_adaptive",
     "SolverStats",
     "integrate",
     "check_method",
@@ -37,7 +43,11 @@ _PIECEWISE_ADJOINT = True
 
 ADAPTIVE_METHODS: dict[str, int] = {"dopri8": 8, "dopri5": 5, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
 FIXED_METHODS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
-GRADIENTS = ("adjoint", "backprop")
+# the alf integrator is cde_nets' own (solvers.alf), adaptive or on a fixed grid
+REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}
+GRADIENTS = ("adjoint", "backprop")  # every block kind (the SDE block too)
+ODE_GRADIENTS = (*GRADIENTS, "checkpoint", "symplectic", "reversible")
+_ALF_OPTIONS = {"eta", "first_step", "max_step", "safety", "ifactor", "dfactor"}
 _ADAPTIVE_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "step_t"}
 _FIXED_OPTIONS: set[str] = set()
 
@@ -71,19 +81,47 @@ class SolverStats:
 
 
 def check_method(method: str, name: str = "method") -> str:
-    if not isinstance(method, str) or (method not in ADAPTIVE_METHODS and method not in FIXED_METHODS):
+    known = (*ADAPTIVE_METHODS, *FIXED_METHODS, *(REVERSIBLE_METHODS if name == "method" else ()))
+    if not isinstance(method, str) or method not in known:
+        alf = (f", reversible (adaptive, or fixed with `step_size`): {sorted(REVERSIBLE_METHODS)}"
+               if name == "method" else "")
         raise ValueError(
             f"`{name}` {method!r} is unknown; adaptive: {sorted(ADAPTIVE_METHODS)}, "
-            f"fixed-step: {sorted(FIXED_METHODS)}."
+            f"fixed-step: {sorted(FIXED_METHODS)}{alf}."
         )
     return method
+
+
+def is_adaptive(method: str, step_size: float | None = None) -> bool:
+    """Whether ``method`` chooses its own steps (``alf`` does unless given a ``step_size``)."""
+    return method in ADAPTIVE_METHODS or (method in REVERSIBLE_METHODS and step_size is None)
+
+
+def check_gradient(method: str, gradient: str) -> str:
+    """Refuse a gradient mode ``method`` cannot give, naming what can."""
+    if gradient not in ODE_GRADIENTS:
+        raise ValueError(f"`gradient` must be one of {ODE_GRADIENTS}, got {gradient!r}.")
+    if method in REVERSIBLE_METHODS:
+        if gradient not in ("reversible", "backprop"):
+            raise ValueError(f"method={method!r} (asynchronous leapfrog) takes gradient='reversible' (its exact "
+                             f"inverse, constant memory) or 'backprop'; got {gradient!r}.")
+    elif gradient == "reversible":
+        raise ValueError(f"gradient='reversible' reconstructs states with an invertible integrator: use "
+                         f"method='alf' (not {method!r}), or gradient='checkpoint' for an exact gradient of "
+                         f"{method!r}.")
+    elif gradient in ("checkpoint", "symplectic"):
+        method_tableau(method, gradient)
+    return gradient
 
 
 def check_options(method: str, options: dict | None) -> dict:
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"`options` must be a dict of torchdiffeq options, got {type(options).__name__}.")
     options = dict(options or {})
-    valid = _ADAPTIVE_OPTIONS if method in ADAPTIVE_METHODS else _FIXED_OPTIONS
+    if method in REVERSIBLE_METHODS:
+        valid = _ALF_OPTIONS
+    else:
+        valid = _ADAPTIVE_OPTIONS if method in ADAPTIVE_METHODS else _FIXED_OPTIONS
     unknown = set(options) - valid
     if unknown:
         hint = "use `step_size=` of the block for fixed-step methods; " if method in FIXED_METHODS else ""
@@ -119,6 +157,7 @@ class _Counted(nn.Module):
         self.scan_backward = True  # the piecewise adjoint checks its state once per interval instead
         self.backward_jumps: list[float] = []  # jump_t of an adaptive backward solve, increasing
         self.field_error: BaseException | None = None
+        self.recorder = None  # a solvers.replay.Recorder while a replayed forward solve runs
 
     def forward(self, t, y):
         try:
@@ -130,6 +169,8 @@ class _Counted(nn.Module):
             self.stats.nfe_backward += 1
         else:
             self.stats.nfe_forward += 1
+            if self.recorder is not None:
+                self.recorder.evaluated()
             if self.count_vjp and out.requires_grad:
                 out.register_hook(self._count_vjp)
         return out
@@ -187,6 +228,8 @@ class _Counted(nn.Module):
 
     def callback_step(self, t0, y0, dt):
         self._check_step(t0, y0, dt, backward=False)
+        if self.recorder is not None:
+            self.recorder.step()
 
     def callback_step_adjoint(self, t0, y0, dt):
         self._check_step(t0, y0, dt, backward=True)
@@ -195,6 +238,8 @@ class _Counted(nn.Module):
 class _CountedAdaptive(_Counted):
     def callback_accept_step(self, t0, y0, dt):
         self.stats.steps_forward += 1
+        if self.recorder is not None:
+            self.recorder.accept(t0, y0, dt)
 
     def callback_reject_step(self, t0, y0, dt):
         self.stats.rejected_forward += 1
@@ -210,6 +255,8 @@ class _CountedFixed(_Counted):
     def callback_step(self, t0, y0, dt):
         super().callback_step(t0, y0, dt)
         self.stats.steps_forward += 1
+        if self.recorder is not None:
+            self.recorder.accept(t0, y0, dt)
 
     def callback_step_adjoint(self, t0, y0, dt):
         super().callback_step_adjoint(t0, y0, dt)
@@ -259,9 +306,16 @@ def integrate(
     """
     check_method(method)
     options = check_options(method, options)
-    if gradient not in GRADIENTS:
-        raise ValueError(f"`gradient` must be one of {GRADIENTS}, got {gradient!r}.")
+    check_gradient(method, gradient)
     stats = SolverStats() if stats is None else stats
+    if method in REVERSIBLE_METHODS:
+        from .alf import integrate_alf
+
+        ys = integrate_alf(
+            field, y0, t, rtol=rtol, atol=atol, gradient=gradient, params=params, pieces=pieces, jump_t=jump_t,
+            grid=grid, options=options, max_steps=max_steps, stats=stats,
+        )
+        return ys, stats
     adaptive = method in ADAPTIVE_METHODS
     wrapper_cls = _CountedAdaptive if adaptive else _CountedFixed
     func = wrapper_cls(field, stats, max_steps, count_vjp=gradient == "backprop")
@@ -289,6 +343,12 @@ def integrate(
                     func, y0, t, adjoint_params=tuple(params or ()), adjoint_method=adj_method,
                     adjoint_rtol=adj_rtol, adjoint_atol=adj_atol, adjoint_options=adj_options, **kwargs,
                 )
+        elif gradient in ("checkpoint", "symplectic"):
+            ys = replay_gradient(
+                func, y0, t, tuple(params or ()), tuple(pieces or ()), gradient=gradient,
+                tableau=method_tableau(method, gradient), method=method, rtol=rtol, atol=atol, options=options,
+                stats=stats,
+            )
         else:
             ys = odeint(func, y0, t, **kwargs)
     except AssertionError as exc:

@@ -194,7 +194,7 @@ def test_bad_arguments_raise_clear_errors(f64):
     with pytest.raises(ValueError, match="differs from the field's T"):
         ODEBlock(Linear(torch.stack([skew(2, 0)] * 3), layers=3), T=2.0)
     with pytest.raises(ValueError, match="`gradient` must be one of"):
-        ODEBlock(field, gradient="checkpoint")
+        ODEBlock(field, gradient="checkpointed")
     with pytest.raises(ValueError, match="`step_size` applies to fixed-step methods"):
         ODEBlock(field, step_size=0.1)
     with pytest.raises(ValueError, match="`step_size` must be a finite number > 0"):

@@ -1,0 +1,424 @@
+r"""Exact gradients of torchdiffeq's Runge-Kutta map from per-step checkpoints: ``"checkpoint"`` and ``"symplectic"``.
+
+The forward pass is torchdiffeq's own solve, run without a graph; its step callbacks record every accepted
+step ``[t_n, t_{n+1}]`` and its start state ``y_n`` (the checkpoints: ``O(N |y|)`` memory for ``N`` steps). The
+backward pass walks the steps from the last to the first and carries the adjoint ``λ_{n+1} = ∂ℒ/∂y_{n+1}`` back
+through one step at a time, recomputing the step with the method's own tableau (:mod:`solvers.tableaux`).
+The gradient is that of the discrete map the solver applied (the same as backpropagating through its
+operations), not of the ODE's flow: no backward solve, no integration error of its own.
+
+``"checkpoint"`` (Zhuang et al. 2020, "Adaptive checkpoint adjoint method for gradient estimation in neural ODE",
+ICML; diffrax's ``RecursiveCheckpointAdjoint`` with one checkpoint per step) rebuilds step ``n``'s graph from
+``y_n`` and backpropagates through it: memory ``O(N |y| + s G)`` for ``s`` stages whose graphs take ``G`` each.
+
+``"symplectic"`` (Matsubara, Miyatake & Yaguchi 2021, "Symplectic adjoint method for exact gradient of neural
+ODE with minimal memory", NeurIPS) recomputes the stage values ``Y_i`` without a graph and integrates the
+adjoint system ``λ' = −(∂F/∂y)ᵀ λ`` backwards with the symplectic partner of the forward scheme,
+
+    ``λ_{n+1} = λ_n + h Σ_i b_i l_i``,   ``l_i = −(∂F/∂y(t_n + c_i h, Y_i))ᵀ Λ_i``,
+    ``Λ_i = λ_n + h Σ_j (b_j − b_j a_ji / b_i) l_j``,
+
+whose pairing with the forward scheme conserves ``λᵀ δy`` exactly, so the gradient is exact for the discrete
+map. Written in stage form, which also covers ``b_i = 0`` (FSAL tableaux such as dopri5): with
+``κ_i = ∂ℒ/∂k_i`` and ``μ_i = (∂F/∂y(t_n + c_i h, Y_i))ᵀ κ_i`` (``κ_i = h b_i Λ_i`` when ``b_i ≠ 0``),
+
+    ``κ_i = h b_i λ_{n+1} + h Σ_{j>i} a_ji μ_j``  (``i = s, …, 1``),   ``λ_n = λ_{n+1} + Σ_i μ_i``,
+    ``∂ℒ/∂θ += Σ_i (∂F/∂θ(t_n + c_i h, Y_i))ᵀ κ_i``,
+
+one vector-Jacobian product per stage, each with the graph of a single evaluation: memory
+``O(N |y| + s |y| + G)``. Each stage is evaluated twice in the backward pass (once to recover ``Y_i``, once for
+its product), against once for ``"checkpoint"``.
+
+Dense output. torchdiffeq's adaptive methods step past an output time and interpolate there with a quartic
+through ``y_n, y_{n+1/2}, y_{n+1}`` and the slopes ``k_1, k_s`` of the step (``y_{n+1/2}`` from the method's
+midpoint weights); the interpolant is a linear function of ``y_n`` and the stages, differentiated here as part
+of its step. Fixed-step methods step onto every output time (the adapter adds them to the grid).
+
+Parameters constant on pieces of time (:class:`~solvers.piecewise_adjoint.PiecewiseParam`) are read through
+fresh leaves of the pieces a step actually uses, so each step's product costs the pieces in force, not all
+``L``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchdiffeq import odeint
+
+from .errors import SolverError
+from .piecewise_adjoint import PiecewiseParam
+from .tableaux import MethodTableau
+
+__all__ = ["Steps", "record_steps", "replay", "replay_gradient"]
+
+_NONE, _NEXT, _PREV = 0, 1, -1
+
+
+@dataclass
+class Steps:
+    """The accepted steps of one solve: ``t0[n] → t1[n]`` from ``y0[n]``; the first stage of step ``n`` is
+    evaluated at ``first[n] = (time, perturbation)`` (``±1``: just after/before the time), as the solver did."""
+
+    t0: list[float]
+    t1: list[float]
+    dt: list[float]
+    y0: list[torch.Tensor]
+    first: list[tuple[float, int]]
+    adaptive: bool
+
+    def __len__(self) -> int:
+        return len(self.t0)
+
+
+class Recorder:
+    """Collects accepted steps from the counting wrapper's callbacks (see ``adapter._Counted``)."""
+
+    def __init__(self, jumps: Sequence[float] = ()) -> None:
+        self.rows: list[list[Any]] = []  # [t0, dt, y0, ended on a jump]
+        self.after_accept = False
+        self.jumps = list(jumps)
+
+    def accept(self, t0, y0, dt) -> None:
+        self.rows.append([float(t0), float(dt), y0, False])
+        self.after_accept = True
+
+    def step(self) -> None:
+        self.after_accept = False
+
+    def evaluated(self) -> None:
+        # torchdiffeq evaluates between an accepted step and the next step's start only to re-read the field on
+        # the far side of a jump the step was clipped to
+        if self.after_accept and self.rows:
+            self.rows[-1][3] = True
+
+    def steps(self, t: torch.Tensor, adaptive: bool) -> Steps:
+        rows = self.rows
+        t0 = [r[0] for r in rows]
+        t1 = t0[1:]
+        last = rows[-1]
+        if adaptive:
+            # the re-evaluation after a jump was at nextafter(jump, +inf); a step that was not clipped ends at
+            # t0 + dt as the solver computed it
+            t1.append(self._jump_end(last) if last[3] else last[0] + last[1])
+            first = [(float(t[0]), _NONE)] + [(r0[0], _NEXT if prev[3] else _PREV) for prev, r0 in zip(rows, rows[1:])]
+        else:
+            t1.append(float(t[-1]))
+            first = [(r[0], _NEXT) for r in rows]
+        return Steps(t0, t1, [r[1] for r in rows], [r[2] for r in rows], first, adaptive)
+
+    def _jump_end(self, row) -> float:
+        end = row[0] + row[1]  # the clipped dt is jump - t0, so t0 + dt lies within an ulp of the jump
+        return min(self.jumps, key=lambda j: abs(j - end)) if self.jumps else end
+
+
+def _time(t: float, perturb: int, dtype: torch.dtype, device) -> torch.Tensor:
+    tt = torch.tensor(t, dtype=torch.float64).to(dtype)
+    if perturb:
+        tt = torch.nextafter(tt, tt.new_tensor(math.inf if perturb > 0 else -math.inf))
+    return tt.to(device)
+
+
+def _stage_time(tab: MethodTableau, steps: Steps, n: int, i: int) -> tuple[float, int]:
+    if i == 0:
+        return steps.first[n]
+    c = tab.tableau.c[i]
+    if c == 1.0:
+        return steps.t1[n], _PREV
+    return steps.t0[n] + c * _h(steps, n), _NONE
+
+
+def _h(steps: Steps, n: int) -> float:
+    # adaptive: the step size the solver recorded; fixed: the grid's t1 - t0 (the solver's own dt)
+    return steps.dt[n] if steps.adaptive else steps.t1[n] - steps.t0[n]
+
+
+def _combine(y0: torch.Tensor, weights: Sequence[float], ks: Sequence[torch.Tensor], h: float) -> torch.Tensor:
+    out = y0
+    for w, k in zip(weights, ks):
+        if w != 0.0:
+            out = out + (w * h) * k
+    return out
+
+
+def _n_stages(tab: MethodTableau, dense: bool) -> int:
+    """The stages a replayed step needs: an FSAL method's last stage only feeds the dense output."""
+    return tab.stages - 1 if tab.fsal and not dense else tab.stages
+
+
+def _stages(func, tab: MethodTableau, steps: Steps, n: int, y0: torch.Tensor, dense: bool):
+    """Stage inputs ``Y_i``, slopes ``k_i`` and the end state ``y_1`` of step ``n`` (graph if grad is on)."""
+    h = _h(steps, n)
+    Ys: list[torch.Tensor] = []
+    ks: list[torch.Tensor] = []
+    for i in range(_n_stages(tab, dense)):
+        Y = _combine(y0, tab.tableau.a[i], ks, h)
+        ti, p = _stage_time(tab, steps, n, i)
+        Ys.append(Y)
+        ks.append(func(_time(ti, p, y0.dtype, y0.device), Y))
+    y1 = _combine(y0, tab.tableau.b, ks, h)
+    return Ys, ks, y1
+
+
+def _dense(tab: MethodTableau, steps: Steps, n: int, y0, y1, ks, t: float) -> torch.Tensor:
+    """The quartic ``p(x)`` with ``p(0) = y_0``, ``p'(0) = h k_1``, ``p(1/2) = y_{1/2}``, ``p(1) = y_1``,
+    ``p'(1) = h k_s`` at ``x = (t − t_n) / (t_{n+1} − t_n)``."""
+    h = _h(steps, n)
+    x = (torch.tensor(t, dtype=torch.float64) - steps.t0[n]) / (steps.t1[n] - steps.t0[n])
+    x = float(x)
+    assert tab.mid is not None
+    ymid = _combine(y0, tab.mid, ks, h)
+    d = h * ks[0]
+    r1 = y1 - y0 - d
+    r2 = h * ks[-1] - d
+    r3 = ymid - y0 - 0.5 * d
+    a4 = 2 * r2 - 8 * r1 + 16 * r3
+    b3 = r2 - 2 * r1 - 2 * a4
+    c2 = r1 - b3 - a4
+    return y0 + x * (d + x * (c2 + x * (b3 + x * a4)))
+
+
+def _outputs(steps: Steps, t: torch.Tensor) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Which step gives each output ``t[j]`` (``j ≥ 1``): interpolated inside it, or its end state."""
+    inside: dict[int, list[int]] = {}
+    at_end: dict[int, list[int]] = {}
+    for j, tj in enumerate(t.tolist()[1:], start=1):
+        n = min(bisect.bisect_left(steps.t1, tj), len(steps) - 1)
+        if not steps.adaptive and steps.t1[n] == tj:
+            at_end.setdefault(n, []).append(j)
+        else:
+            inside.setdefault(n, []).append(j)
+    return inside, at_end
+
+
+def _interpolate(tab: MethodTableau, steps: Steps, n: int, y0, y1, ks, t: float) -> torch.Tensor:
+    if steps.adaptive:
+        return _dense(tab, steps, n, y0, y1, ks, t)
+    s = (t - steps.t0[n]) / (steps.t1[n] - steps.t0[n])  # torchdiffeq's linear interpolation off the grid
+    return y0 + s * (y1 - y0)
+
+
+def record_steps(func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol: float, atol: float,
+                 options: dict, adaptive: bool) -> tuple[torch.Tensor, Steps]:
+    """torchdiffeq's ``odeint`` without a graph, and its accepted steps. ``func`` is the adapter's counting
+    wrapper, whose ``recorder`` receives the callbacks."""
+    jumps = options.get("jump_t")
+    rec = Recorder([] if jumps is None else [float(j) for j in jumps.tolist()])
+    func.recorder = rec
+    try:
+        with torch.no_grad():
+            ys = odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=options)
+    finally:
+        func.recorder = None
+    return ys, rec.steps(t, adaptive)
+
+
+def replay(func, tab: MethodTableau, steps: Steps, y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The solution at ``t`` recomputed from ``y0`` through the recorded steps, differentiably: backpropagating
+    through it is "backprop through the same accepted steps"."""
+    inside, at_end = _outputs(steps, t)
+    out: list[torch.Tensor | None] = [None] * len(t)
+    out[0] = y0
+    y = y0
+    for n in range(len(steps)):
+        _, ks, y1 = _stages(func, tab, steps, n, y, dense=n in inside)
+        for j in inside.get(n, ()):
+            out[j] = _interpolate(tab, steps, n, y, y1, ks, float(t[j]))
+        for j in at_end.get(n, ()):
+            out[j] = y1
+        y = y1
+    return torch.stack(out)  # type: ignore[arg-type]
+
+
+class _LazyPieces(Sequence):
+    """Handed to a piecewise tensor as its views during the backward pass: a fresh leaf for each piece the
+    field reads, so a vector-Jacobian product is taken with respect to the pieces in force only."""
+
+    def __init__(self, p: PiecewiseParam):
+        self.p = p
+        self.detached = p.data.detach()
+        self.leaves: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.detached.shape[0]
+
+    def __getitem__(self, l):
+        leaf = self.leaves.get(l)
+        if leaf is None:
+            leaf = self.leaves[l] = self.detached[l].requires_grad_()
+        return leaf
+
+
+class _Grads:
+    """The parameter gradients being accumulated: full tensors and piece by piece."""
+
+    def __init__(self, others: Sequence[torch.Tensor], lazies: Sequence[_LazyPieces]):
+        self.others = tuple(others)
+        self.lazies = list(lazies)
+        self.g_others = [torch.zeros_like(p) for p in others]
+        self.g_pieces = [torch.zeros_like(v.detached) for v in lazies]
+
+    def fresh(self) -> None:
+        for v in self.lazies:
+            v.leaves = {}
+
+    def inputs(self) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
+        keys = [(j, l) for j, v in enumerate(self.lazies) for l in v.leaves]
+        return [*self.others, *(self.lazies[j].leaves[l] for j, l in keys)], keys
+
+    def add(self, grads: Sequence[torch.Tensor | None], keys: list[tuple[int, int]]) -> None:
+        k = len(self.others)
+        for i, g in enumerate(grads[:k]):
+            if g is not None:
+                self.g_others[i] += g
+        for (j, l), g in zip(keys, grads[k:]):
+            if g is not None:
+                self.g_pieces[j][l] += g
+
+
+def _vjp(outs, cots, y: torch.Tensor, acc: _Grads) -> torch.Tensor:
+    wrt, keys = acc.inputs()
+    pairs = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+    if not pairs:
+        return torch.zeros_like(y)
+    grads = torch.autograd.grad([o for o, _ in pairs], [y, *wrt], [c for _, c in pairs], allow_unused=True)
+    acc.add(grads[1:], keys)
+    return torch.zeros_like(y) if grads[0] is None else grads[0]
+
+
+def _checkpoint_step(func, tab, steps, n, lam, outs_in, grad_ys, t, acc: _Grads) -> torch.Tensor:
+    with torch.enable_grad():
+        y = steps.y0[n].detach().requires_grad_()
+        acc.fresh()
+        _, ks, y1 = _stages(func, tab, steps, n, y, dense=bool(outs_in))
+        outs, cots = ([y1], [lam]) if lam is not None else ([], [])
+        for j in outs_in:
+            outs.append(_interpolate(tab, steps, n, y, y1, ks, float(t[j])))
+            cots.append(grad_ys[j])
+        return _vjp(outs, cots, y, acc)
+
+
+def _symplectic_step(func, tab, steps, n, lam, outs_in, grad_ys, t, acc: _Grads) -> torch.Tensor:
+    h = _h(steps, n)
+    y0 = steps.y0[n]
+    with torch.no_grad():
+        Ys, ks, y1 = _stages(func, tab, steps, n, y0, dense=bool(outs_in))
+    s = len(ks)
+    kappa: list[torch.Tensor | None] = [None] * s
+    lam0 = torch.zeros_like(y0) if lam is None else lam.clone()
+    if lam is not None:
+        for i in range(s):
+            if tab.tableau.b[i] != 0.0:
+                kappa[i] = (tab.tableau.b[i] * h) * lam
+    if outs_in:  # the interpolant is linear in (y_n, k_1..k_s): its cotangents come without the field
+        with torch.enable_grad():
+            yl = y0.detach().requires_grad_()
+            kl = [k.detach().requires_grad_() for k in ks]
+            y1l = _combine(yl, tab.tableau.b, kl, h)
+            ps = [_interpolate(tab, steps, n, yl, y1l, kl, float(t[j])) for j in outs_in]
+            gs = torch.autograd.grad(ps, [yl, *kl], [grad_ys[j] for j in outs_in], allow_unused=True)
+        lam0 = lam0 + gs[0]
+        for i, g in enumerate(gs[1:]):
+            if g is not None:
+                kappa[i] = g if kappa[i] is None else kappa[i] + g
+    for i in range(s - 1, -1, -1):
+        kap = kappa[i]
+        if kap is None:
+            continue
+        with torch.enable_grad():
+            Y = Ys[i].detach().requires_grad_()
+            acc.fresh()
+            ti, p = _stage_time(tab, steps, n, i)
+            f = func(_time(ti, p, Y.dtype, Y.device), Y)
+            mu = _vjp([f], [kap], Y, acc)
+        lam0 = lam0 + mu
+        for j, a in enumerate(tab.tableau.a[i]):
+            if a != 0.0:
+                kappa[j] = (a * h) * mu if kappa[j] is None else kappa[j] + (a * h) * mu
+    return lam0
+
+
+class _Replay(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ys, steps = record_steps(cfg["func"], y0, t, method=cfg["method"], rtol=cfg["rtol"], atol=cfg["atol"],
+                                 options=cfg["options"], adaptive=cfg["tableau"].adaptive)
+        ctx.cfg = cfg
+        ctx.steps_meta = (steps.t0, steps.t1, steps.dt, steps.first, steps.adaptive)
+        # saved through autograd so that memory accounting (saved-tensor hooks) sees the checkpoints
+        ctx.save_for_backward(t, *steps.y0, *params)
+        ctx.n_steps = len(steps)
+        return ys
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_ys: torch.Tensor):
+        cfg = ctx.cfg
+        stats, func, tab = cfg["stats"], cfg["func"], cfg["tableau"]
+        saved = ctx.saved_tensors
+        t, ys0, params = saved[0], list(saved[1 : 1 + ctx.n_steps]), saved[1 + ctx.n_steps :]
+        t0, t1, dt, first, adaptive = ctx.steps_meta
+        steps = Steps(t0, t1, dt, ys0, first, adaptive)
+        pieces: list[PiecewiseParam] = cfg["pieces"]
+        slot = cfg["slot"]
+        others = [p for p, j in zip(params, slot) if j is None]
+        lazies = [_LazyPieces(p) for p in pieces]
+        acc = _Grads(others, lazies)
+        inside, at_end = _outputs(steps, t)
+        step_back = _symplectic_step if cfg["gradient"] == "symplectic" else _checkpoint_step
+        lam: torch.Tensor | None = None
+        try:
+            for p, v in zip(pieces, lazies):
+                p.set_views(v)
+            for n in range(len(steps) - 1, -1, -1):
+                for j in at_end.get(n, ()):
+                    lam = grad_ys[j] if lam is None else lam + grad_ys[j]
+                lam = step_back(func, tab, steps, n, lam, inside.get(n, []), grad_ys, t, acc)
+                stats.steps_backward += 1
+        finally:
+            for p in pieces:
+                p.set_views(None)
+        assert lam is not None
+        lam = lam + grad_ys[0]
+        if not bool(torch.isfinite(lam).all()):
+            raise SolverError(
+                f"the gradient became non-finite (NaN/inf) in the {cfg['gradient']} backward pass after "
+                f"{stats.nfe_backward} field evaluations; lower the learning rate or check the loss.",
+                nfe=stats.nfe_backward,
+            )
+        g_o = iter(acc.g_others)
+        return (None, lam, None, *(next(g_o) if j is None else acc.g_pieces[j] for j in slot))
+
+
+def replay_gradient(
+    func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    pieces: Sequence[PiecewiseParam],
+    *,
+    gradient: str,
+    tableau: MethodTableau,
+    method: str,
+    rtol: float,
+    atol: float,
+    options: dict,
+    stats: Any,
+) -> torch.Tensor:
+    """``odeint(func, y0, t)`` whose backward pass replays its accepted steps (``gradient``: ``"checkpoint"`` or
+    ``"symplectic"``, see the module). ``params``: the tensors to differentiate; those that are the ``data`` of
+    an entry of ``pieces`` are differentiated piece by piece."""
+    if t.requires_grad:
+        raise ValueError(f"gradient={gradient!r} does not differentiate the output times `t`; detach them.")
+    params = tuple(p for p in params if p.requires_grad)
+    pos = {id(p.data): j for j, p in enumerate(pieces)}
+    used = sorted({pos[id(p)] for p in params if id(p) in pos})
+    renum = {j: k for k, j in enumerate(used)}
+    slot = [renum[pos[id(p)]] if id(p) in pos else None for p in params]
+    cfg = dict(func=func, method=method, rtol=rtol, atol=atol, options=options, stats=stats, tableau=tableau,
+               gradient=gradient, pieces=[pieces[j] for j in used], slot=slot)
+    return _Replay.apply(cfg, y0, t, *params)

@@ -1,0 +1,150 @@
+r"""The Runge-Kutta methods of torchdiffeq as data, for replaying their accepted steps.
+
+A method is a Butcher tableau (Butcher 2016, "Numerical methods for ordinary differential equations", §23)
+
+    ``Y_i = y_0 + h Σ_{j<i} a_ij k_j``,   ``k_i = F(t_0 + c_i h, Y_i)``,   ``y_1 = y_0 + h Σ_i b_i k_i``,
+
+plus, for adaptive methods, the error weights ``e`` (``h Σ_i e_i k_i`` estimates the local error) and the
+weights ``m`` of the state at the step's midpoint, ``y_{1/2} = y_0 + h Σ_i m_i k_i``, on which the dense output
+(a quartic through ``y_0, y_{1/2}, y_1`` with slopes ``k_first, k_last``) is built.
+
+The coefficients are those torchdiffeq 0.2.5 steps with (the same rational numbers, evaluated to the same
+doubles), so that :mod:`solvers.replay` reproduces its accepted steps to rounding:
+
+- ``dopri5``: Dormand & Prince (1980), "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6;
+  midpoint weights from Shampine (1986), "Some practical Runge-Kutta formulas", Math. Comp. 46.
+- ``bosh3``: Bogacki & Shampine (1989), "A 3(2) pair of Runge-Kutta formulas", Appl. Math. Lett. 2.
+- ``rk4``: Kutta's 3/8 rule (torchdiffeq's ``rk4`` is this one, not the classical tableau).
+- ``euler``, ``midpoint``, ``heun2`` (explicit trapezoid), ``heun3`` (Heun's third-order method).
+
+Evaluation times follow torchdiffeq: a stage with ``c_i = 1`` is evaluated just before ``t_1``
+(``nextafter(t_1, −∞)``), so a step that ends on a parameter jump never sees the next piece; the first stage of
+a fixed step just after ``t_0``. The first stage of an adaptive step is the last stage of the step before
+("first same as last", ``fsal``), re-evaluated just after ``t_0`` when that step ended on a jump.
+
+torchdiffeq's ``adaptive_heun``, ``fehlberg2`` and ``dopri8`` are not here: the first two reuse as the next
+step's first stage an evaluation that is not at the step's end state (their last stage is not the solution),
+so a step is not a map of its start state alone, and ``dopri8`` would need its 14-stage tableau transcribed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .schemes import Tableau
+
+__all__ = ["MethodTableau", "TABLEAUX", "method_tableau"]
+
+
+@dataclass(frozen=True)
+class MethodTableau:
+    """A torchdiffeq method: its tableau, and for adaptive methods the error and midpoint weights.
+
+    ``fsal``: the last stage is ``F(t_1, y_1)`` (its row of ``a`` equals ``b``): the next step's first stage.
+    """
+
+    name: str
+    order: int
+    tableau: Tableau
+    error: tuple[float, ...] | None = None
+    mid: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        s = len(self.tableau.b)
+        for name, w in (("error", self.error), ("mid", self.mid)):
+            if w is not None and len(w) != s:
+                raise ValueError(f"tableau {self.name}: `{name}` has {len(w)} weights for {s} stages")
+        if self.error is not None and abs(sum(self.error)) > 1e-14:
+            raise ValueError(f"tableau {self.name}: error weights must sum to 0")
+        if self.mid is not None and abs(sum(self.mid) - 0.5) > 1e-14:
+            raise ValueError(f"tableau {self.name}: midpoint weights must sum to 1/2")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.error is not None
+
+    @property
+    def stages(self) -> int:
+        return len(self.tableau.b)
+
+    @property
+    def fsal(self) -> bool:
+        t = self.tableau
+        return t.c[-1] == 1.0 and t.b[-1] == 0.0 and tuple(t.a[-1]) == tuple(t.b[:-1])
+
+
+def _tab(a, b, c) -> Tableau:
+    return Tableau(a=tuple(tuple(r) for r in a), b=tuple(b), c=tuple(c))
+
+
+_DOPRI5_B = (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0.0)
+_DOPRI5 = MethodTableau(
+    name="dopri5",
+    order=5,
+    tableau=_tab(
+        a=[
+            [],
+            [1 / 5],
+            [3 / 40, 9 / 40],
+            [44 / 45, -56 / 15, 32 / 9],
+            [19372 / 6561, -25360 / 2187, 64448 / 6561, -212 / 729],
+            [9017 / 3168, -355 / 33, 46732 / 5247, 49 / 176, -5103 / 18656],
+            list(_DOPRI5_B[:-1]),
+        ],
+        b=_DOPRI5_B,
+        c=[0.0, 1 / 5, 3 / 10, 4 / 5, 8 / 9, 1.0, 1.0],
+    ),
+    error=(
+        35 / 384 - 1951 / 21600,
+        0.0,
+        500 / 1113 - 22642 / 50085,
+        125 / 192 - 451 / 720,
+        -2187 / 6784 - -12231 / 42400,
+        11 / 84 - 649 / 6300,
+        -1.0 / 60.0,
+    ),
+    mid=(
+        6025192743 / 30085553152 / 2,
+        0.0,
+        51252292925 / 65400821598 / 2,
+        -2691868925 / 45128329728 / 2,
+        187940372067 / 1594534317056 / 2,
+        -1776094331 / 19743644256 / 2,
+        11237099 / 235043384 / 2,
+    ),
+)
+
+_BOSH3_B = (2 / 9, 1 / 3, 4 / 9, 0.0)
+_BOSH3 = MethodTableau(
+    name="bosh3",
+    order=3,
+    tableau=_tab(a=[[], [1 / 2], [0.0, 3 / 4], list(_BOSH3_B[:-1])], b=_BOSH3_B, c=[0.0, 1 / 2, 3 / 4, 1.0]),
+    error=(2 / 9 - 7 / 24, 1 / 3 - 1 / 4, 4 / 9 - 1 / 3, -1 / 8),
+    mid=(0.0, 0.5, 0.0, 0.0),
+)
+
+TABLEAUX: dict[str, MethodTableau] = {
+    "dopri5": _DOPRI5,
+    "bosh3": _BOSH3,
+    "euler": MethodTableau("euler", 1, _tab([[]], [1.0], [0.0])),
+    "midpoint": MethodTableau("midpoint", 2, _tab([[], [0.5]], [0.0, 1.0], [0.0, 0.5])),
+    "heun2": MethodTableau("heun2", 2, _tab([[], [1.0]], [0.5, 0.5], [0.0, 1.0])),
+    "heun3": MethodTableau("heun3", 3, _tab([[], [1 / 3], [0.0, 2 / 3]], [1 / 4, 0.0, 3 / 4], [0.0, 1 / 3, 2 / 3])),
+    "rk4": MethodTableau(
+        "rk4",
+        4,
+        _tab([[], [1 / 3], [-1 / 3, 1.0], [1.0, -1.0, 1.0]], [1 / 8, 3 / 8, 3 / 8, 1 / 8], [0.0, 1 / 3, 2 / 3, 1.0]),
+    ),
+}
+
+
+def method_tableau(method: str, gradient: str) -> MethodTableau:
+    """The tableau ``gradient`` (``"checkpoint"`` or ``"symplectic"``) replays ``method`` with; a named error
+    for the methods it cannot replay."""
+    if method not in TABLEAUX:
+        raise ValueError(
+            f"gradient={gradient!r} replays the solver's steps with its tableau; method={method!r} has none here "
+            f"(it reuses a stage that is not at the step's end, or is not transcribed). Use one of "
+            f"{sorted(TABLEAUX)}, or gradient='backprop'/'adjoint' with {method!r}."
+        )
+    return TABLEAUX[method]

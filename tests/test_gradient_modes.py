@@ -1,0 +1,175 @@
+"""Exact low-memory gradients: "checkpoint" and "symplectic" replay torchdiffeq's accepted steps, "reversible"
+rebuilds ALF states by its inverse; each equals backprop through the same steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cde_nets.solvers import SolverError
+from cde_nets.solvers.adapter import SolverStats, _CountedAdaptive, _CountedFixed, _jump_options
+from cde_nets.solvers.replay import record_steps, replay
+from cde_nets.solvers.tableaux import TABLEAUX
+
+from cde_nets import ODEBlock
+from cde_nets.fields import NAIS, CubicFriction, Hamiltonian, SecondOrder
+from cde_nets.fields.bound import BoundField
+from cde_nets.stop import Stop
+
+ADAPTIVE = {"rtol": 1e-5, "atol": 1e-7}
+TIMES = torch.tensor([0.0, 0.3, 0.55, 1.0], dtype=torch.float64)  # 0.3, 0.55 inside pieces; 1.0 the end
+
+
+@pytest.fixture(autouse=True)
+def _f64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def _field(name: str, L: int = 4, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    if name == "hamiltonian":
+        return Hamiltonian(4, layers=L, generator=g), torch.randn(3, 4, generator=g), None
+    if name == "cubic":
+        return CubicFriction(3, layers=L, gamma=0.5, zero_init=False, generator=g), torch.randn(3, 3, generator=g), None
+    if name == "second_order":
+        return SecondOrder(2, layers=L, generator=g), torch.randn(3, 4, generator=g), None
+    return NAIS(3, 2, layers=L, generator=g), torch.randn(3, 3, generator=g), torch.randn(3, 2, generator=g)
+
+
+FIELDS = ["hamiltonian", "cubic", "second_order", "nais"]
+
+
+def _kw(method: str) -> dict:
+    if method == "alf":
+        return dict(ADAPTIVE)
+    if method in ("dopri5", "bosh3"):
+        # a given first step: torchdiffeq's own step selection is differentiated by its backprop, not a step
+        return {**ADAPTIVE, "options": {"first_step": 0.05}}
+    return {"step_size": 0.125}
+
+
+def _grads(name: str, method: str, gradient: str, times=TIMES, **kw):
+    field, y0, u = _field(name)
+    y0.requires_grad_(True)
+    if u is not None:
+        u.requires_grad_(True)
+    block = ODEBlock(field, method=method, gradient=gradient, **{**_kw(method), **kw})
+    ys = block.solve(y0, u, t=times).ys
+    loss = (ys.pow(2) * torch.linspace(1.0, 2.0, len(times)).view(-1, 1, 1)).sum()
+    inputs = [y0] + ([u] if u is not None else []) + list(field.parameters())
+    return ys.detach(), torch.autograd.grad(loss, inputs), block.stats
+
+
+def _rel(new, old) -> float:
+    return max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-300)) for a, b in zip(new, old))
+
+
+@pytest.mark.parametrize("method", sorted(TABLEAUX))
+def test_replay_reproduces_torchdiffeq(method):
+    """The tableaux are torchdiffeq's: replaying the recorded accepted steps gives its outputs to 1e-12."""
+    for name in ("hamiltonian", "nais"):
+        field, y0, u = _field(name, L=4, seed=1)
+        bound = BoundField(field, u)
+        stats = SolverStats()
+        adaptive = TABLEAUX[method].adaptive
+        func = (_CountedAdaptive if adaptive else _CountedFixed)(bound, stats, 10_000, count_vjp=False)
+        grid = torch.linspace(0, 1, 9, dtype=torch.float64)
+        opts = _jump_options(method, field.grid.jumps if adaptive else None, None if adaptive else grid)
+        ys, steps = record_steps(func, y0, TIMES, method=method, rtol=1e-6, atol=1e-8, options=opts,
+                                 adaptive=adaptive)
+        assert len(steps) == stats.steps_forward
+        assert all(a == b for a, b in zip(steps.t1[:-1], steps.t0[1:]))
+        with torch.no_grad():
+            again = replay(func, TABLEAUX[method], steps, y0, TIMES)
+        assert float((again - ys).abs().max() / ys.abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("name", FIELDS)
+@pytest.mark.parametrize("method", ["dopri5", "bosh3", "rk4", "midpoint"])
+def test_checkpoint_and_symplectic_equal_backprop(name, method):
+    """Same accepted steps: same outputs, gradients (y0, u, every parameter) to 1e-10 relative."""
+    ys_b, g_b, s_b = _grads(name, method, "backprop")
+    for mode in ("checkpoint", "symplectic"):
+        ys, g, s = _grads(name, method, mode)
+        assert torch.equal(ys, ys_b)
+        assert _rel(g, g_b) < 1e-10, (mode, _rel(g, g_b))
+        assert s["steps_forward"] == s_b["steps_forward"] == s["steps_backward"]
+        assert s["nfe_backward"] > 0
+
+
+def test_torchdiffeq_backprop_also_differentiates_its_first_step():
+    """Without a given first step, torchdiffeq's backprop differentiates its initial step-size selection (a
+    tolerance-sized difference); against backprop through the same steps the replay stays exact."""
+    _, g_b, _ = _grads("hamiltonian", "dopri5", "backprop", options={})
+    _, g_c, _ = _grads("hamiltonian", "dopri5", "checkpoint", options={})
+    assert _rel(g_c, g_b) < 1e-6
+
+
+def test_gradients_match_finite_differences():
+    """Central differences of the rk4 map (the map the modes differentiate) in a parameter and in y0."""
+    field, y0, u = _field("cubic")
+    for mode in ("checkpoint", "symplectic"):
+        block = ODEBlock(field, method="rk4", step_size=0.125, gradient=mode)
+        y = y0.clone().requires_grad_(True)
+        p = next(iter(field.parameters()))
+        gy, gp = torch.autograd.grad(block(y).pow(2).sum(), [y, p])
+        eps = 1e-6
+        with torch.no_grad():
+            for idx in [(0, 0), (1, 2)]:
+                e = torch.zeros_like(y0)
+                e[idx] = eps
+                fd = (block(y0 + e).pow(2).sum() - block(y0 - e).pow(2).sum()) / (2 * eps)
+                assert abs(float(fd) - float(gy[idx])) < 1e-7 * max(1.0, abs(float(fd)))
+            flat = p.view(-1)
+            k = 1
+            old = float(flat[k])
+            flat[k] = old + eps
+            up = block(y0).pow(2).sum()
+            flat[k] = old - eps
+            down = block(y0).pow(2).sum()
+            flat[k] = old
+            assert abs(float((up - down) / (2 * eps)) - float(gp.view(-1)[k])) < 1e-7 * max(1.0, float(gp.abs().max()))
+
+
+def test_steps_across_jumps_and_stopping():
+    """jumps=False lets adaptive steps straddle piece boundaries (several pieces in one replayed step); a
+    stopping block replays each window."""
+    _, g_b, _ = _grads("nais", "dopri5", "backprop", jumps=False)
+    _, g_c, _ = _grads("nais", "dopri5", "symplectic", jumps=False)
+    assert _rel(g_c, g_b) < 1e-10
+    field, y0, u = _field("hamiltonian")
+    grads = {}
+    for mode in ("backprop", "checkpoint"):
+        block = ODEBlock(field, method="rk4", step_size=0.125, gradient=mode, stop=Stop(1e-3))
+        grads[mode] = torch.autograd.grad(block(y0).pow(2).sum(), list(field.parameters()))
+    assert _rel(grads["checkpoint"], grads["backprop"]) < 1e-10
+
+
+@pytest.mark.parametrize(
+    ("method", "gradient", "match"),
+    [
+        ("fehlberg2", "checkpoint", "method='fehlberg2' has none here"),
+        ("adaptive_heun", "symplectic", "adaptive_heun"),
+        ("dopri8", "checkpoint", "dopri8"),
+        ("dopri5", "reversible", "use method='alf'"),
+        ("alf", "adjoint", "asynchronous leapfrog"),
+        ("rk4", "exact", "`gradient` must be one of"),
+    ],
+)
+def test_named_errors(method, gradient, match):
+    field, _, _ = _field("hamiltonian")
+    with pytest.raises(ValueError, match=match):
+        ODEBlock(field, method=method, gradient=gradient)
+
+
+def test_max_steps_and_nonfinite():
+    field, y0, _ = _field("hamiltonian")
+    with pytest.raises(SolverError, match="max_steps=3"):
+        ODEBlock(field, method="dopri5", gradient="checkpoint", rtol=1e-9, atol=1e-9, max_steps=3)(y0)
+    block = ODEBlock(field, method="rk4", step_size=0.125, gradient="symplectic")
+    y = y0.clone().requires_grad_(True)
+    out = block(y)
+    with pytest.raises(SolverError, match="non-finite"):
+        out.backward(torch.full_like(out, float("nan")))
