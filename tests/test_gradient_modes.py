@@ -43,7 +43,7 @@ FIELDS = ["hamiltonian", "cubic", "second_order", "nais"]
 
 def _kw(method: str) -> dict:
     if method == "alf":
-        return dict(ADAPTIVE)
+        return {}
     if method in ("dopri5", "bosh3"):
         # a given first step: torchdiffeq's own step selection is differentiated by its backprop, not a step
         return {**ADAPTIVE, "options": {"first_step": 0.05}}
@@ -173,3 +173,52 @@ def test_max_steps_and_nonfinite():
     out = block(y)
     with pytest.raises(SolverError, match="non-finite"):
         out.backward(torch.full_like(out, float("nan")))
+
+
+@pytest.mark.parametrize("name", FIELDS)
+@pytest.mark.parametrize("kw", [dict(ADAPTIVE), {"step_size": 0.05}], ids=["adaptive", "fixed"])
+def test_reversible_equals_backprop_through_alf(name, kw):
+    """States rebuilt by the ALF inverse: the same gradients as backprop through the same loop (η = 1)."""
+    ys_b, g_b, s_b = _grads(name, "alf", "backprop", **kw)
+    ys_r, g_r, s_r = _grads(name, "alf", "reversible", **kw)
+    assert torch.equal(ys_r, ys_b)
+    assert _rel(g_r, g_b) < 1e-10
+    assert s_r["steps_backward"] == s_r["steps_forward"] == s_b["steps_forward"]
+
+
+def test_alf_is_second_order_and_finite_differences():
+    field, y0, _ = _field("hamiltonian", L=1)
+    ref = ODEBlock(field, method="dopri5", rtol=1e-12, atol=1e-12)(y0)
+    with torch.no_grad():
+        errs = [float((ODEBlock(field, method="alf", step_size=h, gradient="backprop")(y0) - ref).abs().max())
+                for h in (0.1, 0.05)]
+    assert 3.0 < errs[0] / errs[1] < 5.0  # second order
+    block = ODEBlock(field, method="alf", step_size=0.1, gradient="reversible")
+    y = y0.clone().requires_grad_(True)
+    (gy,) = torch.autograd.grad(block(y).pow(2).sum(), [y])
+    eps = 1e-6
+    e = torch.zeros_like(y0)
+    e[1, 2] = eps
+    with torch.no_grad():
+        fd = (block(y0 + e).pow(2).sum() - block(y0 - e).pow(2).sum()) / (2 * eps)
+    assert abs(float(fd) - float(gy[1, 2])) < 1e-7 * max(1.0, abs(float(fd)))
+
+
+def test_alf_reconstruction_error_at_depth_1000():
+    from cde_nets.solvers.alf import reconstruction_error
+
+    for name in ("hamiltonian", "cubic"):
+        field, y0, _ = _field(name, L=1)
+        err = reconstruction_error(field, y0, 1.0, 1000)
+        print(f"{name}: ALF reconstruction error after 1000 steps {err:.2e}")
+        assert err < 1e-11
+
+
+def test_alf_named_errors():
+    field, y0, _ = _field("hamiltonian")
+    with pytest.raises(ValueError, match="differ from 1/2"):
+        ODEBlock(field, method="alf", gradient="reversible", options={"eta": 0.5})(y0)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['norm'\]"):
+        ODEBlock(field, method="alf", gradient="reversible", options={"norm": "seminorm"})
+    with pytest.raises(SolverError, match="max_steps=5"):
+        ODEBlock(field, method="alf", gradient="reversible", max_steps=5)(y0)
