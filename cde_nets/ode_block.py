@@ -162,14 +162,19 @@ class ODEBlock(Block):
         """Counts of the last call (``nfe_backward`` is filled in when its backward pass runs)."""
         return self._stats.as_dict()
 
-    def _pieces(self) -> list[tuple[float, float]]:
+    def _bounds(self) -> list[float]:
+        """Piece boundaries over [0, T]; a field of one piece (or none) spans the block's own T, which may differ
+        from the field's."""
         grid = getattr(self.field, "grid", None)
-        bounds = grid.boundaries.tolist() if grid is not None else [0.0, self.T]
+        return grid.boundaries.tolist() if grid is not None and grid.L > 1 else [0.0, self.T]
+
+    def _pieces(self) -> list[tuple[float, float]]:
+        bounds = self._bounds()
         return list(zip(bounds[:-1], bounds[1:]))
 
     def _grids(self, field: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         grid = getattr(field, "grid", None)
-        bounds = grid.boundaries.tolist() if grid is not None else [0.0, self.T]
+        bounds = self._bounds()
         if not is_adaptive(self.method, self.step_size):
             return None, aligned_grid(bounds, self.step_size)
         jump_t = grid.jumps if (grid is not None and self.jumps) else None

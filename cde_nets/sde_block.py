@@ -231,7 +231,8 @@ class SDEBlock(Block):
             check_positive("rtol", rtol, "It is the relative tolerance of adaptive stepping.")
             check_positive("atol", atol, "It is the absolute tolerance of adaptive stepping.")
         self.rtol, self.atol = float(rtol), float(atol)
-        bounds = grid.boundaries.tolist() if grid is not None else [0.0, self.T]
+        # a field of one piece (or none) spans the block's own T, which may differ from the field's
+        bounds = grid.boundaries.tolist() if grid is not None and grid.L > 1 else [0.0, self.T]
         self.register_buffer("_grid", aligned_grid(bounds, step_size), persistent=False)
         self._steps_per_piece = (len(self._grid) - 1) // max(len(bounds) - 1, 1)
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):

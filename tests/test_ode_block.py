@@ -226,3 +226,17 @@ def test_max_steps_in_adjoint_backward_raises(f64):
     y = block(torch.ones(1, 2, requires_grad=True))
     with pytest.raises(SolverError, match="reached in the adjoint \\(backward\\) solve"):
         y.sum().backward()
+
+
+def test_fixed_step_grid_spans_the_blocks_T_for_a_one_piece_field(f64):
+    """A one-piece field built on [0, 0.5] integrated by a block over [0, 5]: rk4 at step 0.5 takes 10 steps
+    (it took 2, the field's own grid, and was off by 2.45 from dopri5)."""
+    from cde_nets.fields import NAIS
+
+    field = NAIS(3, 2, layers=1, T=0.5, generator=torch.Generator().manual_seed(0))
+    x, u = torch.zeros(2, 3), torch.randn(2, 2, generator=torch.Generator().manual_seed(1))
+    block = ODEBlock(field, T=5.0, method="rk4", step_size=0.05)
+    y = block(x, u=u)
+    assert block.stats["steps_forward"] == 100
+    ref = ODEBlock(field, T=5.0, rtol=1e-11, atol=1e-12)(x, u=u)
+    assert (y - ref).abs().max() < 1e-7

@@ -57,7 +57,8 @@ def perturbation_ratio(states: Sequence[torch.Tensor] | torch.Tensor) -> float:
 def state_gradient_norms(loss: torch.Tensor, states: Sequence[torch.Tensor]) -> torch.Tensor:
     """Batch mean of ``‖∂loss/∂x_l‖`` per layer; ``states`` must be in ``loss``'s graph: ``(L + 1,)``."""
     grads = torch.autograd.grad(loss, list(states), retain_graph=True, allow_unused=True)
-    return torch.stack([torch.zeros(()) if g is None else g.detach().flatten(1).norm(dim=-1).mean() for g in grads])
+    like = states[0]
+    return torch.stack([like.new_zeros(()) if g is None else g.detach().flatten(1).norm(dim=-1).mean() for g in grads])
 
 
 def piece_gradient_norms(module: nn.Module) -> torch.Tensor:

@@ -131,7 +131,7 @@ class NAIS(_Input):
         h = self.grid.h if h is None else check_positive("h", h, "It is the step of the Euler block.")
         self.check_state(x, "x")
         D = DERIVATIVES[self.activation_name](self.preactivation(l, x, u))
-        M = torch.eye(self.dim, dtype=x.dtype) + h * D[:, :, None] * self.A(l)[None]
+        M = torch.eye(self.dim, dtype=x.dtype, device=x.device) + h * D[:, :, None] * self.A(l)[None]
         return float(torch.linalg.eigvals(M).abs().max())
 
 
