@@ -1,9 +1,10 @@
 """Continuous mode: a field integrated over ``[0, T]`` by torchdiffeq (Chen et al. 2018, "Neural ordinary
-differential equations")."""
+differential equations"), with per-sample events, end times and stopping (:mod:`cde_nets.solvers.events`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from functools import partial
 
@@ -23,9 +24,10 @@ from cde_nets.solvers.adapter import (
     validate_tolerances,
 )
 from cde_nets.solvers.errors import SolverError, check_positive
-from cde_nets.solvers.stopping import integrate_until_converged
+from cde_nets.solvers.events import HermiteDense, integrate_events
 
 from .block import Block
+from .fields.base import Field
 from .fields.bound import BoundField
 from .nonfinite import Watch, check_result, nonfinite_parameter
 from .pieces import gathered, piece_modules
@@ -34,9 +36,12 @@ from .stop import Stop, as_stop
 
 __all__ = ["ODEBlock"]
 
-# Each stopping window is a solve of its own; far more windows than this cost minutes and gigabytes (a window
-# of 1e-5 on [0, 1] took 114 s and 1.5 GB for a batch of 8) while checking convergence no more usefully.
-_MAX_WINDOWS = 1000
+# The event loop (solvers.events) solves segments of about this many solver steps, each asked for its state at
+# _SUBPOINTS times: g's sign is checked about twice per step, and a finished sample waits at most one segment.
+_SEGMENT_STEPS = 4
+_SUBPOINTS = 8
+
+EventFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _piecewise(field: nn.Module) -> list[PiecewiseParam]:
@@ -48,10 +53,46 @@ def _piecewise(field: nn.Module) -> list[PiecewiseParam]:
 def _empty(bound: BoundField, y0: torch.Tensor, T: float, t, stats: SolverStats, stopping: bool) -> Solution:
     """The solution for a batch of no samples: ``y0`` itself, joined to the field's graph by one evaluation."""
     y = y0 + 0 * bound(torch.zeros((), dtype=torch.float64), y0)
-    ts = None if t is None else Block.check_times(t, T, y0.device)
+    ts = None if t is None else _check_times(t, T, y0.device)
     ys = None if ts is None else y.unsqueeze(0).expand(len(ts), *y.shape)
     times = y0.new_full((0,), T, dtype=torch.float64) if stopping else None
-    return Solution(y=y, ts=ts, ys=ys, stats=stats, stop_times=times)
+    fired = y0.new_zeros((0,), dtype=torch.bool) if stopping else None
+    return Solution(y=y, ts=ts, ys=ys, stats=stats, stop_times=times, fired=fired)
+
+
+def _check_times(t, T: float, device: torch.device | None) -> torch.Tensor:
+    """Output times: strictly increasing (``y0`` at 0) or strictly decreasing (``y0`` at ``T``) within [0, T]."""
+    try:
+        tt = t.detach().double() if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"`t` must be a 1-D sequence of times, got {type(t).__name__}.") from exc
+    if tt.dim() != 1 or len(tt) < 2 or not (bool((tt[1:] > tt[:-1]).all()) or bool((tt[1:] < tt[:-1]).all())):
+        raise ValueError("`t` must be a 1-D strictly monotone sequence of at least two times: increasing (from "
+                         "y0 at time 0) or decreasing (from y0 at time T, backwards).")
+    if bool((tt[1:] < tt[:-1]).all()):
+        return Block.check_times(tt.flip(0), T, device).flip(0)
+    return Block.check_times(tt, T, device)
+
+
+def _field_at(bound: BoundField, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``F(t_i, y_i)`` at per-row times ``t`` ``(n,)`` (fields take one time per call). A :class:`Field` with the
+    inherited ``forward`` depends on time only through its piece, so rows are grouped by piece; any other module
+    is called once per distinct time. A 0-d ``t``, or one time for all rows, is a single call."""
+    if t.dim() == 0 or t.numel() == 0 or bool((t == t[0]).all()):
+        return bound(t if t.dim() == 0 else t[0], y)
+    field = bound.field
+    if isinstance(field, Field) and type(field).forward is Field.forward:
+        keys = torch.tensor([field.grid.index(float(v)) for v in t.tolist()], device=t.device)
+    else:
+        keys = torch.unique(t, return_inverse=True)[1]
+    out: torch.Tensor | None = None
+    for k in torch.unique(keys).tolist():
+        sel = (keys == k).nonzero().squeeze(1)
+        part = bound.rows(sel)(t[sel[0]], y[sel])
+        out = part.new_zeros((t.shape[0], *part.shape[1:])) if out is None else out
+        out = out.index_put((sel,), part)
+    assert out is not None
+    return out
 
 
 class ODEBlock(Block):
@@ -80,9 +121,11 @@ class ODEBlock(Block):
         options: further torchdiffeq options (unknown keys raise).
         adjoint_method, adjoint_rtol, adjoint_atol, seminorm: settings of the adjoint's backward solve
             (``gradient="adjoint"`` only).
-        stop: a :class:`~cde_nets.stop.Stop` (``Stop(eps, window=T/20)``): pattern-dependent stopping time —
-            each sample stops once ``‖F(t, y)‖ < eps`` (checked every ``window``); finished samples leave the
-            batch. Calling the block still returns a tensor; :meth:`solve` also gives ``stop_times``.
+        stop: a :class:`~cde_nets.stop.Stop` (``Stop(eps)``): pattern-dependent stopping time — each sample
+            stops at the first time ``‖F(t, y)‖ = eps`` (at 0 if it starts below), an event ``g = ‖F‖ − eps``
+            located on the interpolant like any other (:meth:`solve`), its time differentiable; finished
+            samples leave the batch. Calling the block still returns a tensor; :meth:`solve` also gives
+            ``stop_times``.
 
     Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.solution.Solution` (states at
     requested times, statistics, stopping times). :attr:`stats` holds the counts of the last call:
@@ -149,12 +192,6 @@ class ODEBlock(Block):
         self.adjoint_atol = None if adjoint_atol is None else check_positive("adjoint_atol", adjoint_atol)
         self.seminorm = True if seminorm is None else bool(seminorm)
         self.stop = as_stop(stop, "continuous")
-        if self.stop is not None and self.stop.window is not None and self.T / self.stop.window > _MAX_WINDOWS:
-            raise ValueError(
-                f"`stop.window`={self.stop.window:g} makes {math.ceil(self.T / self.stop.window)} windows over "
-                f"[0, {self.T:g}], each a solve of its own (with the adjoint, each keeps its own backward graph); "
-                f"use window >= T/{_MAX_WINDOWS} = {self.T / _MAX_WINDOWS:g}."
-            )
         self._stats = SolverStats()
 
     @property
@@ -183,37 +220,87 @@ class ODEBlock(Block):
     # torchdiffeq's and torchsde's step loops are data-dependent control flow with host synchronisation on every
     # step: under torch.compile the solve runs eagerly and everything around it is compiled (under inductor
     # the adaptive loop failed outright with a view+inplace error).
+    # torchdiffeq's and torchsde's step loops are data-dependent control flow with host synchronisation on every
+    # step: under torch.compile the solve runs eagerly and everything around it is compiled (under inductor
+    # the adaptive loop failed outright with a view+inplace error).
     @torch.compiler.disable
-    def solve(self, y0: torch.Tensor, u: torch.Tensor | None = None, t=None) -> Solution:
+    def solve(self, y0: torch.Tensor, u: torch.Tensor | None = None, t=None, *, event: EventFn | None = None,
+              t_end: torch.Tensor | None = None, dense: bool = False, event_tol: float = 1e-10) -> Solution:
         """Solve from ``y0`` (``(batch, *state_shape)``; ``u``: the block input of a field with ``needs_input``).
 
-        ``t``: times at which to save the state (increasing, within ``[0, T]``); the result's ``ys`` is
-        ``(len(t), *y0.shape)``. Fixed-step methods step *through* every requested time (each is added to the
-        step grid, so the values are the scheme's own, not interpolated): times finer than ``step_size`` mean
-        more, shorter steps. To see the ``n``-step solution, ask for times on its grid.
+        ``t``: times at which to save the state; the result's ``ys`` is ``(len(t), *y0.shape)``. Increasing times
+        (within ``[0, T]``) start from ``y0`` at time 0; *decreasing* times start from ``y0`` at time ``T`` and
+        integrate backwards (``solve(y_T, t=[T, ..., 0]).y`` inverts the block). Fixed-step methods step
+        *through* every requested time (each is added to the step grid, so the values are the scheme's own, not
+        interpolated): times finer than ``step_size`` mean more, shorter steps.
+
+        Per-sample events (every sample on its own clock; finished samples leave the batch):
+
+        - ``event``: ``g(t, y) -> (batch,)`` (``t``: ``(n,)`` times, one per row, in ``y``'s dtype; ``y``: the
+          ``n`` rows still running, in batch order). Each sample stops at its first sign change of ``g``, located
+          on the solver's interpolant to ``event_tol`` in ``t``. ``solution.stop_times`` holds each sample's event
+          time (``T`` where none), ``solution.y`` its state there, ``solution.fired`` which samples had one.
+          Both are differentiable (implicit function theorem, :mod:`cde_nets.solvers.events`) in every gradient
+          mode, also with respect to parameters ``g`` closes over — add those to your optimiser yourself.
+        - ``t_end``: ``(batch,)`` end times in ``[0, T]``: sample ``i`` stops exactly at ``t_end[i]`` (with
+          ``event``, at whichever comes first). Differentiable too: ``dy/dt_end = F``.
+        - ``dense=True``: keep the trajectory; ``solution.evaluate(t)`` gives states at any times in ``[0, T]``
+          (cubic Hermite between the solver's states about one step apart).
+
+        Events are per call, not settings of the block: they are questions asked of a trajectory, like ``t``,
+        often with per-call data, and the block stays a pure function of ``(y0, u)``. The block's own ``stop``
+        rule is the event ``‖F(t, y)‖ − eps``.
         """
         bound = self.bind(y0, u)
         self._stats = SolverStats()
+        per_sample = self.stop is not None or event is not None or t_end is not None
+        if event is not None and not callable(event):
+            raise TypeError(f"`event` must be a callable g(t, y) -> (batch,), got {type(event).__name__}.")
+        if per_sample and t is not None:
+            name = "stop" if self.stop is not None else ("event" if event is not None else "t_end")
+            raise ValueError(f"`t` and `{name}` do not combine: each sample stops at its own time. Drop `t` (or "
+                             "solve with `dense=True` and no events to read states at any time).")
+        if dense and per_sample:
+            raise ValueError("`dense=True` keeps the whole batch's trajectory; `stop`, `event` and `t_end` remove "
+                             "samples from the batch as they finish. Drop one of them.")
+        if event is not None and self.stop is not None:
+            raise ValueError("`event` and the block's `stop` rule are both stopping events; pass one of them "
+                             "(build the block without `stop`, or fold ‖F‖ − eps into your `event`).")
+        tend = None if t_end is None else self._check_t_end(t_end, y0)
+        check_positive("event_tol", event_tol, "It is the width in t to which event times are located.")
         if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to solve, but every parameter in the graph
-            return _empty(bound, y0, self.T, t, self._stats, self.stop is not None)
-        if self.stop is not None:
-            if t is not None:
-                raise ValueError("`t` and `stop` do not combine: each sample stops at its own time. Drop `t`, "
-                                 "or build the block without `stop` to save a trajectory.")
+            return _empty(bound, y0, self.T, t, self._stats, per_sample)
+        if per_sample or dense:
+            g = None if event is None else (lambda s, y, idx: event(s, y))
             with self._gathered():
-                y, times = self._solve_stopping(bound, y0)
-            return Solution(y=y, stats=self._stats, stop_times=times)
+                res = self._solve_events(bound, y0, g, tend, dense, event_tol)
+            dense_out = None if res.knots is None else HermiteDense(*res.knots)
+            return Solution(y=res.y, stats=self._stats, stop_times=None if dense else res.times,
+                            fired=None if dense else res.fired, interpolant=dense_out)
         if t is None:
             times = torch.tensor([0.0, self.T], dtype=torch.float64, device=y0.device)
             return Solution(y=self._solve(bound, y0, times)[-1], stats=self._stats)
-        tt = self.check_times(t, self.T, y0.device)
-        start = float(tt[0]) > 0.0
-        if start:  # integrate from 0 to the first requested time as well
-            tt = torch.cat([tt.new_zeros(1), tt])
+        tt = _check_times(t, self.T, y0.device)
+        origin = 0.0 if float(tt[-1]) >= float(tt[0]) else self.T
+        start = float(tt[0]) != origin
+        if start:  # integrate from the origin (0, or T backwards) to the first requested time as well
+            tt = torch.cat([tt.new_full((1,), origin), tt])
         ys = self._solve(bound, y0, tt)
         if start:
             ys, tt = ys[1:], tt[1:]
         return Solution(y=ys[-1], ts=tt, ys=ys, stats=self._stats)
+
+    def _check_t_end(self, t_end, y0: torch.Tensor) -> torch.Tensor:
+        te = t_end if isinstance(t_end, torch.Tensor) else torch.as_tensor(t_end, dtype=torch.float64)
+        if te.shape != (y0.shape[0],) or not te.is_floating_point():
+            raise ValueError(f"`t_end` must be a float tensor of shape (batch,) = ({y0.shape[0]},), one end time per "
+                             f"sample; got {te.dtype} of shape {tuple(te.shape)}.")
+        bad = ~torch.isfinite(te.detach()) | (te.detach() < 0) | (te.detach() > self.T * (1 + 1e-12))
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise ValueError(f"`t_end[{i}]`={float(te[i]):g} lies outside [0, T] = [0, {self.T:g}]; every end time "
+                             "must lie within the block's span (raise the block's T for later ones).")
+        return te.to(y0.device)
 
     def _gathered(self):
         """Backprop differentiates through every field call: pieces gathered once per call, as in discrete mode.
@@ -227,11 +314,13 @@ class ODEBlock(Block):
             params.append(bound.u)
         return params
 
-    def _integrate(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid) -> torch.Tensor:
+    def _integrate(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid,
+                   options: dict | None = None) -> torch.Tensor:
         try:
             ys, _ = integrate(
                 bound, y0, t, method=self.method, rtol=self.rtol, atol=self.atol, gradient=self.gradient,
-                params=self._params(bound), jump_t=jump_t, grid=grid, options=self.options,
+                params=self._params(bound), jump_t=jump_t, grid=grid,
+                options=self.options if options is None else options,
                 max_steps=self.max_steps, seminorm=self.seminorm, adjoint_method=self.adjoint_method,
                 adjoint_rtol=self.adjoint_rtol, adjoint_atol=self.adjoint_atol, stats=self._stats,
                 pieces=_piecewise(self.field),
@@ -269,26 +358,59 @@ class ODEBlock(Block):
                 "up there: use smaller steps (`step_size`, or an adaptive method), shrink the weights or inputs, "
                 "or use float64.")
 
-    def _solve_stopping(self, bound: BoundField, y0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _solve_events(self, bound: BoundField, y0: torch.Tensor, event, t_end: torch.Tensor | None, dense: bool,
+                      tol: float):
+        """The per-sample event loop of :func:`~cde_nets.solvers.events.integrate_events` over ``[0, T]``: solves
+        of a few steps on the rows still running (``u`` restricted to them), the state asked at sub-points."""
         jump_t, grid = self._grids(self.field)
         rows: dict = {}
+        T = self.T
+        est: dict = {}
 
         def bound_rows(idx: torch.Tensor) -> BoundField:
-            # the stopping loop passes the same idx tensor until the batch shrinks: gather u once per compaction
+            # the loop passes the same idx tensor until the batch shrinks: gather u once per compaction (with its
+            # graph, though the first call may come from a no-grad event check)
             if rows.get("idx") is not idx:
-                rows.update(idx=idx, bound=bound.rows(idx))
+                with torch.enable_grad():
+                    rows.update(idx=idx, bound=bound.rows(idx))
             return rows["bound"]
 
-        def solve(y, t0, t1, idx):
-            t = torch.tensor([t0, t1], dtype=torch.float64, device=y.device)
-            g = None if grid is None else grid[(grid >= t0) & (grid <= t1)]
-            return self._integrate(bound_rows(idx), y, t, jump_t, g)[-1]
+        if grid is not None:  # fixed steps: segments of grid points, the sign checked at every step
+            pts = grid.tolist()
 
-        def field(t, y, idx):
-            return bound_rows(idx)(t, y)
+            def plan(t: float) -> list[float]:
+                nxt = [p for p in pts if p > t]
+                return nxt[:_SEGMENT_STEPS] or [T]
+        else:  # adaptive: segments of about _SEGMENT_STEPS of the last segment's mean step
 
-        return integrate_until_converged(solve, field, y0, t_max=self.T, window=self.stop.window or self.T / 20,
-                                         eps=self.stop.eps)
+            def plan(t: float) -> list[float]:
+                seg = min(_SEGMENT_STEPS * est["dt"], T - t) if "dt" in est else T / 16
+                return [t + seg * k / _SUBPOINTS for k in range(1, _SUBPOINTS)] + [min(t + seg, T)]
+
+        def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            g = None if grid is None else grid[(grid >= times[0]) & (grid <= times[-1])]
+            options = None
+            if grid is None and "dt" in est and "first_step" not in self.options:
+                options = {**self.options, "first_step": est["dt"]}  # no fresh initial-step search per segment
+            before = self._stats.steps_forward
+            ys = self._integrate(bound_rows(idx), y, times, jump_t, g, options)
+            est["dt"] = float(times[-1] - times[0]) / max(1, self._stats.steps_forward - before)
+            return ys
+
+        def field(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            return _field_at(bound_rows(idx), t, y)
+
+        stop_below = False
+        if self.stop is not None:
+            eps = self.stop.eps
+
+            def event(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+                f = field(t, y, idx)
+                return torch.linalg.vector_norm(f.reshape(f.shape[0], -1), dim=1) - eps
+
+            stop_below = True
+        return integrate_events(solve, field, y0, t0=0.0, t1=T, plan=plan, event=event, t_end=t_end,
+                                stop_below=stop_below, tol=tol, dense=dense)
 
     def _solve(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         jump_t, grid = self._grids(self.field)

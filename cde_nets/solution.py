@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -17,16 +18,23 @@ class Solution:
     Attributes:
         y: the final state, ``(batch, *state_shape)``: ``y(T)``, the last layer's output, or each sample's state
             where it stopped.
-        ts: the times at which states were saved (float64, increasing), or ``None`` when only ``y`` was asked
-            for. In discrete mode layer ``l`` sits at time ``l h``, so both modes share one time axis.
+        ts: the times at which states were saved (float64, increasing; decreasing backwards in time), or
+            ``None`` when only ``y`` was asked for. In discrete mode layer ``l`` sits at time ``l h``, so both
+            modes share one time axis.
         ys: the saved states, ``(len(ts), batch, *state_shape)``, or ``None``.
         stats: counts of the solve (read like a dict) — ``nfe_forward``, ``nfe_backward`` (filled in when
-            ``backward()`` runs), ``steps_forward``, ``rejected_forward``, ``steps_backward``, ``rejected_backward``. In discrete mode
-            a step is a layer and ``nfe`` counts field evaluations (rows of the batch are not counted).
+            ``backward()`` runs), ``steps_forward``, ``rejected_forward``, ``steps_backward``,
+            ``rejected_backward``. In discrete mode a step is a layer and ``nfe`` counts field evaluations (rows
+            of the batch are not counted).
         stop_times: per-sample stopping times ``(batch,)`` float64 when the block stops each sample on its own
             (``stop=``), else ``None``.
         depths: per-sample depths ``(batch,)`` long in discrete mode with ``stop=`` (the layers each sample
             took; its stopping time is ``depth · h``), else ``None``.
+        fired: ``(batch,)`` bool with per-sample events (``event=``, ``t_end=``, ``stop=``): True where the sample
+            stopped on its event, False where it ran to the end of the span; else ``None``. ``stop_times`` then
+            holds the event times, differentiable (implicit function theorem).
+        interpolant: the dense output of a ``solve(..., dense=True)`` (anything with ``evaluate(t)``), read
+            through :meth:`evaluate`; else ``None``.
     """
 
     y: torch.Tensor
@@ -35,3 +43,13 @@ class Solution:
     stats: Mapping[str, int] = field(default_factory=dict)
     stop_times: torch.Tensor | None = None
     depths: torch.Tensor | None = None
+    fired: torch.Tensor | None = None
+    interpolant: Any = None
+
+    def evaluate(self, t: float | Sequence[float] | torch.Tensor) -> torch.Tensor:
+        """States at any times ``t`` within the solved span, from the solver's interpolant: ``(batch, ...)`` for
+        one time, ``(len(t), batch, ...)`` for a 1-D sequence (differentiable like ``y``)."""
+        if self.interpolant is None:
+            raise ValueError("this Solution has no dense output; solve with `block.solve(y0, dense=True)` to "
+                             "evaluate states between the saved times.")
+        return self.interpolant.evaluate(t)

@@ -1,7 +1,9 @@
 """The stopping specification shared by every block: each sample stops on its own once its state has converged.
 
 Pattern-dependent depth (Ciccone et al. 2018, NAIS-Net, §5.3): in discrete mode a sample stops after layer ``i``
-once ``‖x(i) − x(i−1)‖ < eps``; in continuous mode once ``‖F(t, x)‖ < eps``. Finished samples leave the batch.
+once ``‖x(i) − x(i−1)‖ < eps``; in continuous mode at the first time ``‖F(t, x)‖ = eps``, a per-sample event whose
+root is located on the solver's interpolant (:mod:`cde_nets.solvers.events`; there is no checking window any
+more). Finished samples leave the batch.
 """
 
 from __future__ import annotations
@@ -17,20 +19,17 @@ __all__ = ["Stop", "as_stop"]
 @dataclass(frozen=True)
 class Stop:
     """``eps``: per-sample threshold (> 0). ``max_depth``: discrete mode only, the most layers a sample takes
-    (default: the field's number of pieces; layer ``i`` uses piece ``min(i, L − 1)``). ``window``: continuous
-    mode only, the time between convergence checks (default ``T / 20``); stopping times are its multiples."""
+    (default: the field's number of pieces; layer ``i`` uses piece ``min(i, L − 1)``). In continuous mode a
+    sample stops at the root of ``‖F(t, x)‖ − eps`` (at ``T`` at the latest)."""
 
     eps: float
     max_depth: int | None = None
-    window: float | None = None
 
     def __post_init__(self) -> None:
         check_positive("eps", self.eps, "It is the per-sample convergence threshold, e.g. 1e-4.")
         d = self.max_depth
         if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d < 1):
             raise ValueError(f"`max_depth` must be a positive integer (the most layers a sample takes), got {d!r}.")
-        if self.window is not None:
-            check_positive("window", self.window, "It is the time between convergence checks.")
 
 
 def as_stop(stop: Stop | dict[str, Any] | None, mode: str) -> Stop | None:
@@ -39,16 +38,16 @@ def as_stop(stop: Stop | dict[str, Any] | None, mode: str) -> Stop | None:
     if stop is None:
         return None
     if isinstance(stop, dict):
-        unknown = set(stop) - {"eps", "max_depth", "window"}
+        if "window" in stop:
+            raise ValueError("`stop` has no `window` any more: a continuous block locates each sample's stopping "
+                             "time (the root of ‖F‖ − eps) on the solver's interpolant. Drop `window`.")
+        unknown = set(stop) - {"eps", "max_depth"}
         if unknown or "eps" not in stop:
-            raise ValueError(f"`stop` takes eps (required), max_depth (discrete) and window (continuous); got "
+            raise ValueError(f"`stop` takes eps (required) and max_depth (discrete); got "
                              f"{sorted(stop)}. Example: stop=Stop(eps=1e-4).")
         stop = Stop(**stop)
     if not isinstance(stop, Stop):
         raise TypeError(f"`stop` must be a cde_nets.Stop or a dict, got {type(stop).__name__}.")
-    if mode == "discrete" and stop.window is not None:
-        raise ValueError("`stop.window` applies to continuous mode (time between checks); a discrete net checks "
-                         "after every layer. Drop `window`.")
     if mode == "continuous" and stop.max_depth is not None:
         raise ValueError("`stop.max_depth` applies to discrete mode; a continuous block stops at T at the latest. "
                          "Drop `max_depth` (or set the block's T).")

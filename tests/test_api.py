@@ -33,8 +33,8 @@ CONTINUOUS = {
     "adjoint": dict(gradient="adjoint", rtol=1e-10, atol=1e-12),
     "backprop": dict(gradient="backprop", rtol=1e-10, atol=1e-12),
     "fixed": dict(gradient="backprop", method="rk4", step_size=0.05),
-    "stopping-adjoint": dict(gradient="adjoint", rtol=1e-10, atol=1e-12, stop=Stop(eps=0.3, window=0.25)),
-    "stopping-backprop": dict(gradient="backprop", rtol=1e-10, atol=1e-12, stop=Stop(eps=0.3, window=0.25)),
+    "stopping-adjoint": dict(gradient="adjoint", rtol=1e-10, atol=1e-12, stop=Stop(eps=0.3)),
+    "stopping-backprop": dict(gradient="backprop", rtol=1e-10, atol=1e-12, stop=Stop(eps=0.3)),
 }
 
 
@@ -78,7 +78,7 @@ def test_the_input_is_never_stored():
 def test_calling_returns_a_tensor_and_solve_a_solution():
     f = Hamiltonian(4, layers=2).double()
     y0 = torch.randn(5, 4, dtype=torch.float64)
-    stopping = ODEBlock(f, rtol=1e-8, atol=1e-9, stop=Stop(eps=10.0, window=0.5))
+    stopping = ODEBlock(f, rtol=1e-8, atol=1e-9, stop=Stop(eps=10.0))
     assert isinstance(stopping(y0), torch.Tensor) and stopping(y0).shape == (5, 4)
     sol = stopping.solve(y0)
     assert isinstance(sol, Solution) and sol.stop_times.shape == (5,)
@@ -92,7 +92,7 @@ def test_calling_returns_a_tensor_and_solve_a_solution():
 
 def test_a_stopping_block_works_inside_sequential_and_a_classifier():
     torch.manual_seed(0)
-    block = ODEBlock(Hamiltonian(4, layers=2), rtol=1e-4, atol=1e-5, stop=Stop(eps=0.5, window=0.25))
+    block = ODEBlock(Hamiltonian(4, layers=2), rtol=1e-4, atol=1e-5, stop=Stop(eps=0.5))
     model = Classifier(nn.Sequential(block, nn.Tanh()), 2, 4, 3)
     out = model(torch.randn(6, 2))
     assert out.shape == (6, 3)

@@ -38,10 +38,10 @@ BLOCKS: list[Case] = [
         r"`step_size`=1e-07 takes 10000000 steps .* more than max_steps=100000",
     ),
     (
-        "ode-stop-window-too-small",
-        lambda: ODEBlock(H4(), stop=Stop(eps=1e-3, window=1e-5)),
+        "ode-stop-window-gone",
+        lambda: ODEBlock(H4(), stop=dict(eps=1e-3, window=1e-5)),
         ValueError,
-        r"`stop.window`=1e-05 makes 100000 windows",
+        r"`stop` has no `window` any more: .* Drop `window`",
     ),
     (
         "ode-linear-module",
@@ -116,10 +116,10 @@ BLOCKS: list[Case] = [
         r"`u`",
     ),
     (
-        "ode-t-decreasing",
-        lambda: ODEBlock(H4()).solve(torch.zeros(1, 4), t=[0.5, 0.2]),
+        "ode-t-not-monotone",
+        lambda: ODEBlock(H4()).solve(torch.zeros(1, 4), t=[0.5, 0.2, 0.7]),
         ValueError,
-        r"`t` must be a 1-D strictly increasing",
+        r"`t` must be a 1-D strictly monotone sequence",
     ),
     (
         "ode-t-beyond-T",
@@ -474,13 +474,13 @@ API: list[Case] = [
         "ode-t-2d",
         lambda: ODEBlock(Hamiltonian(4)).solve(torch.zeros(1, 4), t=[[0.0, 1.0]]),
         ValueError,
-        "`t` must be a 1\\-D strictly increasing sequence o",
+        "`t` must be a 1\\-D strictly monotone sequence o",
     ),
     (
         "ode-t-one-time",
         lambda: ODEBlock(Hamiltonian(4)).solve(torch.zeros(1, 4), t=[0.5]),
         ValueError,
-        "`t` must be a 1\\-D strictly increasing sequence o",
+        "`t` must be a 1\\-D strictly monotone sequence o",
     ),
     (
         "ode-t-str",
@@ -492,7 +492,7 @@ API: list[Case] = [
         "ode-t-nan",
         lambda: ODEBlock(Hamiltonian(4)).solve(torch.zeros(1, 4), t=[0.0, float("nan")]),
         ValueError,
-        "`t` must be a 1\\-D strictly increasing sequence o",
+        "`t` must be a 1\\-D strictly monotone sequence o",
     ),
     (
         "ode-t-negative",
@@ -501,10 +501,22 @@ API: list[Case] = [
         "`t` must lie within \\[0, T\\] = \\[0, 1\\.0\\], got \\[\\-1\\.0",
     ),
     (
-        "stop-window-neg",
-        lambda: Stop(eps=1e-3, window=-1.0),
+        "ode-event-not-callable",
+        lambda: ODEBlock(H4()).solve(torch.zeros(2, 4), event=1.0),
+        TypeError,
+        r"`event` must be a callable g\(t, y\) -> \(batch,\), got float",
+    ),
+    (
+        "ode-t-end-shape",
+        lambda: ODEBlock(H4()).solve(torch.zeros(2, 4), t_end=torch.ones(3)),
         ValueError,
-        "`window` must be a finite number > 0, got \\-1\\.0\\. ",
+        r"`t_end` must be a float tensor of shape \(batch,\) = \(2,\)",
+    ),
+    (
+        "ode-t-end-outside",
+        lambda: ODEBlock(H4()).solve(torch.zeros(2, 4), t_end=torch.tensor([0.5, 2.0])),
+        ValueError,
+        r"`t_end\[1\]`=2 lies outside \[0, T\] = \[0, 1\]",
     ),
     ("stop-eps-str", lambda: Stop(eps="a"), TypeError, "`eps` must be a positive number, got 'a'\\."),
     (

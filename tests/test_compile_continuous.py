@@ -19,7 +19,7 @@ MODES = {
     "rk4": dict(method="rk4", step_size=0.1, gradient="backprop"),
     "dopri5-backprop": dict(rtol=1e-5, atol=1e-6, gradient="backprop"),
     "dopri5-adjoint": dict(rtol=1e-5, atol=1e-6, gradient="adjoint"),
-    "stopping": dict(rtol=1e-5, atol=1e-6, stop=Stop(eps=0.5, window=0.25)),
+    "stopping": dict(rtol=1e-5, atol=1e-6, stop=Stop(eps=0.5)),
 }
 
 

@@ -135,23 +135,23 @@ def test_several_output_times(method, monkeypatch):
 
 
 def test_stopping_mode(monkeypatch):
-    """Per-sample stopping: one solve per window on the shrinking batch. Fixed steps: both adjoints alike."""
-    stop = Stop(eps=0.3, window=0.25)
+    """Per-sample stopping: one solve per segment on the shrinking batch. Fixed steps: both adjoints alike."""
+    stop = Stop(eps=0.3)
     new, _ = _gradients("nais", 8, "euler", True, monkeypatch, stop=stop)
     old, _ = _gradients("nais", 8, "euler", False, monkeypatch, stop=stop)
     _assert_same(new, old)
 
 
 def test_backward_solve_starting_on_a_boundary_uses_the_piece_below(monkeypatch):
-    """Windows of 0.25 end on piece boundaries. torchdiffeq's adjoint evaluates the first stage of each backward
-    solve at the boundary itself, i.e. with the piece above, not in force on the window: a first-order error
-    (2e-3 here) and rejected steps. The piecewise adjoint evaluates just below, as the solver does after a jump."""
-    stop = Stop(eps=0.3, window=0.25)
+    """Output times every 0.25 lie on piece boundaries. torchdiffeq's adjoint evaluates the first stage of each
+    backward solve at the boundary itself, i.e. with the piece above, not in force on the interval: a first-order
+    error and rejected steps. The piecewise adjoint evaluates just below, as the solver does after a jump."""
+    times = [0.0, 0.25, 0.5, 0.75, 1.0]
     truth, _ = _gradients(
-        "nais", 8, "dopri5", True, monkeypatch, stop=stop, gradient="backprop", rtol=1e-11, atol=1e-13
+        "nais", 8, "dopri5", True, monkeypatch, times=times, gradient="backprop", rtol=1e-11, atol=1e-13
     )
-    new, s_new = _gradients("nais", 8, "dopri5", True, monkeypatch, stop=stop)
-    old, s_old = _gradients("nais", 8, "dopri5", False, monkeypatch, stop=stop)
+    new, s_new = _gradients("nais", 8, "dopri5", True, monkeypatch, times=times)
+    old, s_old = _gradients("nais", 8, "dopri5", False, monkeypatch, times=times)
 
     def error(grads):
         return max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, truth))
