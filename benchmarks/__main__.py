@@ -100,6 +100,14 @@ def _adjoint_pieces(res: dict) -> Headline:
     return out
 
 
+def _gradient_modes(res: dict) -> Headline:
+    met = [(f, k) for f, t in res["targets"].items() for k, v in t.items() if v["met"]]
+    total = sum(len(t) for t in res["targets"].values())
+    worst = max(v["value"] for t in res["targets"].values() for k, v in t.items()
+                if k == "exact_vs_backprop_same_steps")
+    return [("targets met", f"{len(met)} / {total}"), ("checkpoint/symplectic vs backprop, same steps", f"{worst:.1e}")]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -112,6 +120,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("stopping_saving", _stopping_saving, "< 1"),
     ("momentum_peer", _peer, "outputs equal (< 1e-10)"),
     ("training", _training, "<= 1 and >= 99 %"),
+    ("gradient_modes", _gradient_modes, "exact <= 1e-10; memory and time targets"),
 )
 
 
@@ -128,6 +137,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "stopping_saving": {"tiny": 2.3},
     "momentum_peer": {"tiny": 0.0},  # skipped: the peer package (momentumnet) was not installed
     "training": {"tiny": 0.2},
+    "gradient_modes": {"tiny": 33.0},
 }
 
 

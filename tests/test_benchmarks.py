@@ -24,6 +24,7 @@ EXPECTED = {
     "momentum_peer": ("momentum_peer", {"rows"}, {"depth", "memory_free", "max_abs_diff_output", "time_ratio",
                                                   "memory_ratio", "saved_bytes_ours", "saved_bytes_theirs"}),
     "training": ("training", {"setting", "reference", "rows"}, {"time_s", "test_accuracy"}),
+    "gradient_modes": ("gradient_modes_tiny", {"setting", "rows", "targets"}, {"field", "method", "mode"}),
 }
 
 
