@@ -108,6 +108,12 @@ def _gradient_modes(res: dict) -> Headline:
     return [("targets met", f"{len(met)} / {total}"), ("checkpoint/symplectic vs backprop, same steps", f"{worst:.1e}")]
 
 
+def _events(res: dict) -> Headline:
+    r = res["rows"][0]
+    return [("per-sample events / ideal compacted cost", f"{r['ratio_to_ideal']:.2f}"),
+            ("odeint_event sample by sample / ours", f"{r['ratio_per_sample_to_ours']:.1f}")]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -121,6 +127,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("momentum_peer", _peer, "outputs equal (< 1e-10)"),
     ("training", _training, "<= 1 and >= 99 %"),
     ("gradient_modes", _gradient_modes, "exact <= 1e-10; memory and time targets"),
+    ("events", _events, "<= 1.2"),
 )
 
 
@@ -138,6 +145,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "momentum_peer": {"tiny": 0.0},  # skipped: the peer package (momentumnet) was not installed
     "training": {"tiny": 0.2},
     "gradient_modes": {"tiny": 33.0},
+    "events": {"tiny": 3.0},
 }
 
 

@@ -100,16 +100,16 @@ def locate_roots(fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor, b:
     return torch.where(gb == 0, b, t)
 
 
-def event_time(g: RowFn, field: RowFn, t_hat: torch.Tensor, y_hat: torch.Tensor, idx: torch.Tensor
+def event_time(g: RowFn, f: torch.Tensor, t_hat: torch.Tensor, y_hat: torch.Tensor, idx: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The event time and state with the implicit-function-theorem gradient (module docstring).
 
     ``t_hat`` ``(n,)`` float64: located roots (no graph); ``y_hat`` ``(n, ...)``: the state at those fixed
-    times, differentiable. Returns ``(t*, y*)``: values ``t_hat`` and ``y_hat``; gradients ``dt*/dθ`` and
+    times, differentiable; ``f``: ``dy/dt`` there (``F(t̂, ŷ)``, or the interpolant's slope).
+    Returns ``(t*, y*)``: values ``t_hat`` and ``y_hat``; gradients ``dt*/dθ`` and
     ``∂y/∂θ + F dt*/dθ``. A tangential crossing (``ġ = 0``) has no finite gradient; it is left at zero there.
     """
     tt = t_hat.to(y_hat.dtype)
-    f = field(tt, y_hat, idx)
     with torch.enable_grad():
         t_req = tt.detach().requires_grad_()
         y_req = y_hat.detach().requires_grad_()
@@ -171,7 +171,8 @@ def integrate_events(
         event: ``g(t, y, idx) -> (n,)`` with ``t`` ``(n,)``: a sample stops at its first sign change.
         t_end: ``(batch,)`` per-sample end times within the span: a sample stops there exactly.
         stop_below: a sample whose ``g ≤ 0`` at ``t0`` stops there (a threshold rule such as ``‖F‖ − ε``).
-        tol: width in ``t`` to which roots are located on the interpolant.
+        tol: width in ``t`` to which roots are located on the interpolant (at least 8 ulps of ``y``'s dtype at
+            ``t``: ``g`` sees ``t`` in that dtype).
         dense: keep every sub-point's state and field as Hermite knots (no event or ``t_end`` allowed: the
             whole batch runs to ``t1``).
     """
@@ -259,21 +260,24 @@ def integrate_events(
                 a, b = float(pts[j]), float(pts[j + 1])
                 ri = idx[rows]
                 ya, yb = ys[j][rows], ys[j + 1][rows]
+                # F at the sub-interval's ends, with its graph: the interpolant's slopes (differentiable)
+                fa_g = field(pts[j].to(y0.dtype), ya, ri)
+                fb_g = field(pts[j + 1].to(y0.dtype), yb, ri)
+                fa, fb = fa_g.detach(), fb_g.detach()
                 with torch.no_grad():
-                    fa = field(pts[j].to(y0.dtype), ya, ri)
-                    fb = field(pts[j + 1].to(y0.dtype), yb, ri)
 
                     def g_on_h(tc: torch.Tensor) -> torch.Tensor:
                         return event(tc.to(y0.dtype), hermite(tc, a, b, ya, yb, fa, fb)[0], ri)  # noqa: B023
 
                     n_rows = int(rows.sum())
+                    # g sees t and y in y's dtype: no bracket narrower than a few of its ulps at t is meaningful
+                    tol_j = max(tol, 8 * torch.finfo(y0.dtype).eps * max(1.0, abs(a), abs(b)))
                     t_hat = locate_roots(g_on_h, pts.new_full((n_rows,), a), pts.new_full((n_rows,), b),
-                                         gs[j][rows], gs[j + 1][rows], tol)
-                # the state at the fixed time t̂ on the interpolant, differentiable through ya, yb and F at the ends
-                fa_g = field(pts[j].to(y0.dtype), ya, ri)
-                fb_g = field(pts[j + 1].to(y0.dtype), yb, ri)
-                y_hat = hermite(t_hat, a, b, ya, yb, fa_g, fb_g)[0]
-                t_star, y_star = event_time(event, field, t_hat, y_hat, ri)
+                                         gs[j][rows], gs[j + 1][rows], tol_j)
+                # the state at the fixed time t̂ on the interpolant, differentiable through ya, yb and F at the ends;
+                # its slope stands for F(t̂, ŷ) (no field call at per-row times, consistent with the located root)
+                y_hat, v_hat = hermite(t_hat, a, b, ya, yb, fa_g, fb_g)
+                t_star, y_star = event_time(event, v_hat, t_hat, y_hat, ri)
                 finish(rows, y_star, t_star)
                 done |= rows
         if dense:

@@ -25,6 +25,7 @@ EXPECTED = {
                                                   "memory_ratio", "saved_bytes_ours", "saved_bytes_theirs"}),
     "training": ("training", {"setting", "reference", "rows"}, {"time_s", "test_accuracy"}),
     "gradient_modes": ("gradient_modes_tiny", {"setting", "rows", "targets"}, {"field", "method", "mode"}),
+    "events": ("events", {"setting", "goal", "rows"}, {"ratio_to_ideal", "ratio_per_sample_to_ours", "fired"}),
 }
 
 
