@@ -1,7 +1,7 @@
-"""Saving of per-sample stopping (SPEC §4, N §5.3) on a batch where half the samples converge early.
+"""Saving of per-sample stopping (Ciccone et al. 2018, NAIS-Net, §5.3) on a batch where half the samples converge early.
 
 A NAIS-Net block (``x(k+1) = x(k) + h tanh(A x(k) + B u + b)``, Alg. N1 projected, ``x(0) = 0``) is unrolled
-with ``discretize(field, "euler", stop=dict(eps, max_depth))``: each sample stops once ``‖x(i) − x(i−1)‖ <
+with ``discretize(field, "euler", stop=Stop(eps, max_depth))``: each sample stops once ``‖x(i) − x(i−1)‖ <
 eps`` and leaves the batch (compaction). Half the batch gets a tiny input ``u`` (its equilibrium is next to
 ``x(0)``: a few steps), half a large one (hundreds of steps). The baseline runs the same Euler step on the
 whole batch until the slowest sample stops (batch-level stopping at ``max(depths)``). Reported: field rows
@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from cde_nets import discretize
+from cde_nets import Stop, discretize
 from cde_nets.fields import NAIS
 
 from .common import interleaved_medians, write
@@ -26,9 +26,9 @@ class CountingNAIS(NAIS):
 
     rows_seen = 0
 
-    def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
+    def evaluate(self, l: int, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         self.rows_seen += x.shape[0]
-        return super().evaluate(l, x)
+        return super().evaluate(l, x, u)
 
 
 def setup(dim: int, batch: int, eps: float, max_depth: int, seed: int = 0):
@@ -37,16 +37,15 @@ def setup(dim: int, batch: int, eps: float, max_depth: int, seed: int = 0):
     scale = torch.cat([torch.full((batch // 2, 1), 1e-4), torch.full((batch - batch // 2, 1), 2.0)])
     u = scale * torch.randn(batch, dim, generator=g, dtype=torch.float64)
     x0 = torch.zeros(batch, dim, dtype=torch.float64)
-    net = discretize(field, "euler", stop=dict(eps=eps, max_depth=max_depth))
+    net = discretize(field, "euler", stop=Stop(eps=eps, max_depth=max_depth))
     return field, net, x0, u
 
 
 def whole_batch(field: NAIS, x0: torch.Tensor, u: torch.Tensor, depth: int) -> torch.Tensor:
     """The same Euler step on every sample until the slowest one stops."""
-    field.bind(u)
     x, h = x0, field.grid.h
     for _ in range(depth):
-        x = x + h * field.evaluate(0, x)
+        x = x + h * field.evaluate(0, x, u)
     return x
 
 
@@ -55,7 +54,8 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     repeat, warmup = (1, 0) if tiny else (7, 1)
     field, net, x0, u = setup(dim, batch, eps, max_depth)
 
-    y, depths = net(x0, u=u)
+    sol = net.solve(x0, u=u)
+    y, depths = sol.y, sol.depths
     rows_stop, field.rows_seen = field.rows_seen, 0
     slowest = int(depths.max())
     y_all = whole_batch(field, x0, u, slowest)
@@ -68,7 +68,7 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     for mode in ("forward", "forward+backward"):
 
         def stop_fn(backward=mode != "forward"):
-            out = net(x0, u=u)[0]
+            out = net(x0, u=u)
             if backward:
                 out.square().sum().backward()
 
@@ -113,10 +113,7 @@ def main() -> None:
         f"depths: early half {res['depth_early_half_mean']:.1f}, "
         f"late half {res['depth_late_half_mean']:.1f}, max {res['depth_max']}"
     )
-    print(
-        f"rows: stop {res['rows_stop']}, whole batch {res['rows_whole_batch']} "
-        f"(ratio {res['rows_ratio']:.3f})"
-    )
+    print(f"rows: stop {res['rows_stop']}, whole batch {res['rows_whole_batch']} (ratio {res['rows_ratio']:.3f})")
     for r in res["timings"]:
         print(
             f"{r['mode']}: stop {1e3 * r['stop_s']:.1f} ms, whole batch {1e3 * r['whole_batch_s']:.1f} ms "

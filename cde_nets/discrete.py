@@ -1,210 +1,269 @@
-"""Discrete mode: ``discretize(field, scheme)`` — one scheme step per parameter piece, ``h = T / L`` (SPEC §6).
+"""Discrete mode: one scheme step per parameter piece, ``h = T / L`` — the choice of scheme is the layer
+architecture (forward Euler on a Hamiltonian field is H1-DNN, Galimberti et al. 2023, eq. 9; semi-implicit Euler
+on a separable one H2-DNN, eqs. 12-13; the heavy ball on any field the blog's second-order residual, B §8; ...).
 
-The returned module holds the field itself, so it shares every parameter with an :class:`~cde_nets.ODEBlock`
-on the same field: a model trained in discrete mode evaluates in continuous mode and the other way round.
+The net holds the field itself, so it shares every parameter with an :class:`~cde_nets.ODEBlock` on the same
+field: a model trained in discrete mode evaluates in continuous mode and the other way round. Any ``nn.Module``
+with ``forward(t, y)`` runs too: ``discretize(module, scheme, T=..., steps=N)`` takes ``N`` steps of ``T / N``.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from cde_nets.solvers.architectures import architecture
-from cde_nets.solvers.errors import check_positive
 from cde_nets.solvers.schemes import Scheme, get_scheme
 from cde_nets.solvers.stopping import unroll
 
-from .fields.base import Field
+from .block import Block
+from .fields.bound import BoundField, as_field
 from .pieces import gathered
+from .solution import Solution
+from .stop import Stop, as_stop
 
 __all__ = ["discretize", "DiscreteNet"]
 
-# sigmoid(-10) = 4.5e-5: m ≈ 0, so the momentum net starts as a ResNet (B §8) to within 4.5e-5 per layer, while
-# dm/da = m(1 − m) ≈ 4.5e-5 still lets training move m (at a = -20 it would be 2e-9, below float32 resolution of 1).
-_RESNET_A = -10.0
-_ETA_ONE = math.log(math.e - 1.0)  # softplus(log(e - 1)) = 1
+_NET_STOP: Any = object()  # solve(stop=...) left unset: the net's own stopping rule
 
 
-class DiscreteNet(nn.Module):
-    """``L`` layers of ``scheme`` on ``field``; see :func:`discretize`."""
+class DiscreteNet(Block):
+    """``L`` layers of ``scheme`` on ``field`` (one per parameter piece, ``h = T / L``); see :func:`discretize`,
+    which takes the same arguments. Everything is validated here, however the net is built.
 
-    def __init__(self, field: Field, scheme: Scheme, k: int | None, split: tuple[int, int] | None,
-                 return_all: bool, momentum: tuple[float, float] | None, tie_eta: bool, memory_free: bool,
-                 stop: dict | None = None):
-        super().__init__()
-        self.stop = stop
-        self.field = field
-        self.scheme = scheme
-        self.k = k or scheme.lags
+    ``net(y0, u=None)`` returns the last layer's state (each sample's state where it stopped, with ``stop``);
+    ``net.solve(y0, u=None, t=None)`` returns a :class:`~cde_nets.solution.Solution` with the layer states at the
+    boundaries ``t`` (a subset of :attr:`times`), the counts (``nfe_forward``: field evaluations, ``steps_forward``:
+    layers) and, with ``stop``, each sample's ``depths`` and ``stop_times = depths · h``.
+    """
+
+    def __init__(
+        self,
+        field: nn.Module,
+        scheme: str | Scheme = "euler",
+        *,
+        T: float | None = None,
+        steps: int | None = None,
+        k: int | None = None,
+        split: tuple[int, int] | None = None,
+        momentum: tuple[float, float] | None = None,
+        tie_eta: bool = False,
+        memory_free: bool = False,
+        stop: Stop | dict | None = None,
+    ):
+        field = as_field(field, T, steps)
+        super().__init__(field, T)
+        sch = get_scheme(scheme, k=k, momentum=momentum, tie_eta=tie_eta)
+        self.scheme = sch.for_field(field, split)
         self.split = split
-        self.return_all = return_all
-        self.memory_free = memory_free
+        self.memory_free = bool(memory_free)
         L = field.grid.L
-        self.tie_eta = tie_eta
-        if "m" in scheme.params:
-            channels = field.state_shape[0]
-            m0, eta0 = momentum if momentum is not None else (None, None)
-            a0 = _RESNET_A if m0 is None else math.log(m0 / (1 - m0))
-            self.a = nn.Parameter(torch.full((L, channels), a0))
-            if not tie_eta:
-                b0 = _ETA_ONE if eta0 is None else math.log(math.expm1(eta0))
-                self.b = nn.Parameter(torch.full((L, channels), b0))
-        if scheme.name == "lm2":
-            self.k_lm = nn.Parameter(torch.zeros(L))
+        self.h = self.T / L
+        if memory_free and self.scheme.variant == "field velocity":
+            raise ValueError(
+                f"on the order-2 field {type(field).__name__}, the momentum scheme's m = 1 − hγ and "
+                "η = hη come from the field's γ, η; drop `momentum`, `tie_eta` and `memory_free` (or use "
+                "a first-order field)."
+            )
+        if memory_free and self.scheme.state != "velocity":
+            raise ValueError(
+                f"`memory_free=True` needs the 'momentum' scheme (exact inversion), not {self.scheme.name!r}."
+            )
+        if memory_free and momentum is None:
+            raise ValueError(
+                "`memory_free=True` inverts v_l = (v_{l+1} − η h F) / m once per layer, so rounding "
+                "grows like (1/m)^L; the default ResNet start m ≈ 4.5e-5 would destroy the gradients. "
+                "Pass a moderate momentum, e.g. `momentum=(0.9, 1.0)`."
+            )
+        self.stop = self._check_stop(as_stop(stop, "discrete"))
+        shape = tuple(getattr(field, "state_shape", ()) or ())
+        channels = shape[0] if shape and isinstance(shape[0], int) else 1  # plain modules: one value per layer
+        dtype = next((p.dtype for p in field.parameters() if p.is_floating_point()), torch.get_default_dtype())
+        for name, init in self.scheme.coefficient_init(L, channels).items():
+            self.register_parameter(name, nn.Parameter(init.to(dtype)))
 
+    def _check_stop(self, stop: Stop | None) -> Stop | None:
+        if stop is not None and self.memory_free:
+            raise ValueError(
+                "`stop` compacts the batch as samples finish; it does not combine with `memory_free`. Drop one of them."
+            )
+        return stop
+
+    # -- what the net is ---------------------------------------------------------------------------------
     @property
     def architecture(self) -> tuple[str, str]:
-        """``(name, paper equation)`` this scheme realises on this field (SPEC §6)."""
-        return architecture(self.scheme.name, getattr(self.field, "kind", "generic"))
+        """``(name, paper equation)`` this scheme realises on this field, for the parameters actually used."""
+        return self.scheme.architecture(self.field.kind)
 
-    def coefficients(self, ndim: int = 2) -> dict:
-        """Per-layer scheme coefficients, gathered once per call and shaped to broadcast over a state of ``ndim``
-        dimensions: momentum ``m`` and ``eta_h = η h`` of shape ``(L, 1, C, 1, ...)``, two-step ``k``."""
-        if "m" in self.scheme.params:
-            shape = (self.a.shape[0], 1, self.a.shape[1]) + (1,) * (ndim - 2)
-            m = torch.sigmoid(self.a)
-            eta = (1 - m) if self.tie_eta else F.softplus(self.b)
-            return {"m": m.reshape(shape), "eta_h": (eta * self.field.grid.h).reshape(shape)}
-        if self.scheme.name == "lm2":
-            return {"k": self.k_lm}
-        return {}
+    @property
+    def order(self) -> int:
+        """The convergence order that holds on this field (e.g. ``verlet``: 2 when separable, else 1)."""
+        return self.scheme.order
 
-    def init_state(self, y0: torch.Tensor) -> tuple:
-        return self.scheme.init_state(y0, self.k, (self.split or self.field.split or (None,))[0])
+    @property
+    def properties(self) -> frozenset[str]:
+        """Structural properties of the layer map on this field, e.g. ``{"symplectic"}``."""
+        return self.scheme.properties
 
-    def step(self, l: int, state: tuple, coef: dict | None = None) -> tuple:
-        """One layer: scheme state (a tuple, see :mod:`solvers.schemes`) at layer ``l`` → layer ``l + 1``."""
+    @property
+    def times(self) -> torch.Tensor:
+        """The ``L + 1`` layer boundaries ``l h`` (float64); layer ``l`` maps the state at ``l h`` to ``(l + 1) h``."""
+        L = self.field.grid.L
+        ts = torch.arange(L + 1, dtype=torch.float64) * self.h
+        ts[-1] = self.T
+        return ts
+
+    def coefficients(self, ndim: int = 2) -> dict[str, torch.Tensor]:
+        """The scheme's per-layer coefficients ``(L, ...)`` (momentum ``m`` and ``eta_h = η h`` shaped
+        ``(L, 1, C, 1, ...)`` for a state of ``ndim`` dimensions; two-step ``k``), from its learnable tensors."""
+        params = {name: getattr(self, name) for name in self.scheme.coefficients}
+        return self.scheme.coefficient_values(params, self.h, ndim)
+
+    def _coef_views(self, ndim: int) -> dict[str, tuple[torch.Tensor, ...]]:
+        # one unbind node per call, as for the field's pieces (a slice per layer makes backward O(L²))
+        return {k: c.unbind(0) for k, c in self.coefficients(ndim).items()}
+
+    def init_state(self, y0: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The scheme state for ``y0``."""
+        return self.scheme.init(y0)
+
+    def step(
+        self, l: int, state: tuple[torch.Tensor, ...], coef: dict | None = None, u: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """One layer: scheme state at layer ``l`` → layer ``l + 1`` (``u``: the block input of a NAIS field)."""
         if coef is None:
-            coef = self.coefficients(state[0].dim())
-        return self.scheme.step(self.field, l, state, self.field.grid.h, coef, self.k, self.split)
+            coef = self._coef_views(state[0].dim())
+        return self.scheme.step(BoundField(self.field, u), l, state, self.h, coef, l * self.h)
 
-    def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None):
-        """``y_L`` (or the list ``[y_0, ..., y_L]`` with ``return_all``); ``u`` binds a NAIS block input."""
-        self.field.check_state(y0, "y0")
-        if u is not None:
-            self.field.bind(u)
+    # -- solving -------------------------------------------------------------------------------------------
+    def solve(
+        self,
+        y0: torch.Tensor,
+        u: torch.Tensor | None = None,
+        t: Sequence[float] | torch.Tensor | None = None,
+        *,
+        stop: Stop | dict | None = _NET_STOP,
+    ) -> Solution:
+        """Run the layers from ``y0``. ``t``: layer boundaries at which to save the state (increasing, each
+        ``l h``; see :attr:`times`). ``stop``: this call's stopping rule instead of the net's (``None``: run all
+        ``L`` layers), e.g. a tighter ``eps`` for evaluation."""
+        f = self.bind(y0, u)
+        stop = self.stop if stop is _NET_STOP else self._check_stop(as_stop(stop, "discrete"))
+        ts, save = (None, None) if t is None else self._layer_indices(t, y0.device)
+        if save is not None and (stop is not None or self.memory_free):
+            raise ValueError(
+                "`t` saves every sample's state at the same layers; it does not combine with "
+                f"`{'stop' if stop is not None else 'memory_free'}`. Drop `t`."
+            )
         with gathered(self.field):
-            return self._forward(y0)
+            if self.memory_free:
+                from .momentum_inverse import momentum_memory_free
 
-    def _forward(self, y0: torch.Tensor):
-        if self.memory_free:
-            from .momentum_inverse import momentum_memory_free
+                y = momentum_memory_free(self, f, y0)
+                return Solution(y=y, stats=self._stats(self.field.grid.L))
+            coef = self._coef_views(y0.dim())
+            state = self.scheme.init(y0)
+            if stop is not None:
+                return self._solve_stopping(f, state, coef, stop)
+            scheme, h = self.scheme, self.h
+            ys = [y0] if save is not None and save[0] == 0 else []
+            for l in range(self.field.grid.L):
+                state = scheme.step(f, l, state, h, coef, l * h)
+                if save is not None and l + 1 in save:
+                    ys.append(scheme.readout(state))
+            y = scheme.readout(state)
+        return Solution(y=y, ts=ts, ys=None if save is None else torch.stack(ys), stats=self._stats(self.field.grid.L))
 
-            return momentum_memory_free(self, y0)
-        coef = {k: c.unbind(0) for k, c in self.coefficients(y0.dim()).items()}  # one node per call, as pieces
-        n_p = (self.split or self.field.split or (None,))[0]
-        state = self.scheme.init_state(y0, self.k, n_p)
-        if self.stop is not None:
-            return self._forward_stopping(state, coef)
-        states = [y0] if self.return_all else None
-        field, scheme, h, k, split = self.field, self.scheme, self.field.grid.h, self.k, self.split  # hoisted
-        for l in range(field.grid.L):
-            state = scheme.step(field, l, state, h, coef, k, split)
-            if states is not None:
-                states.append(scheme.readout(state))
-        return states if states is not None else scheme.readout(state)
+    def _solve_stopping(self, f: BoundField, state: tuple, coef: dict, stop: Stop) -> Solution:
+        """Pattern-dependent depth (Ciccone et al. 2018, §5.3): a sample stops after layer ``i`` once
+        ``‖y_i − y_{i−1}‖ < eps``; step ``i`` uses piece ``min(i, L − 1)``; finished rows leave the batch."""
+        scheme, L, h = self.scheme, self.field.grid.L, self.h
+        rows: dict[str, Any] = {}
 
-    def _forward_stopping(self, state: tuple, coef: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-sample stopping (SPEC §4, N §5.3): step ``i`` uses piece ``min(i, L − 1)``; returns ``(y, depths)``."""
-        f, L, h = self.field, self.field.grid.L, self.field.grid.h
+        def step(i: int, st: tuple, idx: torch.Tensor) -> tuple:
+            if rows.get("idx") is not idx:  # the same idx until the batch shrinks: gather the input once
+                rows["idx"], rows["f"] = idx, f.rows(idx)
+            return scheme.step(rows["f"], min(i, L - 1), st, h, coef, i * h)
 
-        def step(i, st, idx):
-            with f.rows(idx):
-                return self.scheme.step(f, min(i, L - 1), st, h, coef, self.k, self.split)
+        final, depths = unroll(step, state, eps=stop.eps, max_depth=stop.max_depth or L, readout=scheme.readout)
+        taken = int(depths.max()) if depths.numel() else 0
+        return Solution(
+            y=scheme.readout(final), stats=self._stats(taken), depths=depths, stop_times=depths.to(torch.float64) * h
+        )
 
-        final, depths = unroll(step, state, eps=self.stop["eps"], max_depth=self.stop["max_depth"],
-                               readout=self.scheme.readout)
-        return self.scheme.readout(final), depths
+    def _stats(self, steps: int) -> dict[str, int]:
+        L = self.field.grid.L
+        stats = {
+            "nfe_forward": sum(self.scheme.evaluations(min(i, L - 1)) for i in range(steps)),
+            "steps_forward": steps,
+        }
+        self._last_stats = stats
+        return dict(stats)
+
+    def _layer_indices(self, t: Sequence[float] | torch.Tensor, device: torch.device) -> tuple[torch.Tensor, list]:
+        tt = self.check_times(t, self.T)
+        idx = torch.round(tt / self.h)
+        off = (idx * self.h - tt).abs()
+        if bool((off > 1e-9 * self.h).any()):
+            bad = float(tt[int(off.argmax())])
+            raise ValueError(
+                f"`t` must be layer boundaries l·h (h = {self.h:.6g}); {bad:.6g} is not one. "
+                "Use times from `net.times`."
+            )
+        return tt.to(device), [int(i) for i in idx.tolist()]
 
     def extra_repr(self) -> str:
         name, eq = self.architecture
-        return f"scheme={self.scheme.name!r}, layers={self.field.grid.L}, h={self.field.grid.h:.4g} ({name}, {eq})"
+        return f"scheme={self.scheme!r}, layers={self.field.grid.L}, h={self.h:.4g} ({name}, {eq})"
 
 
-def discretize(field: Field, scheme: str | Scheme = "euler", *, k: int | None = None,
-               split: tuple[int, int] | None = None, return_all: bool = False,
-               momentum: tuple[float, float] | None = None, tie_eta: bool = False,
-               memory_free: bool = False, stop: dict | None = None) -> DiscreteNet:
+def discretize(
+    field: nn.Module,
+    scheme: str | Scheme = "euler",
+    *,
+    T: float | None = None,
+    steps: int | None = None,
+    k: int | None = None,
+    split: tuple[int, int] | None = None,
+    momentum: tuple[float, float] | None = None,
+    tie_eta: bool = False,
+    memory_free: bool = False,
+    stop: Stop | dict | None = None,
+) -> DiscreteNet:
     """A discrete network: one step of ``scheme`` per parameter piece of ``field`` (``h = T / L``).
 
     Args:
-        scheme: a name of :data:`solvers.schemes.SCHEMES` or a :class:`~solvers.schemes.Scheme`.
-        k: lags of ``ck`` (C^k, default 2) and ``dense`` (default 3) schemes.
-        split: ``(n_p, n_q)`` for split schemes on a field that declares no split (evaluates the whole field
-            per half step); fields with a declared split use it.
-        return_all: return every layer's state ``[y_0, ..., y_L]``.
+        field: a cde_nets field, or any ``nn.Module`` with ``forward(t, y)`` (then ``T=`` and ``steps=`` are
+            required: ``steps`` layers of ``T / steps``; each stage sees its time, e.g. ``t_l + h/2``).
+        scheme: a name of :data:`solvers.schemes.SCHEMES` or a :class:`~solvers.schemes.Scheme` object.
+        k: lags of ``ck`` (C^k, default 2) and ``dense`` (default 3).
+        split: ``(n_p, n_q)`` for a split scheme on a field that declares no split (or a plain module): the whole
+            field is evaluated per half step and its halves taken. Such a net is the explicit semi-implicit
+            variant: first order, not symplectic (see :attr:`DiscreteNet.properties`).
         momentum: initial ``(m, η)`` of the momentum scheme; default ``m ≈ 0, η = 1`` (starts as a ResNet).
-        tie_eta: momentum with ``η = 1 − m`` (Momentum ResNets).
+        tie_eta: momentum with ``η = 1 − m`` (Momentum ResNets, Sander et al. 2021).
         memory_free: momentum only — backward by exact inversion of the update, O(1) memory in depth; needs
             ``momentum=(m, η)`` with a moderate ``m`` (rounding grows like ``(1/m)^L``).
+        stop: :class:`~cde_nets.Stop` (or a dict of its fields): each sample stops when
+            ``‖y_i − y_{i−1}‖ < eps`` (at most ``max_depth`` steps, default ``L``; step ``i`` uses piece
+            ``min(i, L − 1)``); the batch is compacted as samples finish. ``net(y0)`` still returns a tensor;
+            ``net.solve(y0).depths`` holds the depths.
 
-    On an order-2 field (``field.order == 2``, state ``(x, v)``, e.g. ``SecondOrder``) the momentum scheme uses the
-    field's own velocity (see :meth:`solvers.schemes.Scheme.for_field`): ``m = 1 − hγ`` and ``η = hη`` come from
-    the field, the step equals ``symplectic_euler_qp``, and the output keeps the field's state ``(x, v)``.
-        stop: ``dict(eps=..., max_depth=...)``: pattern-dependent depth — each sample stops when
-            ``‖y_i − y_{i−1}‖ < eps`` (up to ``max_depth`` steps; step ``i`` uses piece ``min(i, L − 1)``); the batch
-            is compacted as samples finish, and the net returns ``(y, depths)``.
+    On an order-2 field (state ``(x, v)``, e.g. ``SecondOrder``) the momentum scheme uses the field's own velocity
+    (:class:`solvers.schemes.Momentum`): ``m = 1 − hγ`` and ``η = hη`` come from the field, and the output keeps
+    the field's state ``(x, v)``.
     """
-    if not isinstance(field, Field):
-        raise TypeError(f"`field` must be a cde_nets Field (with evaluate(l, y)), got {type(field).__name__}.")
-    sch = get_scheme(scheme)
-    native = sch.needs == "velocity" and field.order == 2
-    if native and field.split is None:
-        raise ValueError(f"scheme {sch.name!r} on an order-2 field uses its (x, v) halves, but "
-                         f"{type(field).__name__} declares no `split`; declare split = (dim, dim).")
-    if native and (momentum is not None or tie_eta or memory_free):
-        raise ValueError(f"on the order-2 field {type(field).__name__}, the momentum scheme's m = 1 − hγ and "
-                         "η = hη come from the field's γ, η; drop `momentum`, `tie_eta` and `memory_free` (or use a "
-                         "first-order field).")
-    sch = sch.for_field(field.order)
-    if sch.needs == "split":
-        if split is None and field.split is None:
-            n = field.state_shape[0] if len(field.state_shape) == 1 else None
-            raise ValueError(
-                f"scheme {sch.name!r} needs a (p, q) split, but {type(field).__name__} declares none; use a split "
-                "field (Hamiltonian(K='blockdiag'), MS1, MS3) or pass `split=(n_p, n_q)`"
-                + (f" (n = {n} is odd: pad the state with a zero feature)." if n is not None and n % 2 else ".")
-            )
-        if split is not None:
-            n = field.state_shape[0]
-            if n % 2 or split[0] + split[1] != n:
-                raise ValueError(f"`split`={split} must add up to the state size {n}"
-                                 + (" (odd: pad the state with a zero feature)." if n % 2 else "."))
-    if k is not None and (sch.needs != "lags" or sch.name == "lm2"):
-        raise ValueError(f"`k` applies to the 'ck' and 'dense' schemes, not {sch.name!r}.")
-    if k is not None and (not isinstance(k, int) or k < 1):
-        raise ValueError(f"`k` must be a positive integer, got {k!r}.")
-    if memory_free and sch.needs != "velocity":
-        raise ValueError(f"`memory_free=True` needs the 'momentum' scheme (exact inversion), not {sch.name!r}.")
-    if memory_free and momentum is None:
-        raise ValueError("`memory_free=True` inverts v_l = (v_{l+1} − η h F) / m once per layer, so rounding "
-                         "grows like (1/m)^L; the default ResNet start m ≈ 4.5e-5 would destroy the gradients. "
-                         "Pass a moderate momentum, e.g. `momentum=(0.9, 1.0)`.")
-    if memory_free and return_all:
-        raise ValueError("`memory_free=True` keeps no layer states; drop `return_all`.")
-    if momentum is not None and sch.name != "momentum":
-        raise ValueError(f"`momentum` sets the momentum scheme's (m, η), not {sch.name!r}'s.")
-    if tie_eta and sch.name != "momentum":
-        raise ValueError(f"`tie_eta` ties the momentum scheme's η = 1 − m; it does not apply to {sch.name!r}.")
-    if momentum is not None and not 0 < momentum[0] < 1:
-        raise ValueError(f"`momentum` m must lie in (0, 1), got {momentum[0]}.")
-    if stop is not None:
-        stop = _check_stop(stop, ("eps", "max_depth"))
-        if return_all or memory_free:
-            raise ValueError("`stop` returns (y, depths); it combines with neither `return_all` nor `memory_free`.")
-    return DiscreteNet(field, sch, k, split, return_all, momentum, tie_eta, memory_free, stop)
-
-
-def _check_stop(stop: dict, keys: tuple[str, ...]) -> dict:
-    if not isinstance(stop, dict) or set(stop) - set(keys) or "eps" not in stop:
-        raise ValueError(f"`stop` must be a dict with keys {keys} (eps required), got {stop!r}.")
-    check_positive("eps", stop["eps"], "It is the per-sample convergence threshold, e.g. 1e-4.")
-    for key in ("max_depth",):
-        if key in keys:
-            v = stop.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"`max_depth` must be a positive integer, got {v!r}.")
-    return dict(stop)
+    return DiscreteNet(
+        field,
+        scheme,
+        T=T,
+        steps=steps,
+        k=k,
+        split=split,
+        momentum=momentum,
+        tie_eta=tie_eta,
+        memory_free=memory_free,
+        stop=stop,
+    )

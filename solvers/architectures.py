@@ -1,13 +1,16 @@
-"""The solver ↔ architecture map of SPEC §6, as one table.
+"""The solver ↔ architecture map of discrete mode, as one table in code.
 
-``architecture(scheme, field_kind)`` returns the architecture a scheme realises on a kind of field; kinds are
-the ``kind`` attribute fields declare (``hamiltonian``, ``ms1``, ``ms2``, ``ms3``, ``cubic_friction``, ``nais``,
-``second_order``, ``generic``). A row with kind ``"any"`` applies when no more specific row does.
+``architecture(scheme, field_kind, variant)`` returns the architecture a scheme realises on a kind of field; kinds
+are the ``kind`` attribute fields declare (``hamiltonian``, ``ms1``, ``ms2``, ``ms3``, ``cubic_friction``, ``nais``,
+``second_order``, ``generic``). ``variant`` says which parameters and properties the scheme actually has on the field
+(:attr:`solvers.schemes.Scheme.variant` of the scheme resolved for it): ``""`` as declared, ``"non-separable"`` for a
+split scheme on a field whose halves are not separable (explicit, not symplectic), ``"field velocity"`` for momentum
+on an order-2 field (``m``, ``η`` from the field). A row with kind ``"any"`` applies when no more specific row does.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = ["Architecture", "ARCHITECTURES", "architecture", "architecture_table"]
 
@@ -17,8 +20,10 @@ class Architecture(NamedTuple):
     field_kind: str
     name: str
     equation: str
+    variant: str = ""
 
 
+_NS, _FV = "non-separable", "field velocity"
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("euler", "any", "ResNet block x + h F(x)", "—"),
     Architecture("euler", "hamiltonian", "H1-DNN (MS2 when K skew and J Kᵀ = I)", "eq. H9"),
@@ -28,13 +33,32 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("symplectic_euler", "any", "semi-implicit (symplectic) Euler net, p first", "eqs. H12-13"),
     Architecture("symplectic_euler", "hamiltonian", "H2-DNN", "eqs. H12-13"),
     Architecture("symplectic_euler", "ms3", "MS3", "H App. I, eq. 40"),
+    Architecture(
+        "symplectic_euler",
+        "any",
+        "semi-implicit Euler net, p first (not symplectic: the field is not separable)",
+        "—",
+        _NS,
+    ),
     Architecture("symplectic_euler_qp", "any", "semi-implicit (symplectic) Euler net, q first", "H App. I"),
     Architecture("symplectic_euler_qp", "ms1", "MS1 (Verlet)", "H App. I, eq. 38"),
-    Architecture("symplectic_euler_qp", "second_order", "second-order residual (B §8), Momentum ResNet", "B §8"),
+    Architecture(
+        "symplectic_euler_qp",
+        "any",
+        "semi-implicit Euler net, q first (not symplectic: the field is not separable)",
+        "—",
+        _NS,
+    ),
+    Architecture("symplectic_euler_qp", "second_order", "second-order residual (B §8), Momentum ResNet", "B §8", _NS),
     Architecture("verlet", "any", "Störmer-Verlet (leapfrog) net", "—"),
+    Architecture(
+        "verlet", "any", "explicit Verlet-type net, first order (not symplectic: the field is not separable)", "—", _NS
+    ),
     Architecture("momentum", "any", "second-order residual / Momentum ResNet (heavy ball), own m_l, η_l", "B §8"),
-    Architecture("momentum", "second_order", "second-order residual (B §8), m = 1 − hγ, η = hη from the field",
-                 "B §8"),
+    Architecture("momentum", "any", "heavy ball on the field's own velocity, m, η from the field", "B §8", _FV),
+    Architecture(
+        "momentum", "second_order", "second-order residual (B §8), m = 1 − hγ, η = hη from the field", "B §8", _FV
+    ),
     Architecture("ck", "any", "Hauser C^k network", "eq. S7"),
     Architecture("dense", "any", "DenseNet state space (k lags)", "eq. S22"),
     Architecture("lm2", "any", "LM-ResNet two-step (Ruseckas)", "eq. R111"),
@@ -43,25 +67,43 @@ ARCHITECTURES: tuple[Architecture, ...] = (
 )
 
 
-def architecture(scheme, field_kind="any") -> tuple[str, str]:
+def architecture(scheme: Any, field_kind: Any = "any", variant: str | None = None) -> tuple[str, str]:
     """``(architecture name, paper equation)`` of ``scheme`` on a field of ``field_kind``.
 
-    ``scheme``: a name or an object with ``.name`` (a :class:`~solvers.schemes.Scheme`); ``field_kind``: a kind
-    string or an object with a ``.kind`` attribute (a field). Kinds without a row of their own get the ``"any"`` row.
+    ``scheme``: a name or a :class:`~solvers.schemes.Scheme`; ``field_kind``: a kind string, or a field — then the
+    variant is the one the scheme has on that field (e.g. ``"non-separable"`` for ``symplectic_euler`` on
+    ``Hamiltonian(K="full")``). ``variant``: the row variant (default: the scheme object's, else ``""``). Kinds
+    without a row of their own get the ``"any"`` row of that variant.
     """
-    scheme = getattr(scheme, "name", scheme)
+    name = getattr(scheme, "name", scheme)
     if not isinstance(field_kind, str):
+        if variant is None:
+            from .schemes import get_scheme
+
+            try:
+                sch = get_scheme(scheme) if isinstance(scheme, str) else scheme
+            except ValueError:
+                sch = None
+            if sch is not None:
+                return sch.architecture(field_kind)
         field_kind = getattr(field_kind, "kind", "generic")
-    rows = {r.field_kind: r for r in ARCHITECTURES if r.scheme == scheme}
+    if variant is None:
+        variant = getattr(scheme, "variant", "")
+    rows = [r for r in ARCHITECTURES if r.scheme == name]
     if not rows:
         known = list(dict.fromkeys(r.scheme for r in ARCHITECTURES))
-        raise ValueError(f"unknown scheme {scheme!r}; valid schemes: {', '.join(known)}.")
-    row = rows.get(field_kind, rows["any"])
+        raise ValueError(f"unknown scheme {name!r}; valid schemes: {', '.join(known)}.")
+    by_kind = {r.field_kind: r for r in rows if r.variant == variant}
+    row = by_kind.get(field_kind, by_kind.get("any"))
+    if row is None:
+        raise ValueError(f"scheme {name!r} has no architecture row for variant {variant!r}.")
     return row.name, row.equation
 
 
 def architecture_table() -> str:
     """The map as the README shows it (markdown)."""
-    lines = ["| scheme | field | architecture | equation |", "|---|---|---|---|"]
-    lines += [f"| `{r.scheme}` | {r.field_kind} | {r.name} | {r.equation} |" for r in ARCHITECTURES]
+    lines = ["| scheme | field | variant | architecture | equation |", "|---|---|---|---|---|"]
+    lines += [
+        f"| `{r.scheme}` | {r.field_kind} | {r.variant or '—'} | {r.name} | {r.equation} |" for r in ARCHITECTURES
+    ]
     return "\n".join(lines)

@@ -293,6 +293,6 @@ def test_the_map_names_each_network_of_this_file(f64):
     for field, scheme, (name, eq) in cases:
         got = discretize(field, scheme).architecture
         assert got[0].startswith(name) and got[1].endswith(eq), (scheme, got)
-        assert architecture(scheme, field) == got == SCHEMES[scheme].architecture(field.kind)
+        assert architecture(scheme, field) == got == SCHEMES[scheme].architecture(field)
     with pytest.raises(ValueError, match="unknown scheme 'rk5'; valid schemes: euler, symplectic_euler"):
         architecture("rk5", "any")

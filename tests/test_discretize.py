@@ -97,10 +97,13 @@ def test_trained_in_continuous_mode_evaluates_in_discrete_mode(f64, one_thread):
     assert (discretize(f, "symplectic_euler")(x) - cont).abs().max() < 0.1  # O(h), h = 1/8
 
 
-def test_return_all_gives_every_layer(f64):
+def test_solve_saves_every_layer(f64):
     f = Tanh(3, layers=6)
-    xs = discretize(f, "momentum", return_all=True)(torch.randn(2, 3))
-    assert len(xs) == 7 and all(x.shape == (2, 3) for x in xs)
+    net = discretize(f, "momentum")
+    y0 = torch.randn(2, 3)
+    sol = net.solve(y0, t=net.times)
+    assert sol.ys.shape == (7, 2, 3) and torch.equal(sol.ys[0], y0) and torch.equal(sol.ys[-1], net(y0))
+    assert torch.equal(sol.ts, net.times) and sol.ts.dtype == torch.float64
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
@@ -192,8 +195,9 @@ def test_general_split_for_a_non_separable_field(f64):
     assert torch.allclose(discretize(f, "symplectic_euler", split=(2, 2))(x), y, atol=1e-14)
 
 
-@pytest.mark.parametrize("scheme,kw", [("verlet", dict(split=(1, 1))), ("momentum", dict(momentum=(0.5, 1.0))),
-                                       ("dense", dict(k=3))])
+@pytest.mark.parametrize(
+    "scheme,kw", [("verlet", dict(split=(1, 1))), ("momentum", dict(momentum=(0.5, 1.0))), ("dense", dict(k=3))]
+)
 def test_per_sample_stopping_with_tuple_states(f64, scheme, kw):
     """Stopping compacts the batch of split, velocity and lag states alike: each sample stops at the depth where
     it would stop alone, with the same state; on this contraction larger inputs need more layers to move less than
@@ -209,11 +213,12 @@ def test_per_sample_stopping_with_tuple_states(f64, scheme, kw):
 
     f = Decay()
     y0 = torch.tensor([[1e-2, 0.0], [1.0, 1.0], [50.0, -20.0]])
-    y, depths = discretize(f, scheme, stop=dict(eps=1e-4, max_depth=2000), **kw)(y0)
+    sol = discretize(f, scheme, stop=dict(eps=1e-4, max_depth=2000), **kw).solve(y0)
+    y, depths = sol.y, sol.depths
     assert depths[0] < depths[1] < depths[2] < 2000
     for i in range(3):
-        yi, di = discretize(f, scheme, stop=dict(eps=1e-4, max_depth=2000), **kw)(y0[i:i + 1])
-        assert di.item() == depths[i].item() and torch.allclose(yi, y[i:i + 1], atol=1e-14, rtol=0)
+        alone = discretize(f, scheme, stop=dict(eps=1e-4, max_depth=2000), **kw).solve(y0[i : i + 1])
+        assert alone.depths.item() == depths[i].item() and torch.allclose(alone.y, y[i : i + 1], atol=1e-14, rtol=0)
 
 
 def test_memory_free_momentum_loses_precision_like_one_over_m_to_the_L(f64):
@@ -224,8 +229,10 @@ def test_memory_free_momentum_loses_precision_like_one_over_m_to_the_L(f64):
         torch.manual_seed(2)
         f = Tanh(4, layers=16)
         x0 = torch.randn(8, 4, requires_grad=True)
-        g = [torch.autograd.grad(discretize(f, "momentum", momentum=(m, 0.5), memory_free=free)(x0).sum(), x0)[0]
-             for free in (False, True)]
+        g = [
+            torch.autograd.grad(discretize(f, "momentum", momentum=(m, 0.5), memory_free=free)(x0).sum(), x0)[0]
+            for free in (False, True)
+        ]
         errs[m] = (g[0] - g[1]).abs().max().item()
         assert errs[m] < 1e-13 * (1 / m) ** 16
     assert errs[0.9] < 1e-14 and errs[0.05] > 1e-4

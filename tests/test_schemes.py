@@ -3,26 +3,32 @@
 import numpy as np
 import pytest
 import torch
+from cde_nets.solvers import SCHEMES, Tableau, get_scheme
 from scipy.linalg import expm
 
 from cde_nets import ODEBlock, discretize
 from cde_nets.fields import MS1, MS3, Field, Hamiltonian, canonical_J
+from cde_nets.fields.bound import BoundField
 from cde_nets.pieces import Pieces
-from cde_nets.solvers import SCHEMES, Tableau, get_scheme
 
 
 class Linear(Field):
-    """y' = A y, the same A on every piece; ``split`` declared when A = [[0, B], [C, 0]]."""
+    """y' = A y, the same A on every piece; ``split`` declared when A = [[0, B], [C, 0]] (then separable)."""
 
     def __init__(self, A, layers, T=1.0, split=None):
         super().__init__(T=T, layers=layers)
         A = torch.as_tensor(A)
         self.state_shape = (A.shape[0],)
         self.split = split
+        self.separable = split is not None
         self.A = Pieces(self.grid, tuple(A.shape), init=A)
 
     def evaluate(self, l, y):
         return y @ self.A[l].T
+
+    def evaluate_half(self, l, z, part):
+        n = self.split[0]
+        return z @ (self.A[l][:n, n:] if part == 0 else self.A[l][n:, :n]).T
 
 
 class Fn(Field):
@@ -41,19 +47,24 @@ def slope(hs, errs):
     return float(np.polyfit(np.log(hs), np.log(errs), 1)[0])
 
 
-A_SEP = torch.tensor([[0.0, 0.0, 1.0, 0.3], [0.0, 0.0, -0.2, 0.8], [-1.1, 0.4, 0.0, 0.0], [0.1, -0.7, 0.0, 0.0]],
-                     dtype=torch.float64)
+A_SEP = torch.tensor(
+    [[0.0, 0.0, 1.0, 0.3], [0.0, 0.0, -0.2, 0.8], [-1.1, 0.4, 0.0, 0.0], [0.1, -0.7, 0.0, 0.0]], dtype=torch.float64
+)
 
 
-@pytest.mark.parametrize("name", ["euler", "midpoint", "rk4", "symplectic_euler", "symplectic_euler_qp", "verlet",
-                                  "momentum", "dense", "lm2"])
+@pytest.mark.parametrize(
+    "name",
+    ["euler", "midpoint", "rk4", "symplectic_euler", "symplectic_euler_qp", "verlet", "momentum", "dense", "lm2"],
+)
 def test_order_on_linear_problem(f64, name):
     """Fitted slope of the error against expm within 0.2 of the declared order."""
     y0 = torch.tensor([[0.6, -0.4, 0.3, 0.9]])
     exact = y0 @ torch.from_numpy(expm(A_SEP.numpy() * 2.0)).T
     Ls = [16, 32, 64, 128]
-    errs = [(discretize(Linear(A_SEP, L, T=2.0, split=(2, 2)), name)(y0) - exact).abs().max().item() for L in Ls]
-    assert abs(slope([2.0 / L for L in Ls], errs) - SCHEMES[name].order) < 0.2, errs
+    nets = [discretize(Linear(A_SEP, L, T=2.0, split=(2, 2)), name) for L in Ls]
+    errs = [(net(y0) - exact).abs().max().item() for net in nets]
+    assert nets[0].order == SCHEMES[name].order
+    assert abs(slope([2.0 / L for L in Ls], errs) - nets[0].order) < 0.2, errs
 
 
 def test_ck_order_on_second_order_problem(f64):
@@ -69,8 +80,10 @@ def test_ck_order_on_second_order_problem(f64):
     assert abs(slope([1 / L for L in Ls], errs) - 1) < 0.2
 
 
-@pytest.mark.parametrize("name", ["euler", "midpoint", "rk4", "symplectic_euler", "symplectic_euler_qp", "verlet",
-                                  "momentum", "dense", "lm2"])
+@pytest.mark.parametrize(
+    "name",
+    ["euler", "midpoint", "rk4", "symplectic_euler", "symplectic_euler_qp", "verlet", "momentum", "dense", "lm2"],
+)
 def test_order_on_nonlinear_hamiltonian(f64, name):
     base = Hamiltonian(4, K="blockdiag", init_std=1.0, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -83,13 +96,14 @@ def test_order_on_nonlinear_hamiltonian(f64, name):
         with torch.no_grad():
             for name_p, p in f.named_parameters():
                 p.copy_(dict(base.named_parameters())[name_p].expand_as(p))
-        errs.append((discretize(f, name)(y0) - ref).abs().max().item())
-    assert abs(slope([2 / L for L in Ls], errs) - SCHEMES[name].order) < 0.2, errs
+        net = discretize(f, name)
+        errs.append((net(y0) - ref).abs().max().item())
+    assert net.order == SCHEMES[name].order
+    assert abs(slope([2 / L for L in Ls], errs) - net.order) < 0.2, errs
 
 
 def layer_jacobian(net, l, y):
-    return torch.autograd.functional.jacobian(
-        lambda z: net.scheme.readout(net.step(l, net.init_state(z[None])))[0], y)
+    return torch.autograd.functional.jacobian(lambda z: net.scheme.readout(net.step(l, net.init_state(z[None])))[0], y)
 
 
 def test_h2_ms1_ms3_layers_are_symplectic(f64):
@@ -102,9 +116,13 @@ def test_h2_ms1_ms3_layers_are_symplectic(f64):
                 if p.dim() == 2:  # biases
                     p.normal_(0, 1.0, generator=g)
     J = canonical_J(6)
-    cases = [(discretize(h2, "symplectic_euler"), lambda l: J), (discretize(m3, "symplectic_euler"), lambda l: -J),
-             (discretize(m1, "symplectic_euler_qp"), m1.J_at)]
+    cases = [
+        (discretize(h2, "symplectic_euler"), lambda l: J),
+        (discretize(m3, "symplectic_euler"), lambda l: -J),
+        (discretize(m1, "symplectic_euler_qp"), m1.J_at),
+    ]
     for net, J_of in cases:
+        assert "symplectic" in net.properties
         for l in range(4):
             Phi = layer_jacobian(net, l, torch.randn(6, generator=g))
             assert torch.allclose(Phi.T @ J_of(l) @ Phi, J_of(l), atol=1e-12)
@@ -117,8 +135,8 @@ def test_h2_backward_sensitivities_never_vanish(f64):
     with torch.no_grad():
         f.b_p.data.normal_(0, 1, generator=g)
         f.b_q.data.normal_(0, 1, generator=g)
-    net = discretize(f, "symplectic_euler", return_all=True)
-    ys = net(torch.randn(1, 4, generator=g))
+    net = discretize(f, "symplectic_euler")
+    ys = net.solve(torch.randn(1, 4, generator=g), t=net.times).ys
     Phi = torch.eye(4)
     norms = []
     for l in reversed(range(64)):
@@ -158,10 +176,10 @@ def test_energy_over_ten_thousand_steps(f64, one_thread):
     drift = {}
     with torch.no_grad():
         for name in ("symplectic_euler", "verlet", "euler"):
-            sch = get_scheme(name)
-            state, ys = sch.init_state(y0, n_p=1), []
+            sch, bound = get_scheme(name).for_field(f), BoundField(f)
+            state, ys = sch.init(y0), []
             for i in range(n):
-                state = sch.step(f, 0, state, h)
+                state = sch.step(bound, 0, state, h)
                 if i % 10 == 9:
                     ys.append(sch.readout(state))
             errs = (f.energy_at(0, torch.cat(ys)) - H0).abs()
@@ -176,10 +194,13 @@ def test_energy_over_ten_thousand_steps(f64, one_thread):
 def test_blog_scalar_toys_converge_like_one_over_L(f64):
     alpha, beta = 0.7, 1.3
     Ls = [10, 20, 40, 80, 160]
-    e1 = [abs(discretize(Fn(lambda l, x: alpha * x, 1, L), "euler")(torch.ones(1, 1)).item() - np.exp(alpha))
-          for L in Ls]
-    e2 = [abs(discretize(Fn(lambda l, x: -(beta**2) * x, 1, L), "ck", k=2)(torch.ones(1, 1)).item() - np.cos(beta))
-          for L in Ls]
+    e1 = [
+        abs(discretize(Fn(lambda l, x: alpha * x, 1, L), "euler")(torch.ones(1, 1)).item() - np.exp(alpha)) for L in Ls
+    ]
+    e2 = [
+        abs(discretize(Fn(lambda l, x: -(beta**2) * x, 1, L), "ck", k=2)(torch.ones(1, 1)).item() - np.cos(beta))
+        for L in Ls
+    ]
     assert abs(slope([1 / L for L in Ls], e1) - 1) < 0.2
     assert abs(slope([1 / L for L in Ls], e2) - 1) < 0.2
 
@@ -188,15 +209,16 @@ def test_second_order_recurrence_stays_bounded_below_two_L(f64):
     """Both roots of r² − (2 − β²/L²) r + 1 on the unit circle for β < 2L: |x_l| <= |x_0| / cos(θ/2)."""
     L, beta = 10, 19.0
     theta = np.arccos(1 - beta**2 / (2 * L**2))
-    xs = discretize(Fn(lambda l, x: -(beta**2) * x, 1, 10 * L, T=10.0), "ck", k=2, return_all=True)(torch.ones(1, 1))
-    assert max(abs(x.item()) for x in xs) <= 1 / np.cos(theta / 2) + 1e-9
+    net = discretize(Fn(lambda l, x: -(beta**2) * x, 1, 10 * L, T=10.0), "ck", k=2)
+    xs = net.solve(torch.ones(1, 1), t=net.times).ys
+    assert xs.abs().max().item() <= 1 / np.cos(theta / 2) + 1e-9
 
 
 def test_velocity_buffer_example(f64):
     u = [1.0, -0.8, 0.6, -0.4]
     f = Fn(lambda l, x: torch.full_like(x, u[l] * 4), 1, 4)  # h = 1/4, so h F = u_l
-    first = [x.item() for x in discretize(f, "euler", return_all=True)(torch.zeros(1, 1))]
-    second = [x.item() for x in discretize(f, "momentum", momentum=(0.5, 1.0), return_all=True)(torch.zeros(1, 1))]
+    nets = discretize(f, "euler"), discretize(f, "momentum", momentum=(0.5, 1.0))
+    first, second = (net.solve(torch.zeros(1, 1), t=net.times).ys.flatten().tolist() for net in nets)
     assert np.allclose(first, [0, 1, 0.2, 0.8, 0.4], atol=1e-14)
     assert np.allclose(second, [0, 1, 0.7, 1.15, 0.975], atol=1e-14)
 

@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
+from cde_nets.solvers.stopping import integrate_until_converged, odeint_until_converged, unroll
 
-from cde_nets import ODEBlock, discretize
+from cde_nets import ODEBlock, Stop, discretize
 from cde_nets.fields import NAIS, Field
 from cde_nets.pieces import Pieces
-from cde_nets.solvers.stopping import integrate_until_converged, odeint_until_converged, unroll
 
 
 class Decay(Field):
@@ -84,32 +84,36 @@ def test_nais_depths_differ_and_states_equal_running_alone(f64):
     field = NAIS(3, 2, T=0.5, eps=0.2, init_std=0.8, generator=torch.Generator().manual_seed(0)).project_()
     scale = torch.tensor([[0.01], [1], [3], [0.1], [5], [0.5]])
     u = torch.randn(6, 2, generator=torch.Generator().manual_seed(1)) * scale
-    net = discretize(field, "euler", stop=dict(eps=1e-4, max_depth=200))
+    net = discretize(field, "euler", stop=Stop(eps=1e-4, max_depth=200))
     x0 = torch.zeros(6, 3)
-    y, depths = net(x0, u=u)
+    sol = net.solve(x0, u=u)
+    y, depths = sol.y, sol.depths
+    assert torch.equal(net(x0, u=u), y) and torch.equal(sol.stop_times, depths.double() * 0.5)
     assert len(set(depths.tolist())) > 3 and int(depths.max()) < 200
     for i in range(6):
         xi = x0[i : i + 1]
-        field.bind(u[i : i + 1])
         for _ in range(int(depths[i])):
-            xi = xi + 0.5 * field.evaluate(0, xi)
+            xi = xi + 0.5 * field.evaluate(0, xi, u[i : i + 1])
         assert torch.allclose(y[i : i + 1], xi, atol=1e-10, rtol=0)
 
 
 def test_discretized_rows_evaluated_equal_the_sum_of_depths(f64):
     field = Decay()
     x0 = torch.tensor([[0.001, 0.0], [0.5, 0.5], [2.0, -3.0], [0.0, 0.01]])
-    y, depths = discretize(field, "euler", stop=dict(eps=1e-3, max_depth=500))(x0)
+    sol = discretize(field, "euler", stop=dict(eps=1e-3, max_depth=500)).solve(x0)
+    depths = sol.depths
     assert field.rows_seen == int(depths.sum()) < 4 * int(depths.max())
+    assert sol.stats == {"nfe_forward": int(depths.max()), "steps_forward": int(depths.max())}
     assert len(set(depths.tolist())) == 4
 
 
 def test_discretized_gradient_equals_running_alone(f64):
     x0 = torch.tensor([[0.01, 0.0], [1.0, 0.5]], requires_grad=True)
-    y, depths = discretize(Decay(), "euler", stop=dict(eps=1e-3, max_depth=300))(x0)
+    sol = discretize(Decay(), "euler", stop=dict(eps=1e-3, max_depth=300)).solve(x0)
+    y, depths = sol.y, sol.depths
     y.sum().backward()
     alone = discretize(Decay(), "euler", stop=dict(eps=1e-3, max_depth=int(depths[1])))
-    J = torch.autograd.functional.jacobian(lambda z: alone(z)[0], x0[1:].detach())
+    J = torch.autograd.functional.jacobian(lambda z: alone(z), x0[1:].detach())
     assert torch.allclose(x0.grad[1], J[0].sum(0), atol=1e-12)
 
 

@@ -1,0 +1,44 @@
+"""Discrete schemes as objects: one step per parameter piece, and each scheme *is* a layer architecture.
+
+A scheme declares its convergence ``order``, the ``state`` it carries (``"plain"``; ``"split"``: a ``(p, q)`` pair;
+``"velocity"``: ``(x, v)``; ``"lags"``: ``k`` differences or lagged states), the fields on which its properties
+hold, and its learnable per-layer coefficients (:meth:`Scheme.coefficient_init`; the net creates them).
+``scheme.for_field(field, split)`` returns the scheme as it runs on that field — it knows how to reach the
+field's halves and reports the ``order``, ``properties`` and ``variant`` (row of the architecture map) that hold
+there — and refuses a field it cannot run on. Then ``init(y0)``, ``step(f, l, state, h, coef, t)``,
+``readout(state)``; states are tuples of tensors, never packed per layer.
+
+``f`` is the field bound to one call: ``f.evaluate(l, y, t=...)`` (piece ``l``; ``t``, the stage's time, is used
+only by fields that are not piecewise, e.g. a plain ``forward(t, y)`` module), ``f.evaluate_part(l, y, part)``
+and, on separable fields, ``f.evaluate_half(l, z, part)`` (``p'`` from ``q`` alone, ``q'`` from ``p`` alone).
+Updates are written ``y + h * F``, never ``torch.add(y, F, alpha=h)``: torch 2.13's inductor mis-lowers the
+latter after a matmul (``torch.compile`` gave answers off by 6 on an H1 net). This module never imports ``cde_nets``.
+"""
+
+from .base import Scheme, State, Tableau, dense_matrix
+from .lags import CK, LM2, Dense
+from .momentum import Momentum
+from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
+from .runge_kutta import RK4, Euler, Midpoint, RungeKutta
+from .split import SymplecticEuler, SymplecticEulerQP, Verlet
+
+__all__ = [
+    "Tableau",
+    "Scheme",
+    "State",
+    "Euler",
+    "RungeKutta",
+    "Midpoint",
+    "RK4",
+    "SymplecticEuler",
+    "SymplecticEulerQP",
+    "Verlet",
+    "Momentum",
+    "CK",
+    "Dense",
+    "LM2",
+    "SCHEME_CLASSES",
+    "SCHEMES",
+    "get_scheme",
+    "dense_matrix",
+]
