@@ -14,15 +14,13 @@ data bound to a model (e.g. a block input ``u``) is restricted to the active row
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
-from torchdiffeq import odeint
 
 from .errors import check_positive
 
-__all__ = ["unroll", "integrate_until_converged", "odeint_until_converged", "per_sample_norm"]
+__all__ = ["unroll", "per_sample_norm"]
 
 State = tuple[torch.Tensor, ...]
 StateLike = torch.Tensor | State
@@ -115,91 +113,3 @@ def unroll(
     if idx.numel():
         parts.append((idx, cur))
     return as_user(_assemble(parts, batch)), depths
-
-
-def integrate_until_converged(
-    solve: Callable[[torch.Tensor, float, float, torch.Tensor], torch.Tensor],
-    field: Callable[[float, torch.Tensor, torch.Tensor], torch.Tensor],
-    y0: torch.Tensor,
-    *,
-    t_max: float,
-    window: float,
-    eps: float,
-    norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integrate per sample until ``norm(F(t, y)) < eps`` (checked at each window's end), up to ``t_max``.
-
-    Args:
-        solve: ``solve(y, t0, t1, idx)`` integrates the active rows (``idx`` in the original batch)
-            from ``t0`` to ``t1`` and returns the state at ``t1`` (any solver; see
-            :func:`odeint_until_converged`).
-        field: ``field(t, y, idx)`` evaluates ``F`` on the active rows.
-        y0: ``(batch, ...)`` initial state.
-        t_max: the latest stopping time (> 0).
-        window: time between convergence checks (> 0); stopping times are multiples of it (or ``t_max``).
-        eps: per-sample threshold (> 0) on ``‖F(t, y)‖``.
-
-    Returns:
-        ``(y, times)``: the final states in batch order and the per-sample stopping times ``(batch,)`` float64
-        (``t_max`` for samples that never converge).
-    """
-    t_max = check_positive("t_max", t_max, "It is the latest stopping time.")
-    window = check_positive("window", window, "It is the interval between convergence checks.")
-    _check_eps(eps, "‖F(t, y)‖")
-    norm = norm or per_sample_norm
-    batch = y0.shape[0]
-    times = torch.full((batch,), t_max, dtype=torch.float64, device=y0.device)
-    if batch == 0:
-        return y0, times
-    # Window ends from an integer count, so accumulated rounding never adds a sliver window before t_max.
-    n = max(1, math.ceil(t_max / window * (1 - 1e-12)))
-    ends = [min(j * window, t_max) for j in range(1, n)] + [t_max]
-    idx = torch.arange(batch, device=y0.device)
-    parts: list[tuple[torch.Tensor, State]] = []
-    cur, t = y0, 0.0
-    for t1 in ends:
-        cur = solve(cur, t, t1, idx)
-        with torch.no_grad():
-            done = norm(field(t1, cur, idx)) < eps
-        if bool(done.any()):
-            times[idx[done]] = t1
-            parts.append((idx[done], (cur[done],)))
-            idx, cur = idx[~done], cur[~done]
-            if idx.numel() == 0:
-                break
-        t = t1
-    if idx.numel():
-        parts.append((idx, (cur,)))
-    return _assemble(parts, batch)[0], times
-
-
-def odeint_until_converged(
-    field: Callable[[float, torch.Tensor, torch.Tensor], torch.Tensor],
-    y0: torch.Tensor,
-    *,
-    t_max: float,
-    eps: float,
-    window: float | None = None,
-    method: str = "dopri5",
-    rtol: float = 1e-7,
-    atol: float = 1e-9,
-    options: dict | None = None,
-    norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`integrate_until_converged` with ``torchdiffeq.odeint`` as the solver of each window.
-
-    ``field(t, y, idx)`` is ``F`` on the active rows ``idx``; ``method``, ``rtol``, ``atol`` and ``options``
-    go to ``odeint`` unchanged (backprop through the solver's steps). ``window`` defaults to ``t_max / 20``.
-    An adaptive solver's error norm spans the rows it is given, so a compacted batch takes its own steps: a
-    sample's result equals solving it alone up to the tolerances, not bitwise.
-    """
-    t_max = check_positive("t_max", t_max, "It is the latest stopping time.")
-    window = t_max / 20 if window is None else window
-
-    def solve(y: torch.Tensor, t0: float, t1: float, idx: torch.Tensor) -> torch.Tensor:
-        t = torch.tensor([t0, t1], dtype=torch.float64, device=y.device)
-        return odeint(
-            lambda s, z: field(s, z, idx), y, t, method=method, rtol=rtol, atol=atol, options=options
-        )[-1]
-
-    return integrate_until_converged(solve, field, y0, t_max=t_max, window=window, eps=eps, norm=norm)

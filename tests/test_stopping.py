@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from cde_nets.solvers.stopping import integrate_until_converged, odeint_until_converged, unroll
+from cde_nets.solvers.stopping import unroll
 
 from cde_nets import ODEBlock, Stop, discretize
 from cde_nets.fields import NAIS, Field
@@ -118,48 +118,27 @@ def test_discretized_gradient_equals_running_alone(f64):
 
 
 def test_continuous_stopping_times_in_closed_form(f64):
-    """x' = −c_i x: ‖F‖ = c‖x0‖e^{−ct} < eps first at t* = ln(c‖x0‖/eps)/c; the stop is the next window
-    end."""
-    c = torch.tensor([1.0, 2.0, 1.0, 3.0])
+    """x' = −x: ‖F‖ = ‖x0‖e^{−t} reaches eps at t* = ln(‖x0‖/eps), located per sample (the stopping rule is the
+    event ‖F‖ − eps); a sample already below eps stops at 0."""
     x0 = torch.tensor([[1.0, 0.0], [2.0, 2.0], [0.3, 0.4], [1e-4, 0.0]])
-    eps, window, t_max = 1e-3, 0.25, 8.0
-    rows = []
+    eps = 1e-3
+    class Linear(torch.nn.Module):
+        def forward(self, t, x):
+            return -x
 
-    def field(t, x, idx):
-        rows.append(x.shape[0])
-        return -c[idx, None] * x
-
-    y, times = odeint_until_converged(field, x0, t_max=t_max, eps=eps, window=window, rtol=1e-9, atol=1e-12)
-    t_star = torch.log((c * x0.norm(dim=1) / eps).clamp_min(1)) / c
-    want = torch.clamp(torch.ceil(t_star / window) * window, min=window)  # 7, 4.5, 6.25, 0.25
-    assert torch.equal(times, want) and len(set(times.tolist())) == 4
-    assert torch.allclose(y, x0 * torch.exp(-c[:, None] * times[:, None]), atol=1e-8, rtol=0)
-    assert (c * y.norm(dim=1) < eps).all()
-    assert sum(rows) < 4 * len(rows)  # finished samples left the batch
-
-
-def test_continuous_method_passed_through_and_t_max(f64):
-    """rk4 with a fixed step 0.05 on x' = −x: the stopped states equal the rk4 recurrence (1 − h + h²/2 −
-    ...)."""
-    x0 = torch.tensor([[1.0], [50.0]])
-    y, times = odeint_until_converged(
-        lambda t, x, idx: -x, x0, t_max=2.0, eps=0.2, window=0.5, method="rk4", options={"step_size": 0.05}
-    )
-    h = 0.05
-    g = 1 - h + h**2 / 2 - h**3 / 6 + h**4 / 24
-    assert times.tolist() == [2.0, 2.0]  # sample 0 converges exactly at t_max; sample 1 never does
-    assert torch.allclose(y, x0 * g**40, atol=1e-12, rtol=1e-12)
-    y1, t1 = odeint_until_converged(
-        lambda t, x, idx: -x, x0, t_max=2.0, eps=0.5, window=0.5, method="rk4", options={"step_size": 0.05}
-    )
-    assert t1.tolist() == [1.0, 2.0] and torch.allclose(y1[0], x0[0] * g**20, atol=1e-12)
+    sol = ODEBlock(Linear(), T=20.0, rtol=1e-10, atol=1e-12, stop=Stop(eps=eps)).solve(x0)
+    t_star = torch.log((x0.norm(dim=1) / eps).clamp_min(1))
+    assert torch.allclose(sol.stop_times, t_star, atol=1e-7, rtol=0)
+    assert torch.allclose(sol.y, x0 * torch.exp(-t_star)[:, None], atol=1e-9, rtol=0)
 
 
 def test_ode_block_stopping_times_differ(f64):
     field = Decay(T=20.0)
     x0 = torch.tensor([[0.001, 0.0], [1.0, 1.0], [3.0, -2.0]])
-    block = ODEBlock(field, rtol=1e-8, atol=1e-10, stop=dict(eps=1e-3, window=0.25))
-    y, times = block(x0)
+    block = ODEBlock(field, rtol=1e-8, atol=1e-10, stop=Stop(eps=1e-3))
+    sol = block.solve(x0)
+    y, times = sol.y, sol.stop_times
+    assert torch.equal(block(x0), y)
     assert times[0] < times[1] < times[2] < 20.0
     assert (y.norm(dim=1) < 1.5e-3).all()
     ref = ODEBlock(Decay(T=float(times[2])), rtol=1e-8, atol=1e-10)(x0[2:])
@@ -188,13 +167,6 @@ def test_errors():
             unroll(step, x0, eps=1e-3, max_depth=max_depth)
     with pytest.raises(ValueError, match="`state0` tensors must share the batch size"):
         unroll(step, (x0, torch.zeros(3, 1)), eps=1e-3, max_depth=3)
-    f = lambda t, x, idx: -x  # noqa: E731
-    with pytest.raises(ValueError, match="`window` must be a finite number > 0"):
-        integrate_until_converged(lambda y, a, b, i: y, f, x0, t_max=1.0, window=0.0, eps=1e-3)
-    with pytest.raises(ValueError, match="`t_max` must be a finite number > 0"):
-        odeint_until_converged(f, x0, t_max=-1.0, eps=1e-3)
-    with pytest.raises(ValueError, match="`eps` must be a finite number > 0"):
-        odeint_until_converged(f, x0, t_max=1.0, eps=0.0)
     with pytest.raises(ValueError, match="`eps` must be a finite number > 0"):
         discretize(Decay(), "euler", stop=dict(eps=0.0, max_depth=3))
     with pytest.raises(ValueError, match="`max_depth` must be a positive integer"):
@@ -206,11 +178,11 @@ def test_errors():
 def test_ode_block_stopping_adjoint_with_bound_input(f64):
     field = NAIS(3, 2, T=5.0, generator=torch.Generator().manual_seed(0)).project_()
     u = torch.randn(4, 2, generator=torch.Generator().manual_seed(1)) * torch.tensor([[0.01], [1], [2], [3]])
-    kw = dict(stop=dict(eps=1e-2, window=0.5), rtol=1e-9, atol=1e-10)
-    y, _ = ODEBlock(field, gradient="adjoint", **kw)(torch.zeros(4, 3), u=u)
+    kw = dict(stop=Stop(eps=1e-2), rtol=1e-9, atol=1e-10)
+    y = ODEBlock(field, gradient="adjoint", **kw)(torch.zeros(4, 3), u=u)
     y.sum().backward()
     grad = field.R.data.grad.clone()
     field.R.data.grad = None
-    y, _ = ODEBlock(field, gradient="backprop", **kw)(torch.zeros(4, 3), u=u)
+    y = ODEBlock(field, gradient="backprop", **kw)(torch.zeros(4, 3), u=u)
     y.sum().backward()
     assert torch.allclose(grad, field.R.data.grad, atol=1e-6)
