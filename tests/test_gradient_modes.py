@@ -133,9 +133,13 @@ def test_gradients_match_finite_differences():
             assert abs(float((up - down) / (2 * eps)) - float(gp.view(-1)[k])) < 1e-7 * max(1.0, float(gp.abs().max()))
 
 
-def test_steps_across_jumps_and_stopping():
+def test_steps_across_jumps_and_stopping(monkeypatch):
     """jumps=False lets adaptive steps straddle piece boundaries (several pieces in one replayed step); a
-    stopping block replays each window."""
+    stopping block replays each window. Backprop through torchdiffeq's own forward solve: the replay's steps
+    are torchdiffeq's (a faster forward path, where one exists, rounds differently across a straddled jump)."""
+    from cde_nets.solvers import adapter
+
+    monkeypatch.setattr(adapter, "_FAST_FORWARD", False, raising=False)
     _, g_b, _ = _grads("nais", "dopri5", "backprop", jumps=False)
     _, g_c, _ = _grads("nais", "dopri5", "symplectic", jumps=False)
     assert _rel(g_c, g_b) < 1e-10
@@ -144,8 +148,7 @@ def test_steps_across_jumps_and_stopping():
     for mode in ("backprop", "checkpoint"):
         block = ODEBlock(field, method="rk4", step_size=0.125, gradient=mode, stop=Stop(1e-3))
         grads[mode] = torch.autograd.grad(block(y0).pow(2).sum(), list(field.parameters()))
-    # the stopping time is a root located on the solution (to a few ulps), then differentiated implicitly
-    assert _rel(grads["checkpoint"], grads["backprop"]) < 1e-8
+    assert _rel(grads["checkpoint"], grads["backprop"]) < 1e-10
 
 
 @pytest.mark.parametrize(
