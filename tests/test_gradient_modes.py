@@ -20,7 +20,12 @@ TIMES = torch.tensor([0.0, 0.3, 0.55, 1.0], dtype=torch.float64)  # 0.3, 0.55 in
 
 
 @pytest.fixture(autouse=True)
-def _f64():
+def _f64(monkeypatch):
+    # the replayed steps are torchdiffeq's: compare with backprop through torchdiffeq's own forward solve (a
+    # faster forward path, where one exists, takes the same steps with other rounding)
+    from cde_nets.solvers import adapter
+
+    monkeypatch.setattr(adapter, "_FAST_FORWARD", False, raising=False)
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     yield
@@ -133,13 +138,9 @@ def test_gradients_match_finite_differences():
             assert abs(float((up - down) / (2 * eps)) - float(gp.view(-1)[k])) < 1e-7 * max(1.0, float(gp.abs().max()))
 
 
-def test_steps_across_jumps_and_stopping(monkeypatch):
+def test_steps_across_jumps_and_stopping():
     """jumps=False lets adaptive steps straddle piece boundaries (several pieces in one replayed step); a
-    stopping block replays each window. Backprop through torchdiffeq's own forward solve: the replay's steps
-    are torchdiffeq's (a faster forward path, where one exists, rounds differently across a straddled jump)."""
-    from cde_nets.solvers import adapter
-
-    monkeypatch.setattr(adapter, "_FAST_FORWARD", False, raising=False)
+    stopping block replays each window."""
     _, g_b, _ = _grads("nais", "dopri5", "backprop", jumps=False)
     _, g_c, _ = _grads("nais", "dopri5", "symplectic", jumps=False)
     assert _rel(g_c, g_b) < 1e-10
