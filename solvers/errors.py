@@ -54,7 +54,12 @@ def check_init_std(value: float | None) -> float | None:
 
 
 def check_finite(name: str, y: torch.Tensor) -> None:
-    """Raise ``ValueError`` if ``y`` holds NaN or inf, naming how many entries and the first bad sample."""
+    """Raise ``ValueError`` if ``y`` holds NaN or inf, naming how many entries and the first bad sample.
+
+    Skipped while ``torch.compile`` traces: the data-dependent branch would break the graph of every block call
+    (one graph, and one C++ compilation, per break)."""
+    if torch.compiler.is_compiling():
+        return
     bad = ~torch.isfinite(y)
     if bad.any():
         n = int(bad.sum())
