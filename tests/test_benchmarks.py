@@ -25,6 +25,8 @@ EXPECTED = {
                                                   "memory_ratio", "saved_bytes_ours", "saved_bytes_theirs"}),
     "training": ("training", {"setting", "reference", "rows"}, {"time_s", "test_accuracy"}),
     "gradient_modes": ("gradient_modes_tiny", {"setting", "rows", "targets"}, {"field", "method", "mode"}),
+    "adjoint_pieces": ("adjoint_pieces", {"setting", "goal", "rows", "per_piece_growth"},
+                       {"pieces", "new_adjoint_s", "old_adjoint_s", "backprop_s", "new_over_backprop"}),
     "events": ("events", {"setting", "goal", "rows"}, {"ratio_to_ideal", "ratio_per_sample_to_ours", "fired"}),
 }
 
