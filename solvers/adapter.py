@@ -18,6 +18,7 @@ from torch import nn
 from torchdiffeq import odeint, odeint_adjoint
 
 from .errors import SolverError, check_positive
+from .fast_rk import fast_applies, odeint_fast
 from .piecewise_adjoint import PiecewiseParam, lands_on_boundaries, piecewise_adjoint
 from .replay import replay_gradient
 from .tableaux import method_tableau
@@ -324,7 +325,9 @@ def integrate(
 
     kwargs = dict(rtol=rtol, atol=atol, method=method, options=options)
     try:
-        if gradient == "adjoint":
+        if fast_applies(method, gradient, y0, t, params, options):
+            ys = odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=options, gradient=gradient)
+        elif gradient == "adjoint":
             adj_method = method if adjoint_method is None else check_method(adjoint_method)
             adj_options = _adjoint_options(adj_method, jump_t, grid, seminorm)
             adj_rtol = rtol if adjoint_rtol is None else adjoint_rtol

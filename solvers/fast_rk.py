@@ -1,0 +1,489 @@
+r"""A fast forward path through torchdiffeq's explicit Runge-Kutta methods: the same steps, fewer tensor operations.
+
+torchdiffeq (the integrator of record) stores the stages of a step strided along the last axis and combines
+them with a broadcast product and a reduction per stage, fits the dense-output quartic after every accepted step
+whether or not an output time lies in it, and controls the step size with a dozen small tensor operations and
+host synchronisations. A profile of its ``dopri5`` (Hamiltonian field, dim 64, batch 1024, one thread) spends
+about half its time in those products and reductions (``aten::mul``/``aten::sum``) and a third in the field.
+
+This module takes the same steps with the same arithmetic, organised for speed:
+
+- the stages are stored stage-major in one buffer ``K`` (``s × N``), and each stage input
+  ``Y_i = y_0 + h Σ_j a_ij k_j`` is one matrix-vector product ``torch.addmv(y_0, Kᵀ, h a_i)``, as are the error
+  estimate ``h Σ_j e_j k_j`` and the solution;
+- the dense output is formed only for the step that holds an output time, as one product ``y_0 + h Σ_i β_i(x) k_i``
+  (the quartic through ``y_0``, ``y_{1/2}``, ``y_1`` with end slopes ``k_1``, ``k_s`` written in the stages);
+- the error norm ``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` is one fused reduction, read back once per step
+  with a finiteness probe of ``y_1``; step-size control runs on Python floats (IEEE doubles, as torchdiffeq's
+  float64 scalars).
+
+Methods: ``dopri5`` (Dormand & Prince 1980, "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6,
+with Shampine's 1986 dense output), ``bosh3`` (Bogacki & Shampine 1989), and the fixed-step ``euler``,
+``midpoint``, ``heun2``, ``heun3`` and ``rk4`` (the 3/8 rule), with their tableaux from :mod:`solvers.tableaux`.
+Step-size control is the standard one of Hairer, Nørsett & Wanner ("Solving Ordinary Differential Equations I",
+§II.4): the initial step of their algorithm, the step accepted when the error ratio is at most 1, and the next
+step ``h · min(ifactor, max(safety · ratio^(−1/p), dfactor))`` (``dfactor`` only after a rejection), as torchdiffeq
+implements it, including its ``jump_t`` handling (a step is clipped at a jump and the field re-read on its far
+side), its evaluation times (a stage with ``c = 1`` just before ``t_1``; the first stage of a fixed step just
+after ``t_0``) and, under ``backprop``, the dependence of the first step size on ``y_0``.
+
+So the accepted and rejected steps and the number of field evaluations are torchdiffeq's, and the results agree
+to rounding (the stage sums are accumulated in another order). Without a graph the state and stages live in
+reused buffers; with one (``gradient="backprop"``), every stage is its own tensor, combined by a chain of
+``torch.add``. :func:`fast_applies` says when this path is taken; the adapter falls back to torchdiffeq for the
+rest (adjoint gradients, ``step_t``, decreasing times, other methods).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import struct
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+
+from .tableaux import TABLEAUX, MethodTableau
+
+__all__ = ["FAST_METHODS", "fast_applies", "odeint_fast"]
+
+FAST_METHODS = ("dopri5", "bosh3", "euler", "midpoint", "heun2", "heun3", "rk4")
+_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb",
+            "grid_constructor"}
+_NONE, _NEXT, _PREV = 0, 1, -1
+
+Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tensor while it carries a graph
+
+
+# False sends every solve to torchdiffeq (the equality tests compare both paths)
+ENABLED = True
+
+
+def fast_applies(method: str, gradient: str, y0: Any, t: torch.Tensor, params: Sequence[torch.Tensor] | None,
+                 options: dict) -> bool:
+    """Whether :func:`odeint_fast` can stand in for torchdiffeq's ``odeint`` in this call: a method and options it
+    implements, increasing output times that need no gradient, a float32/float64 state, and either
+    ``gradient="backprop"`` or no graph to build (a forward-only call in any gradient mode)."""
+    if not ENABLED or method not in FAST_METHODS or not set(options) <= _OPTIONS:
+        return False
+    if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64) or y0.numel() == 0:
+        return False
+    if t.dim() != 1 or len(t) < 2 or t.requires_grad or not bool((t[1:] > t[:-1]).all()):
+        return False
+    if gradient == "backprop":
+        return True
+    return not (torch.is_grad_enabled() and (y0.requires_grad or any(p.requires_grad for p in params or ())))
+
+
+class _Clock:
+    """Time arithmetic as torchdiffeq rounds it: adaptive stage times in the state's dtype, fixed-step times in
+    float64, evaluation times cast to the state's dtype and nudged by one ulp there."""
+
+    def __init__(self, y: torch.Tensor):
+        self.dtype, self.device = y.dtype, y.device
+        self.single = y.dtype == torch.float32
+
+    def y(self, x: Scalar) -> Scalar:
+        """``x`` rounded to the state's dtype (a tensor is cast)."""
+        if isinstance(x, torch.Tensor):
+            return x.to(self.dtype)
+        return float(np.float32(x)) if self.single else x
+
+    def nudge(self, v: float, perturb: int) -> float:
+        """``v`` (in the state's dtype) moved to its neighbour above (``_NEXT``) or below (``_PREV``)."""
+        if not perturb:
+            return v
+        if not self.single:
+            return math.nextafter(v, math.inf if perturb > 0 else -math.inf)
+        if v == 0.0:
+            return math.copysign(2.0**-149, perturb)
+        bits = struct.unpack("<i", struct.pack("<f", v))[0]
+        bits += 1 if (v > 0) == (perturb > 0) else -1  # float32 bit patterns are ordered by magnitude
+        return struct.unpack("<f", struct.pack("<i", bits))[0]
+
+    def at(self, x: Scalar, perturb: int = _NONE) -> torch.Tensor:
+        """The time tensor a field sees: ``x`` in the state's dtype, nudged by ``perturb``."""
+        if isinstance(x, torch.Tensor):
+            v = x.to(self.dtype)
+            if perturb:
+                with torch.no_grad():
+                    step = torch.nextafter(v, v.new_tensor(math.inf if perturb > 0 else -math.inf)) - v
+                v = v + step  # the neighbour exactly, with the gradient of ``x``
+            return v
+        return torch.tensor(self.nudge(self.y(x), perturb), dtype=self.dtype, device=self.device)
+
+    def many(self, values: list[float]) -> Sequence[torch.Tensor]:
+        """Several evaluation times (already in the state's dtype) as 0-d tensors, made in one call."""
+        return torch.tensor(values, dtype=self.dtype, device=self.device).unbind()
+
+    def adaptive_times(self, t0: Scalar, dt: Scalar, t1: Scalar, c: Sequence[float]) -> Sequence[torch.Tensor]:
+        """Stages ``1..s−1`` of an adaptive step: ``t_0 + c_i h`` in the state's dtype, ``c_i = 1`` just before
+        ``t_1``."""
+        if isinstance(t0, torch.Tensor) or isinstance(dt, torch.Tensor):
+            t0y, hy = self.y(t0), self.y(dt)
+            return [self.at(t1, _PREV) if ci == 1.0 else self.at(t0y + self.y(ci) * hy) for ci in c[1:]]
+        t1v = self.nudge(self.y(t1), _PREV)
+        if self.single:
+            ts = (np.float32(t0) + np.asarray(c[1:], dtype=np.float32) * np.float32(dt)).tolist()
+        else:
+            ts = [t0 + ci * dt for ci in c[1:]]
+        return self.many([t1v if ci == 1.0 else v for ci, v in zip(c[1:], ts)])
+
+
+def _dense_weights(tab: MethodTableau) -> list[list[float]]:
+    """``P[p][i]``: the dense output ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i`` with ``β_i(x) = Σ_p P[p][i] x^(p+1)``.
+
+    torchdiffeq's quartic ``p(x)`` has ``p(0) = y_0``, ``p'(0) = h k_1``, ``p(1/2) = y_0 + h Σ m_i k_i``,
+    ``p(1) = y_0 + h Σ b_i k_i``, ``p'(1) = h k_s``; solving for its coefficients and collecting the stages gives
+    these weights (the ``y_0`` terms cancel)."""
+    assert tab.mid is not None
+    s, b, m = tab.stages, tab.tableau.b, tab.mid
+    first = [1.0 if i == 0 else 0.0 for i in range(s)]
+    last = [1.0 if i == s - 1 else 0.0 for i in range(s)]
+    return [
+        first,
+        [last[i] - 4 * first[i] + 16 * m[i] - 5 * b[i] for i in range(s)],
+        [5 * first[i] - 3 * last[i] + 14 * b[i] - 32 * m[i] for i in range(s)],
+        [2 * last[i] - 2 * first[i] + 16 * m[i] - 8 * b[i] for i in range(s)],
+    ]
+
+
+def _f(x: Scalar) -> float:
+    return float(x.detach()) if isinstance(x, torch.Tensor) else x
+
+
+class _Buffered:
+    """Stages without a graph: a stage-major buffer ``K`` (``s × N``) whose views are made once, each combination
+    ``y + Σ_j w_j k_j`` one ``addmv`` into a reused buffer, the weights of a step one product ``A · h``."""
+
+    graph = False
+
+    def __init__(self, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float):
+        s, n = tab.stages, y0.numel()
+        self.s, self.n, self.shape = s, n, y0.shape
+        kw = dict(dtype=y0.dtype, device=y0.device)
+        self.K = torch.zeros((s, n), **kw)
+        self.rows = [self.K[i].view(y0.shape) for i in range(s)]
+        self.Kt = [self.K[:i].t() for i in range(s + 1)]
+        # rows of the combinations: a_1..a_{s-1}, then b or e (padded with zeros to s)
+        self.A = torch.tensor([list(r) + [0.0] * (s - len(r)) for r in rows], **kw)
+        self.W = torch.empty_like(self.A)
+        self.w = [self.W[i, : min(i + 1, s)] for i in range(len(rows))]
+        # flat buffers and their state-shaped views: y, the next y, a scratch stage input; the caller's y0
+        self.flat = [torch.empty(n, **kw) for _ in range(3)] + [y0.reshape(n)]
+        self.shaped = [f.view(y0.shape) for f in self.flat]
+        self.y0f = self.flat[3]
+        self.cur, self.nxt = 3, 3
+        self.rtol, self.atol = rtol, atol
+        self.err, self.tol = torch.empty(n, **kw), torch.empty(n, **kw)
+        self.absy = [torch.empty(n, **kw), torch.empty(n, **kw)]
+        self.a_cur = self.a_new = torch.abs(self.y0f, out=self.absy[0])
+        self.pair = torch.empty(2, **kw)
+        self.norm_out, self.top_out = self.pair[0], self.pair[1]
+
+    def set(self, i: int, k: torch.Tensor) -> None:
+        self.rows[i].copy_(k)
+
+    def get(self, i: int) -> torch.Tensor:
+        return self.rows[i]
+
+    def weights(self, hy: Scalar) -> None:
+        torch.mul(self.A, hy, out=self.W)
+
+    def run_stages(self, func, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
+        """Stages ``1..s−1`` from the current state; returns the new state (the last stage input when ``fsal``)."""
+        s, y = self.s, self.flat[self.cur]
+        nxt = 1 if self.cur == 0 else 0
+        for i in range(1, s):
+            j = nxt if fsal and i == s - 1 else 2
+            torch.addmv(y, self.Kt[i], self.w[i - 1], out=self.flat[j])
+            self.rows[i].copy_(func(times[i - 1], self.shaped[j]))
+        if not fsal:
+            torch.addmv(y, self.Kt[s], self.w[s - 1], out=self.flat[nxt])
+        self.nxt = nxt
+        return self.shaped[nxt]
+
+    def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
+        """``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` and whether ``y_1`` is finite: one read-back."""
+        err = torch.mv(self.Kt[self.s], self.w[-1], out=self.err)
+        a_new = self.absy[1] if self.a_cur is self.absy[0] else self.absy[0]
+        torch.abs(self.flat[self.nxt], out=a_new)
+        tol = torch.maximum(self.a_cur, a_new, out=self.tol)
+        tol.mul_(self.rtol).add_(self.atol)
+        err.div_(tol)
+        torch.linalg.vector_norm(err, out=self.norm_out)
+        torch.amax(a_new, out=self.top_out)
+        norm, top = self.pair.tolist()
+        self.a_new = a_new
+        return norm / math.sqrt(self.n), math.isfinite(top)
+
+    def accept(self, y_new: torch.Tensor) -> torch.Tensor:
+        self.cur = self.nxt
+        self.a_cur = self.a_new
+        return y_new
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        return y.clone()
+
+    def dense(self, y0: torch.Tensor, w: list[Scalar]) -> torch.Tensor:
+        wt = torch.tensor(w, dtype=self.K.dtype, device=self.K.device)
+        y0f = self.flat[self.cur] if y0 is self.shaped[self.cur] else y0.reshape(self.n)
+        return torch.addmv(y0f, self.Kt[self.s], wt).view(self.shape)
+
+
+class _Graph:
+    """Stages with a graph (``backprop``): the field's outputs kept as they are and stacked for each combination,
+    which is then the same ``addmv`` as without a graph, so both give the same numbers bit for bit. The weights may
+    carry a graph (a first step size that depends on ``y_0``)."""
+
+    graph = True
+
+    def __init__(self, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float):
+        s = tab.stages
+        self.s, self.n, self.shape = s, y0.numel(), y0.shape
+        self.A = torch.tensor([list(r) + [0.0] * (s - len(r)) for r in rows], dtype=y0.dtype, device=y0.device)
+        self.W = self.A
+        self.rtol, self.atol = rtol, atol
+        self.ks: list[torch.Tensor] = [y0] * s
+        self.cur = y0
+
+    def set(self, i: int, k: torch.Tensor) -> None:
+        self.ks[i] = k
+
+    def get(self, i: int) -> torch.Tensor:
+        return self.ks[i]
+
+    def weights(self, hy: Scalar) -> None:
+        self.W = self.A * hy
+
+    def _stacked(self, i: int) -> torch.Tensor:
+        return torch.stack(self.ks[:i]).view(i, self.n).t()
+
+    def _combine(self, y: torch.Tensor, i: int, w: torch.Tensor) -> torch.Tensor:
+        return torch.addmv(y.reshape(self.n), self._stacked(i), w).view(self.shape)
+
+    def run_stages(self, func, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
+        s, Y = self.s, self.cur
+        for i in range(1, s):
+            Y = self._combine(self.cur, i, self.W[i - 1, :i])
+            self.ks[i] = func(times[i - 1], Y)
+        return Y if fsal else self._combine(self.cur, s, self.W[s - 1])
+
+    def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
+        with torch.no_grad():
+            err = torch.mv(self._stacked(self.s), self.W[-1])
+            tol = torch.maximum(self.cur.reshape(self.n).abs(), y_new.reshape(self.n).abs())
+            tol.mul_(self.rtol).add_(self.atol)
+            err.div_(tol)
+            norm, top = torch.stack((torch.linalg.vector_norm(err), y_new.abs().amax())).tolist()
+        return norm / math.sqrt(self.n), math.isfinite(top)
+
+    def accept(self, y_new: torch.Tensor) -> torch.Tensor:
+        self.cur = y_new
+        return y_new
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        return y
+
+    def dense(self, y0: torch.Tensor, w: list[Scalar]) -> torch.Tensor:
+        if any(isinstance(wj, torch.Tensor) for wj in w):
+            wt = torch.stack([wj if isinstance(wj, torch.Tensor) else self.A.new_tensor(wj) for wj in w])
+        else:
+            wt = self.A.new_tensor(w)
+        return self._combine(y0, self.s, wt)
+
+
+def _callback(func: Any, name: str) -> Callable[..., Any]:
+    return getattr(func, name, None) or (lambda *args: None)
+
+
+def odeint_fast(func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], y0: torch.Tensor, t: torch.Tensor, *,
+                method: str, rtol: float, atol: float, options: dict, gradient: str = "backprop") -> torch.Tensor:
+    """``torchdiffeq.odeint(func, y0, t, rtol=, atol=, method=, options=)`` for the calls :func:`fast_applies`
+    accepts: the same steps, evaluations and callbacks (``callback_step``, ``callback_accept_step``,
+    ``callback_reject_step`` of ``func``), results equal to rounding. ``gradient`` other than ``"backprop"`` runs
+    without a graph. Returns ``(len(t), *y0.shape)``."""
+    tab = TABLEAUX[method]
+    with nullcontext() if gradient == "backprop" else torch.no_grad():
+        if tab.adaptive:
+            return _Adaptive(func, y0, t, tab, rtol, atol, options).run()
+        return _fixed(func, y0, t, tab, method, options)
+
+
+def _engine(func, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float,
+            atol: float) -> _Buffered | _Graph:
+    # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers
+    fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
+    return _Graph(y0, tab, rows, rtol, atol) if fresh else _Buffered(y0, tab, rows, rtol, atol)
+
+
+def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: str, options: dict) -> torch.Tensor:
+    """torchdiffeq's fixed-grid loop: every step of the grid, the output times read off it (they lie on it)."""
+    clock = _Clock(y0)
+    construct = options.get("grid_constructor")
+    grid = (t if construct is None else construct(func, y0, t)).tolist()
+    tl = t.tolist()
+    if grid[0] != tl[0] or grid[-1] != tl[-1]:
+        raise AssertionError("the step grid must start and end on the output times")
+    perturb = bool(options.get("perturb", False))
+    first, last = (_NEXT, _PREV) if perturb else (_NONE, _NONE)
+    c = tab.tableau.c
+    eng = _engine(func, y0, tab, [*tab.tableau.a[1:], tab.tableau.b], 0.0, 0.0)
+    step_cb = _callback(func, "callback_step")
+    out: list[torch.Tensor] = [y0]
+    j, y = 1, y0
+    for t0, t1 in zip(grid[:-1], grid[1:]):
+        dt = t1 - t0
+        step_cb(t0, y, dt)
+        eng.set(0, func(clock.at(t0, first), y))
+        # torchdiffeq's rk4 evaluates its last stage at t1, heun2 at t0 + dt (they may differ by an ulp)
+        ts = [clock.nudge(clock.y(t1 if method == "rk4" else t0 + dt * ci), last) if ci == 1.0
+              else clock.y(t0 + dt * ci) for ci in c[1:]]
+        eng.weights(clock.y(dt))
+        y1 = eng.run_stages(func, clock.many(ts) if ts else (), fsal=False)
+        while j < len(tl) and t1 >= tl[j]:
+            if tl[j] == t1:
+                out.append(eng.output(y1))
+            else:  # torchdiffeq's linear interpolation off the grid
+                out.append(y + (tl[j] - t0) / (t1 - t0) * (y1 - y))
+            j += 1
+        y = eng.accept(y1)
+    return torch.stack(out)
+
+
+class _Adaptive:
+    """torchdiffeq's adaptive Runge-Kutta loop (``RKAdaptiveStepsizeODESolver``), step for step.
+
+    Between steps the position is ``t0`` with state ``y``; ``last`` is the accepted step an output time is read
+    from (its stages stay in the engine until the next step starts)."""
+
+    def __init__(self, func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, rtol: float, atol: float,
+                 options: dict):
+        if not tab.fsal:
+            raise ValueError(f"the fast path implements FSAL adaptive methods only, not {tab.name!r}")
+        self.func, self.y0, self.t, self.tab = func, y0, t, tab
+        self.rtol, self.atol = float(rtol), float(atol)
+        self.clock = _Clock(y0)
+        self.min_step = float(options.get("min_step", 0.0))
+        self.max_step = float(options.get("max_step", math.inf))
+        self.safety = float(options.get("safety", 0.9))
+        self.ifactor = float(options.get("ifactor", 10.0))
+        self.dfactor = float(options.get("dfactor", 0.2))
+        self.first_step = options.get("first_step")
+        jumps = options.get("jump_t")
+        t0 = float(t[0])
+        self.jumps = sorted(v for v in ([] if jumps is None else torch.as_tensor(jumps).tolist()) if v >= t0)
+        self.jump_index = min(bisect.bisect(self.jumps, t0), len(self.jumps) - 1)
+        self.dense = _dense_weights(tab)
+        self.on_step = _callback(func, "callback_step")
+        self.on_accept = _callback(func, "callback_accept_step")
+        self.on_reject = _callback(func, "callback_reject_step")
+
+    def _clamp(self, dt: Scalar) -> Scalar:
+        if isinstance(dt, torch.Tensor):
+            return dt.clamp(self.min_step, self.max_step)
+        return dt if math.isnan(dt) else min(max(dt, self.min_step), self.max_step)
+
+    def _next_step(self, dt: float, ratio: float) -> float:
+        """Hairer, Nørsett & Wanner's step-size update as torchdiffeq writes it (a NaN ratio gives a NaN step)."""
+        if ratio == 0:
+            return dt * self.ifactor
+        if math.isnan(ratio):
+            return math.nan
+        dfactor = 1.0 if ratio < 1 else self.dfactor
+        return dt * min(self.ifactor, max(self.safety / ratio ** (1.0 / self.tab.order), dfactor))
+
+    @staticmethod
+    def _rms(x: torch.Tensor) -> torch.Tensor:
+        return x.abs().pow(2).mean().sqrt()
+
+    def _initial_step(self, t0: torch.Tensor, f0: torch.Tensor) -> Scalar:
+        """Hairer, Nørsett & Wanner's initial step (§II.4) in the state's dtype; a tensor while it carries a graph
+        (under ``backprop`` torchdiffeq differentiates through it)."""
+        y0, dtype = self.y0, self.y0.dtype
+        scale = self.atol + torch.abs(y0) * self.rtol
+        d0, d1 = self._rms(y0 / scale).abs(), self._rms(f0 / scale).abs()
+        h0 = torch.tensor(1e-6, dtype=dtype, device=y0.device) if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
+        h0 = h0.abs()
+        f1 = self.func(self.clock.at(t0 + h0), y0 + h0 * f0)
+        d2 = torch.abs(self._rms((f1 - f0) / scale) / h0)
+        if d1 <= 1e-15 and d2 <= 1e-15:
+            h1 = torch.max(torch.tensor(1e-6, dtype=dtype, device=y0.device), h0 * 1e-3)
+        else:
+            h1 = (0.01 / (d2 if d2 > d1 else d1)) ** (1.0 / float(self.tab.order))
+        h = torch.min(100 * h0, h1.abs()).to(torch.float64)
+        return h if h.requires_grad else float(h)
+
+    def _interpolate(self, eng: _Buffered | _Graph, last: tuple, tj: float) -> torch.Tensor:
+        """The dense output of step ``last`` at ``tj``: ``y_0 + h Σ_i β_i(x) k_i``, ``x = (tj − t_0)/(t_1 − t_0)``."""
+        t0, t1, h, y0 = last
+        x = self.clock.y((tj - t0) / (t1 - t0))
+        hy = self.clock.y(h)
+        P = self.dense
+        w: list[Scalar] = []
+        for i in range(self.tab.stages):
+            wi = x * (P[0][i] + x * (P[1][i] + x * (P[2][i] + x * P[3][i]))) * hy  # Horner: floats and tensors alike
+            w.append(wi if isinstance(wi, torch.Tensor) else self.clock.y(wi))
+        return eng.dense(y0, w)
+
+    def run(self) -> torch.Tensor:
+        tab, clock, func = self.tab, self.clock, self.func
+        s, c = tab.stages, tab.tableau.c
+        y0 = self.y0
+        t_all = self.t.tolist()
+        t_first = self.t[0].to(torch.float64)
+        f0 = func(clock.at(t_first), y0)
+        dt: Scalar = self._initial_step(t_first, f0) if self.first_step is None else float(self.first_step)
+        assert tab.error is not None
+        eng = _engine(func, y0, tab, [*tab.tableau.a[1:], tab.error], self.rtol, self.atol)
+        eng.set(0, f0)
+        t0: Scalar = t_all[0]
+        y = y0
+        last: tuple | None = None
+        pending: torch.Tensor | None = None  # stage 0 of the next step, stored once the last step's stages are read
+        check_state = True
+        out: list[torch.Tensor] = [y0]
+        for tj in t_all[1:]:
+            while tj > _f(t0):
+                if pending is not None:
+                    eng.set(0, pending)
+                    pending = None
+                dt = self._clamp(dt if math.isfinite(_f(dt)) else self.min_step)
+                self.on_step(t0, y, dt)
+                if check_state:
+                    if not bool(torch.isfinite(y).all()):
+                        raise AssertionError("non-finite values in state `y`")
+                    check_state = False
+                tf, dtf = _f(t0), _f(dt)
+                if not tf + dtf > tf:
+                    raise AssertionError(f"underflow in dt {dtf}")
+                t1: Scalar = t0 + dt
+                on_jump = False
+                if self.jumps:
+                    jt = self.jumps[self.jump_index]
+                    if tf < jt < tf + dtf:
+                        on_jump, t1, dt = True, jt, jt - t0
+                eng.weights(clock.y(dt))
+                Y = eng.run_stages(func, clock.adaptive_times(t0, dt, t1, c), fsal=True)
+                ratio, finite = eng.ratio(Y)
+                dtf = _f(dt)
+                if (ratio <= 1 and not dtf > self.max_step) or dtf <= self.min_step:
+                    self.on_accept(t0, y, dt)
+                    check_state = not finite
+                    last = (t0, t1, dt, y)
+                    if on_jump:
+                        if self.jump_index != len(self.jumps) - 1:
+                            self.jump_index += 1
+                        pending = func(clock.at(t1, _NEXT), Y)  # the field on the jump's far side
+                    else:
+                        pending = eng.get(s - 1)
+                    t0, y = t1, eng.accept(Y)
+                else:
+                    self.on_reject(t0, y, dt)
+                dt = self._clamp(self._next_step(dtf, ratio))
+            assert last is not None
+            out.append(self._interpolate(eng, last, tj))
+        return torch.stack(out)
