@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from cde_nets.checkpoint import RunInUseError, RunLock
 from cde_nets.training import checkpointing
 
 from .registry import ALL_QUICK_S, REPRODUCTIONS, runner, times
@@ -80,23 +81,34 @@ def main(argv: list[str] | None = None) -> int:
         print("\nrun one:  cde-nets experiments NAME [--quick|--tiny]\nrun all:  cde-nets experiments all --quick"
               "   (the main job; `all` alone runs the full setting)\nmore:     cde-nets experiments --help")
         return 0
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be a positive integer (torch intra-op threads), got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     size = args.size or "full"
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
     for name in names:
-        runner(name)  # fail on an unknown name before any work starts
-    t0 = time.perf_counter()
+        if name not in REPRODUCTIONS:  # fail on an unknown name before any work starts
+            parser.error(f"unknown reproduction {name!r}; choose one of: {', '.join(REPRODUCTIONS)} or 'all'")
     if args.resume and not args.checkpoints:
         parser.error("--resume needs the checkpoints: drop --no-checkpoints")
-    for name in names:
-        ckpt_dir = Path(args.out) / "checkpoints" / f"{name}-{size}-seed{args.seed}"
-        with checkpointing(ckpt_dir, resume=args.resume) if args.checkpoints else nullcontext():
-            res = runner(name)(size=size, seed=args.seed, out_dir=args.out)
-        path = write_result(res, args.out)
-        print(format_table(res))
-        print(f"\n(wrote {path})\n", flush=True)
-    print(f"total {time.perf_counter() - t0:.1f} s")
+    try:
+        # one run per output folder, checked writable before any training (a run must not lose its results)
+        lock = RunLock(args.out).__enter__()
+    except (OSError, RunInUseError) as exc:
+        parser.error(str(exc))
+    try:
+        t0 = time.perf_counter()
+        for name in names:
+            ckpt_dir = Path(args.out) / "checkpoints" / f"{name}-{size}-seed{args.seed}"
+            with checkpointing(ckpt_dir, resume=args.resume) if args.checkpoints else nullcontext():
+                res = runner(name)(size=size, seed=args.seed, out_dir=args.out)
+            path = write_result(res, args.out)
+            print(format_table(res))
+            print(f"\n(wrote {path})\n", flush=True)
+        print(f"total {time.perf_counter() - t0:.1f} s")
+    finally:
+        lock.__exit__()
     return 0
 
 

@@ -3,6 +3,7 @@ result, never a silent wrong answer. Table-driven: one row per case, ``(id, thun
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -582,3 +583,48 @@ API: list[Case] = [
 def test_bad_api_input_raises_a_named_error(thunk, exc, match):
     with pytest.raises(exc, match=match):
         thunk()
+
+
+# The command line: each bad invocation exits with status 2 and names the option, before any work starts.
+CLI: list[tuple[str, list[str], str]] = [
+    ("unknown-experiment", ["nonsense", "--tiny"], r"unknown reproduction 'nonsense'; choose one of"),
+    ("threads-zero", ["blog", "--tiny", "--threads", "0"], r"--threads must be a positive integer"),
+    ("threads-negative", ["blog", "--tiny", "--threads", "-2"], r"--threads must be a positive integer"),
+    ("threads-not-int", ["blog", "--tiny", "--threads", "two"], r"argument --threads: invalid int value"),
+    (
+        "resume-without-checkpoints",
+        ["blog", "--tiny", "--resume", "--no-checkpoints"],
+        r"--resume needs the checkpoints",
+    ),
+    ("quick-and-tiny", ["blog", "--tiny", "--quick"], r"not allowed with argument"),
+    ("seed-not-int", ["blog", "--seed", "x"], r"argument --seed: invalid int value"),
+    ("out-is-a-file", ["blog", "--tiny", "--out", "{file}"], r"`--out` .* is a file; name a folder"),
+    ("out-in-use", ["blog", "--tiny", "--out", "{busy}"], r"is in use by another run \(process \d+\)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "match"), [c[1:] for c in CLI], ids=[c[0] for c in CLI])
+def test_bad_command_line_is_refused_before_any_work(argv, match, tmp_path, capsys):
+    import os
+
+    from cde_nets.experiments.__main__ import main
+
+    (tmp_path / "file").write_text("x")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / ".lock").write_text(str(os.getppid()))  # a live process holds it
+    argv = [a.format(file=tmp_path / "file", busy=busy) for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+    assert not list(busy.glob("*.json")) and (busy / ".lock").read_text() == str(os.getppid())
+
+
+def test_a_stale_lock_is_taken_over_and_released(tmp_path):
+    from cde_nets.checkpoint import RunLock
+
+    (tmp_path / ".lock").write_text("999999999")  # no such process
+    with RunLock(tmp_path):
+        assert (tmp_path / ".lock").read_text() != "999999999"
+    assert not (tmp_path / ".lock").exists()

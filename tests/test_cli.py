@@ -59,9 +59,11 @@ def test_top_level_help_and_unknown_command(capsys):
     assert "unknown command 'nonsense'" in capsys.readouterr().err
 
 
-def test_unknown_reproduction_is_refused_before_any_work(tmp_path):
-    with pytest.raises(SystemExit, match="unknown reproduction 'nope'"):
+def test_unknown_reproduction_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
         experiments_main(["nope", "--tiny", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "unknown reproduction 'nope'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_tiny_run_writes_json_and_plot_with_mode_0644(tmp_path, capsys):
