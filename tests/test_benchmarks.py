@@ -28,6 +28,10 @@ EXPECTED = {
     "adjoint_pieces": ("adjoint_pieces", {"setting", "goal", "rows", "per_piece_growth"},
                        {"pieces", "new_adjoint_s", "old_adjoint_s", "backprop_s", "new_over_backprop"}),
     "events": ("events", {"setting", "goal", "rows"}, {"ratio_to_ideal", "ratio_per_sample_to_ours", "fired"}),
+    "forward_grid": ("forward_grid", {"setting", "goal", "rows"}, {"dim", "batch", "nfe", "fe_s", "ours_s",
+                                                                   "torchdiffeq_s", "torchode_s", "ours_over_fe"}),
+    "compiled": ("compiled", {"setting", "goal", "rows"}, {"net", "mode", "eager_s", "compiled_s", "speedup",
+                                                           "max_rel_diff"}),
 }
 
 
