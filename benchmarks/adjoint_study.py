@@ -1,7 +1,8 @@
-"""The adjoint study (SPEC §5) for a 16-piece Hamiltonian block on swiss-roll points.
+"""The adjoint study (Chen et al. 2018) for a 16-piece Hamiltonian block on swiss-roll points.
 
 ``python -m cde_nets.benchmarks.adjoint_study [--tiny]`` writes ``benchmarks/results/adjoint_study.json`` and prints a
-markdown table. Data: the swiss roll of SPEC §7 (``cde_nets.datasets`` when present, otherwise generated here
+markdown table. Data: the swiss roll of the H-DNN reference code (``cde_nets.datasets`` when present, otherwise
+generated here
 with the same formula), 2-D points padded with two zeros to R⁴; loss: binary cross-entropy of a fixed linear
 read-out of ``y(T)``.
 """
@@ -20,7 +21,8 @@ from .common import write
 
 
 def swiss_roll(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPEC §7: label 1 radius linspace(0, 1), label 0 radius linspace(0.2, 1.2), angle linspace(0, 4π − 4π/m)."""
+    """The reference code's: label 1 radius linspace(0, 1), label 0 radius linspace(0.2, 1.2), angle linspace(0, 4π −
+    4π/m)."""
     m = n // 2
     angle = torch.linspace(0, 4 * math.pi - 4 * math.pi / m, m, dtype=torch.float64)
     pts = []

@@ -1,4 +1,4 @@
-"""Continuous mode against raw ``torchdiffeq.odeint`` on the same field and tolerances (issue 7, item 2).
+"""Continuous mode against raw ``torchdiffeq.odeint`` on the same field and tolerances.
 
 Goal: ``ODEBlock`` costs <= 1.05x the raw call, with the same NFE. ``python -m cde_nets.benchmarks.continuous_overhead
 [--tiny]`` writes ``benchmarks/results/continuous_overhead.json``.

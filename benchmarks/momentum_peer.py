@@ -1,4 +1,4 @@
-"""Peer benchmark: the ``momentumnet`` package (Sander et al., PyPI) against our momentum scheme (issue 7, item 5).
+"""Peer benchmark: the ``momentumnet`` package (Sander et al., PyPI) against our momentum scheme.
 
 ``momentumnet.MomentumNet(functions, gamma)`` iterates ``v ← γ v + (1 − γ) f_l(x)``, ``x ← x + v`` with no step
 size. Ours (B §8) iterates ``v ← m v + η h F_l(x)``, ``x ← x + v``; with ``tie_eta=True`` (``η = 1 − m``),

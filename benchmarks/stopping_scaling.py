@@ -1,4 +1,4 @@
-"""Pattern-dependent stopping: wall time against the fraction of samples that converge early (issue 7, item 4).
+"""Pattern-dependent stopping: wall time against the fraction of samples that converge early.
 
 A time-invariant NAIS block (one piece, eq. N3) ``x ← x + h tanh(A x + B u + b)`` runs with per-sample stopping
 (``discretize(field, "euler", stop=Stop(eps, max_depth))``, Ciccone et al. 2018, §5.3). Samples started at their

@@ -2,7 +2,7 @@
 
 8000 points (4000 train), 50 epochs of batch 125, Adam lr 0.05, R_K 5e-4, the reference protocol
 (:mod:`experiments.hdnn_protocol`), one intra-op thread. The reference implementation, run on this kind of
-machine, took 36 s for 99.5 % test (SPEC §7). ``python -m cde_nets.benchmarks.training [--tiny]``.
+machine, took 36 s for 99.5 % test. ``python -m cde_nets.benchmarks.training [--tiny]``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import argparse
 import time
 
 import torch
+from cde_nets.experiments.common import hdnn_classifier
+from cde_nets.experiments.hdnn_protocol import train_hdnn
 
 from cde_nets.datasets import swiss_roll
 from cde_nets.training import smoothness_RK
-from cde_nets.experiments.common import hdnn_classifier
-from cde_nets.experiments.hdnn_protocol import train_hdnn
 
 from .common import write
 

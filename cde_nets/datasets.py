@@ -1,4 +1,4 @@
-"""Data sets, all generated here or shipped inside an installed package — nothing is ever downloaded (SPEC §7).
+"""Data sets, all generated here or shipped inside an installed package — nothing is ever downloaded.
 
 Every loader takes a ``seed`` (an ``int`` or a ``torch.Generator``) and a ``dtype`` and returns a :class:`Split`
 of tensors. The same ``int`` seed gives the same data bit for bit; a ``torch.Generator`` is advanced by the draw.
@@ -65,7 +65,7 @@ def _embed(points: np.ndarray, dim: int, channels: tuple[int, int], dtype: torch
 
 def _even_odd(points: np.ndarray, labels: np.ndarray, perm_rng: np.random.Generator | None, dim: int,
               channels: tuple[int, int], dtype: torch.dtype) -> Split:
-    """Shuffle (unless ``perm_rng`` is None); train = even indices, test = odd (HamiltonianNet's split, SPEC §7)."""
+    """Shuffle (unless ``perm_rng`` is None); train = even indices, test = odd (HamiltonianNet's split)."""
     if perm_rng is not None:
         perm = perm_rng.permutation(len(labels))
         points, labels = points[perm], labels[perm]
@@ -75,7 +75,7 @@ def _even_odd(points: np.ndarray, labels: np.ndarray, perm_rng: np.random.Genera
 
 def swiss_roll(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype = torch.float32, *,
                shuffle: bool = True, channels: tuple[int, int] = (0, 1)) -> Split:
-    """HamiltonianNet's swiss roll (SPEC §7): two interleaved spiral arms, no noise.
+    """HamiltonianNet's swiss roll: two interleaved spiral arms, no noise.
 
     Before shuffling, point ``i < m = n/2`` is ``r_i (cos θ_i, sin θ_i)`` with label 1, ``r = linspace(0, 1, m)``,
     and point ``m + i`` is the same with ``r = linspace(0.2, 1.2, m)`` and label 0;
@@ -93,7 +93,7 @@ def swiss_roll(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype =
 
 def double_moons(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype = torch.float32, *,
                  shuffle: bool = True, channels: tuple[int, int] = (0, 1)) -> Split:
-    """HamiltonianNet's double moons (SPEC §7): ``θ_i = iπ/m`` (``m = n/4``); arcs ``(cos θ, sin θ)`` (label 0) and
+    """HamiltonianNet's double moons: ``θ_i = iπ/m`` (``m = n/4``); arcs ``(cos θ, sin θ)`` (label 0) and
     ``(1 − cos θ, 0.5 − sin θ)`` (label 1), then the same two shifted by +2 in x; uniform noise ``0.3 (U − 0.5)`` per
     coordinate. Blocks of ``m`` points in that order before shuffling; split and embedding as :func:`swiss_roll`."""
     _check_n(n, 4)
@@ -110,7 +110,7 @@ def double_moons(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype
 
 def double_circles(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype = torch.float32, *,
                    shuffle: bool = True, channels: tuple[int, int] = (0, 1)) -> Split:
-    """HamiltonianNet's double circles (SPEC §7): rings of radius 1, 2, 3, 4 (labels 0, 1, 0, 1), ``m = n/4`` points
+    """HamiltonianNet's double circles: rings of radius 1, 2, 3, 4 (labels 0, 1, 0, 1), ``m = n/4`` points
     each at angle ``θ_i = 4π i/m``, uniform noise ``0.6 (U − 0.5)`` per coordinate; split and embedding as
     :func:`swiss_roll`."""
     _check_n(n, 4)

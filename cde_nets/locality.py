@@ -1,4 +1,4 @@
-"""Block sparsity of the distributed H-DNN (SPEC §2, Theorem H2, Prop. H2).
+"""Block sparsity of the distributed H-DNN (Galimberti et al., Theorem H2, Prop. H2).
 
 The state ``y`` is split into ``M`` node blocks. ``K ∈ BlkSprs(R)`` and ``J ∈ BlkSprs(T)`` (``T`` symmetric,
 ``T, R >= I``); forward and backward passes need only neighbours of the communication graph ``S`` when the

@@ -1,9 +1,10 @@
 """Classifier wrappers around a continuous-depth block: embed → block → read out.
 
 The seeds' models are all of this shape: H-DNN pads the 2-D input with zeros to ``R⁴`` and reads out with
-``sigmoid(linear)`` (SPEC §2); Ruseckas's model 2 augments ``(x, y) → (x, y, 0)`` and reads ``sigmoid(x₃)``, his
-MNIST model pads the image with 9 zero channels and reads the global max pool (SPEC §1); NAIS-Net feeds the input
-as the block input ``u`` with ``x(0) = 0`` (SPEC §4).
+``sigmoid(linear)`` (Galimberti et al.); Ruseckas's model 2 augments ``(x, y) → (x, y, 0)`` and reads ``sigmoid(x₃)``,
+his
+MNIST model pads the image with 9 zero channels and reads the global max pool (Ruseckas); NAIS-Net feeds the input
+as the block input ``u`` with ``x(0) = 0`` (Ciccone et al.).
 """
 
 from __future__ import annotations

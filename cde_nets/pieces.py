@@ -1,6 +1,6 @@
 """Time-varying parameters: ``L`` constant pieces over ``[0, T]``.
 
-SPEC conventions: piece ``l`` holds for ``t`` in ``[l h, (l + 1) h)`` with ``h = T / L``; the last piece also
+Conventions: piece ``l`` holds for ``t`` in ``[l h, (l + 1) h)`` with ``h = T / L``; the last piece also
 holds at ``t = T``. One trained tensor serves both modes: continuous mode looks the piece up from ``t``
 (:meth:`TimeGrid.index`), discrete mode runs one scheme step per piece and indexes it by ``l`` directly, so no
 rounding of ``l * h`` can ever pick a neighbouring piece.
@@ -178,7 +178,7 @@ def gathered(module: nn.Module) -> Iterator[nn.Module]:
 def smoothness(module: nn.Module, scale: float | None = None) -> torch.Tensor:
     """Smoothness penalty over depth: ``scale * Σ_l Σ_pieces ‖θ_l − θ_{l−1}‖²``.
 
-    With ``scale = 1 / (2h)`` this is eq. R82 (SPEC §1); with ``scale = h / 2`` it is R_K of SPEC §2.
+    With ``scale = 1 / (2h)`` this is eq. R82 (Ruseckas); with ``scale = h / 2`` it is R_K of Galimberti et al.
     ``scale=None`` uses ``1 / (2h)`` of the first piece grid found.
     """
     total = None

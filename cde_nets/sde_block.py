@@ -1,4 +1,4 @@
-r"""Stochastic continuous mode: a field as the drift of an SDE integrated by torchsde (issue 8).
+r"""Stochastic continuous mode: a field as the drift of an SDE integrated by torchsde.
 
 ``dy = F(t, y) dt + g(y) ∘ dW`` (Stratonovich) or ``dy = F(t, y) dt + g(y) dW`` (Itô) on ``[0, T]``, with
 

@@ -65,19 +65,20 @@ class Regulariser:
 
 
 def smoothness_R82(weight: float) -> Regulariser:
-    """eq. R82 (SPEC §1): ``(1/(2h)) Σ_l (‖w_l − w_{l−1}‖_F² + ‖b_l − b_{l−1}‖²)`` over every piecewise parameter."""
+    """eq. R82 (Ruseckas): ``(1/(2h)) Σ_l (‖w_l − w_{l−1}‖_F² + ‖b_l − b_{l−1}‖²)`` over every piecewise parameter."""
     return Regulariser("R82", weight, lambda m: smoothness(m))
 
 
 def smoothness_RK(weight: float, h: float) -> Regulariser:
-    """R_K of SPEC §2: ``(h/2) Σ_j (‖K_j − K_{j−1}‖_F² + ‖b_j − b_{j−1}‖²)`` over every piecewise parameter."""
+    """R_K of Galimberti et al.: ``(h/2) Σ_j (‖K_j − K_{j−1}‖_F² + ‖b_j − b_{j−1}‖²)`` over every piecewise
+    parameter."""
     if not h > 0:
         raise ValueError(f"`h` must be the positive piece length T/L, got {h!r}.")
     return Regulariser("R_K", weight, lambda m: smoothness(m, scale=h / 2))
 
 
 def spectral_R_ell(weight: float, matrices: Matrices) -> Regulariser:
-    """R_ℓ of SPEC §2: ``Σ_j (‖K_j‖₂ + ‖J_j‖₂)``, spectral norms of the matrices ``matrices(model)`` yields.
+    """R_ℓ of Galimberti et al.: ``Σ_j (‖K_j‖₂ + ‖J_j‖₂)``, spectral norms of the matrices ``matrices(model)`` yields.
 
     A tensor of shape ``(L, n, m)`` counts as ``L`` matrices.
     """

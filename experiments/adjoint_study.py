@@ -1,10 +1,11 @@
-"""The adjoint study (SPEC §5) on a 16-piece Hamiltonian block and a 16-piece cubic-friction block.
+"""The adjoint study (Chen et al. 2018) on a 16-piece Hamiltonian block and a 16-piece cubic-friction block.
 
 For each model, ``cde_nets.diagnostics.adjoint_study`` computes the parameter gradient of a binary cross-entropy
-loss (fixed linear read-out of ``y(T)``, swiss-roll points of SPEC §7 padded to ``R⁴``) by the continuous
+loss (fixed linear read-out of ``y(T)``, swiss-roll points of the H-DNN reference code padded to ``R⁴``) by the
+continuous
 adjoint, by backprop through the solver, and by the discrete net, and compares each with backprop through dopri5
 at ``rtol = atol = 1e-10`` in float64: relative gradient error, NFE forward/backward, time and peak bytes saved
-for backward. Expected (R §2.1, SPEC §5): backprop's error falls with the tolerance like the solution's; the
+for backward. Expected (R §2.1, Chen et al. 2018): backprop's error falls with the tolerance like the solution's; the
 adjoint's error is limited by the backward solve's tolerance; the discrete nets differ from the ODE gradient by
 the scheme's O(h) error; the adjoint's memory does not grow with the step count.
 """
@@ -92,9 +93,9 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
                             nfe_forward=r["nfe_forward"], nfe_backward=r["nfe_backward"], time_s=r["time_s"],
                             peak_saved_bytes=r["peak_saved_bytes"], model=name, mode=r["mode"],
                             method=r["method"], rtol=r["rtol"], steps=r["steps"]))
-    notes = ["No paper tabulates this study; SPEC §5 states the expectations (module docstring). Extra columns in "
+    notes = ["No paper tabulates this study; the module docstring states the expectations. Extra columns in "
              "the JSON: nfe_forward, nfe_backward, time_s, peak_saved_bytes per row.",
-             f"Swiss roll (SPEC §7), {s['n']} points padded to R⁴, BCE of a fixed random linear read-out; float64; "
+             f"Swiss roll, {s['n']} points padded to R⁴, BCE of a fixed random linear read-out; float64; "
              f"reference: backprop through dopri5 at rtol = atol = {s['ref_rtol']:.0e}."]
     figures = _plot(studies, out_dir)
     return result("adjoint_study", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,

@@ -1,4 +1,4 @@
-"""Blog (B, SPEC §3): the scalar toys, the velocity buffer, first- against second-order residual diagnostics.
+"""Blog (B): the scalar toys, the velocity buffer, first- against second-order residual diagnostics.
 
 1. Scalar toys (B §3-6): ``x_{l+1} = (1 + α/L) x_l`` (forward Euler on ``x' = α x``, T = 1) gives
    ``x_L → e^α x_0``; the restoring recurrence ``v_{l+1} = v_l − (β²/L²) x_l``, ``x_{l+1} = x_l + v_{l+1}``

@@ -25,7 +25,7 @@ HDNN_SCHEMES = {
 
 
 def hdnn_classifier(arch: str, layers: int, T: float, seed: int) -> nn.Module:
-    """``sigmoid(linear)`` read-out of a discrete H-DNN / MS net on ``R⁴`` (SPEC §2, Table H-I).
+    """``sigmoid(linear)`` read-out of a discrete H-DNN / MS net on ``R⁴`` (Galimberti et al., Table H-I).
 
     Weights and biases of the block start standard normal, as in the reference implementation.
     """

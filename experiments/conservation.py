@@ -1,4 +1,5 @@
-r"""Conservation study (SPEC §2, §5): energy drift and the Noether quantity ``a·F`` against solver and tolerance.
+r"""Conservation study (Galimberti et al.; Chen et al. 2018): energy drift and the Noether quantity ``a·F`` against
+solver and tolerance.
 
 - Energy: a Hamiltonian field (H2 form, ``K`` block-diagonal, canonical ``J``, ``R⁴``) with constant parameters
   conserves ``H`` exactly (eqs. H5, H8: ``dH/dt = ∂H/∂t = 0``). Over ``T = 10`` we measure the relative drift

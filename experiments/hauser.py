@@ -1,4 +1,4 @@
-"""Hauser §4 (SPEC §3): C^k networks against C¹ residual nets, and the perturbation ratio.
+"""Hauser §4: C^k networks against C¹ residual nets, and the perturbation ratio.
 
 A C^k net (eq. S7) runs ``δ⁺(δ⁻)^{k−1} x⁽ˡ⁾ = σ⁽ˡ⁾(x⁽ˡ⁾) Δl^k`` with ``σ⁽ˡ⁾(x) = tanh(W_l x + b_l)``
 (``discretize(field, "ck", k=k)``; ``k = 1`` is the residual net ``x + σ(x) Δl``). The read-out is linear on

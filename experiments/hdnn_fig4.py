@@ -1,4 +1,5 @@
-"""H-DNN Fig. 4 (SPEC §2; H §V-C): BSM norms during training, 32-layer H2-DNN against 8- and 32-layer tanh MLPs.
+"""H-DNN Fig. 4 (Galimberti et al.; H §V-C): BSM norms during training, 32-layer H2-DNN against 8- and 32-layer tanh
+MLPs.
 
 Double moons, the reference protocol (:mod:`experiments.hdnn_protocol`), 30 epochs = 960 iterations as in the paper.
 After every epoch the backward sensitivity matrices ``Φ_ℓ = ∂y_N/∂y_{N−ℓ}`` (H eq. 20) are computed on a fixed

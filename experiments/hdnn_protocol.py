@@ -1,4 +1,4 @@
-"""H-DNN's reference training protocol (SPEC §7), built on :func:`cde_nets.training.fit`.
+"""H-DNN's reference training protocol, built on :func:`cde_nets.training.fit`.
 
 What the reference implementation (HamiltonianNet) does beyond plain Adam on BCE + R_K, restated as data:
 

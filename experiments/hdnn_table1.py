@@ -1,6 +1,6 @@
-"""H-DNN Table I (SPEC §2): H1 and H2 (MS1-MS3 as baselines) on swiss roll and double moons.
+"""H-DNN Table I (Galimberti et al.): H1 and H2 (MS1-MS3 as baselines) on swiss roll and double moons.
 
-Setting of the reference implementation (SPEC §7): N = 8000 points (train = even, test = odd indices), the 2-D
+Setting of the reference implementation: N = 8000 points (train = even, test = odd indices), the 2-D
 point in features 0 and 3 of R⁴ (zeros elsewhere), J = [[0, −I], [I, 0]], sigmoid(linear) read-out, BCE, Adam
 lr 0.05, batch 125, 50 epochs, smoothness penalty 5e-4 · R_K, and its read-out refits and epoch-counted Adam bias
 correction (:mod:`experiments.hdnn_protocol`).

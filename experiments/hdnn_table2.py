@@ -1,6 +1,7 @@
-"""H-DNN Table II (SPEC §2; H §V-A.2): distributed against centralised H2-DNNs on swiss roll and double circles.
+"""H-DNN Table II (Galimberti et al.; H §V-A.2): distributed against centralised H2-DNNs on swiss roll and double
+circles.
 
-Setting of the reference (run_distributed.py, SPEC §7): ``y ∈ R¹⁶`` split into 8 nodes, node ``i`` owning
+Setting of the reference (run_distributed.py): ``y ∈ R¹⁶`` split into 8 nodes, node ``i`` owning
 ``(p_i, q_i)``; the 2-D input enters ``p`` of node 1 and ``q`` of node 5 (features 0 and 12); ``t_end = 0.5 ·
 layers``; ``J = [[0, −I], [I, 0]]`` (``X = I``, node pattern ``T = I``). *Distributed*: every ``K_{p,j}``,
 ``K_{q,j}`` in ``BlkSprs(R)`` with ``R`` the ring (each node and its two neighbours); *centralised*: ``K`` full.

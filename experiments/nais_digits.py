@@ -1,4 +1,4 @@
-"""NAIS-Net (N §5.1, SPEC §4) against shared-weight ResNets on scikit-learn's digits, and depth per class.
+"""NAIS-Net (N §5.1, Ciccone et al.) against shared-weight ResNets on scikit-learn's digits, and depth per class.
 
 All four nets are one block of ``K`` forward-Euler stages with shared weights (``h = 0.25``, one parameter piece,
 ``discretize(field, "euler", stop=Stop(eps, max_depth=K))`` unrolls piece 0 for ``K`` steps), then a linear

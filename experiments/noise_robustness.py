@@ -1,7 +1,7 @@
-"""Noise as a regulariser (issue 8): a Hamiltonian ODE classifier against its SDE twin under input perturbations.
+"""Noise as a regulariser: a Hamiltonian ODE classifier against its SDE twin under input perturbations.
 
 Both models are ``logits = linear(y(T))`` with ``y(0) = (x, 0, …, 0) ∈ R^d`` for a swiss-roll point ``x ∈ R²``
-(SPEC §7) and the Hamiltonian drift ``F(t, y) = J Kᵀ tanh(K y + b)`` (SPEC §2, eq. H12-13, H1 with canonical
+and the Hamiltonian drift ``F(t, y) = J Kᵀ tanh(K y + b)`` (Galimberti et al., eq. H12-13, H1 with canonical
 ``J``), piecewise constant over ``L`` pieces of ``[0, T]``:
 
 - ODE: :class:`~cde_nets.ODEBlock`, ``y' = F(t, y)``, explicit Euler with one step per piece;

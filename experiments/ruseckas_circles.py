@@ -1,4 +1,4 @@
-"""Ruseckas §5.1 (SPEC §1): cubic-friction residual nets on two concentric circles.
+"""Ruseckas §5.1: cubic-friction residual nets on two concentric circles.
 
 Both models are forward-Euler nets of eq. R109, ``x⁽ˡ⁺¹⁾ = x⁽ˡ⁾ + w̃⁽ˡ⁾x⁽ˡ⁾ + b̃⁽ˡ⁾ − γ̃ (x⁽ˡ⁾)³``. We take ``h = 1``
 (``T = L``), so the field's ``w, b, γ`` are the paper's ``w̃, b̃, γ̃`` and eq. R82 is exactly the penalty of

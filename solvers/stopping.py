@@ -1,6 +1,6 @@
 """Pattern-dependent stopping depth: each sample stops on its own, and a stopped sample stops costing compute.
 
-SPEC §4 (N §5.3): unroll each sample until ``‖x(i) − x(i−1)‖ < ε``, up to a maximum depth; the continuous
+Ciccone et al. (N §5.3): unroll each sample until ``‖x(i) − x(i−1)‖ < ε``, up to a maximum depth; the continuous
 analogue stops a sample once ``‖F(t, x)‖ < ε``. The batch is compacted with index operations (never masked),
 so a discrete unroll evaluates ``Σ depths`` rows in all instead of ``batch × max_depth``. Gradients flow
 through each sample's final state (a differentiable gather); the stopping index itself is not differentiated.

@@ -272,7 +272,8 @@ def test_blog_second_order_block_is_momentum_on_a_second_order_field(f64):
 
 
 def test_the_map_names_each_network_of_this_file(f64):
-    """SPEC §6: every scheme has a row, and each (scheme, field) pair above resolves to its paper's architecture."""
+    """the architecture map: every scheme has a row, and each (scheme, field) pair above resolves to its paper's
+    architecture."""
     from cde_nets.solvers import ARCHITECTURES, SCHEMES, architecture
 
     assert {r.scheme for r in ARCHITECTURES} == set(SCHEMES)

@@ -1,4 +1,4 @@
-"""Cubic-friction field against Ruseckas's closed forms (SPEC §1, R §4.1)."""
+"""Cubic-friction field against Ruseckas's closed forms (Ruseckas, R §4.1)."""
 
 import math
 

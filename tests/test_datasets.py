@@ -1,4 +1,5 @@
-"""Data sets of SPEC §7: the generating formulas point by point, the even/odd split, balance and determinism."""
+"""Data sets of the H-DNN reference code: the generating formulas point by point, the even/odd split, balance and
+determinism."""
 
 import math
 

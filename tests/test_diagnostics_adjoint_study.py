@@ -1,4 +1,4 @@
-"""The adjoint study (SPEC §5): errors fall as the tolerance tightens; the discrete-mode row is the exact
+"""The adjoint study (Chen et al. 2018): errors fall as the tolerance tightens; the discrete-mode row is the exact
 gradient of the discrete net; the benchmark script runs in a tiny configuration."""
 
 import json

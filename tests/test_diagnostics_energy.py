@@ -1,4 +1,4 @@
-"""Energy diagnostics (SPEC §2): H conserved for constant parameters, the extended energy (proof of Lemma H4)
+"""Energy diagnostics (Galimberti et al.): H conserved for constant parameters, the extended energy (proof of Lemma H4)
 conserved for piecewise-constant ones, and the discrete bookkeeping E_{l+1} − E_l = H_l(y_{l+1}) − H_l(y_l)."""
 
 import json

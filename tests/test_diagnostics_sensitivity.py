@@ -1,4 +1,4 @@
-"""Backward sensitivity matrices (SPEC §2): H2 nets keep ‖Φ_ℓ‖ >= 1 at every depth (Lemma H4, Theorem H1's
+"""Backward sensitivity matrices (Galimberti et al.): H2 nets keep ‖Φ_ℓ‖ >= 1 at every depth (Lemma H4, Theorem H1's
 discrete form), a tanh MLP with the same weight scale loses its gradient; flows are symplectic (Lemma H2)."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The distributed H2-DNN across processes equals the centralised masked model (SPEC §2, Theorem H2)."""
+"""The distributed H2-DNN across processes equals the centralised masked model (Galimberti et al., Theorem H2)."""
 
 import pytest
 import torch

@@ -1,11 +1,10 @@
-"""Tiny runs of the NAIS-digits, MNIST-5k, adjoint-study and conservation reproductions (issue 6)."""
+"""Tiny runs of the NAIS-digits, MNIST-5k, adjoint-study and conservation reproductions."""
 
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
-
 from cde_nets.experiments import adjoint_study, conservation, mnist5k, nais_digits
 
 
@@ -65,7 +64,7 @@ def test_adjoint_study_tiny(tmp_path):
 def test_mnist5k_tiny(tmp_path):
     res = mnist5k.run("tiny", 0, tmp_path)
     rows = _by_setting(res)
-    # SPEC §1: 20 (10·10·9 + 10) + 1 learned γ̃ = 18 201
+    # Ruseckas: 20 (10·10·9 + 10) + 1 learned γ̃ = 18 201
     params = rows["Ruseckas model parameters (L = 20)"]
     assert params["published"] == params["ours"] == 18_201
     accs = [r for r in res["rows"] if r["setting"].endswith("(test)")]

@@ -1,4 +1,4 @@
-"""``python -m cde_nets.experiments NAME --resume`` after a SIGKILL ends with the uninterrupted run's results (issue 6)."""
+"""``python -m cde_nets.experiments NAME --resume`` after a SIGKILL ends with the uninterrupted run's results."""
 
 import json
 import os
@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from cde_nets.experiments.__main__ import main
 
 from cde_nets.training import CheckpointError, Trainer, checkpointing, load_checkpoint
-from cde_nets.experiments.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "nais_digits"  # four trainings of several epochs in its tiny setting: a kill lands mid-run

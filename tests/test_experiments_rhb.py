@@ -1,4 +1,4 @@
-"""Tiny runs of the Ruseckas, Hauser and blog reproductions (SPEC §1, §3): JSON rows and exact parts."""
+"""Tiny runs of the Ruseckas, Hauser and blog reproductions (Ruseckas; blog; Hauser): JSON rows and exact parts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import math
 
 import pytest
-
 from cde_nets.experiments import blog, hauser, ruseckas_circles
 from cde_nets.experiments.report import write_result
 

@@ -1,4 +1,4 @@
-"""Pieces gathered once per call (issue 7): same numbers as per-layer indexing, one unbind node per parameter,
+"""Pieces gathered once per call: same numbers as per-layer indexing, one unbind node per parameter,
 no views or memo values outliving the call."""
 
 from contextlib import nullcontext

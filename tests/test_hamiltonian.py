@@ -1,4 +1,4 @@
-"""Hamiltonian field (SPEC §2): energy conservation, symplectic flow, ‖Φ‖ >= 1, H2 structure, locality."""
+"""Hamiltonian field (Galimberti et al.): energy conservation, symplectic flow, ‖Φ‖ >= 1, H2 structure, locality."""
 
 import pytest
 import torch

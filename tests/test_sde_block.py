@@ -1,4 +1,4 @@
-"""SDEBlock (issue 8): zero-noise limit, Ornstein-Uhlenbeck moments, adjoint vs backprop, seeds, validation."""
+"""SDEBlock: zero-noise limit, Ornstein-Uhlenbeck moments, adjoint vs backprop, seeds, validation."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""SecondOrder field (SPEC §3): damped oscillator closed form, the order-k chain, the blog block bridge."""
+"""SecondOrder field (blog; Hauser): damped oscillator closed form, the order-k chain, the blog block bridge."""
 
 import pytest
 import torch
@@ -81,7 +81,7 @@ def test_order_k_field_with_the_default_network(f64, k):
 
 
 def test_semi_implicit_euler_is_the_blog_block(f64):
-    """v first then x, velocity scaled by h: m = 1 − hγ and η_blog = h² η (SPEC §3, B §8)."""
+    """v first then x, velocity scaled by h: m = 1 − hγ and η_blog = h² η (blog; Hauser, B §8)."""
     L, T = 6, 1.5
     h = T / L
     field = SecondOrder(3, layers=L, T=T, gamma=0.8, eta=1.3, layer_norm=True)

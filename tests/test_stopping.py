@@ -1,4 +1,4 @@
-"""Pattern-dependent stopping depth (SPEC §4, N §5.3): per-sample depths and stopping times in closed form,
+"""Pattern-dependent stopping depth (Ciccone et al., N §5.3): per-sample depths and stopping times in closed form,
 equality with running each sample alone, rows evaluated = Σ depths, gradients through each final state."""
 
 import math

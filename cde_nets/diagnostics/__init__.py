@@ -1,4 +1,5 @@
-"""Diagnostics: conservation laws, backward sensitivity, depth profiles and the adjoint study (SPEC §1-5)."""
+"""Diagnostics: conservation laws, backward sensitivity, depth profiles and the adjoint study (the seed papers: see the
+bibliography)."""
 
 from .adjoint_state import adjoint_state, exact_trace, hutchinson_trace, log_density_change
 from .adjoint_study import adjoint_study, discrete_forward, markdown_table

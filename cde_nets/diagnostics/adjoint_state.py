@@ -1,4 +1,4 @@
-r"""The adjoint state, Noether's conserved ``a·F``, and log-density / entropy change (SPEC §1, §5; R §2).
+r"""The adjoint state, Noether's conserved ``a·F``, and log-density / entropy change (Ruseckas; Chen et al. 2018; R §2).
 
 - Adjoint (R §2.1): ``a(t) = ∂L/∂y(t)`` solves ``da/dt = −a ∂F/∂y`` backwards from ``a(T) = ∂L/∂y(T)``.
   Here it is obtained by autograd through sub-solves (:func:`~cde_nets.diagnostics.flow.solve_segments`): the

@@ -1,4 +1,4 @@
-r"""Discrete versus continuous adjoints (SPEC §5): one table of gradient error, NFE, time and memory.
+r"""Discrete versus continuous adjoints (Chen et al. 2018): one table of gradient error, NFE, time and memory.
 
 Three ways to the gradient of ``loss(y(T))`` with respect to the field's parameters:
 
@@ -6,7 +6,7 @@ Three ways to the gradient of ``loss(y(T))`` with respect to the field's paramet
   ``odeint_adjoint``): ``da/dt = −a ∂F/∂y`` solved backwards, ``dL/dθ = ∫ a ∂F/∂θ dt``.
 - ``backprop``: backpropagation through the solver's steps (``gradient="backprop"``): the exact gradient of
   the numerical (adaptive or fixed-step) map, i.e. the discrete adjoint of the solver.
-- ``discrete``: the discrete-mode net (one scheme step per parameter piece, SPEC §6), differentiated by
+- ``discrete``: the discrete-mode net (one scheme step per parameter piece, the architecture map), differentiated by
   autograd: the gradient of the network itself, which differs from the ODE's gradient by the scheme's error.
 
 Each row's ``rel_grad_error`` is ``‖g − g_ref‖ / ‖g_ref‖`` against backprop through dopri5 at ``rtol 1e-10``
@@ -39,7 +39,8 @@ __all__ = ["adjoint_study", "markdown_table", "discrete_forward"]
 
 
 def discrete_forward(field: nn.Module, scheme: str, y0: torch.Tensor) -> torch.Tensor:
-    """``y_L`` of the discrete-mode net ``discretize(field, scheme)``: one ``scheme`` step per piece (SPEC §6)."""
+    """``y_L`` of the discrete-mode net ``discretize(field, scheme)``: one ``scheme`` step per piece (the architecture
+    map)."""
     from ..discrete import discretize
 
     return discretize(field, scheme)(y0)

@@ -1,6 +1,7 @@
 r"""Energy along a trajectory and the extended phase-space energy of time-varying Hamiltonian fields.
 
-For ``y' = J ∇H(y, t)`` with a time-invariant ``J`` (SPEC §2, eqs. H5, H8), ``dH/dt = ∂H/∂t``: ``H`` is conserved
+For ``y' = J ∇H(y, t)`` with a time-invariant ``J`` (Galimberti et al., eqs. H5, H8), ``dH/dt = ∂H/∂t``: ``H`` is
+conserved
 when the parameters are constant. With time-varying parameters the proof of Lemma H4 (H, appendix II-E) adds a
 conjugate pair ``(ε, t)`` to the state and the extended Hamiltonian ``H̃ = H(y, t) + ε`` with ``dε/dt = −∂H/∂t``;
 ``H̃`` is conserved along the extended flow. For the piecewise-constant parameters of cde_nets (piece ``l`` on

@@ -1,4 +1,4 @@
-r"""Depth profiles of a net's states (SPEC §3; blog B §8, Hauser S §4.3).
+r"""Depth profiles of a net's states (blog B §8, Hauser S §4.3).
 
 Given layer states ``x_0 .. x_L`` (each ``(batch, …)``, flattened per sample):
 

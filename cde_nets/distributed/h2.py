@@ -1,4 +1,4 @@
-"""The distributed H2-DNN: one process per node, talking only to its neighbours in ``S`` (SPEC §2, Thm. H2).
+"""The distributed H2-DNN: one process per node, talking only to its neighbours in ``S`` (Galimberti et al., Thm. H2).
 
 The state is split into ``M`` nodes, node ``i`` owning ``p_i`` and ``q_i`` (``sizes[i]`` entries each). Layer
 ``j`` (eqs. H12-13) with ``K_{p,j}, K_{q,j} ∈ BlkSprs(R_j)`` and ``X ∈ BlkSprs(T)``:

@@ -1,4 +1,4 @@
-"""Vector fields ``F(t, y)`` of the seeds (SPEC §1-4)."""
+"""Vector fields ``F(t, y)`` of the seeds (the seed papers: see the bibliography)."""
 
 from .base import Field
 from .baselines import MS1, MS2, MS3

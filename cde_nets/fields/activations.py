@@ -1,4 +1,5 @@
-"""Activations by name, with their antiderivatives (the Hamiltonian's ``σ̃`` with ``σ̃' = σ``, SPEC §2 eq. H5)."""
+"""Activations by name, with their antiderivatives (the Hamiltonian's ``σ̃`` with ``σ̃' = σ``, Galimberti et al. eq.
+H5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The MS1, MS2, MS3 baselines of the H-DNN seed (SPEC §2; H, appendix I, eqs. 38-40).
+"""The MS1, MS2, MS3 baselines of the H-DNN seed (Galimberti et al.; H, appendix I, eqs. 38-40).
 
 Their layers are the discretisations of these fields: MS1 by semi-implicit Euler with q first
 (``symplectic_euler_qp``), MS2 by forward Euler, MS3 by semi-implicit Euler with p first (``symplectic_euler``).

@@ -1,4 +1,4 @@
-"""Cubic-friction fields of Ruseckas (SPEC §1): dense eq. R56-57 and convolutional eq. R75."""
+"""Cubic-friction fields of Ruseckas: dense eq. R56-57 and convolutional eq. R75."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class _Friction(nn.Module):
 
 
 class CubicFriction(Field):
-    r"""``dx_i/dt = Σ_j w_ij(t) x_j + b_i(t) − γ sign(x_i)|x_i|^μ`` (SPEC §1, eqs. R56-57; μ = 3 default).
+    r"""``dx_i/dt = Σ_j w_ij(t) x_j + b_i(t) − γ sign(x_i)|x_i|^μ`` (Ruseckas, eqs. R56-57; μ = 3 default).
 
     Args:
         dim: state size ``d``; ``x`` is ``(batch, d)``.
@@ -108,12 +108,12 @@ class CubicFriction(Field):
         return self.friction.subtract_from(torch.addmm(self.b[l], x, self.W[l].T), x, gamma)
 
     def divergence(self, l: int, x: torch.Tensor) -> torch.Tensor:
-        """``Tr ∂F/∂x = Σ_i w_ii − γ μ Σ_i |x_i|^{μ−1}`` per sample (SPEC §1, eq. R28; μ = 3: ``− 3γ Σ x_i²``)."""
+        """``Tr ∂F/∂x = Σ_i w_ii − γ μ Σ_i |x_i|^{μ−1}`` per sample (Ruseckas, eq. R28; μ = 3: ``− 3γ Σ x_i²``)."""
         return torch.diagonal(self.W[l]).sum() - self.gamma * self.mu * x.abs().pow(self.mu - 1).sum(-1)
 
 
 class CubicFrictionConv(Field):
-    r"""``x' = κ(t) ⋆ x + b(t) − γ sign(x)|x|^μ`` on images (SPEC §1, eq. R75).
+    r"""``x' = κ(t) ⋆ x + b(t) − γ sign(x)|x|^μ`` on images (Ruseckas, eq. R75).
 
     ``κ`` is a same-size, zero-padded ``channels × channels × k × k`` convolution per piece; the channel count
     stays fixed (augment the input with zero channels, as in augmented ODEs). ``x`` is

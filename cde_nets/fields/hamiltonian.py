@@ -1,4 +1,4 @@
-"""Hamiltonian field ``y' = J(t) K(t)ᵀ σ(K(t) y + b(t))`` (SPEC §2, eq. H8; Hamiltonian eq. H5)."""
+"""Hamiltonian field ``y' = J(t) K(t)ᵀ σ(K(t) y + b(t))`` (Galimberti et al., eq. H8; Hamiltonian eq. H5)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def canonical_J(dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 
 class Hamiltonian(Field):
-    r"""``y' = J K(t)ᵀ σ(K(t) y + b(t))`` with ``H(y, t) = Σ σ̃(K(t) y + b(t))`` (SPEC §2, eqs. H5, H8).
+    r"""``y' = J K(t)ᵀ σ(K(t) y + b(t))`` with ``H(y, t) = Σ σ̃(K(t) y + b(t))`` (Galimberti et al., eqs. H5, H8).
 
     Args:
         dim: state size ``n`` (even unless ``J`` is a user tensor of odd size).

@@ -1,4 +1,4 @@
-"""The non-autonomous NAIS field ``x' = σ(A x + B u + b)``, ``A = −RᵀR − εI`` (SPEC §4, eqs. N3, N13)."""
+"""The non-autonomous NAIS field ``x' = σ(A x + B u + b)``, ``A = −RᵀR − εI`` (Ciccone et al., eqs. N3, N13)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,8 @@ class NAIS(_Input):
         """Condition N1 (eq. N8) checked on a batch: ``max_x ρ(I + h σ'(A x + B u + b) A)``.
 
         ``x``: ``(batch, dim)``; ``u``: ``(batch, input_dim)``; ``h``: the step (default the grid's
-        ``T / layers``); ``l``: the piece. The eigenvalues of the batch of Jacobians (eq. N6) come from one batched ``torch.linalg.eigvals``. Below 1
+        ``T / layers``); ``l``: the piece. The eigenvalues of the batch of Jacobians (eq. N6) come from one batched
+        ``torch.linalg.eigvals``. Below 1
         the forward-Euler block contracts towards its input-dependent equilibrium at every ``x`` of the batch.
         """
         if self.activation_name not in DERIVATIVES:

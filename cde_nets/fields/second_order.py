@@ -1,4 +1,4 @@
-"""Second- and higher-order depth (SPEC §3; blog §8, Hauser §2.2): ``x' = v``, ``v' = −γ v + η f(x)``."""
+"""Second- and higher-order depth (blog §8, Hauser §2.2): ``x' = v``, ``v' = −γ v + η f(x)``."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class PiecewiseMLP(nn.Module):
 
 
 class SecondOrder(Field):
-    r"""Order-``k`` depth (SPEC §3; B §8, S §2.2): state ``(x, x', ..., x^{(k−1)})`` held as one tensor
+    r"""Order-``k`` depth (B §8, S §2.2): state ``(x, x', ..., x^{(k−1)})`` held as one tensor
     ``(batch, k·dim)``, blocks of ``dim`` features in that order, and
 
     - ``k = 2`` (default): ``x' = v``, ``v' = −γ v + η f(x)``, the damped driven oscillator of the blog;
