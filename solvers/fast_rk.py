@@ -71,7 +71,10 @@ def fast_applies(method: str, gradient: str, y0: Any, t: torch.Tensor, params: S
         return False
     if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64) or y0.numel() == 0:
         return False
-    if t.dim() != 1 or len(t) < 2 or t.requires_grad or not bool((t[1:] > t[:-1]).all()):
+    if t.dim() != 1 or len(t) < 2 or t.requires_grad:
+        return False
+    tl = t.tolist()
+    if not all(a < b for a, b in zip(tl, tl[1:])):
         return False
     if gradient == "backprop":
         return True
