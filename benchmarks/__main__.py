@@ -125,16 +125,6 @@ def _forward_grid(res: dict) -> Headline:
              f"{min(r['torchode_autodiff_over_ours_backprop'] for r in rows if 'ours_backprop_fb_s' in r):.2f}")]
 
 
-def _forward_grid(res: dict) -> Headline:
-    rows = res["rows"]
-    wide = max(r["ours_over_fe"] for r in rows if r["dim"] >= 64) if any(r["dim"] >= 64 for r in rows) else float("nan")
-    return [("forward / field evaluations alone, dim >= 64, worst", f"{wide:.2f}"),
-            ("forward / field evaluations alone, dim 4, worst", f"{_max(rows, 'ours_over_fe', dim=4):.2f}"),
-            ("torchode / ours, forward, slowest margin", f"{min(r['torchode_over_ours'] for r in rows):.2f}"),
-            ("torchode / ours, forward+backward, slowest margin",
-             f"{min(r['torchode_autodiff_over_ours_backprop'] for r in rows if 'ours_backprop_fb_s' in r):.2f}")]
-
-
 def _events(res: dict) -> Headline:
     r = res["rows"][0]
     return [("per-sample events / ideal compacted cost", f"{r['ratio_to_ideal']:.2f}"),
@@ -156,7 +146,6 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("gradient_modes", _gradient_modes, "exact <= 1e-10; memory and time targets"),
     ("events", _events, "<= 1.2"),
     ("forward_grid", _forward_grid, "<= 1.5 (dim >= 64), <= 2.5 (dim 4); torchode / ours > 1"),
-    ("forward_grid", _forward_grid, "<= 1.5 (dim >= 64), <= 2.5 (dim 4); torchode / ours > 1"),
     ("compiled", _compiled, "<= 1e-5 from eager"),
 )
 
@@ -176,7 +165,6 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "training": {"tiny": 0.2},
     "gradient_modes": {"tiny": 33.0},
     "events": {"tiny": 3.0},
-    "forward_grid": {"tiny": 2.0},
     "forward_grid": {"tiny": 2.0},
     "compiled": {"tiny": 14.0},
 }

@@ -30,8 +30,6 @@ EXPECTED = {
     "events": ("events", {"setting", "goal", "rows"}, {"ratio_to_ideal", "ratio_per_sample_to_ours", "fired"}),
     "forward_grid": ("forward_grid", {"setting", "goal", "rows"}, {"dim", "batch", "nfe", "fe_s", "ours_s",
                                                                    "torchdiffeq_s", "torchode_s", "ours_over_fe"}),
-    "forward_grid": ("forward_grid", {"setting", "goal", "rows"}, {"dim", "batch", "nfe", "fe_s", "ours_s",
-                                                                   "torchdiffeq_s", "torchode_s", "ours_over_fe"}),
     "compiled": ("compiled", {"setting", "goal", "rows"}, {"net", "mode", "eager_s", "compiled_s", "speedup",
                                                            "max_rel_diff"}),
 }
