@@ -39,8 +39,12 @@ def _continuous(res: dict) -> Headline:
 
 def _memory(res: dict) -> Headline:
     s = res["summary"]
+    d = res["discrete_summary"]
     return [("adjoint memory, most / fewest steps", f"{s['adjoint']['ratio_max_to_min_steps']:.2f}"),
-            ("backprop KiB per step", f"{s['backprop']['bytes_per_step'] / 1024:.1f}")]
+            ("backprop KiB per step", f"{s['backprop']['bytes_per_step'] / 1024:.1f}"),
+            ("memory-free discrete memory, most / fewest layers, worst",
+             f"{max(v['memory_ratio'] for v in d.values()):.2f}"),
+            ("memory-free H2-DNN time / stored activations", f"{d['H2-DNN']['time_ratio_to_stored']:.2f}")]
 
 
 def _jump(res: dict) -> Headline:
@@ -135,7 +139,7 @@ def _events(res: dict) -> Headline:
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
     ("continuous_overhead", _continuous, "<= 1.05, same NFE"),
-    ("memory_scaling", _memory, "adjoint <= 1.2; backprop linear"),
+    ("memory_scaling", _memory, "adjoint <= 1.2; backprop linear; memory-free discrete <= 1.2, H2 time <= 2"),
     ("jump_nfe", _jump, "fewer NFE with jump_t"),
     ("adjoint_study", _adjoint_study, "adjoint memory below backprop"),
     ("adjoint_pieces", _adjoint_pieces, "<= 3; <= 1.2"),

@@ -61,22 +61,8 @@ class DiscreteNet(Block):
         self.memory_free = bool(memory_free)
         L = field.grid.L
         self.h = self.T / L
-        if memory_free and self.scheme.variant == "field velocity":
-            raise ValueError(
-                f"on the order-2 field {type(field).__name__}, the momentum scheme's m = 1 − hγ and "
-                "η = hη come from the field's γ, η; drop `momentum`, `tie_eta` and `memory_free` (or use "
-                "a first-order field)."
-            )
-        if memory_free and self.scheme.state != "velocity":
-            raise ValueError(
-                f"`memory_free=True` needs the 'momentum' scheme (exact inversion), not {self.scheme.name!r}."
-            )
-        if memory_free and momentum is None:
-            raise ValueError(
-                "`memory_free=True` inverts v_l = (v_{l+1} − η h F) / m once per layer, so rounding "
-                "grows like (1/m)^L; the default ResNet start m ≈ 4.5e-5 would destroy the gradients. "
-                "Pass a moderate momentum, e.g. `momentum=(0.9, 1.0)`."
-            )
+        if memory_free:
+            self.scheme.check_invertible(field)
         self.stop = self._check_stop(as_stop(stop, "discrete"))
         shape = tuple(getattr(field, "state_shape", ()) or ())
         channels = shape[0] if shape and isinstance(shape[0], int) else 1  # plain modules: one value per layer
@@ -159,9 +145,9 @@ class DiscreteNet(Block):
             )
         with gathered(self.field):
             if self.memory_free:
-                from .momentum_inverse import momentum_memory_free
+                from .invertible import memory_free
 
-                y = momentum_memory_free(self, f, y0)
+                y = memory_free(self, f, y0)
                 return Solution(y=y, stats=self._stats(self.field.grid.L))
             coef = self._coef_views(y0.dim())
             state = self.scheme.init(y0)
@@ -244,8 +230,10 @@ def discretize(
             variant: first order, not symplectic (see :attr:`DiscreteNet.properties`).
         momentum: initial ``(m, η)`` of the momentum scheme; default ``m ≈ 0, η = 1`` (starts as a ResNet).
         tie_eta: momentum with ``η = 1 − m`` (Momentum ResNets, Sander et al. 2021).
-        memory_free: momentum only — backward by exact inversion of the update, O(1) memory in depth; needs
-            ``momentum=(m, η)`` with a moderate ``m`` (rounding grows like ``(1/m)^L``).
+        memory_free: backward by exact inversion of the layers (:mod:`cde_nets.invertible`), memory constant in
+            depth: ``symplectic_euler``, ``symplectic_euler_qp``, ``verlet`` on separable fields, ``momentum``
+            (needs ``momentum=(m, η)`` with a moderate ``m``: rounding grows like ``(1/m)^L``), ``lm2`` with
+            ``k_l ≠ 0`` (e.g. ``LM2(k0=1.0)``), ``alf``.
         stop: :class:`~cde_nets.Stop` (or a dict of its fields): each sample stops when
             ``‖y_i − y_{i−1}‖ < eps`` (at most ``max_depth`` steps, default ``L``; step ``i`` uses piece
             ``min(i, L − 1)``); the batch is compacted as samples finish. ``net(y0)`` still returns a tensor;

@@ -62,6 +62,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("ck", "any", "Hauser C^k network", "eq. S7"),
     Architecture("dense", "any", "DenseNet state space (k lags)", "eq. S22"),
     Architecture("lm2", "any", "LM-ResNet two-step (Ruseckas)", "eq. R111"),
+    Architecture("alf", "any", "asynchronous leapfrog (MALI) net, state (y, v), invertible", "MALI Alg. 1"),
     Architecture("midpoint", "any", "RK2 (midpoint) block, for comparison", "—"),
     Architecture("rk4", "any", "RK4 block, for comparison", "—"),
 )

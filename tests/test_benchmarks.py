@@ -15,7 +15,8 @@ from cde_nets.benchmarks.__main__ import BENCHMARKS
 EXPECTED = {
     "discrete_overhead": ("discrete_overhead", {"goal", "rows"}, {"net", "mode", "ours_s", "hand_s", "ratio_hand"}),
     "continuous_overhead": ("continuous_overhead", {"goal", "rows"}, {"ratio", "nfe_ours", "nfe_torchdiffeq"}),
-    "memory_scaling": ("memory_scaling", {"rows", "summary", "goal"}, {"gradient", "steps", "saved_bytes"}),
+    "memory_scaling": ("memory_scaling", {"rows", "summary", "goal", "discrete", "discrete_summary"},
+                       {"gradient", "steps", "saved_bytes"}),
     "jump_nfe": ("jump_nfe", {"setting", "rows"}, {"rtol", "jumps", "nfe_forward", "max_error"}),
     "adjoint_study": ("adjoint_study_tiny", {"setting", "reference", "rows"}, {"mode", "method", "rel_grad_error"}),
     "stopping_scaling": ("stopping_scaling", {"setting", "goal", "rows", "fit"},

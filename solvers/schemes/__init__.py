@@ -17,6 +17,7 @@ latter after a matmul (``torch.compile`` gave answers off by 6 on an H1 net). Th
 
 from .base import Scheme, State, Tableau, dense_matrix
 from .lags import CK, LM2, Dense
+from .leapfrog import ALF
 from .momentum import Momentum
 from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
 from .runge_kutta import RK4, Euler, Midpoint, RungeKutta
@@ -37,6 +38,7 @@ __all__ = [
     "CK",
     "Dense",
     "LM2",
+    "ALF",
     "SCHEME_CLASSES",
     "SCHEMES",
     "get_scheme",

@@ -28,6 +28,7 @@ class Momentum(Scheme):
     ``η_B = hη`` from the field, so no coefficients are created (``variant = "field velocity"``)."""
 
     name, order, state, equation = "momentum", 1, "velocity", "B §8"
+    invertible = True
     description = "heavy ball: v' = m v + η h F(x), x' = x + v' (m = sigmoid(a_l), η = softplus(b_l))"
 
     def __init__(self, momentum: tuple[float, float] | None = None, tie_eta: bool = False):
@@ -84,3 +85,19 @@ class Momentum(Scheme):
         x, v = state
         v = coef["m"][l] * v + coef["eta_h"][l] * f.evaluate(l, x, t=l * h if t is None else t)
         return (x + v, v)
+
+    def check_invertible(self, field):
+        if self.momentum is None:
+            raise ValueError(
+                "`memory_free=True` inverts v_l = (v_{l+1} − η h F) / m once per layer, so rounding "
+                "grows like (1/m)^L; the default ResNet start m ≈ 4.5e-5 would destroy the gradients. "
+                "Pass a moderate momentum, e.g. `momentum=(0.9, 1.0)`."
+            )
+
+    def inverse(self, f, l, state, h, coef=None, t=None):
+        """``x_l = x_{l+1} − v_{l+1}``, ``v_l = (v_{l+1} − η_l h F_l(x_l)) / m_l`` (Sander et al. 2021, §3);
+        the division amplifies rounding by ``1/m_l`` per layer."""
+        x1, v1 = state
+        x = x1 - v1
+        v = (v1 - coef["eta_h"][l] * f.evaluate(l, x, t=l * h if t is None else t)) / coef["m"][l]
+        return (x, v)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import Scheme
 from .lags import CK, LM2, Dense
+from .leapfrog import ALF
 from .momentum import Momentum
 from .runge_kutta import RK4, Euler, Midpoint
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
@@ -11,7 +12,7 @@ from .split import SymplecticEuler, SymplecticEulerQP, Verlet
 __all__ = ["SCHEME_CLASSES", "SCHEMES", "get_scheme"]
 
 SCHEME_CLASSES: dict[str, type[Scheme]] = {
-    c.name: c for c in (Euler, Midpoint, RK4, SymplecticEuler, SymplecticEulerQP, Verlet, Momentum, CK, Dense, LM2)
+    c.name: c for c in (Euler, Midpoint, RK4, SymplecticEuler, SymplecticEulerQP, Verlet, Momentum, CK, Dense, LM2, ALF)
 }
 SCHEMES: dict[str, Scheme] = {name: cls() for name, cls in SCHEME_CLASSES.items()}
 
