@@ -11,13 +11,13 @@ there — and refuses a field it cannot run on. Then ``init(y0)``, ``step(f, l, 
 ``f`` is the field bound to one call: ``f.evaluate(l, y, t=...)`` (piece ``l``; ``t``, the stage's time, is used
 only by fields that are not piecewise, e.g. a plain ``forward(t, y)`` module), ``f.evaluate_part(l, y, part)``
 and, on separable fields, ``f.evaluate_half(l, z, part)`` (``p'`` from ``q`` alone, ``q'`` from ``p`` alone).
-Updates are written ``y + h * F``, never ``torch.add(y, F, alpha=h)``: torch 2.13's inductor mis-lowers the
-latter after a matmul (``torch.compile`` gave answers off by 6 on an H1 net). This module never imports ``cde_nets``.
+Updates ``y + h F`` go through :func:`~.base.axpy`: one fused ``torch.add(y, F, alpha=h)`` eagerly, the written-out
+form under ``torch.compile`` (torch 2.13's inductor mis-lowers add-with-alpha after a matmul: answers off by 6 on
+an H1 net). This module never imports ``cde_nets``.
 """
 
 from .base import Scheme, State, Tableau, dense_matrix
 from .lags import CK, LM2, Dense
-from .leapfrog import ALF
 from .momentum import Momentum
 from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
 from .runge_kutta import RK4, Euler, Midpoint, RungeKutta
@@ -38,7 +38,6 @@ __all__ = [
     "CK",
     "Dense",
     "LM2",
-    "ALF",
     "SCHEME_CLASSES",
     "SCHEMES",
     "get_scheme",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Scheme, Tableau
+from .base import Scheme, Tableau, axpy
 
 __all__ = ["Euler", "RungeKutta", "Midpoint", "RK4"]
 
@@ -17,7 +17,7 @@ class Euler(Scheme):
 
     def step(self, f, l, state, h, coef=None, t=None):
         y = state[0]
-        return (y + h * f.evaluate(l, y, t=l * h if t is None else t),)
+        return (axpy(y, h, f.evaluate(l, y, t=l * h if t is None else t)),)
 
 
 class RungeKutta(Scheme):
@@ -35,11 +35,11 @@ class RungeKutta(Scheme):
             yi = y
             for aij, kj in zip(row, ks):
                 if aij:
-                    yi = yi + (h * aij) * kj
+                    yi = axpy(yi, h * aij, kj)
             ks.append(f.evaluate(l, yi, t=t0 + ci * h))
         for bi, ki in zip(self.tableau.b, ks):
             if bi:
-                y = y + (h * bi) * ki
+                y = axpy(y, h * bi, ki)
         return (y,)
 
 
