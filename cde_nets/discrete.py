@@ -123,6 +123,20 @@ class DiscreteNet(Block):
             coef = self._coef_views(state[0].dim())
         return self.scheme.step(BoundField(self.field, u), l, state, self.h, coef, l * self.h)
 
+    def layer_states(self, y0: torch.Tensor, u: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """``[y_0, y_1, ..., y_L]`` as separate tensors of one graph, so that a loss on ``y_L`` can be
+        differentiated with respect to every intermediate state (depth profiles, backward sensitivity matrices).
+        ``solve(y0, t=net.times).ys`` holds the same values stacked, which ``autograd.grad`` cannot reach per layer."""
+        f = self.bind(y0, u)
+        with gathered(self.field):
+            coef = self._coef_views(y0.dim())
+            state = self.scheme.init(y0)
+            states = [self.scheme.readout(state)]
+            for l in range(self.field.grid.L):
+                state = self.scheme.step(f, l, state, self.h, coef, l * self.h)
+                states.append(self.scheme.readout(state))
+        return states
+
     # -- solving -------------------------------------------------------------------------------------------
     def solve(
         self,

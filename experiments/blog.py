@@ -121,7 +121,7 @@ class ResidualNet(nn.Module):
         self.head = nn.Linear(width, n_out)
 
     def states(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return list(self.net.solve(self.embed(x), t=self.net.times).ys)
+        return self.net.layer_states(self.embed(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.states(x)[-1])

@@ -147,3 +147,17 @@ def test_sde_block_input_per_call_and_solution():
         block.solve(x0, u=u, t=[0.3, 1.0])
     with pytest.raises(ValueError, match="`rtol`/`atol` control adaptive stepping"):
         SDEBlock(field, rtol=1e-3)
+
+
+def test_layer_states_are_separate_tensors_of_one_graph():
+    """Depth profiles differentiate a loss on y_L with respect to every y_l: the stacked solve(t=...).ys cannot
+    give that (the blog reproduction reported ‖∂L/∂x_0‖ / ‖∂L/∂x_L‖ = 0 through it)."""
+    from cde_nets import discretize
+
+    torch.manual_seed(0)
+    net = discretize(Hamiltonian(4, layers=6).double(), "euler")
+    y0 = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    states = net.layer_states(y0)
+    assert torch.equal(torch.stack(states), net.solve(y0, t=net.times).ys)
+    grads = torch.autograd.grad(states[-1].square().sum(), states)
+    assert all(float(g.abs().sum()) > 0 for g in grads)
