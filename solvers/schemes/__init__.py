@@ -18,6 +18,7 @@ an H1 net). This module never imports ``cde_nets``.
 
 from .base import Scheme, State, Tableau, dense_matrix
 from .lags import CK, LM2, Dense
+from .leapfrog import ALF
 from .momentum import Momentum
 from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
 from .runge_kutta import RK4, Euler, Midpoint, RungeKutta
@@ -38,6 +39,7 @@ __all__ = [
     "CK",
     "Dense",
     "LM2",
+    "ALF",
     "SCHEME_CLASSES",
     "SCHEMES",
     "get_scheme",

@@ -11,6 +11,7 @@ import torch
 
 from ..architectures import architecture
 
+
 def axpy(y: torch.Tensor, h: float, F: torch.Tensor) -> torch.Tensor:
     """``y + h F``. Eagerly as one ``torch.add(y, F, alpha=h)`` kernel (one rounding; the form the recorded
     results were computed with); under ``torch.compile`` written out, because torch 2.13's inductor mis-lowers
@@ -69,6 +70,7 @@ class Scheme:
     lags: int = 1
     variant: str = ""  # row variant of the architecture map on the resolved field ("" = as declared)
     properties: frozenset[str] = frozenset()
+    invertible: bool = False  # :meth:`inverse` rebuilds a layer's input from its output (memory-free backward)
 
     def options(self) -> dict[str, Any]:
         """The options this instance was built with (shown by ``repr``)."""
@@ -130,3 +132,54 @@ class Scheme:
     def readout(self, state: State) -> torch.Tensor:
         """The field-shaped state of a scheme state."""
         return state[0]
+
+    # -- inversion (memory-free backward, :mod:`cde_nets.invertible`) ---------------------------------------
+    def check_invertible(self, field: Any) -> None:
+        """Raise ``ValueError`` naming the fix unless :meth:`inverse` is exact on ``field`` (this scheme resolved
+        for it by :meth:`for_field`)."""
+        if not self.invertible:
+            raise ValueError(
+                f"`memory_free=True` rebuilds each layer's input from its output, which needs an explicitly "
+                f"invertible scheme: symplectic_euler, symplectic_euler_qp, verlet (on a separable field), "
+                f"momentum, lm2 or alf. {self.name!r} is not (undoing its step means solving a nonlinear "
+                f"equation). Pick one of those, or drop `memory_free`."
+            )
+
+    def check_inverse(self, coef: dict) -> None:
+        """Raise ``ValueError`` when this call's coefficients (:meth:`coefficient_values`) make :meth:`inverse`
+        singular (checked once per memory-free forward)."""
+
+    def inverse(
+        self, f: Any, l: int, state: State, h: float, coef: dict | None = None, t: float | None = None
+    ) -> State:
+        """The state before layer ``l``: ``inverse(f, l, step(f, l, s, h, coef, t), h, coef, t) == s`` up to
+        rounding (same arguments as :meth:`step`). Only when :attr:`invertible`."""
+        raise NotImplementedError(f"scheme {self.name!r} has no inverse step.")
+
+    def inverse_vjp(
+        self,
+        f: Any,
+        l: int,
+        state: State,
+        g_state: State,
+        wrt: tuple[torch.Tensor, ...],
+        h: float,
+        coef: dict | None = None,
+        t: float | None = None,
+    ) -> tuple[State, State, tuple[torch.Tensor | None, ...]]:
+        """``(prev, g_prev, g_wrt)``: the state before layer ``l`` (:meth:`inverse`) and the vector-Jacobian product
+        of the layer there, ``g_prev = (∂ step / ∂ prev)ᵀ g_state`` and the same for the tensors ``wrt``
+        (``None`` where the layer does not use one). Here: the inverse without a graph, then the step recomputed
+        with one; a scheme whose inverse evaluates what its step does may reuse those evaluations."""
+        with torch.no_grad():
+            prev = self.inverse(f, l, state, h, coef, t)
+        with torch.enable_grad():
+            leaves = tuple(s.detach().requires_grad_(True) for s in prev)
+            out = self.step(f, l, leaves, h, coef, t)
+            # a scalar ⟨out, g⟩ instead of grad_outputs: torch.autograd.grad's shape check of grad_outputs costs
+            # more than a small layer's whole backward
+            dot = sum((o * g).sum() for o, g in zip(out, g_state) if o.requires_grad)
+            grads = torch.autograd.grad(dot, (*leaves, *wrt), allow_unused=True, retain_graph=True)
+        n = len(leaves)
+        g_prev = tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads[:n], prev))
+        return prev, g_prev, grads[n:]

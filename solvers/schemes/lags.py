@@ -78,14 +78,27 @@ class Dense(CK):
 
 class LM2(Scheme):
     """Two-step linear multistep with learnable ``k_l`` (Ruseckas eq. R111, LM-ResNet's structure):
-    ``x_{l+1} = (1 − k_l) x_l + k_l x_{l−1} + h F_l(x_l)``, ``x_{−1} = x_0`` (the first step is forward Euler)."""
+    ``x_{l+1} = (1 − k_l) x_l + k_l x_{l−1} + h F_l(x_l)``, ``x_{−1} = x_0`` (the first step is forward Euler).
+    ``k0``: the initial ``k_l`` (default 0: a ResNet).
+
+    Invertible while every ``k_l ≠ 0`` (state ``(x_{l+1}, x_l)``):
+    ``x_{l−1} = (x_{l+1} − (1 − k_l) x_l − h F_l(x_l)) / k_l``. Run backwards, the recurrence's parasitic root is
+    ``−1/k_l`` (``−k_l`` forwards), so rounding grows like ``∏ 1/|k_l|``; ``k0=1.0`` gives
+    ``x_{l+1} = x_{l−1} + h F_l(x_l)``, a leapfrog whose inverse is the same recurrence (no growth)."""
 
     name, state, equation, lags = "lm2", "lags", "R111", 2
     description = "two-step LM: x' = (1 − k_l) x + k_l x_prev + h F(x)"
     coefficients = ("k_lm",)
+    invertible = True
+
+    def __init__(self, k0: float = 0.0):
+        self.k0 = float(k0)
+
+    def options(self):
+        return {"k0": self.k0} if self.k0 else {}
 
     def coefficient_init(self, L, channels):
-        return {"k_lm": torch.zeros(L)}
+        return {"k_lm": torch.full((L,), self.k0)}
 
     def coefficient_values(self, params, h, ndim):
         return {"k": params["k_lm"]}
@@ -100,3 +113,28 @@ class LM2(Scheme):
             return (axpy(x, h, F), x)
         kl = coef["k"][l]
         return (axpy((1 - kl) * x + kl * x_prev, h, F), x)
+
+    def check_invertible(self, field):
+        if self.k0 == 0:
+            raise ValueError(
+                "`memory_free=True` inverts lm2 by dividing by k_l, and k_l starts at 0 (a ResNet); pass the "
+                "scheme with a non-zero start, e.g. `discretize(field, LM2(k0=1.0), memory_free=True)` (the "
+                "leapfrog two-step, whose rounding does not grow), or drop `memory_free`."
+            )
+
+    def check_inverse(self, coef):
+        k = coef["k"][1:]  # layer 0 is forward Euler from (x_0, x_0): its input is still in the state
+        if bool((k == 0).any()):
+            l = 1 + int((k == 0).nonzero()[0])
+            raise ValueError(
+                f"lm2 with `memory_free=True` divides by k_l, but k_{l} = 0; keep the `k_lm` coefficients away "
+                "from 0 (e.g. re-initialise them at 1.0), or train this net with `memory_free=False`."
+            )
+
+    def inverse(self, f, l, state, h, coef=None, t=None):
+        x1, x = state
+        if l == 0:
+            return (x, x)
+        kl = coef["k"][l]
+        F = f.evaluate(l, x, t=l * h if t is None else t)
+        return (x, (x1 - (1 - kl) * x - h * F) / kl)

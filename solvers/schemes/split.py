@@ -44,11 +44,29 @@ class _Split(Scheme):
         s.n_p = (split or declared)[0]
         separable = split is None and bool(getattr(field, "separable", False))
         s.mode = "half" if separable else ("part" if split is None else "full")
+        # each half step is a shear by the other half alone only on separable fields: run backwards, it is exact
+        s.invertible = separable
         if separable:
             s.properties = frozenset({"symplectic"})
         else:
             s.properties, s.variant, s.order = frozenset(), "non-separable", self.order_non_separable
         return s
+
+    def check_invertible(self, field):
+        if self.variant == "field velocity":
+            raise ValueError(
+                f"on the order-2 field {type(field).__name__}, the momentum scheme's m = 1 − hγ and "
+                "η = hη come from the field's γ, η; drop `momentum`, `tie_eta` and `memory_free` (or use "
+                "a first-order field)."
+            )
+        if not self.invertible:
+            raise ValueError(
+                f"`memory_free=True` undoes {self.name!r} by running its half steps backwards "
+                "(q ← q − h F_q(p), p ← p − h F_p(q)), which is exact only on a separable field (p' from q alone, "
+                f"q' from p alone); {type(field).__name__} is not separable here"
+                + (" (`split=` evaluates the whole field)" if self.mode == "full" else "")
+                + ". Use Hamiltonian(K='blockdiag'), MS1 or MS3, or drop `memory_free`."
+            )
 
     def _resolve_quiet(self, field):
         try:
@@ -68,6 +86,38 @@ class _Split(Scheme):
 
     def readout(self, state):
         return torch.cat(state, 1)
+
+    def stages(self, t: float, h: float) -> tuple[tuple[int, float, float], ...]:
+        """The half steps of one layer in order: ``(part, c, time)`` for ``z_part ← z_part + c h F_part``."""
+        raise NotImplementedError
+
+    def inverse_vjp(self, f, l, state, g_state, wrt, h, coef=None, t=None):
+        """The reversible backward of Gomez et al. 2017 (§3, additive coupling): the half steps undone in reverse
+        order, each with its one evaluation taken under autograd and reused for that half step's vector-Jacobian
+        product — one evaluation per half step, as in the forward, instead of the inverse's plus a recomputed step's.
+        """
+        p, q = state
+        gp, gq = g_state
+        t = l * h if t is None else t
+        g_wrt: list[torch.Tensor | None] = [None] * len(wrt)
+        for part, c, ts in reversed(self.stages(t, h)):
+            ch = c * h
+            with torch.enable_grad():
+                other = (q if part == 0 else p).detach().requires_grad_(True)
+                F = self.derivative(f, l, other, other, part, ts)  # half mode: part 0 reads q, part 1 reads p
+                w = ch * (gp if part == 0 else gq)
+                grads = torch.autograd.grad((F * w).sum(), (other, *wrt), allow_unused=True, retain_graph=True)
+            with torch.no_grad():
+                if part == 0:
+                    p = p - ch * F
+                    gq = gq if grads[0] is None else gq + grads[0]
+                else:
+                    q = q - ch * F
+                    gp = gp if grads[0] is None else gp + grads[0]
+                for i, g in enumerate(grads[1:]):
+                    if g is not None:
+                        g_wrt[i] = g if g_wrt[i] is None else g_wrt[i] + g
+        return (p.detach(), q.detach()), (gp, gq), tuple(g_wrt)
 
     def derivative(self, f, l: int, p: torch.Tensor, q: torch.Tensor, part: int, t: float) -> torch.Tensor:
         """``p'`` (``part=0``) or ``q'`` (``part=1``) at ``(p, q)``: from the other half alone on separable fields."""
@@ -90,6 +140,9 @@ class SymplecticEuler(_Split):
     def evaluations(self, l):
         return 2
 
+    def stages(self, t, h):
+        return tuple((part, 1.0, t) for part in self.part_order)
+
     def step(self, f, l, state, h, coef=None, t=None):
         p, q = state
         t = l * h if t is None else t
@@ -98,6 +151,17 @@ class SymplecticEuler(_Split):
                 p = axpy(p, h, self.derivative(f, l, p, q, 0, t))
             else:
                 q = axpy(q, h, self.derivative(f, l, p, q, 1, t))
+        return (p, q)
+
+    def inverse(self, f, l, state, h, coef=None, t=None):
+        """The half steps in reverse order, subtracted: each reads only the half it does not change."""
+        p, q = state
+        t = l * h if t is None else t
+        for part in reversed(self.part_order):
+            if part == 0:
+                p = p - h * self.derivative(f, l, p, q, 0, t)
+            else:
+                q = q - h * self.derivative(f, l, p, q, 1, t)
         return (p, q)
 
 
@@ -119,10 +183,21 @@ class Verlet(_Split):
     def evaluations(self, l):
         return 3
 
+    def stages(self, t, h):
+        return ((0, 0.5, t), (1, 1.0, t + 0.5 * h), (0, 0.5, t + h))
+
     def step(self, f, l, state, h, coef=None, t=None):
         p, q = state
         t = l * h if t is None else t
         p = axpy(p, 0.5 * h, self.derivative(f, l, p, q, 0, t))
         q = axpy(q, h, self.derivative(f, l, p, q, 1, t + 0.5 * h))
         p = axpy(p, 0.5 * h, self.derivative(f, l, p, q, 0, t + h))
+        return (p, q)
+
+    def inverse(self, f, l, state, h, coef=None, t=None):
+        p, q = state
+        t = l * h if t is None else t
+        p = p - (0.5 * h) * self.derivative(f, l, p, q, 0, t + h)
+        q = q - h * self.derivative(f, l, p, q, 1, t + 0.5 * h)
+        p = p - (0.5 * h) * self.derivative(f, l, p, q, 0, t)
         return (p, q)
