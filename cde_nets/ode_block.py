@@ -309,7 +309,7 @@ class ODEBlock(Block):
 
     def _params(self, bound: BoundField) -> list[torch.Tensor]:
         """What the adjoint differentiates: the field's trainable parameters and the call's input ``u``."""
-        params = [p for p in self.field.parameters() if p.requires_grad]
+        params: list[torch.Tensor] = [p for p in self.field.parameters() if p.requires_grad]
         if bound.u is not None and bound.u.requires_grad:
             params.append(bound.u)
         return params

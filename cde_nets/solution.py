@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from cde_nets.solvers.adapter import SolverStats
+
 __all__ = ["Solution"]
 
 
@@ -40,7 +42,7 @@ class Solution:
     y: torch.Tensor
     ts: torch.Tensor | None = None
     ys: torch.Tensor | None = None
-    stats: Mapping[str, int] = field(default_factory=dict)
+    stats: Mapping[str, int] | SolverStats = field(default_factory=dict)
     stop_times: torch.Tensor | None = None
     depths: torch.Tensor | None = None
     fired: torch.Tensor | None = None

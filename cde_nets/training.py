@@ -359,7 +359,7 @@ class Trainer:
                 if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
                     sched.step(metrics.get("test_loss", metrics["train_loss"]))
                 else:
-                    sched.step()  # type: ignore[attr-defined]
+                    sched.step()
             metrics["time_s"] = time.perf_counter() - t0
             if self.hooks.epoch is not None:
                 self.hooks.epoch(epoch, model, metrics)

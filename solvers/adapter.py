@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -148,7 +148,10 @@ def aligned_grid(boundaries: Sequence[float], step_size: float | None) -> torch.
 class _Counted(nn.Module):
     """Wraps a field: counts evaluations and steps, enforces ``max_steps``, turns failures into SolverError."""
 
-    def __init__(self, field: nn.Module, stats: SolverStats, max_steps: int, count_vjp: bool):
+    field: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def __init__(self, field: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], stats: SolverStats,
+                 max_steps: int, count_vjp: bool):
         super().__init__()
         self.field = field
         self.stats = stats
@@ -265,7 +268,7 @@ class _CountedFixed(_Counted):
 
 
 def integrate(
-    field: nn.Module,
+    field: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     y0: torch.Tensor,
     t: torch.Tensor,
     *,

@@ -248,7 +248,7 @@ def integrate_alf(
     opts = _options(options, rtol, atol)
     ts = [float(s) for s in t.tolist()]
     adaptive = grid is None
-    extra = [] if adaptive else grid.tolist()
+    extra = [] if grid is None else grid.tolist()
     if adaptive and jump_t is not None:
         extra = jump_t.tolist()
     stops = sorted({s for s in [*ts[1:], *extra] if ts[0] < s <= ts[-1]})

@@ -25,7 +25,7 @@ def check_positive(name: str, value: float, fix: str = "") -> float:
     if isinstance(value, (str, bytes, bool)):
         raise TypeError(f"`{name}` must be a positive number, got {value!r}.")
     try:
-        v = float(value)  # type: ignore[arg-type]
+        v = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"`{name}` must be a positive number, got {value!r}.") from None
     if not math.isfinite(v) or v <= 0:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -53,8 +54,9 @@ def _col(v: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return v.reshape(v.shape[0], *([1] * (y.dim() - 1))).to(y.dtype)
 
 
-def hermite(t: torch.Tensor, a: float, b: float, ya: torch.Tensor, yb: torch.Tensor, fa: torch.Tensor,
-            fb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def hermite(
+    t: torch.Tensor, a: float, b: float, ya: torch.Tensor, yb: torch.Tensor, fa: torch.Tensor, fb: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cubic Hermite interpolant on ``[a, b]`` and its time derivative at per-row times ``t`` ``(n,)``.
 
     ``H(a) = ya, H(b) = yb, H'(a) = fa, H'(b) = fb`` (all ``(n, ...)``); works for ``b < a`` too.
@@ -69,8 +71,14 @@ def hermite(t: torch.Tensor, a: float, b: float, ya: torch.Tensor, yb: torch.Ten
     return y, dy
 
 
-def locate_roots(fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor, b: torch.Tensor, ga: torch.Tensor,
-                 gb: torch.Tensor, tol: float) -> torch.Tensor:
+def locate_roots(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    ga: torch.Tensor,
+    gb: torch.Tensor,
+    tol: float,
+) -> torch.Tensor:
     """Per-row root of ``fn(t) -> (n,)`` in the brackets ``[a, b]`` (``ga``, ``gb``: ``fn`` there, of opposite
     signs or ``gb = 0``), by the Illinois method, to a bracket width ``≤ tol``. Returns ``t* (n,)`` float64."""
     a, b, ga, gb = a.clone(), b.clone(), ga.double().clone(), gb.double().clone()
@@ -100,8 +108,9 @@ def locate_roots(fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor, b:
     return torch.where(gb == 0, b, t)
 
 
-def event_time(g: RowFn, f: torch.Tensor, t_hat: torch.Tensor, y_hat: torch.Tensor, idx: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def event_time(
+    g: RowFn, f: torch.Tensor, t_hat: torch.Tensor, y_hat: torch.Tensor, idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The event time and state with the implicit-function-theorem gradient (module docstring).
 
     ``t_hat`` ``(n,)`` float64: located roots (no graph); ``y_hat`` ``(n, ...)``: the state at those fixed
@@ -202,8 +211,9 @@ def integrate_events(
         if stop_below:
             at_start = g_prev <= 0
             if bool(at_start.any()):
-                finish(at_start, y0[at_start], torch.full((int(at_start.sum()),), t0, dtype=torch.float64,
-                                                          device=device))
+                finish(
+                    at_start, y0[at_start], torch.full((int(at_start.sum()),), t0, dtype=torch.float64, device=device)
+                )
                 keep = ~at_start
                 idx, cur, g_prev = idx[keep], cur[keep], g_prev[keep]
 
@@ -234,10 +244,14 @@ def integrate_events(
         done = torch.zeros(idx.numel(), dtype=torch.bool, device=device)
         if event is not None:
             with torch.no_grad():
-                gs = torch.stack([g_prev] + [event(torch.full((idx.numel(),), float(pts[j]), dtype=y0.dtype,
-                                                              device=device), ys[j], idx)
-                                             for j in range(1, n_sub + 1)])
-            cross = ((gs[:-1] * gs[1:] < 0) | ((gs[1:] == 0) & (gs[:-1] != 0)))  # (n_sub, n)
+                gs = torch.stack(
+                    [cast(torch.Tensor, g_prev)]
+                    + [
+                        event(torch.full((idx.numel(),), float(pts[j]), dtype=y0.dtype, device=device), ys[j], idx)
+                        for j in range(1, n_sub + 1)
+                    ]
+                )
+            cross = (gs[:-1] * gs[1:] < 0) | ((gs[1:] == 0) & (gs[:-1] != 0))  # (n_sub, n)
             any_cross = cross.any(0)
             first = torch.where(any_cross, cross.int().argmax(0), n_sub)
             g_prev = gs[-1]
@@ -272,8 +286,14 @@ def integrate_events(
                     n_rows = int(rows.sum())
                     # g sees t and y in y's dtype: no bracket narrower than a few of its ulps at t is meaningful
                     tol_j = max(tol, 8 * torch.finfo(y0.dtype).eps * max(1.0, abs(a), abs(b)))
-                    t_hat = locate_roots(g_on_h, pts.new_full((n_rows,), a), pts.new_full((n_rows,), b),
-                                         gs[j][rows], gs[j + 1][rows], tol_j)
+                    t_hat = locate_roots(
+                        g_on_h,
+                        pts.new_full((n_rows,), a),
+                        pts.new_full((n_rows,), b),
+                        gs[j][rows],
+                        gs[j + 1][rows],
+                        tol_j,
+                    )
                 # the state at the fixed time t̂ on the interpolant, differentiable through ya, yb and F at the ends;
                 # its slope stands for F(t̂, ŷ) (no field call at per-row times, consistent with the located root)
                 y_hat, v_hat = hermite(t_hat, a, b, ya, yb, fa_g, fb_g)
@@ -300,8 +320,7 @@ def integrate_events(
     if dense:
         kt = torch.tensor(knots_t, dtype=torch.float64, device=device)
         ky = torch.stack(knots_y)
-        kf = torch.stack([field(kt[k].to(y0.dtype), ky[k], torch.arange(batch, device=device))
-                          for k in range(len(kt))])
+        kf = torch.stack([field(kt[k].to(y0.dtype), ky[k], torch.arange(batch, device=device)) for k in range(len(kt))])
         knots = (kt, ky, kf)
     return EventResult(y=y, times=tt, fired=fired, knots=knots)
 

@@ -169,8 +169,7 @@ def _dense(tab: MethodTableau, steps: Steps, n: int, y0, y1, ks, t: float) -> to
     """The quartic ``p(x)`` with ``p(0) = y_0``, ``p'(0) = h k_1``, ``p(1/2) = y_{1/2}``, ``p(1) = y_1``,
     ``p'(1) = h k_s`` at ``x = (t − t_n) / (t_{n+1} − t_n)``."""
     h = _h(steps, n)
-    x = (torch.tensor(t, dtype=torch.float64) - steps.t0[n]) / (steps.t1[n] - steps.t0[n])
-    x = float(x)
+    x = float((torch.tensor(t, dtype=torch.float64) - steps.t0[n]) / (steps.t1[n] - steps.t0[n]))
     assert tab.mid is not None
     ymid = _combine(y0, tab.mid, ks, h)
     d = h * ks[0]
@@ -325,10 +324,12 @@ def _symplectic_step(func, tab, steps, n, lam, outs_in, grad_ys, t, acc: _Grads)
             y1l = _combine(yl, tab.tableau.b, kl, h)
             ps = [_interpolate(tab, steps, n, yl, y1l, kl, float(t[j])) for j in outs_in]
             gs = torch.autograd.grad(ps, [yl, *kl], [grad_ys[j] for j in outs_in], allow_unused=True)
-        lam0 = lam0 + gs[0]
+        if gs[0] is not None:
+            lam0 = lam0 + gs[0]
         for i, g in enumerate(gs[1:]):
             if g is not None:
-                kappa[i] = g if kappa[i] is None else kappa[i] + g
+                prev = kappa[i]
+                kappa[i] = g if prev is None else prev + g
     for i in range(s - 1, -1, -1):
         kap = kappa[i]
         if kap is None:

@@ -15,6 +15,7 @@ data bound to a model (e.g. a block input ``u``) is restricted to the active row
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -83,7 +84,7 @@ def unroll(
     _check_eps(eps, "the change of the state per step")
     _check_max_depth(max_depth)
     single = isinstance(state0, torch.Tensor)
-    cur: State = (state0,) if single else tuple(state0)
+    cur: State = (state0,) if isinstance(state0, torch.Tensor) else tuple(state0)
     if not cur:
         raise ValueError("`state0` is an empty tuple; pass a tensor or a tuple of tensors (batch first).")
     batch, device = cur[0].shape[0], cur[0].device
@@ -92,14 +93,14 @@ def unroll(
     depths = torch.full((batch,), max_depth, dtype=torch.long, device=device)
     if batch == 0:
         return state0, depths
-    as_user = (lambda s: s[0]) if single else (lambda s: s)
-    read = readout or (lambda s: s if single else s[0])
+    as_user: Callable[[State], Any] = (lambda s: s[0]) if single else (lambda s: s)
+    read: Callable[[Any], torch.Tensor] = readout or (lambda s: s if single else s[0])
     norm = norm or per_sample_norm
     idx = torch.arange(batch, device=device)
     parts: list[tuple[torch.Tensor, State]] = []
     for i in range(max_depth):
-        nxt = step(i, as_user(cur), idx)
-        nxt = (nxt,) if isinstance(nxt, torch.Tensor) else tuple(nxt)
+        out = step(i, as_user(cur), idx)
+        nxt: State = (out,) if isinstance(out, torch.Tensor) else tuple(out)
         with torch.no_grad():
             done = norm(read(as_user(nxt)) - read(as_user(cur))) < eps
         cur = nxt
