@@ -20,6 +20,7 @@ from cde_nets.solvers.stopping import unroll
 
 from .block import Block
 from .fields.bound import BoundField, as_field
+from .nonfinite import check_result, nonfinite_parameter
 from .pieces import gathered
 from .solution import Solution
 from .stop import Stop, as_stop
@@ -162,11 +163,11 @@ class DiscreteNet(Block):
                 from .invertible import memory_free
 
                 y = memory_free(self, f, y0)
-                return Solution(y=y, stats=self._stats(self.field.grid.L))
+                return self._finite(Solution(y=y, stats=self._stats(self.field.grid.L)), f, y0)
             coef = self._coef_views(y0.dim())
             state = self.scheme.init(y0)
             if stop is not None:
-                return self._solve_stopping(f, state, coef, stop)
+                return self._finite(self._solve_stopping(f, state, coef, stop), f, y0)
             scheme, h = self.scheme, self.h
             ys = [y0] if save is not None and save[0] == 0 else []
             for l in range(self.field.grid.L):
@@ -174,7 +175,33 @@ class DiscreteNet(Block):
                 if save is not None and l + 1 in save:
                     ys.append(scheme.readout(state))
             y = scheme.readout(state)
-        return Solution(y=y, ts=ts, ys=None if save is None else torch.stack(ys), stats=self._stats(self.field.grid.L))
+        sol = Solution(y=y, ts=ts, ys=None if save is None else torch.stack(ys), stats=self._stats(self.field.grid.L))
+        return self._finite(sol, f, y0)
+
+    def _finite(self, sol: Solution, f: BoundField, y0: torch.Tensor) -> Solution:
+        """One fused finiteness check of the result (skipped while torch.compile traces, to keep one graph)."""
+        if not torch.compiler.is_compiling():
+            check_result(sol.y, lambda: self._nonfinite(f, y0))
+        return sol
+
+    def _nonfinite(self, f: BoundField, y0: torch.Tensor) -> str:
+        """Why the layers went non-finite: a parameter holding NaN/inf, or the first layer whose output is."""
+        name = nonfinite_parameter(self)
+        if name is not None:
+            return (f"parameter `{name}` holds NaN/inf, so the net's output is non-finite; restore the last good "
+                    "checkpoint (a diverged optimiser step?) or re-initialise it.")
+        L = self.field.grid.L
+        with torch.no_grad(), gathered(self.field):
+            coef = self._coef_views(y0.dim())
+            state = self.scheme.init(y0.detach())
+            for l in range(L):
+                state = self.scheme.step(f, l, state, self.h, coef, l * self.h)
+                if not bool(torch.isfinite(self.scheme.readout(state)).all()):
+                    name, _ = self.architecture
+                    return (f"the state became non-finite (NaN/inf) at layer {l} of {L} ({name}, h = {self.h:.4g}): "
+                            "the layers blow up there; use more layers (a smaller h), shrink the weights or inputs, "
+                            "or use float64.")
+        return "the net returned NaN/inf."
 
     def _solve_stopping(self, f: BoundField, state: tuple, coef: dict, stop: Stop) -> Solution:
         """Pattern-dependent depth (Ciccone et al. 2018, §5.3): a sample stops after layer ``i`` once

@@ -628,3 +628,27 @@ def test_a_stale_lock_is_taken_over_and_released(tmp_path):
     with RunLock(tmp_path):
         assert (tmp_path / ".lock").read_text() != "999999999"
     assert not (tmp_path / ".lock").exists()
+
+
+@pytest.mark.parametrize("mode", ["plain", "stopping", "memory_free"])
+def test_discrete_nan_parameter_is_named(mode):
+    from cde_nets import discretize
+    from cde_nets.solvers.errors import SolverError
+
+    f = Hamiltonian(4, layers=4)
+    with torch.no_grad():
+        f.K.data[0, 0, 0] = float("nan")
+    kw = {"stopping": dict(stop=Stop(eps=1e-3)), "memory_free": dict(momentum=(0.9, 1.0), memory_free=True)}
+    net = discretize(f, "momentum" if mode == "memory_free" else "euler", **kw.get(mode, {}))
+    with pytest.raises(SolverError, match=r"parameter `field\.K\.data` holds NaN/inf"):
+        net(torch.randn(3, 4))
+
+
+def test_discrete_blow_up_is_located_at_its_layer():
+    from cde_nets import discretize
+    from cde_nets.solvers.errors import SolverError
+
+    net = discretize(CubicFriction(4, layers=3), "euler")
+    x = 100 * torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(SolverError, match=r"non-finite \(NaN/inf\) at layer \d of 3 \(Ruseckas residual"):
+        net(x)
