@@ -135,6 +135,10 @@ def _events(res: dict) -> Headline:
             ("odeint_event sample by sample / ours", f"{r['ratio_per_sample_to_ours']:.1f}")]
 
 
+def _finiteness(res: dict) -> Headline:
+    return [("finiteness check / forward call, worst", f"{100 * res['worst_overhead']:+.1f} %")]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -151,6 +155,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("events", _events, "<= 1.2"),
     ("forward_grid", _forward_grid, "<= 1.5 (dim >= 64), <= 2.5 (dim 4); torchode / ours > 1"),
     ("compiled", _compiled, "<= 1e-5 from eager"),
+    ("finiteness", _finiteness, "<= 3 %"),
 )
 
 
@@ -171,6 +176,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "events": {"tiny": 3.0},
     "forward_grid": {"tiny": 2.0},
     "compiled": {"tiny": 14.0},
+    "finiteness": {"tiny": 1.0, "full": 60.0},
 }
 
 

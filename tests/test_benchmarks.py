@@ -28,11 +28,12 @@ EXPECTED = {
     "gradient_modes": ("gradient_modes_tiny", {"setting", "rows", "targets"}, {"field", "method", "mode"}),
     "adjoint_pieces": ("adjoint_pieces", {"setting", "goal", "rows", "per_piece_growth"},
                        {"pieces", "new_adjoint_s", "old_adjoint_s", "backprop_s", "new_over_backprop"}),
+    "finiteness": ("finiteness", {"goal", "rows", "worst_overhead"}, {"case", "checked_s", "unchecked_s", "overhead"}),
     "events": ("events", {"setting", "goal", "rows"}, {"ratio_to_ideal", "ratio_per_sample_to_ours", "fired"}),
     "forward_grid": ("forward_grid", {"setting", "goal", "rows"}, {"dim", "batch", "nfe", "fe_s", "ours_s",
                                                                    "torchdiffeq_s", "torchode_s", "ours_over_fe"}),
     "compiled": ("compiled", {"setting", "goal", "rows"}, {"net", "mode", "eager_s", "compiled_s", "speedup",
-                                                           "max_rel_diff"}),
+                                                           "max_rel_diff", "graphs"}),
 }
 
 
