@@ -26,8 +26,10 @@ def _max(rows: list[dict], key: str, **where) -> float:
 
 def _discrete(res: dict) -> Headline:
     rows = res["rows"]
-    out = [(f"ours / hand loop, {mode}, worst", f"{_max(rows, 'ratio_hand', mode=mode):.3f}")
-           for mode in ("forward", "forward+backward")]
+    out = [
+        (f"ours / hand loop, {mode}, worst", f"{_max(rows, 'ratio_hand', mode=mode):.3f}")
+        for mode in ("forward", "forward+backward")
+    ]
     return out + [("torchdiffeq euler / hand loop, worst", f"{_max(rows, 'ratio_torchdiffeq_to_hand'):.3f}")]
 
 
@@ -40,11 +42,15 @@ def _continuous(res: dict) -> Headline:
 def _memory(res: dict) -> Headline:
     s = res["summary"]
     d = res["discrete_summary"]
-    return [("adjoint memory, most / fewest steps", f"{s['adjoint']['ratio_max_to_min_steps']:.2f}"),
-            ("backprop KiB per step", f"{s['backprop']['bytes_per_step'] / 1024:.1f}"),
-            ("memory-free discrete memory, most / fewest layers, worst",
-             f"{max(v['memory_ratio'] for v in d.values()):.2f}"),
-            ("memory-free H2-DNN time / stored activations", f"{d['H2-DNN']['time_ratio_to_stored']:.2f}")]
+    return [
+        ("adjoint memory, most / fewest steps", f"{s['adjoint']['ratio_max_to_min_steps']:.2f}"),
+        ("backprop KiB per step", f"{s['backprop']['bytes_per_step'] / 1024:.1f}"),
+        (
+            "memory-free discrete memory, most / fewest layers, worst",
+            f"{max(v['memory_ratio'] for v in d.values()):.2f}",
+        ),
+        ("memory-free H2-DNN time / stored activations", f"{d['H2-DNN']['time_ratio_to_stored']:.2f}"),
+    ]
 
 
 def _jump(res: dict) -> Headline:
@@ -62,14 +68,20 @@ def _adjoint_study(res: dict) -> Headline:
         return next(r for r in rows if r["mode"] == mode and r["rtol"] == tight)
 
     a, b = pick("adjoint"), pick("backprop")
-    return [(f"adjoint / backprop time, dopri5 rtol {tight:g}", f"{a['time_s'] / b['time_s']:.2f}"),
-            (f"adjoint / backprop memory, dopri5 rtol {tight:g}",
-             f"{a['peak_saved_bytes'] / max(b['peak_saved_bytes'], 1):.3f}")]
+    return [
+        (f"adjoint / backprop time, dopri5 rtol {tight:g}", f"{a['time_s'] / b['time_s']:.2f}"),
+        (
+            f"adjoint / backprop memory, dopri5 rtol {tight:g}",
+            f"{a['peak_saved_bytes'] / max(b['peak_saved_bytes'], 1):.3f}",
+        ),
+    ]
 
 
 def _stopping(res: dict) -> Headline:
-    return [(f"max deviation from c·Σdepths + t0, {mode}", f"{f['max_rel_deviation']:.1%}")
-            for mode, f in res["fit"].items()]
+    return [
+        (f"max deviation from c·Σdepths + t0, {mode}", f"{f['max_rel_deviation']:.1%}")
+        for mode, f in res["fit"].items()
+    ]
 
 
 def _stopping_saving(res: dict) -> Headline:
@@ -83,15 +95,21 @@ def _peer(res: dict) -> Headline:
     out = []
     for r in res["rows"]:
         kind = "memory-free" if r["memory_free"] else "stored"
-        out.append((f"ours / momentumnet time, memory, depth {r['depth']}, {kind}",
-                    f"{r['time_ratio']:.2f}, {r['memory_ratio']:.2f}"))
+        out.append(
+            (
+                f"ours / momentumnet time, memory, depth {r['depth']}, {kind}",
+                f"{r['time_ratio']:.2f}, {r['memory_ratio']:.2f}",
+            )
+        )
     worst = max(r["max_abs_diff_output"] for r in res["rows"])
     return out + [("max |Δ output| vs momentumnet (float64)", f"{worst:.1e}")]
 
 
 def _training(res: dict) -> Headline:
-    return [("64-layer H1 swiss roll: wall time / reference's 36 s", f"{res['time_ratio_to_reference']:.2f}"),
-            ("64-layer H1 swiss roll: test accuracy", f"{100 * res['test_accuracy']:.2f} %")]
+    return [
+        ("64-layer H1 swiss roll: wall time / reference's 36 s", f"{res['time_ratio_to_reference']:.2f}"),
+        ("64-layer H1 swiss roll: test accuracy", f"{100 * res['test_accuracy']:.2f} %"),
+    ]
 
 
 def _adjoint_pieces(res: dict) -> Headline:
@@ -99,40 +117,50 @@ def _adjoint_pieces(res: dict) -> Headline:
     for case, growth in res["per_piece_growth"].items():
         rows = [r for r in res["rows"] if f"dim={r['dim']} batch={r['batch']}" == case]
         top = max(rows, key=lambda r: r["pieces"])
-        out += [(f"adjoint / backprop, {top['pieces']} pieces, {case}", f"{top['new_over_backprop']:.2f}"),
-                (f"adjoint time per piece, most / fewest pieces, {case}", f"{growth['new_adjoint']:.2f}")]
+        out += [
+            (f"adjoint / backprop, {top['pieces']} pieces, {case}", f"{top['new_over_backprop']:.2f}"),
+            (f"adjoint time per piece, most / fewest pieces, {case}", f"{growth['new_adjoint']:.2f}"),
+        ]
     return out
 
 
 def _gradient_modes(res: dict) -> Headline:
     met = [(f, k) for f, t in res["targets"].items() for k, v in t.items() if v["met"]]
     total = sum(len(t) for t in res["targets"].values())
-    worst = max(v["value"] for t in res["targets"].values() for k, v in t.items()
-                if k == "exact_vs_backprop_same_steps")
+    worst = max(
+        v["value"] for t in res["targets"].values() for k, v in t.items() if k == "exact_vs_backprop_same_steps"
+    )
     return [("targets met", f"{len(met)} / {total}"), ("checkpoint/symplectic vs backprop, same steps", f"{worst:.1e}")]
 
 
 def _compiled(res: dict) -> Headline:
     rows = res["rows"]
-    return [(f"compiled / eager speed-up, {mode}, worst", f"{min(r['speedup'] for r in rows if r['mode'] == mode):.2f}")
-            for mode in ("forward", "forward+backward")] + [
-        ("max relative difference from eager", f"{max(r['max_rel_diff'] for r in rows):.1e}")]
+    return [
+        (f"compiled / eager speed-up, {mode}, worst", f"{min(r['speedup'] for r in rows if r['mode'] == mode):.2f}")
+        for mode in ("forward", "forward+backward")
+    ] + [("max relative difference from eager", f"{max(r['max_rel_diff'] for r in rows):.1e}")]
 
 
 def _forward_grid(res: dict) -> Headline:
     rows = res["rows"]
     wide = max(r["ours_over_fe"] for r in rows if r["dim"] >= 64) if any(r["dim"] >= 64 for r in rows) else float("nan")
-    return [("forward / field evaluations alone, dim >= 64, worst", f"{wide:.2f}"),
-            ("forward / field evaluations alone, dim 4, worst", f"{_max(rows, 'ours_over_fe', dim=4):.2f}"),
-            ("torchode / ours, forward, slowest margin", f"{min(r['torchode_over_ours'] for r in rows):.2f}"),
-            ("torchode / ours, forward+backward, slowest margin",
-             f"{min(r['torchode_autodiff_over_ours_backprop'] for r in rows if 'ours_backprop_fb_s' in r):.2f}")]
+    return [
+        ("forward / field evaluations alone, dim >= 64, worst", f"{wide:.2f}"),
+        ("forward / field evaluations alone, dim 4, worst", f"{_max(rows, 'ours_over_fe', dim=4):.2f}"),
+        ("torchode / ours, forward, slowest margin", f"{min(r['torchode_over_ours'] for r in rows):.2f}"),
+        (
+            "torchode / ours, forward+backward, slowest margin",
+            f"{min(r['torchode_autodiff_over_ours_backprop'] for r in rows if 'ours_backprop_fb_s' in r):.2f}",
+        ),
+    ]
 
 
 def _events(res: dict) -> Headline:
     r = res["rows"][0]
-    return [("per-sample events / ideal compacted cost", f"{r['ratio_to_ideal']:.2f}"),
-            ("odeint_event sample by sample / ours", f"{r['ratio_per_sample_to_ours']:.1f}")]
+    return [
+        ("per-sample events / ideal compacted cost", f"{r['ratio_to_ideal']:.2f}"),
+        ("odeint_event sample by sample / ours", f"{r['ratio_per_sample_to_ours']:.1f}"),
+    ]
 
 
 def _finiteness(res: dict) -> Headline:
@@ -194,6 +222,7 @@ def _times(name: str) -> dict[str, float]:
 
 def listing() -> str:
     """The benchmarks, one a line: name, seconds with ``--tiny`` and in full (— where never timed), goal."""
+
     def sec(s: float | None) -> str:
         if s is None:
             return "—"
@@ -207,13 +236,19 @@ def listing() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cde_nets.benchmarks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=f"benchmarks (seconds on 2 CPU cores; — where never timed):\n{listing()}")
+    p = argparse.ArgumentParser(
+        prog="python -m cde_nets.benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"benchmarks (seconds on 2 CPU cores; — where never timed):\n{listing()}",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny configurations (seconds; what the tests run)")
     p.add_argument("--only", nargs="*", help="names of benchmarks to run (default: all)")
-    p.add_argument("--out", help="folder for the JSON results (default: benchmarks/results; with --tiny a temporary "
-                                 "folder, so tiny runs never overwrite the recorded results)")
+    p.add_argument(
+        "--out",
+        help="folder for the JSON results (default: benchmarks/results; with --tiny a temporary "
+        "folder, so tiny runs never overwrite the recorded results)",
+    )
     a = p.parse_args(argv)
     out = Path(a.out) if a.out else (Path(tempfile.mkdtemp(prefix="benchmarks_tiny_")) if a.tiny else None)
     names = [n for n, _, _ in BENCHMARKS]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-from cde_nets.solvers import adapter
 
 from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian
+from cde_nets.solvers import adapter
 
 from .common import median_time, write
 

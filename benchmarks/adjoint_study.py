@@ -44,20 +44,26 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         return torch.nn.functional.binary_cross_entropy_with_logits(yT @ readout, target)
 
     def make_field():
-        return Hamiltonian(4, layers=16, T=4.0, K="blockdiag", init_std=1.0,
-                           generator=torch.Generator().manual_seed(0)).double()
+        return Hamiltonian(
+            4, layers=16, T=4.0, K="blockdiag", init_std=1.0, generator=torch.Generator().manual_seed(0)
+        ).double()
 
     study = adjoint_study(
-        make_field, (y0, label), loss_fn,
+        make_field,
+        (y0, label),
+        loss_fn,
         tolerances=[1e-3] if tiny else [1e-3, 1e-5, 1e-7, 1e-9],
         steps=[16] if tiny else [16, 64, 256],
         methods=["dopri5"] if tiny else ["dopri5", "bosh3", "rk4", "euler"],
         repeat=1 if tiny else 3,
     )
-    payload = {"setting": f"Hamiltonian H2 form (K blockdiag, canonical J), dim 4, 16 pieces, T=4, tanh, init_std 1, "
-                          f"swiss roll n={n} padded to R^4, BCE of a fixed linear read-out; float64; reference: "
-                          "backprop through dopri5 at rtol=atol=1e-10; memory = peak bytes saved for backward "
-                          "during the forward pass (saved_tensors_hooks)", **to_jsonable(study)}
+    payload = {
+        "setting": f"Hamiltonian H2 form (K blockdiag, canonical J), dim 4, 16 pieces, T=4, tanh, init_std 1, "
+        f"swiss roll n={n} padded to R^4, BCE of a fixed linear read-out; float64; reference: "
+        "backprop through dopri5 at rtol=atol=1e-10; memory = peak bytes saved for backward "
+        "during the forward pass (saved_tensors_hooks)",
+        **to_jsonable(study),
+    }
     write("adjoint_study" + ("_tiny" if tiny else ""), payload, out_dir)
     return study
 

@@ -42,8 +42,12 @@ def interleaved_medians(fns: list[Callable[[], object]], repeat: int = 9, warmup
 
 
 def machine() -> dict:
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count()}
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+    }
 
 
 def write(name: str, payload: dict, out_dir: Path | None = None) -> Path:

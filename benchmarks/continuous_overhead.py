@@ -40,8 +40,17 @@ def _case(name, field, y0, gradient, rtol, repeat, warmup):
 
     def theirs():
         if gradient == "adjoint":
-            y = odeint_adjoint(raw, y0, t, rtol=rtol, atol=rtol, method="dopri5", options=opts, adjoint_params=params,
-                               adjoint_options={**opts, "norm": "seminorm"})
+            y = odeint_adjoint(
+                raw,
+                y0,
+                t,
+                rtol=rtol,
+                atol=rtol,
+                method="dopri5",
+                options=opts,
+                adjoint_params=params,
+                adjoint_options={**opts, "norm": "seminorm"},
+            )
         else:
             y = odeint(raw, y0, t, rtol=rtol, atol=rtol, method="dopri5", options=opts)
         y[-1].square().mean().backward()
@@ -50,9 +59,18 @@ def _case(name, field, y0, gradient, rtol, repeat, warmup):
     raw.nfe = 0
     theirs()
     ours()
-    return {"case": name, "gradient": gradient, "rtol": rtol, "time_ours_s": t_ours, "time_torchdiffeq_s": t_raw,
-            "ratio": t_ours / t_raw, "nfe_ours": block.stats["nfe_forward"] + block.stats["nfe_backward"]
-            if gradient == "adjoint" else block.stats["nfe_forward"], "nfe_torchdiffeq": raw.nfe}
+    return {
+        "case": name,
+        "gradient": gradient,
+        "rtol": rtol,
+        "time_ours_s": t_ours,
+        "time_torchdiffeq_s": t_raw,
+        "ratio": t_ours / t_raw,
+        "nfe_ours": block.stats["nfe_forward"] + block.stats["nfe_backward"]
+        if gradient == "adjoint"
+        else block.stats["nfe_forward"],
+        "nfe_torchdiffeq": raw.nfe,
+    }
 
 
 def run(tiny: bool = False, out_dir=None) -> dict:
@@ -63,8 +81,9 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         g = torch.Generator().manual_seed(dim)
         fields = {
             f"Hamiltonian d={dim} b={batch} L=16": Hamiltonian(dim, layers=16, generator=g),
-            f"CubicFriction d={dim} b={batch} L=16": CubicFriction(dim, layers=16, gamma=0.5, zero_init=False,
-                                                                   generator=g),
+            f"CubicFriction d={dim} b={batch} L=16": CubicFriction(
+                dim, layers=16, gamma=0.5, zero_init=False, generator=g
+            ),
         }
         y0 = torch.randn(batch, dim, generator=g)
         for name, field in fields.items():
@@ -82,8 +101,10 @@ def main() -> None:
     print("| case | gradient | ours ms | torchdiffeq ms | ratio | NFE ours | NFE torchdiffeq |")
     print("|---|---|---|---|---|---|---|")
     for r in res["rows"]:
-        print(f"| {r['case']} | {r['gradient']} | {1e3 * r['time_ours_s']:.1f} | {1e3 * r['time_torchdiffeq_s']:.1f} | "
-              f"{r['ratio']:.3f} | {r['nfe_ours']} | {r['nfe_torchdiffeq']} |")
+        print(
+            f"| {r['case']} | {r['gradient']} | {1e3 * r['time_ours_s']:.1f} | {1e3 * r['time_torchdiffeq_s']:.1f} | "
+            f"{r['ratio']:.3f} | {r['nfe_ours']} | {r['nfe_torchdiffeq']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -105,8 +105,12 @@ def _cases(dim: int, batch: int, layers: int) -> tuple[torch.Tensor, list]:
         ("cubic friction", discretize(fr, "euler"), lambda y: hand_friction(fr, y), fr),
         ("momentum", mom, lambda y: hand_momentum(mom, y), None),
         ("NAIS", lambda y: nais_net(y, u), lambda y: hand_nais(nais, y, u), None),
-        ("NAIS shared, per-sample stopping", lambda y: stopping(y, u),
-         lambda y: hand_nais_stopping(shared, y, u, layers, 1e-300), None),
+        (
+            "NAIS shared, per-sample stopping",
+            lambda y: stopping(y, u),
+            lambda y: hand_nais_stopping(shared, y, u, layers, 1e-300),
+            None,
+        ),
     ]
 
 
@@ -130,8 +134,16 @@ def run(tiny: bool = False, out_dir=None) -> dict:
                     fns.append(_timed(ODEBlock(field, method="euler", gradient="backprop"), y0, backward))
                 with torch.set_grad_enabled(backward):
                     t = interleaved_medians(fns, repeat, warmup)
-                row = {"net": name, "dim": dim, "batch": batch, "layers": layers, "mode": mode,
-                       "ours_s": t[0], "hand_s": t[1], "ratio_hand": t[0] / t[1]}
+                row = {
+                    "net": name,
+                    "dim": dim,
+                    "batch": batch,
+                    "layers": layers,
+                    "mode": mode,
+                    "ours_s": t[0],
+                    "hand_s": t[1],
+                    "ratio_hand": t[0] / t[1],
+                }
                 if field is not None:
                     row.update(torchdiffeq_euler_s=t[2], ratio_torchdiffeq_to_hand=t[2] / t[1])
                 rows.append(row)
@@ -148,8 +160,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in res["rows"]:
         td = f"{r['ratio_torchdiffeq_to_hand']:.2f}" if "ratio_torchdiffeq_to_hand" in r else "—"
-        print(f"| {r['net']} | {r['dim']}, {r['batch']} | {r['mode']} | {1e3 * r['ours_s']:.2f} | "
-              f"{1e3 * r['hand_s']:.2f} | {r['ratio_hand']:.3f} | {td} |")
+        print(
+            f"| {r['net']} | {r['dim']}, {r['batch']} | {r['mode']} | {1e3 * r['ours_s']:.2f} | "
+            f"{1e3 * r['hand_s']:.2f} | {r['ratio_hand']:.3f} | {td} |"
+        )
 
 
 if __name__ == "__main__":

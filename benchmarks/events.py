@@ -74,24 +74,46 @@ def run(tiny: bool = False, out_dir=None) -> dict:
 
         t0 = torch.tensor(0.0, dtype=torch.float64)
         t_whole, (t_ev, _) = _timed(lambda: odeint_event(field, y0, t0, event_fn=event, rtol=rtol, atol=atol))
-        t_alone, alone_times = _timed(lambda: [float(odeint_event(field, y0[i : i + 1], t0, event_fn=event,
-                                                                   rtol=rtol, atol=atol)[0])
-                                                for i in range(alone_n)])
+        t_alone, alone_times = _timed(
+            lambda: [
+                float(odeint_event(field, y0[i : i + 1], t0, event_fn=event, rtol=rtol, atol=atol)[0])
+                for i in range(alone_n)
+            ]
+        )
         t_alone *= batch / alone_n
     agree = max(abs(a - float(sol.stop_times[i])) for i, a in enumerate(alone_times))
     row = {
-        "batch": batch, "dim": dim, "width": width, "event_time_min": float(sol.stop_times.min()),
-        "event_time_max": t_last, "fired": int(sol.fired.sum()), "ours_s": t_ours, "full_batch_s": t_full,
-        "full_batch_steps": max_steps, "sum_steps_i": int(steps_i.sum()), "ideal_s": ideal,
-        "ratio_to_ideal": t_ours / ideal, "ratio_to_full_batch": t_ours / t_full,
-        "odeint_event_whole_batch_s": t_whole, "odeint_event_whole_batch_event_time": float(t_ev),
-        "odeint_event_per_sample_s": t_alone, "ratio_per_sample_to_ours": t_alone / t_ours,
-        "max_event_time_diff_vs_per_sample": agree, "nfe_forward": stats["nfe_forward"],
+        "batch": batch,
+        "dim": dim,
+        "width": width,
+        "event_time_min": float(sol.stop_times.min()),
+        "event_time_max": t_last,
+        "fired": int(sol.fired.sum()),
+        "ours_s": t_ours,
+        "full_batch_s": t_full,
+        "full_batch_steps": max_steps,
+        "sum_steps_i": int(steps_i.sum()),
+        "ideal_s": ideal,
+        "ratio_to_ideal": t_ours / ideal,
+        "ratio_to_full_batch": t_ours / t_full,
+        "odeint_event_whole_batch_s": t_whole,
+        "odeint_event_whole_batch_event_time": float(t_ev),
+        "odeint_event_per_sample_s": t_alone,
+        "ratio_per_sample_to_ours": t_alone / t_ours,
+        "max_event_time_diff_vs_per_sample": agree,
+        "nfe_forward": stats["nfe_forward"],
         "steps_forward": stats["steps_forward"],
     }
     payload = {
-        "setting": {"rtol": rtol, "atol": atol, "T": T, "c": c, "method": "dopri5", "dtype": "float32",
-                    "per_sample_timed_on": alone_n},
+        "setting": {
+            "rtol": rtol,
+            "atol": atol,
+            "T": T,
+            "c": c,
+            "method": "dopri5",
+            "dtype": "float32",
+            "per_sample_timed_on": alone_n,
+        },
         "goal": "ours <= 1.2 x full-batch time x sum(steps_i) / (batch x max steps)",
         "rows": [row],
     }

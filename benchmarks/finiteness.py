@@ -50,21 +50,32 @@ def run(tiny: bool = False, out_dir: Path | None = None) -> dict:
             for name, block in cases.items():
 
                 @torch.no_grad()
-                def checked(block=block):
+                def checked(block=block, y0=y0):
                     return block(y0)
 
                 @torch.no_grad()
-                def unchecked(block=block):
+                def unchecked(block=block, y0=y0):
                     with _unchecked():
                         return block(y0)
 
                 t_on, t_off = interleaved_medians([checked, unchecked], repeat=repeat)
-                rows.append({"case": name, "dim": dim, "batch": batch, "checked_s": t_on, "unchecked_s": t_off,
-                             "overhead": t_on / t_off - 1})
+                rows.append(
+                    {
+                        "case": name,
+                        "dim": dim,
+                        "batch": batch,
+                        "checked_s": t_on,
+                        "unchecked_s": t_off,
+                        "overhead": t_on / t_off - 1,
+                    }
+                )
     finally:
         torch.set_num_threads(threads)
-    res = {"goal": "overhead <= 0.03 of a forward call", "rows": rows,
-           "worst_overhead": max(r["overhead"] for r in rows)}
+    res = {
+        "goal": "overhead <= 0.03 of a forward call",
+        "rows": rows,
+        "worst_overhead": max(r["overhead"] for r in rows),
+    }
     write("finiteness", res, out_dir)
     return res
 

@@ -92,10 +92,20 @@ def _size(dim: int, batch: int, repeat: int, backward: bool, backsolve: bool) ->
     times = interleaved_medians([fe, ours, tdq, tode_fwd], repeat, warmup=1 if repeat > 1 else 0)
     with torch.no_grad():
         nfe_tode = tode(y0)[1]
-    row = {"dim": dim, "batch": batch, "nfe": nfe, "nfe_torchode": nfe_tode, "repeat": repeat,
-           "fe_s": times[0], "ours_s": times[1], "torchdiffeq_s": times[2], "torchode_s": times[3],
-           "ours_over_fe": times[1] / times[0], "torchdiffeq_over_fe": times[2] / times[0],
-           "torchode_over_ours": times[3] / times[1]}
+    row = {
+        "dim": dim,
+        "batch": batch,
+        "nfe": nfe,
+        "nfe_torchode": nfe_tode,
+        "repeat": repeat,
+        "fe_s": times[0],
+        "ours_s": times[1],
+        "torchdiffeq_s": times[2],
+        "torchode_s": times[3],
+        "ours_over_fe": times[1] / times[0],
+        "torchdiffeq_over_fe": times[2] / times[0],
+        "torchode_over_ours": times[3] / times[1],
+    }
     if backward:
         bp = ODEBlock(field, rtol=RTOL, atol=ATOL, gradient="backprop")
         adj = ODEBlock(field, rtol=RTOL, atol=ATOL, gradient="adjoint")
@@ -109,11 +119,21 @@ def _size(dim: int, batch: int, repeat: int, backward: bool, backsolve: bool) ->
         if backsolve:
             fns += [lambda: step(adj(y0)), lambda: step(tode_bs(y0)[0])]
         tb = interleaved_medians(fns, max(3, repeat // 2), warmup=0)
-        row.update({"ours_backprop_fb_s": tb[0], "torchode_autodiff_fb_s": tb[1],
-                    "torchode_autodiff_over_ours_backprop": tb[1] / tb[0]})
+        row.update(
+            {
+                "ours_backprop_fb_s": tb[0],
+                "torchode_autodiff_fb_s": tb[1],
+                "torchode_autodiff_over_ours_backprop": tb[1] / tb[0],
+            }
+        )
         if backsolve:
-            row.update({"ours_adjoint_fb_s": tb[2], "torchode_backsolve_fb_s": tb[3],
-                        "torchode_backsolve_over_ours_adjoint": tb[3] / tb[2]})
+            row.update(
+                {
+                    "ours_adjoint_fb_s": tb[2],
+                    "torchode_backsolve_fb_s": tb[3],
+                    "torchode_backsolve_over_ours_adjoint": tb[3] / tb[2],
+                }
+            )
     return row
 
 
@@ -125,16 +145,28 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         sizes = [(4, 64)] if tiny else [(d, b) for d in DIMS for b in BATCHES]
         for dim, batch in sizes:
             work = dim * dim * batch
-            repeat = 1 if tiny else (15 if dim == 4 else 7 if work <= 64 * 64 * 1024 else 3 if work <= 256 * 256 * 256
-                                     else 1)
+            repeat = (
+                1
+                if tiny
+                else (15 if dim == 4 else 7 if work <= 64 * 64 * 1024 else 3 if work <= 256 * 256 * 256 else 1)
+            )
             # torchode's backsolve takes a per-sample vector-Jacobian product (vmap): 15 s at dim 64, so dim 4 only
             rows.append(_size(dim, batch, repeat, backward=work < 256 * 256 * 4096, backsolve=dim == 4))
     finally:
         torch.set_num_threads(threads)
-    payload = {"goal": "ours_over_fe <= 1.5 at dim >= 64 and <= 2.5 at dim 4; torchode slower than ours everywhere",
-               "setting": {"field": "Hamiltonian, one piece", "method": "dopri5", "rtol": RTOL, "atol": ATOL, "T": T,
-                           "dtype": "float32", "threads": 1},
-               "rows": rows}
+    payload = {
+        "goal": "ours_over_fe <= 1.5 at dim >= 64 and <= 2.5 at dim 4; torchode slower than ours everywhere",
+        "setting": {
+            "field": "Hamiltonian, one piece",
+            "method": "dopri5",
+            "rtol": RTOL,
+            "atol": ATOL,
+            "T": T,
+            "dtype": "float32",
+            "threads": 1,
+        },
+        "rows": rows,
+    }
     write("forward_grid", payload, out_dir)
     return payload
 
@@ -143,15 +175,21 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tiny", action="store_true")
     res = run(p.parse_args().tiny)
-    print("| dim | batch | NFE (torchode) | fe ms | ours ms | ours/fe | torchdiffeq/fe | torchode/ours | "
-          "fwd+bwd torchode/ours backprop | backsolve/ours adjoint |")
+    print(
+        "| dim | batch | NFE (torchode) | fe ms | ours ms | ours/fe | torchdiffeq/fe | torchode/ours | "
+        "fwd+bwd torchode/ours backprop | backsolve/ours adjoint |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
-        fb = " | ".join(f"{r[k]:.2f}" if k in r else "—" for k in (
-            "torchode_autodiff_over_ours_backprop", "torchode_backsolve_over_ours_adjoint"))
-        print(f"| {r['dim']} | {r['batch']} | {r['nfe']} ({r['nfe_torchode']}) | {1e3 * r['fe_s']:.1f} | "
-              f"{1e3 * r['ours_s']:.1f} | {r['ours_over_fe']:.2f} | {r['torchdiffeq_over_fe']:.2f} | "
-              f"{r['torchode_over_ours']:.2f} | {fb} |")
+        fb = " | ".join(
+            f"{r[k]:.2f}" if k in r else "—"
+            for k in ("torchode_autodiff_over_ours_backprop", "torchode_backsolve_over_ours_adjoint")
+        )
+        print(
+            f"| {r['dim']} | {r['batch']} | {r['nfe']} ({r['nfe_torchode']}) | {1e3 * r['fe_s']:.1f} | "
+            f"{1e3 * r['ours_s']:.1f} | {r['ours_over_fe']:.2f} | {r['torchdiffeq_over_fe']:.2f} | "
+            f"{r['torchode_over_ours']:.2f} | {fb} |"
+        )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,14 @@ from cde_nets.fields import NAIS, CubicFriction, Hamiltonian
 from .common import RESULTS, interleaved_medians, write
 
 FIELDS = ("hamiltonian", "cubic", "nais")
-ACCURACY_MODES = (("dopri5", "adjoint"), ("dopri5", "backprop"), ("dopri5", "checkpoint"), ("dopri5", "symplectic"),
-                  ("alf", "backprop"), ("alf", "reversible"))
+ACCURACY_MODES = (
+    ("dopri5", "adjoint"),
+    ("dopri5", "backprop"),
+    ("dopri5", "checkpoint"),
+    ("dopri5", "symplectic"),
+    ("alf", "backprop"),
+    ("alf", "reversible"),
+)
 
 
 def _problem(name: str, dim: int, batch: int, layers: int):
@@ -58,8 +64,14 @@ def _measure(block: ODEBlock, field, y0, u, repeat: int) -> dict:
     grads = torch.autograd.grad(y.pow(2).mean(), params)
     stats = block.stats
     (t,) = interleaved_medians([lambda: _loss_grads(block, field, y0, u)], repeat=repeat, warmup=1)
-    return {"nfe_forward": stats["nfe_forward"], "nfe_backward": stats["nfe_backward"],
-            "steps": stats["steps_forward"], "time_s": t, "saved_bytes": saved, "grads": grads}
+    return {
+        "nfe_forward": stats["nfe_forward"],
+        "nfe_backward": stats["nfe_backward"],
+        "steps": stats["steps_forward"],
+        "time_s": t,
+        "saved_bytes": saved,
+        "grads": grads,
+    }
 
 
 def _rel(g, ref) -> float:
@@ -78,18 +90,34 @@ def accuracy(tiny: bool) -> list[dict]:
             for method, mode in ACCURACY_MODES:
                 block = ODEBlock(field, method=method, gradient=mode, rtol=tol, atol=tol)
                 r = _measure(block, field, y0, u, repeat=1 if tiny else 3)
-                rows.append({"field": name, "method": method, "mode": mode, "rtol": tol,
-                             "rel_grad_error": _rel(r.pop("grads"), ref), **r})
+                rows.append(
+                    {
+                        "field": name,
+                        "method": method,
+                        "mode": mode,
+                        "rtol": tol,
+                        "rel_grad_error": _rel(r.pop("grads"), ref),
+                        **r,
+                    }
+                )
             # "the same accepted steps": a given first step, since torchdiffeq's backprop also differentiates
             # its own first-step selection
             same = {}
             for mode in ("backprop", "checkpoint", "symplectic"):
-                block = ODEBlock(field, method="dopri5", gradient=mode, rtol=tol, atol=tol,
-                                 options={"first_step": 0.01})
+                block = ODEBlock(
+                    field, method="dopri5", gradient=mode, rtol=tol, atol=tol, options={"first_step": 0.01}
+                )
                 same[mode] = _loss_grads(block, field, y0, u)
             for mode in ("checkpoint", "symplectic"):
-                rows.append({"field": name, "method": "dopri5", "mode": f"{mode}_vs_backprop_same_steps",
-                             "rtol": tol, "rel_grad_error": _rel(same[mode], same["backprop"])})
+                rows.append(
+                    {
+                        "field": name,
+                        "method": "dopri5",
+                        "mode": f"{mode}_vs_backprop_same_steps",
+                        "rtol": tol,
+                        "rel_grad_error": _rel(same[mode], same["backprop"]),
+                    }
+                )
     return rows
 
 
@@ -99,13 +127,27 @@ def scaling(tiny: bool) -> list[dict]:
     for name in FIELDS:
         field, y0, u = _problem(name, dim, batch, 10)
         for steps in (10, n):
-            for method, mode in (("rk4", "backprop"), ("rk4", "checkpoint"), ("rk4", "symplectic"),
-                                 ("rk4", "adjoint"), ("alf", "backprop"), ("alf", "reversible")):
+            for method, mode in (
+                ("rk4", "backprop"),
+                ("rk4", "checkpoint"),
+                ("rk4", "symplectic"),
+                ("rk4", "adjoint"),
+                ("alf", "backprop"),
+                ("alf", "reversible"),
+            ):
                 block = ODEBlock(field, method=method, gradient=mode, step_size=1.0 / steps, max_steps=10 * n)
                 r = _measure(block, field, y0, u, repeat=1 if tiny else 3)
                 r.pop("grads")
-                rows.append({"field": name, "method": method, "mode": mode, "grid_steps": steps,
-                             "state_bytes": y0.numel() * y0.element_size(), **r})
+                rows.append(
+                    {
+                        "field": name,
+                        "method": method,
+                        "mode": mode,
+                        "grid_steps": steps,
+                        "state_bytes": y0.numel() * y0.element_size(),
+                        **r,
+                    }
+                )
     return rows
 
 
@@ -113,9 +155,13 @@ def targets(scale: list[dict], acc: list[dict]) -> dict:
     n = max(r["grid_steps"] for r in scale)
     out: dict = {}
     for name in FIELDS:
+
         def get(method, mode, steps, name=name):
-            return next(r for r in scale if r["field"] == name and r["method"] == method and r["mode"] == mode
-                        and r["grid_steps"] == steps)
+            return next(
+                r
+                for r in scale
+                if r["field"] == name and r["method"] == method and r["mode"] == mode and r["grid_steps"] == steps
+            )
 
         bp, ck, sy = get("rk4", "backprop", n), get("rk4", "checkpoint", n), get("rk4", "symplectic", n)
         ab, rv, rv10 = get("alf", "backprop", n), get("alf", "reversible", n), get("alf", "reversible", 10)
@@ -123,20 +169,36 @@ def targets(scale: list[dict], acc: list[dict]) -> dict:
         same = [r["rel_grad_error"] for r in acc if r["field"] == name and r["mode"].endswith("same_steps")]
         out[name] = {
             "exact_vs_backprop_same_steps": {"value": max(same), "target": 1e-10, "met": max(same) <= 1e-10},
-            "checkpoint_memory": {"value": ck["saved_bytes"],
-                                  "target": 1.2 * n * ck["state_bytes"] + one_step_graph,
-                                  "met": ck["saved_bytes"] <= 1.2 * n * ck["state_bytes"] + one_step_graph},
-            "symplectic_memory_le_checkpoint": {"value": sy["saved_bytes"], "target": ck["saved_bytes"],
-                                                "met": sy["saved_bytes"] <= ck["saved_bytes"]},
-            "reversible_memory_vs_10_steps": {"value": rv["saved_bytes"] / max(rv10["saved_bytes"], 1),
-                                              "target": 1.2,
-                                              "met": rv["saved_bytes"] <= 1.2 * rv10["saved_bytes"]},
-            "checkpoint_time_vs_backprop": {"value": ck["time_s"] / bp["time_s"], "target": 1.5,
-                                            "met": ck["time_s"] <= 1.5 * bp["time_s"]},
-            "symplectic_time_vs_backprop": {"value": sy["time_s"] / bp["time_s"], "target": 2.0,
-                                            "met": sy["time_s"] <= 2.0 * bp["time_s"]},
-            "reversible_time_vs_alf_backprop": {"value": rv["time_s"] / ab["time_s"], "target": 2.5,
-                                                "met": rv["time_s"] <= 2.5 * ab["time_s"]},
+            "checkpoint_memory": {
+                "value": ck["saved_bytes"],
+                "target": 1.2 * n * ck["state_bytes"] + one_step_graph,
+                "met": ck["saved_bytes"] <= 1.2 * n * ck["state_bytes"] + one_step_graph,
+            },
+            "symplectic_memory_le_checkpoint": {
+                "value": sy["saved_bytes"],
+                "target": ck["saved_bytes"],
+                "met": sy["saved_bytes"] <= ck["saved_bytes"],
+            },
+            "reversible_memory_vs_10_steps": {
+                "value": rv["saved_bytes"] / max(rv10["saved_bytes"], 1),
+                "target": 1.2,
+                "met": rv["saved_bytes"] <= 1.2 * rv10["saved_bytes"],
+            },
+            "checkpoint_time_vs_backprop": {
+                "value": ck["time_s"] / bp["time_s"],
+                "target": 1.5,
+                "met": ck["time_s"] <= 1.5 * bp["time_s"],
+            },
+            "symplectic_time_vs_backprop": {
+                "value": sy["time_s"] / bp["time_s"],
+                "target": 2.0,
+                "met": sy["time_s"] <= 2.0 * bp["time_s"],
+            },
+            "reversible_time_vs_alf_backprop": {
+                "value": rv["time_s"] / ab["time_s"],
+                "target": 2.5,
+                "met": rv["time_s"] <= 2.5 * ab["time_s"],
+            },
         }
     return out
 
@@ -155,10 +217,10 @@ def _plots(acc: list[dict], out_dir: Path) -> list[str]:
         for method, mode in ACCURACY_MODES:
             rs = [r for r in acc if r["field"] == name and r["method"] == method and r["mode"] == mode]
             label = f"{mode} ({method})"
-            axes[0].loglog([r["time_s"] for r in rs], [max(r["rel_grad_error"], 1e-16) for r in rs], "o-",
-                           label=label)
-            axes[1].loglog([max(r["saved_bytes"], 1) for r in rs], [max(r["rel_grad_error"], 1e-16) for r in rs],
-                           "o-", label=label)
+            axes[0].loglog([r["time_s"] for r in rs], [max(r["rel_grad_error"], 1e-16) for r in rs], "o-", label=label)
+            axes[1].loglog(
+                [max(r["saved_bytes"], 1) for r in rs], [max(r["rel_grad_error"], 1e-16) for r in rs], "o-", label=label
+            )
         axes[0].set_xlabel("forward + backward time (s)")
         axes[1].set_xlabel("bytes saved for backward")
         for ax in axes:
@@ -180,27 +242,34 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     scale = scaling(tiny)
     out = Path(out_dir) if out_dir else RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    res = {"setting": "float64; accuracy: dopri5/alf at rtol = atol = tol, dim 4, 16 pieces, loss mean(y(T)^2), "
-                      "reference backprop through dopri5 at 1e-11; scaling: fixed grids of 10 and N steps "
-                      "(rk4, alf), dim 64 batch 256 (tiny: dim 8 batch 16, N = 100); time = median of "
-                      "forward + backward; memory = peak bytes saved for backward during the forward pass",
-           "rows": acc + scale, "targets": targets(scale, acc), "pictures": _plots(acc, out),
-           "total_s": time.perf_counter() - t0}
+    res = {
+        "setting": "float64; accuracy: dopri5/alf at rtol = atol = tol, dim 4, 16 pieces, loss mean(y(T)^2), "
+        "reference backprop through dopri5 at 1e-11; scaling: fixed grids of 10 and N steps "
+        "(rk4, alf), dim 64 batch 256 (tiny: dim 8 batch 16, N = 100); time = median of "
+        "forward + backward; memory = peak bytes saved for backward during the forward pass",
+        "rows": acc + scale,
+        "targets": targets(scale, acc),
+        "pictures": _plots(acc, out),
+        "total_s": time.perf_counter() - t0,
+    }
     write("gradient_modes" + ("_tiny" if tiny else ""), res, out_dir)
     return res
 
 
 def table(res: dict) -> str:
-    lines = ["| field | method | gradient | tol / steps | rel. grad error | NFE fwd | NFE bwd | time (ms) | "
-             "saved KiB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| field | method | gradient | tol / steps | rel. grad error | NFE fwd | NFE bwd | time (ms) | saved KiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in res["rows"]:
         if "nfe_forward" not in r:
             continue
         size = r.get("rtol", r.get("grid_steps"))
         err = f"{r['rel_grad_error']:.1e}" if "rel_grad_error" in r else "—"
-        lines.append(f"| {r['field']} | {r['method']} | {r['mode']} | {size:g} | {err} | {r['nfe_forward']} | "
-                     f"{r['nfe_backward']} | {1e3 * r['time_s']:.1f} | {r['saved_bytes'] / 1024:.0f} |")
+        lines.append(
+            f"| {r['field']} | {r['method']} | {r['mode']} | {size:g} | {err} | {r['nfe_forward']} | "
+            f"{r['nfe_backward']} | {1e3 * r['time_s']:.1f} | {r['saved_bytes'] / 1024:.0f} |"
+        )
     return "\n".join(lines)
 
 

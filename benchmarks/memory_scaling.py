@@ -15,22 +15,28 @@ import functools
 
 import numpy as np
 import torch
-from cde_nets.solvers.schemes import LM2
 
 from cde_nets import ODEBlock, discretize
 from cde_nets.diagnostics import SavedTensorMemory
 from cde_nets.fields import MS1, CubicFriction, Hamiltonian
+from cde_nets.solvers.schemes import LM2
 
 from .common import interleaved_medians, median_time, write
 
 # memory-free discrete nets: name -> (field of dim n and L layers, scheme, discretize options)
 DISCRETE = {
-    "H2-DNN": (lambda n, L, g: Hamiltonian(n, layers=L, K="blockdiag", J="structured", generator=g),
-               "symplectic_euler", {}),
+    "H2-DNN": (
+        lambda n, L, g: Hamiltonian(n, layers=L, K="blockdiag", J="structured", generator=g),
+        "symplectic_euler",
+        {},
+    ),
     "MS1": (lambda n, L, g: MS1(n, layers=L, generator=g), "symplectic_euler_qp", {}),
     "H verlet": (lambda n, L, g: Hamiltonian(n, layers=L, K="blockdiag", generator=g), "verlet", {}),
-    "momentum": (lambda n, L, g: CubicFriction(n, layers=L, zero_init=False, generator=g), "momentum",
-                 {"momentum": (0.99, 1.0)}),
+    "momentum": (
+        lambda n, L, g: CubicFriction(n, layers=L, zero_init=False, generator=g),
+        "momentum",
+        {"momentum": (0.99, 1.0)},
+    ),
     "lm2": (lambda n, L, g: CubicFriction(n, layers=L, zero_init=False, generator=g), LM2(k0=1.0), {}),
     "alf": (lambda n, L, g: Hamiltonian(n, layers=L, generator=g), "alf", {}),
 }
@@ -56,20 +62,35 @@ def run(tiny: bool = False, out_dir=None) -> dict:
                 y = block(y0)
             y.square().mean().backward()
             t = median_time(step, repeat=1 if tiny else 3, warmup=0 if tiny else 1)
-            rows.append({"gradient": gradient, "steps": steps, "saved_bytes": mem.peak_bytes, "time_s": t,
-                         "nfe_forward": block.stats["nfe_forward"], "nfe_backward": block.stats["nfe_backward"]})
+            rows.append(
+                {
+                    "gradient": gradient,
+                    "steps": steps,
+                    "saved_bytes": mem.peak_bytes,
+                    "time_s": t,
+                    "nfe_forward": block.stats["nfe_forward"],
+                    "nfe_backward": block.stats["nfe_backward"],
+                }
+            )
     summary = {}
     for gradient in ("adjoint", "backprop"):
         r = [x for x in rows if x["gradient"] == gradient]
         s = np.array([x["steps"] for x in r], dtype=float)
         m = np.array([x["saved_bytes"] for x in r], dtype=float)
-        summary[gradient] = {"bytes_per_step": float(np.polyfit(s, m, 1)[0]),
-                             "ratio_max_to_min_steps": float(m[-1] / max(m[0], 1.0))}
+        summary[gradient] = {
+            "bytes_per_step": float(np.polyfit(s, m, 1)[0]),
+            "ratio_max_to_min_steps": float(m[-1] / max(m[0], 1.0)),
+        }
     discrete, discrete_summary = _discrete(dim, batch, (10, 20) if tiny else (10, 1000), tiny)
-    payload = {"setting": f"Hamiltonian dim {dim}, batch {batch}, rk4, T=1", "rows": rows, "summary": summary,
-               "discrete": discrete, "discrete_summary": discrete_summary,
-               "goal": "adjoint ratio_max_to_min_steps <= 1.2; backprop linear; memory-free discrete: "
-                       "memory_ratio <= 1.2, H2-DNN time_ratio_to_stored <= 2"}
+    payload = {
+        "setting": f"Hamiltonian dim {dim}, batch {batch}, rk4, T=1",
+        "rows": rows,
+        "summary": summary,
+        "discrete": discrete,
+        "discrete_summary": discrete_summary,
+        "goal": "adjoint ratio_max_to_min_steps <= 1.2; backprop linear; memory-free discrete: "
+        "memory_ratio <= 1.2, H2-DNN time_ratio_to_stored <= 2",
+    }
     write("memory_scaling", payload, out_dir)
     return payload
 
@@ -95,8 +116,15 @@ def _discrete(dim: int, batch: int, depths: tuple[int, int], tiny: bool) -> tupl
                 with mem:
                     y = net(y0)
                 y.square().mean().backward()
-                rows.append({"net": name, "scheme": net.scheme.name, "layers": L, "memory_free": free,
-                             "saved_bytes": mem.peak_bytes})
+                rows.append(
+                    {
+                        "net": name,
+                        "scheme": net.scheme.name,
+                        "layers": L,
+                        "memory_free": free,
+                        "saved_bytes": mem.peak_bytes,
+                    }
+                )
 
             if L == depths[-1]:
                 steps = [functools.partial(_fwd_bwd, nets[free], y0) for free in (False, True)]
@@ -106,9 +134,11 @@ def _discrete(dim: int, batch: int, depths: tuple[int, int], tiny: bool) -> tupl
                 r["time_s"] = times[r["memory_free"]]
         free = {r["layers"]: r["saved_bytes"] for r in rows if r["net"] == name and r["memory_free"]}
         stored = {r["layers"]: r["saved_bytes"] for r in rows if r["net"] == name and not r["memory_free"]}
-        summary[name] = {"memory_ratio": free[depths[-1]] / max(free[depths[0]], 1),
-                         "stored_over_free_memory": stored[depths[-1]] / max(free[depths[-1]], 1),
-                         "time_ratio_to_stored": times[True] / times[False]}
+        summary[name] = {
+            "memory_ratio": free[depths[-1]] / max(free[depths[0]], 1),
+            "stored_over_free_memory": stored[depths[-1]] / max(free[depths[-1]], 1),
+            "time_ratio_to_stored": times[True] / times[False],
+        }
     return rows, summary
 
 
@@ -120,15 +150,19 @@ def main() -> None:
     for r in res["rows"]:
         print(f"| {r['gradient']} | {r['steps']} | {r['saved_bytes'] / 2**20:.3f} | {1e3 * r['time_s']:.1f} |")
     for k, v in res["summary"].items():
-        print(f"{k}: {v['bytes_per_step'] / 1024:.1f} KiB per step, 1000/10 steps memory ratio "
-              f"{v['ratio_max_to_min_steps']:.2f}")
+        print(
+            f"{k}: {v['bytes_per_step'] / 1024:.1f} KiB per step, 1000/10 steps memory ratio "
+            f"{v['ratio_max_to_min_steps']:.2f}"
+        )
     print("\n| net | layers | memory-free | saved for backward (KiB) | fwd+bwd ms |\n|---|---|---|---|---|")
     for r in res["discrete"]:
         t = f"{1e3 * r['time_s']:.1f}" if "time_s" in r else "—"
         print(f"| {r['net']} | {r['layers']} | {r['memory_free']} | {r['saved_bytes'] / 1024:.1f} | {t} |")
     for k, v in res["discrete_summary"].items():
-        print(f"{k}: memory-free memory, most / fewest layers {v['memory_ratio']:.2f}; stored / memory-free "
-              f"{v['stored_over_free_memory']:.0f}x; time memory-free / stored {v['time_ratio_to_stored']:.2f}")
+        print(
+            f"{k}: memory-free memory, most / fewest layers {v['memory_ratio']:.2f}; stored / memory-free "
+            f"{v['stored_over_free_memory']:.0f}x; time memory-free / stored {v['time_ratio_to_stored']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -92,8 +92,12 @@ def _agreement(dim: int, batch: int, depth: int, memory_free: bool) -> dict:
     x0 = torch.randn(batch, dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     y_ours, g_ours = _output_and_grads(ours, x0, field)
     y_peer, g_peer = _output_and_grads(peer, x0, None)
-    out = {"max_abs_diff_output": (y_ours - y_peer).abs().max().item(), "output_scale": y_peer.abs().max().item(),
-           "max_abs_diff_grad": _max_diff(g_ours, g_peer), "grad_scale": max(g.abs().max().item() for g in g_peer)}
+    out = {
+        "max_abs_diff_output": (y_ours - y_peer).abs().max().item(),
+        "output_scale": y_peer.abs().max().item(),
+        "max_abs_diff_grad": _max_diff(g_ours, g_peer),
+        "grad_scale": max(g.abs().max().item() for g in g_peer),
+    }
     if memory_free:
         # The peer's memory-free path keeps v in fixed point, read back in float32, and multiplies by γ rounded to
         # a 16-bit rational while still adding (1 − γ) f: compare it with ours at m = that γ, η = 1 − γ (untied).
@@ -103,12 +107,18 @@ def _agreement(dim: int, batch: int, depth: int, memory_free: bool) -> dict:
         ours.b.data.fill_(math.log(math.expm1(1 - GAMMA)))
         ours.requires_grad_(False)
         field.requires_grad_(True)
-        peer_mf = MomentumNet([_PeerLayer(field.K.data[l], field.b.data[l], field.J) for l in range(depth)],
-                              gamma=GAMMA, use_backprop=False)
+        peer_mf = MomentumNet(
+            [_PeerLayer(field.K.data[l], field.b.data[l], field.J) for l in range(depth)],
+            gamma=GAMMA,
+            use_backprop=False,
+        )
         y_o, g_o = _output_and_grads(ours, x0, field)
         y_p, g_p = _output_and_grads(peer_mf, x0, None)
-        out.update(peer_memory_free_gamma=g_eff, max_abs_diff_output_vs_peer_memory_free=(y_o - y_p).abs().max().item(),
-                   max_abs_diff_grad_vs_peer_memory_free=_max_diff(g_o, g_p))
+        out.update(
+            peer_memory_free_gamma=g_eff,
+            max_abs_diff_output_vs_peer_memory_free=(y_o - y_p).abs().max().item(),
+            max_abs_diff_grad_vs_peer_memory_free=_max_diff(g_o, g_p),
+        )
     return out
 
 
@@ -134,10 +144,12 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     for depth in depths:
         for memory_free in (False, True):
             check = _agreement(dim, batch, depth, memory_free)
-            if (check["max_abs_diff_output"] > 1e-10 * max(1.0, check["output_scale"])
-                    or check["max_abs_diff_grad"] > 1e-10 * max(1.0, check["grad_scale"])):
-                raise RuntimeError(f"ours and momentumnet disagree at depth {depth}, memory_free={memory_free}: "
-                                   f"{check}")
+            if check["max_abs_diff_output"] > 1e-10 * max(1.0, check["output_scale"]) or check[
+                "max_abs_diff_grad"
+            ] > 1e-10 * max(1.0, check["grad_scale"]):
+                raise RuntimeError(
+                    f"ours and momentumnet disagree at depth {depth}, memory_free={memory_free}: {check}"
+                )
             field = Hamiltonian(dim, layers=depth, T=float(depth), generator=torch.Generator().manual_seed(depth))
             ours, theirs = _pair(field, memory_free)
             x0 = torch.randn(batch, dim, generator=torch.Generator().manual_seed(1))
@@ -147,14 +159,28 @@ def run(tiny: bool = False, out_dir=None) -> dict:
                 return lambda: net(x0).square().mean().backward()
 
             t_ours, t_theirs = interleaved_medians([step(ours), step(theirs)], repeat, warmup)
-            rows.append({"depth": depth, "dim": dim, "batch": batch, "memory_free": memory_free, **check,
-                         "time_ours_s": t_ours, "time_theirs_s": t_theirs, "time_ratio": t_ours / t_theirs,
-                         "saved_bytes_ours": bytes_ours, "saved_bytes_theirs": bytes_theirs,
-                         "memory_ratio": bytes_ours / max(bytes_theirs, 1)})
-    payload = {"setting": f"H1 field J Kᵀ tanh(K x + b), gamma = m = {GAMMA}, eta = 1 − m, h = 1; forward+backward "
-                          "of mean(y²), float32 timing, float64 agreement; memory = peak bytes saved for backward",
-               "peer": f"momentumnet {momentumnet.__version__}", "goal": "outputs equal (< 1e-10, float64)",
-               "rows": rows}
+            rows.append(
+                {
+                    "depth": depth,
+                    "dim": dim,
+                    "batch": batch,
+                    "memory_free": memory_free,
+                    **check,
+                    "time_ours_s": t_ours,
+                    "time_theirs_s": t_theirs,
+                    "time_ratio": t_ours / t_theirs,
+                    "saved_bytes_ours": bytes_ours,
+                    "saved_bytes_theirs": bytes_theirs,
+                    "memory_ratio": bytes_ours / max(bytes_theirs, 1),
+                }
+            )
+    payload = {
+        "setting": f"H1 field J Kᵀ tanh(K x + b), gamma = m = {GAMMA}, eta = 1 − m, h = 1; forward+backward "
+        "of mean(y²), float32 timing, float64 agreement; memory = peak bytes saved for backward",
+        "peer": f"momentumnet {momentumnet.__version__}",
+        "goal": "outputs equal (< 1e-10, float64)",
+        "rows": rows,
+    }
     write("momentum_peer", payload, out_dir)
     return payload
 
@@ -166,14 +192,18 @@ def main() -> None:
     if "skipped" in res:
         print(f"momentum_peer: {res['skipped']}")
         return
-    print("| depth | backward | max |Δy| | max |Δgrad| | ours ms | momentumnet ms | time ratio | ours KiB | "
-          "momentumnet KiB | memory ratio |")
+    print(
+        "| depth | backward | max |Δy| | max |Δgrad| | ours ms | momentumnet ms | time ratio | ours KiB | "
+        "momentumnet KiB | memory ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
         kind = "memory-free" if r["memory_free"] else "stored"
-        print(f"| {r['depth']} | {kind} | {r['max_abs_diff_output']:.1e} | {r['max_abs_diff_grad']:.1e} | "
-              f"{1e3 * r['time_ours_s']:.2f} | {1e3 * r['time_theirs_s']:.2f} | {r['time_ratio']:.3f} | "
-              f"{r['saved_bytes_ours'] / 1024:.1f} | {r['saved_bytes_theirs'] / 1024:.1f} | {r['memory_ratio']:.3f} |")
+        print(
+            f"| {r['depth']} | {kind} | {r['max_abs_diff_output']:.1e} | {r['max_abs_diff_grad']:.1e} | "
+            f"{1e3 * r['time_ours_s']:.2f} | {1e3 * r['time_theirs_s']:.2f} | {r['time_ratio']:.3f} | "
+            f"{r['saved_bytes_ours'] / 1024:.1f} | {r['saved_bytes_theirs'] / 1024:.1f} | {r['memory_ratio']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

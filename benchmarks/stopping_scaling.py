@@ -55,6 +55,7 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         cases.append((fraction, x0, u, int(depths.sum()), int((depths == 1).sum()), int(depths.max())))
     rows = []
     for mode in ("forward", "forward+backward"):
+
         def call(x0, u, mode=mode):
             if mode == "forward":
                 return lambda: net(x0, u)
@@ -63,8 +64,16 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         with torch.set_grad_enabled(mode != "forward"):
             times = interleaved_medians([call(x0, u) for _, x0, u, *_ in cases], repeat, warmup)
         for (fraction, _, _, sum_depths, n_early, steps), t in zip(cases, times):
-            rows.append({"mode": mode, "fraction_early": fraction, "early_samples": n_early,
-                         "sum_depths": sum_depths, "steps": steps, "time_s": t})
+            rows.append(
+                {
+                    "mode": mode,
+                    "fraction_early": fraction,
+                    "early_samples": n_early,
+                    "sum_depths": sum_depths,
+                    "steps": steps,
+                    "time_s": t,
+                }
+            )
     fits = {}
     for mode in ("forward", "forward+backward"):
         r = [x for x in rows if x["mode"] == mode]
@@ -78,15 +87,25 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         X = np.stack([s, [x["steps"] for x in r], np.ones_like(s)], 1)
         coef = np.linalg.lstsq(X, t, rcond=None)[0]
         fit3 = X @ coef
-        fits[mode] = {"seconds_per_row_step": float(c), "intercept_s": float(t0),
-                      "max_rel_deviation": float(np.max(np.abs(t - fit) / fit)),
-                      "with_step_cost": {"seconds_per_row_step": float(coef[0]), "seconds_per_step": float(coef[1]),
-                                         "intercept_s": float(coef[2]),
-                                         "max_rel_deviation": float(np.max(np.abs(t - fit3) / fit3))},
-                      "time_ratio_full_to_early": float(t[0] / t[-1])}
-    payload = {"setting": f"NAIS dim {dim}, input {dim}, one piece, h = 0.1, euler, batch {batch}, eps {eps}, "
-                          f"max_depth {max_depth}; early samples start at equilibrium (depth 1)",
-               "goal": "max_rel_deviation <= 0.2 (time proportional to sum of depths)", "rows": rows, "fit": fits}
+        fits[mode] = {
+            "seconds_per_row_step": float(c),
+            "intercept_s": float(t0),
+            "max_rel_deviation": float(np.max(np.abs(t - fit) / fit)),
+            "with_step_cost": {
+                "seconds_per_row_step": float(coef[0]),
+                "seconds_per_step": float(coef[1]),
+                "intercept_s": float(coef[2]),
+                "max_rel_deviation": float(np.max(np.abs(t - fit3) / fit3)),
+            },
+            "time_ratio_full_to_early": float(t[0] / t[-1]),
+        }
+    payload = {
+        "setting": f"NAIS dim {dim}, input {dim}, one piece, h = 0.1, euler, batch {batch}, eps {eps}, "
+        f"max_depth {max_depth}; early samples start at equilibrium (depth 1)",
+        "goal": "max_rel_deviation <= 0.2 (time proportional to sum of depths)",
+        "rows": rows,
+        "fit": fits,
+    }
     write("stopping_scaling", payload, out_dir)
     return payload
 
@@ -97,14 +116,20 @@ def main() -> None:
     res = run(p.parse_args().tiny)
     print("| mode | fraction early | Σ depths | time ms | fit ms | deviation |\n|---|---|---|---|---|---|")
     for r in res["rows"]:
-        print(f"| {r['mode']} | {r['fraction_early']:.2f} | {r['sum_depths']} | {1e3 * r['time_s']:.2f} | "
-              f"{1e3 * r['fit_s']:.2f} | {r['time_s'] / r['fit_s'] - 1:+.1%} |")
+        print(
+            f"| {r['mode']} | {r['fraction_early']:.2f} | {r['sum_depths']} | {1e3 * r['time_s']:.2f} | "
+            f"{1e3 * r['fit_s']:.2f} | {r['time_s'] / r['fit_s'] - 1:+.1%} |"
+        )
     for mode, f in res["fit"].items():
-        print(f"{mode}: {1e9 * f['seconds_per_row_step']:.1f} ns per row-step, intercept "
-              f"{1e3 * f['intercept_s']:.2f} ms, max deviation {f['max_rel_deviation']:.1%}")
+        print(
+            f"{mode}: {1e9 * f['seconds_per_row_step']:.1f} ns per row-step, intercept "
+            f"{1e3 * f['intercept_s']:.2f} ms, max deviation {f['max_rel_deviation']:.1%}"
+        )
         g = f["with_step_cost"]
-        print(f"  with a per-step cost: {1e9 * g['seconds_per_row_step']:.1f} ns per row-step, "
-              f"{1e3 * g['seconds_per_step']:.3f} ms per step, max deviation {g['max_rel_deviation']:.1%}")
+        print(
+            f"  with a per-step cost: {1e9 * g['seconds_per_row_step']:.1f} ns per row-step, "
+            f"{1e3 * g['seconds_per_step']:.3f} ms per step, max deviation {g['max_rel_deviation']:.1%}"
+        )
 
 
 if __name__ == "__main__":

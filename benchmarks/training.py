@@ -11,10 +11,10 @@ import argparse
 import time
 
 import torch
-from cde_nets.experiments.common import hdnn_classifier
-from cde_nets.experiments.hdnn_protocol import train_hdnn
 
 from cde_nets.datasets import swiss_roll
+from cde_nets.experiments.common import hdnn_classifier
+from cde_nets.experiments.hdnn_protocol import train_hdnn
 from cde_nets.training import smoothness_RK
 
 from .common import write
@@ -33,15 +33,24 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         # cost of torch, not of training, so pay it before the clock starts
         torch.optim.Adam([torch.zeros(1, requires_grad=True)])
         t0 = time.perf_counter()
-        r = train_hdnn(model, data, epochs=epochs, seed=0, regularisers=[smoothness_RK(5e-4, 1.2 / layers)],
-                       progress=False)
+        r = train_hdnn(
+            model, data, epochs=epochs, seed=0, regularisers=[smoothness_RK(5e-4, 1.2 / layers)], progress=False
+        )
         wall = time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
-    measured = {"time_s": wall, "test_accuracy": r["test_accuracy"], "train_accuracy": r["train_accuracy"],
-                "time_ratio_to_reference": wall / REFERENCE["time_s"]}
-    payload = {"setting": {"n": n, "epochs": epochs, "layers": layers, "batch": 125, "threads": 1},
-               "reference": REFERENCE, "rows": [{"net": "H1", **measured}], **measured}
+    measured = {
+        "time_s": wall,
+        "test_accuracy": r["test_accuracy"],
+        "train_accuracy": r["train_accuracy"],
+        "time_ratio_to_reference": wall / REFERENCE["time_s"],
+    }
+    payload = {
+        "setting": {"n": n, "epochs": epochs, "layers": layers, "batch": 125, "threads": 1},
+        "reference": REFERENCE,
+        "rows": [{"net": "H1", **measured}],
+        **measured,
+    }
     write("training", payload, out_dir)
     return payload
 
@@ -50,8 +59,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tiny", action="store_true")
     r = run(p.parse_args().tiny)
-    print(f"64-layer H1 swiss roll: {r['time_s']:.1f} s, test {100 * r['test_accuracy']:.2f} % "
-          f"(reference {REFERENCE['time_s']:.0f} s, {100 * REFERENCE['test_accuracy']:.1f} %)")
+    print(
+        f"64-layer H1 swiss roll: {r['time_s']:.1f} s, test {100 * r['test_accuracy']:.2f} % "
+        f"(reference {REFERENCE['time_s']:.0f} s, {100 * REFERENCE['test_accuracy']:.1f} %)"
+    )
 
 
 if __name__ == "__main__":

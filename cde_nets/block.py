@@ -56,8 +56,9 @@ class Block(nn.Module):
         ``needs_input`` (``(batch, *input_shape)``)."""
         return self.solve(y0, u).y
 
-    def solve(self, y0: torch.Tensor, u: torch.Tensor | None = None, t: Sequence[float] | torch.Tensor | None = None
-              ) -> Solution:
+    def solve(
+        self, y0: torch.Tensor, u: torch.Tensor | None = None, t: Sequence[float] | torch.Tensor | None = None
+    ) -> Solution:
         """Solve from ``y0`` and return a :class:`~cde_nets.solution.Solution`; ``t``: times at which to save the
         state (increasing, within ``[0, T]``)."""
         raise NotImplementedError
@@ -77,8 +78,10 @@ class Block(nn.Module):
         else:
             _check_tensor_state(y0)
             if u is not None:
-                raise TypeError(f"`u` was given but {type(field).__name__} is a plain module called as F(t, y); "
-                                "drop `u`, or write the field as a cde_nets Field with needs_input.")
+                raise TypeError(
+                    f"`u` was given but {type(field).__name__} is a plain module called as F(t, y); "
+                    "drop `u`, or write the field as a cde_nets Field with needs_input."
+                )
         self._check_dtype(y0)
         return BoundField(field, u)
 
@@ -109,8 +112,9 @@ def _check_tensor_state(y0: object) -> None:
     if not isinstance(y0, torch.Tensor):
         raise TypeError(f"`y0` must be a torch.Tensor, got {type(y0).__name__}.")
     if y0.dim() < 1 or not y0.is_floating_point():
-        raise ValueError(f"`y0` must be a floating-point tensor of shape (batch, ...), got {y0.dtype} of shape "
-                         f"{tuple(y0.shape)}.")
+        raise ValueError(
+            f"`y0` must be a floating-point tensor of shape (batch, ...), got {y0.dtype} of shape {tuple(y0.shape)}."
+        )
 
 
 def _check_signature(field: nn.Module) -> None:

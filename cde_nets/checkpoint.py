@@ -15,8 +15,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["save_checkpoint", "load_checkpoint", "atomic_write", "CheckpointError", "RunLock", "RunInUseError",
-           "rng_state", "set_rng_state"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "atomic_write",
+    "CheckpointError",
+    "RunLock",
+    "RunInUseError",
+    "rng_state",
+    "set_rng_state",
+]
 
 
 class CheckpointError(ValueError):
@@ -52,7 +60,7 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
 
 
 def _writer_pid(tmp_name: str, target: str) -> int | None:
-    rest = tmp_name[len(target) + 2:]  # ".<target>.<pid>.<random>.tmp"
+    rest = tmp_name[len(target) + 2 :]  # ".<target>.<pid>.<random>.tmp"
     head = rest.split(".", 1)[0]
     return int(head) if head.isdigit() else None
 
@@ -101,8 +109,10 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         state = torch.load(path, weights_only=False)
     except Exception as exc:  # torch reports truncation and corruption through several exception types
-        raise CheckpointError(f"{str(path)!r} is corrupt or truncated ({size} bytes; {type(exc).__name__}: "
-                              f"{str(exc)[:120]}); delete it to start afresh.") from exc
+        raise CheckpointError(
+            f"{str(path)!r} is corrupt or truncated ({size} bytes; {type(exc).__name__}: "
+            f"{str(exc)[:120]}); delete it to start afresh."
+        ) from exc
     if not isinstance(state, dict) or not {"model", "optimizer", "epoch", "history"} <= set(state):
         keys = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{str(path)!r} is not a cde_nets training checkpoint (it holds {keys}).")
@@ -124,8 +134,9 @@ class RunLock:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise PermissionError(f"`--out` {str(self.directory)!r} cannot be created ({exc.strerror}); choose a "
-                                  "writable folder.") from exc
+            raise PermissionError(
+                f"`--out` {str(self.directory)!r} cannot be created ({exc.strerror}); choose a writable folder."
+            ) from exc
         if not os.access(self.directory, os.W_OK):
             raise PermissionError(f"`--out` {str(self.directory)!r} is not writable; choose a writable folder.")
         for _ in range(2):
@@ -134,8 +145,10 @@ class RunLock:
             except FileExistsError:
                 pid = _lock_owner(self.path)
                 if pid is not None and pid != os.getpid() and _alive(pid):
-                    raise RunInUseError(f"{str(self.directory)!r} is in use by another run (process {pid}); wait "
-                                        "for it, stop it, or choose another output folder.") from None
+                    raise RunInUseError(
+                        f"{str(self.directory)!r} is in use by another run (process {pid}); wait "
+                        "for it, stop it, or choose another output folder."
+                    ) from None
                 self.path.unlink(missing_ok=True)  # left by a process that died
                 continue
             with os.fdopen(fd, "w") as fh:
@@ -158,15 +171,21 @@ def _lock_owner(path: Path) -> int | None:
 
 def rng_state(*generators: torch.Generator) -> dict:
     """The global torch, numpy and Python RNG states plus those of ``generators`` (e.g. the batching generator)."""
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "generators": [g.get_state() for g in generators]}
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "generators": [g.get_state() for g in generators],
+    }
 
 
 def set_rng_state(state: dict, *generators: torch.Generator) -> None:
     """Restore what :func:`rng_state` captured, the explicit generators in the same order."""
     if len(state["generators"]) != len(generators):
-        raise ValueError(f"the checkpoint holds {len(state['generators'])} generator states but "
-                         f"{len(generators)} generators were passed to restore.")
+        raise ValueError(
+            f"the checkpoint holds {len(state['generators'])} generator states but "
+            f"{len(generators)} generators were passed to restore."
+        )
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])

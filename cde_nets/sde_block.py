@@ -65,8 +65,17 @@ class _SDE(nn.Module):
 
     noise_type = "diagonal"
 
-    def __init__(self, field: BoundField, shape: tuple[int, ...], rho: nn.Parameter | None, multiplicative: bool,
-                 sde_type: str, stats: SolverStats, count_vjp: bool, l: int = 0):
+    def __init__(
+        self,
+        field: BoundField,
+        shape: tuple[int, ...],
+        rho: nn.Parameter | None,
+        multiplicative: bool,
+        sde_type: str,
+        stats: SolverStats,
+        count_vjp: bool,
+        l: int = 0,
+    ):
         super().__init__()
         self.field = field  # a BoundField (plain object): this call's field and input
         self.shape = shape
@@ -217,17 +226,23 @@ class SDEBlock(Block):
         self.step_size = step_size
         self.adaptive = bool(adaptive)
         if not self.adaptive and (rtol is not None or atol is not None):
-            raise ValueError("`rtol`/`atol` control adaptive stepping; with adaptive=False they would be ignored. "
-                             "Drop them, or pass adaptive=True.")
+            raise ValueError(
+                "`rtol`/`atol` control adaptive stepping; with adaptive=False they would be ignored. "
+                "Drop them, or pass adaptive=True."
+            )
         rtol = 1e-5 if rtol is None else rtol
         atol = 1e-4 if atol is None else atol
         if self.adaptive:
             if method == "reversible_heun":
-                raise ValueError("`adaptive=True` is not supported with method='reversible_heun' (torchsde does not "
-                                 "record its adaptive steps); use a fixed `dt` or another method.")
+                raise ValueError(
+                    "`adaptive=True` is not supported with method='reversible_heun' (torchsde does not "
+                    "record its adaptive steps); use a fixed `dt` or another method."
+                )
             if method == "euler" and noise == "diagonal":
-                raise ValueError("`adaptive=True` with method='euler' and diagonal (multiplicative) noise need not "
-                                 "converge; use method='milstein' or 'srk', or a fixed `dt`.")
+                raise ValueError(
+                    "`adaptive=True` with method='euler' and diagonal (multiplicative) noise need not "
+                    "converge; use method='milstein' or 'srk', or a fixed `dt`."
+                )
             check_positive("rtol", rtol, "It is the relative tolerance of adaptive stepping.")
             check_positive("atol", atol, "It is the absolute tolerance of adaptive stepping.")
         self.rtol, self.atol = float(rtol), float(atol)
@@ -361,16 +376,35 @@ class SDEBlock(Block):
         self._stats = SolverStats()
         rho = self.rho if stochastic else None
         pieces = getattr(getattr(self.field, "grid", None), "L", 1)
-        sdes = [_SDE(bound, shape, rho, self.noise == "diagonal", self.sde_type, self._stats,
-                     count_vjp=self.gradient == "backprop", l=l) for l in range(pieces)]
+        sdes = [
+            _SDE(
+                bound,
+                shape,
+                rho,
+                self.noise == "diagonal",
+                self.sde_type,
+                self._stats,
+                count_vjp=self.gradient == "backprop",
+                l=l,
+            )
+            for l in range(pieces)
+        ]
         grid = self._grid.to(device=y.device, dtype=y.dtype)
         if bm is None or not stochastic:
-            bm = torchsde.BrownianInterval(t0=float(grid[0]), t1=float(grid[-1]), size=tuple(y.shape),
-                                           dtype=y.dtype, device=y.device, entropy=self._entropy(),
-                                           levy_area_approximation=self._levy)
+            bm = torchsde.BrownianInterval(
+                t0=float(grid[0]),
+                t1=float(grid[-1]),
+                size=tuple(y.shape),
+                dtype=y.dtype,
+                device=y.device,
+                entropy=self._entropy(),
+                levy_area_approximation=self._levy,
+            )
         elif tuple(getattr(bm, "shape", ())) != tuple(y.shape):
-            raise ValueError(f"`bm` must have shape {tuple(y.shape)} (paths · batch, numel per sample), got "
-                             f"{tuple(getattr(bm, 'shape', ()))}.")
+            raise ValueError(
+                f"`bm` must have shape {tuple(y.shape)} (paths · batch, numel per sample), got "
+                f"{tuple(getattr(bm, 'shape', ()))}."
+            )
         extra = [u] if u is not None and u.requires_grad else []
         states = self._integrate(sdes, y, grid, bm, extra)
         check_result(states[-1], lambda: self._nonfinite(states, grid))
@@ -395,11 +429,15 @@ class SDEBlock(Block):
     def _nonfinite(self, states: list[torch.Tensor], grid: torch.Tensor) -> str:
         name = nonfinite_parameter(self)
         if name is not None:
-            return (f"parameter `{name}` holds NaN/inf, so the solve is non-finite; restore the last good checkpoint "
-                    "or re-initialise it.")
+            return (
+                f"parameter `{name}` holds NaN/inf, so the solve is non-finite; restore the last good checkpoint "
+                "or re-initialise it."
+            )
         k = next(i for i, y in enumerate(states) if not bool(torch.isfinite(y).all()))
-        return (f"the state became non-finite (NaN/inf) in step {k} of {len(states) - 1} (t = {float(grid[k - 1]):.6g}"
-                f" to {float(grid[k]):.6g}); use a smaller `step_size`, a smaller noise scale, or float64.")
+        return (
+            f"the state became non-finite (NaN/inf) in step {k} of {len(states) - 1} (t = {float(grid[k - 1]):.6g}"
+            f" to {float(grid[k]):.6g}); use a smaller `step_size`, a smaller noise scale, or float64."
+        )
 
     def _save_indices(self, t) -> list[int]:
         tt = self.check_times(t, self.T)
@@ -408,8 +446,10 @@ class SDEBlock(Block):
         for ti in tt.tolist():
             j = int(torch.argmin((grid - ti).abs()))
             if abs(float(grid[j]) - ti) > 1e-12 * max(1.0, self.T):
-                raise ValueError(f"`t`={ti} is not a point of the step grid; an SDE block saves states only at "
-                                 "its grid times (`block.times`). Choose those, or a `step_size` that divides them.")
+                raise ValueError(
+                    f"`t`={ti} is not a point of the step grid; an SDE block saves states only at "
+                    "its grid times (`block.times`). Choose those, or a `step_size` that divides them."
+                )
             idx.append(j)
         return idx
 
@@ -421,8 +461,9 @@ class SDEBlock(Block):
             return int(torch.randint(0, 2**31 - 1, ()))
         return int(np.random.SeedSequence([self.seed, k]).generate_state(1)[0])
 
-    def _integrate(self, sdes: list[_SDE], y: torch.Tensor, grid: torch.Tensor, bm, extra_params: list
-                   ) -> list[torch.Tensor]:
+    def _integrate(
+        self, sdes: list[_SDE], y: torch.Tensor, grid: torch.Tensor, bm, extra_params: list
+    ) -> list[torch.Tensor]:
         # One torchsde call per step with dt >= the step: torchsde clamps the step to the end of `ts`, so every
         # step (forward and the adjoint's reverse) lands exactly on the grid and each piece keeps its parameters.
         # The solver's extra state (reversible_heun's stored f, g) is carried across the steps of one piece and
@@ -437,7 +478,7 @@ class SDEBlock(Block):
             sde = sdes[min(i // self._steps_per_piece, len(sdes) - 1)]
             if i % self._steps_per_piece == 0:
                 extra = None
-            ts = grid[i:i + 2]
+            ts = grid[i : i + 2]
             # Adaptive stepping starts each grid step with the whole step and subdivides it from there.
             dt = float(ts[1] - ts[0]) if self.adaptive else big
             sde.arm_probe()
@@ -449,16 +490,31 @@ class SDEBlock(Block):
                 warnings.filterwarnings("ignore", message="Numerical solution is not guaranteed to converge")
                 if self.gradient == "adjoint":
                     ys, extra = torchsde.sdeint_adjoint(
-                        sde, y, ts, bm=bm, method=self.method, dt=dt, adjoint_method=self.adjoint_method,
-                        adjoint_params=params, extra_solver_state=extra, extra=True, adjoint_adaptive=self.adaptive,
-                        adjoint_rtol=self.rtol, adjoint_atol=self.atol, **tol)
+                        sde,
+                        y,
+                        ts,
+                        bm=bm,
+                        method=self.method,
+                        dt=dt,
+                        adjoint_method=self.adjoint_method,
+                        adjoint_params=params,
+                        extra_solver_state=extra,
+                        extra=True,
+                        adjoint_adaptive=self.adaptive,
+                        adjoint_rtol=self.rtol,
+                        adjoint_atol=self.atol,
+                        **tol,
+                    )
                 else:
-                    ys, extra = torchsde.sdeint(sde, y, ts, bm=bm, method=self.method, dt=dt,
-                                                extra_solver_state=extra, extra=True, **tol)
+                    ys, extra = torchsde.sdeint(
+                        sde, y, ts, bm=bm, method=self.method, dt=dt, extra_solver_state=extra, extra=True, **tol
+                    )
             y = ys[-1]
             states.append(y)
         return states
 
     def extra_repr(self) -> str:
-        return (f"noise={self.noise!r}, T={self.T}, method={self.method!r}, sde_type={self.sde_type!r}, "
-                f"gradient={self.gradient!r}, step_size={self.step_size}, adaptive={self.adaptive}, paths={self.paths}")
+        return (
+            f"noise={self.noise!r}, T={self.T}, method={self.method!r}, sde_type={self.sde_type!r}, "
+            f"gradient={self.gradient!r}, step_size={self.step_size}, adaptive={self.adaptive}, paths={self.paths}"
+        )

@@ -52,6 +52,8 @@ class Solution:
         """States at any times ``t`` within the solved span, from the solver's interpolant: ``(batch, ...)`` for
         one time, ``(len(t), batch, ...)`` for a 1-D sequence (differentiable like ``y``)."""
         if self.interpolant is None:
-            raise ValueError("this Solution has no dense output; solve with `block.solve(y0, dense=True)` to "
-                             "evaluate states between the saved times.")
+            raise ValueError(
+                "this Solution has no dense output; solve with `block.solve(y0, dense=True)` to "
+                "evaluate states between the saved times."
+            )
         return self.interpolant.evaluate(t)

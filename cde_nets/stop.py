@@ -39,16 +39,22 @@ def as_stop(stop: Stop | dict[str, Any] | None, mode: str) -> Stop | None:
         return None
     if isinstance(stop, dict):
         if "window" in stop:
-            raise ValueError("`stop` has no `window` any more: a continuous block locates each sample's stopping "
-                             "time (the root of ‖F‖ − eps) on the solver's interpolant. Drop `window`.")
+            raise ValueError(
+                "`stop` has no `window` any more: a continuous block locates each sample's stopping "
+                "time (the root of ‖F‖ − eps) on the solver's interpolant. Drop `window`."
+            )
         unknown = set(stop) - {"eps", "max_depth"}
         if unknown or "eps" not in stop:
-            raise ValueError(f"`stop` takes eps (required) and max_depth (discrete); got "
-                             f"{sorted(stop)}. Example: stop=Stop(eps=1e-4).")
+            raise ValueError(
+                f"`stop` takes eps (required) and max_depth (discrete); got "
+                f"{sorted(stop)}. Example: stop=Stop(eps=1e-4)."
+            )
         stop = Stop(**stop)
     if not isinstance(stop, Stop):
         raise TypeError(f"`stop` must be a cde_nets.Stop or a dict, got {type(stop).__name__}.")
     if mode == "continuous" and stop.max_depth is not None:
-        raise ValueError("`stop.max_depth` applies to discrete mode; a continuous block stops at T at the latest. "
-                         "Drop `max_depth` (or set the block's T).")
+        raise ValueError(
+            "`stop.max_depth` applies to discrete mode; a continuous block stops at T at the latest. "
+            "Drop `max_depth` (or set the block's T)."
+        )
     return stop

@@ -41,9 +41,24 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .distributed import data_parallel as dp
 from .pieces import smoothness
 
-__all__ = ["Trainer", "Checkpoints", "Hooks", "NonFiniteError", "Regulariser", "smoothness_R82", "smoothness_RK",
-           "spectral_R_ell", "weight_decay", "seeded", "evaluate", "task_loss", "checkpointing", "save_checkpoint",
-           "load_checkpoint", "CheckpointError"]
+__all__ = [
+    "Trainer",
+    "Checkpoints",
+    "Hooks",
+    "NonFiniteError",
+    "Regulariser",
+    "smoothness_R82",
+    "smoothness_RK",
+    "spectral_R_ell",
+    "weight_decay",
+    "seeded",
+    "evaluate",
+    "task_loss",
+    "checkpointing",
+    "save_checkpoint",
+    "load_checkpoint",
+    "CheckpointError",
+]
 
 Matrices = Callable[[nn.Module], Iterable[torch.Tensor]]
 
@@ -82,6 +97,7 @@ def spectral_R_ell(weight: float, matrices: Matrices) -> Regulariser:
 
     A tensor of shape ``(L, n, m)`` counts as ``L`` matrices.
     """
+
     def fn(m: nn.Module) -> torch.Tensor:
         return _total(torch.linalg.matrix_norm(M, 2).sum() for M in matrices(m))
 
@@ -90,6 +106,7 @@ def spectral_R_ell(weight: float, matrices: Matrices) -> Regulariser:
 
 def weight_decay(weight: float, params: Matrices | None = None) -> Regulariser:
     """``Σ ‖θ‖²`` over ``params(model)`` (e.g. the output layer's, as in H-DNN); all parameters when ``None``."""
+
     def fn(m: nn.Module) -> torch.Tensor:
         return _total(p.square().sum() for p in (m.parameters() if params is None else params(m)))
 
@@ -124,18 +141,19 @@ def _correct(out: torch.Tensor, y: torch.Tensor) -> int:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "classification",
-             batch_size: int = 1024) -> dict:
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "classification", batch_size: int = 1024
+) -> dict:
     """Mean loss and (classification) accuracy of ``model`` on ``x (n, …)``, ``y (n,)``, in evaluation mode."""
     was = model.training
     model.eval()
     total, correct = 0.0, 0
     try:
         for i in range(0, len(y), batch_size):
-            out = model(x[i:i + batch_size])
-            total += float(task_loss(task, out, y[i:i + batch_size])) * len(out)
+            out = model(x[i : i + batch_size])
+            total += float(task_loss(task, out, y[i : i + batch_size])) * len(out)
             if task == "classification":
-                correct += _correct(out, y[i:i + batch_size])
+                correct += _correct(out, y[i : i + batch_size])
     finally:
         model.train(was)
     res = {"loss": total / len(y)}
@@ -229,11 +247,15 @@ class Trainer:
         if task not in _TASKS:
             raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
         if optimizer is not None and lr is not None:
-            raise ValueError("`lr` sets the default Adam's learning rate; `optimizer` sets its own. Drop `lr` (put the "
-                             "learning rate in the factory) or drop `optimizer`.")
+            raise ValueError(
+                "`lr` sets the default Adam's learning rate; `optimizer` sets its own. Drop `lr` (put the "
+                "learning rate in the factory) or drop `optimizer`."
+            )
         if optimizer is not None and (isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer)):
-            raise TypeError("`optimizer` must be a factory `params -> Optimizer` (e.g. `lambda p: torch.optim.SGD(p, "
-                            "lr=0.1)`), so that a resumed run can rebuild it and check its settings.")
+            raise TypeError(
+                "`optimizer` must be a factory `params -> Optimizer` (e.g. `lambda p: torch.optim.SGD(p, "
+                "lr=0.1)`), so that a resumed run can rebuild it and check its settings."
+            )
         lr = 1e-2 if lr is None else lr
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
             raise ValueError(f"`lr` must be a finite number > 0, got {lr!r}.")
@@ -260,13 +282,16 @@ class Trainer:
         self.progress, self.desc = bool(progress), str(desc)
 
     # -- configuration a resume must match -------------------------------------------------------------
-    def _configuration(self, model: nn.Module, opt: torch.optim.Optimizer, sched, batch_size: int,
-                       x: torch.Tensor, y: torch.Tensor) -> dict:
+    def _configuration(
+        self, model: nn.Module, opt: torch.optim.Optimizer, sched, batch_size: int, x: torch.Tensor, y: torch.Tensor
+    ) -> dict:
         hyper = {k: v for k, v in opt.defaults.items() if isinstance(v, (bool, int, float, str, tuple, type(None)))}
         return {
             "task": self.task,
-            "optimizer": {"class": type(opt).__name__, **{k: list(v) if isinstance(v, tuple) else v
-                                                          for k, v in hyper.items()}},
+            "optimizer": {
+                "class": type(opt).__name__,
+                **{k: list(v) if isinstance(v, tuple) else v for k, v in hyper.items()},
+            },
             "scheduler": None if sched is None else type(sched).__name__,
             "scheduler_interval": self.scheduler_interval,
             "regularisers": [[r.name, r.weight] for r in self.regularisers],
@@ -318,8 +343,9 @@ class Trainer:
             return torch.optim.Adam(model.parameters(), lr=self.lr)
         opt = self.optimizer(model.parameters())
         if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError("`optimizer` must be a factory `params -> Optimizer`, got a factory returning "
-                            f"{type(opt).__name__}.")
+            raise TypeError(
+                f"`optimizer` must be a factory `params -> Optimizer`, got a factory returning {type(opt).__name__}."
+            )
         return opt
 
     def _run(self, model, opt, sched, config, policy, x_tr, y_tr, x_te, y_te, epochs, batch_size) -> list[dict]:
@@ -350,8 +376,9 @@ class Trainer:
         for epoch in range(start, epochs):
             t0 = time.perf_counter()
             step_sched = sched if self.scheduler_interval == "batch" else None
-            metrics, labels_checked = self._epoch(model, net, opt, x_tr, y_tr, batch_size, batch_gen, epoch,
-                                                  step_sched, last_good, labels_checked)
+            metrics, labels_checked = self._epoch(
+                model, net, opt, x_tr, y_tr, batch_size, batch_gen, epoch, step_sched, last_good, labels_checked
+            )
             if x_te is not None:
                 metrics.update({f"test_{k}": v for k, v in evaluate(model, x_te, y_te, self.task).items()})
             metrics["lr"] = opt.param_groups[0]["lr"]
@@ -367,23 +394,37 @@ class Trainer:
             if policy is not None and ((epoch + 1) % policy.every == 0 or epoch + 1 == epochs):
                 _check_parameters_finite(model, epoch, last_good)
                 if dp.is_main():
-                    save_checkpoint(policy.path, {
-                        "format": _FORMAT, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                        "scheduler": None if sched is None else sched.state_dict(), "epoch": epoch,
-                        "history": history, "config": config,
-                        "rng": {"torch": torch.get_rng_state(), "batches": batch_gen.get_state()}})
+                    save_checkpoint(
+                        policy.path,
+                        {
+                            "format": _FORMAT,
+                            "model": model.state_dict(),
+                            "optimizer": opt.state_dict(),
+                            "scheduler": None if sched is None else sched.state_dict(),
+                            "epoch": epoch,
+                            "history": history,
+                            "config": config,
+                            "rng": {"torch": torch.get_rng_state(), "batches": batch_gen.get_state()},
+                        },
+                    )
                 dp.barrier()
                 last_good = Path(policy.path)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix({k.replace("accuracy", "acc"): f"{v:.4g}" for k, v in metrics.items()
-                                 if k in ("train_loss", "train_accuracy", "test_accuracy")})
+                bar.set_postfix(
+                    {
+                        k.replace("accuracy", "acc"): f"{v:.4g}"
+                        for k, v in metrics.items()
+                        if k in ("train_loss", "train_accuracy", "test_accuracy")
+                    }
+                )
         if bar is not None:
             bar.close()
         return history
 
-    def _epoch(self, model, net, opt, x_tr, y_tr, batch_size, batch_gen, epoch, step_sched, last_good,
-               labels_checked) -> tuple[dict, bool]:
+    def _epoch(
+        self, model, net, opt, x_tr, y_tr, batch_size, batch_gen, epoch, step_sched, last_good, labels_checked
+    ) -> tuple[dict, bool]:
         net.train()
         perm = torch.randperm(len(y_tr), generator=batch_gen)
         run_loss, run_correct, seen, skipped = 0.0, 0, 0, 0
@@ -391,7 +432,7 @@ class Trainer:
         n_batches = 0
         params = [p for p in model.parameters() if p.requires_grad]
         for b, i in enumerate(range(0, len(perm), batch_size)):
-            idx = perm[i:i + batch_size]
+            idx = perm[i : i + batch_size]
             if self.hooks.batch is not None:
                 self.hooks.batch(model, x_tr[idx], y_tr[idx])
             idx, n, weight = dp.shard(idx)
@@ -408,26 +449,31 @@ class Trainer:
                 reg_sums[reg.name] += float(torch.as_tensor(value).detach())
                 total = total + reg.weight * value
             correct = _correct(out.detach(), yb) if self.task == "classification" and n else 0
-            loss_sum, correct, n, finite = dp.reduce_batch_stats(float(loss.detach()) * n, correct, n,
-                                                                 bool(torch.isfinite(total)))
+            loss_sum, correct, n, finite = dp.reduce_batch_stats(
+                float(loss.detach()) * n, correct, n, bool(torch.isfinite(total))
+            )
             if finite:
                 total.backward()
                 # one fused norm over every gradient: NaN/inf anywhere makes it non-finite (DDP has already
                 # averaged the gradients, so every rank decides alike)
                 grads = [p.grad for p in params if p.grad is not None]
-                finite = not grads or bool(torch.isfinite(torch.linalg.vector_norm(
-                    torch.stack(torch._foreach_norm(grads)))))
+                finite = not grads or bool(
+                    torch.isfinite(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+                )
                 what = "gradient"
             else:
                 what = "loss"
             if not finite:
                 if self.nonfinite == "raise":
-                    where = (f"the last good checkpoint is {str(last_good)!r}" if last_good
-                             else "no checkpoint was written")
+                    where = (
+                        f"the last good checkpoint is {str(last_good)!r}" if last_good else "no checkpoint was written"
+                    )
                     raise NonFiniteError(
                         f"the {what} became non-finite in epoch {epoch}, batch {b} (the loss was {float(total):.6g}); "
                         f"the parameters were not updated with it and {where}. Lower the learning rate, tighten the "
-                        "solver tolerance, or train with nonfinite='skip' to skip such steps.", last_good)
+                        "solver tolerance, or train with nonfinite='skip' to skip such steps.",
+                        last_good,
+                    )
                 opt.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
@@ -453,8 +499,10 @@ _FORMAT = "cde_nets.training/2"
 
 def _check_data(task: str, data) -> tuple:
     if not isinstance(data, Sequence) or len(data) != 4:
-        raise ValueError("`data` must be a Split or a tuple (x_train, y_train, x_test, y_test); pass None for both "
-                         "test entries to skip testing.")
+        raise ValueError(
+            "`data` must be a Split or a tuple (x_train, y_train, x_test, y_test); pass None for both "
+            "test entries to skip testing."
+        )
     x_tr, y_tr, x_te, y_te = data
     for name, t in (("x_train", x_tr), ("y_train", y_tr)):
         if not isinstance(t, torch.Tensor):
@@ -467,13 +515,17 @@ def _check_data(task: str, data) -> tuple:
         if x is not None and x.is_floating_point():
             bad = ~torch.isfinite(x.reshape(len(x), -1)).all(1)
             if bool(bad.any()):
-                raise ValueError(f"`data` {name} holds a non-finite value at sample {int(bad.nonzero()[0])} "
-                                 f"({int(bad.sum())} samples in all); clean or drop them before training.")
+                raise ValueError(
+                    f"`data` {name} holds a non-finite value at sample {int(bad.nonzero()[0])} "
+                    f"({int(bad.sum())} samples in all); clean or drop them before training."
+                )
     if task == "classification":
         for name, y in (("y_train", y_tr), ("y_test", y_te)):
             if y is not None and (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool):
-                raise TypeError(f"`data` {name} must hold integer class labels for classification, got {y.dtype}; "
-                                "use `.long()`, or task='regression' for real-valued targets.")
+                raise TypeError(
+                    f"`data` {name} must hold integer class labels for classification, got {y.dtype}; "
+                    "use `.long()`, or task='regression' for real-valued targets."
+                )
     elif y_tr.is_floating_point() and not bool(torch.isfinite(y_tr).all()):
         raise ValueError("`data` y_train holds non-finite regression targets.")
     return x_tr, y_tr, x_te, y_te
@@ -484,8 +536,9 @@ def _check_labels(y: torch.Tensor, logits: int) -> None:
     bad = (y < 0) | (y >= hi)
     if bool(bad.any()):
         i = int(bad.nonzero()[0])
-        what = ("0 or 1 for one logit (binary cross-entropy)" if logits == 1
-                else f"in 0..{logits - 1} for {logits} logits")
+        what = (
+            "0 or 1 for one logit (binary cross-entropy)" if logits == 1 else f"in 0..{logits - 1} for {logits} logits"
+        )
         raise ValueError(f"`data` y_train has label {int(y[i])} at sample {i}; labels must be {what}.")
 
 
@@ -493,14 +546,17 @@ def _check_parameters_finite(model: nn.Module, epoch: int, last_good: Path | Non
     for name, p in model.state_dict().items():
         if p.is_floating_point() and not bool(torch.isfinite(p).all()):
             where = f"the last good checkpoint {str(last_good)!r} is kept" if last_good else "nothing was saved"
-            raise NonFiniteError(f"`{name}` holds non-finite values after epoch {epoch}; it was not saved ({where}).",
-                                 last_good)
+            raise NonFiniteError(
+                f"`{name}` holds non-finite values after epoch {epoch}; it was not saved ({where}).", last_good
+            )
 
 
 def _check_resume(path, ck: dict, config: dict, epochs: int) -> None:
     if ck.get("format") != _FORMAT or "config" not in ck:
-        raise CheckpointError(f"{str(path)!r} was not written by this version's Trainer (format "
-                              f"{ck.get('format')!r}); start afresh without resume, or delete the file.")
+        raise CheckpointError(
+            f"{str(path)!r} was not written by this version's Trainer (format "
+            f"{ck.get('format')!r}); start afresh without resume, or delete the file."
+        )
     old = ck["config"]
     diffs = []
     for key in config:
@@ -510,24 +566,32 @@ def _check_resume(path, ck: dict, config: dict, epochs: int) -> None:
             diffs.append(f"{key}: {old.get(key)!r} in the checkpoint, {config[key]!r} now")
     diffs += _model_differences(old.get("model", {}), config["model"])
     if diffs:
-        raise CheckpointError(f"{str(path)!r} was written with other settings; resume with the same ones (only "
-                              "`epochs` may grow) or start afresh without resume:\n  " + "\n  ".join(diffs))
+        raise CheckpointError(
+            f"{str(path)!r} was written with other settings; resume with the same ones (only "
+            "`epochs` may grow) or start afresh without resume:\n  " + "\n  ".join(diffs)
+        )
     if ck["epoch"] + 1 > epochs:
-        raise CheckpointError(f"{str(path)!r} already holds {ck['epoch'] + 1} epochs but epochs={epochs} was asked "
-                              f"for; ask for epochs >= {ck['epoch'] + 1}, or start afresh without resume.")
+        raise CheckpointError(
+            f"{str(path)!r} already holds {ck['epoch'] + 1} epochs but epochs={epochs} was asked "
+            f"for; ask for epochs >= {ck['epoch'] + 1}, or start afresh without resume."
+        )
 
 
 def _model_differences(old: dict, new: dict) -> list[str]:
     out = [f"model parameter {k!r} is missing now" for k in old if k not in new]
     out += [f"model parameter {k!r} is new (not in the checkpoint)" for k in new if k not in old]
-    out += [f"model parameter {k!r} has shape {old[k]} in the checkpoint, {new[k]} now"
-            for k in new if k in old and old[k] != new[k]]
+    out += [
+        f"model parameter {k!r} has shape {old[k]} in the checkpoint, {new[k]} now"
+        for k in new
+        if k in old and old[k] != new[k]
+    ]
     return out
 
 
 def _load_model(path, model: nn.Module, state: dict) -> None:
-    diffs = _model_differences({k: list(v.shape) for k, v in state.items()},
-                               {k: list(v.shape) for k, v in model.state_dict().items()})
+    diffs = _model_differences(
+        {k: list(v.shape) for k, v in state.items()}, {k: list(v.shape) for k, v in model.state_dict().items()}
+    )
     if diffs:
         raise CheckpointError(f"{str(path)!r} holds another model:\n  " + "\n  ".join(diffs))
     model.load_state_dict(state)

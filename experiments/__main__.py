@@ -44,42 +44,56 @@ def listing() -> str:
 def _epilog() -> str:
     from cde_nets.benchmarks.__main__ import listing as benchmark_listing
 
-    return (f"reproductions (seconds at each setting on 2 CPU cores; full times are the recorded runs'):\n"
-            f"{listing()}\n\n"
-            "  distributed        the scale-out launcher, not a reproduction: `python -m cde_nets.experiments "
-            "distributed --help`\n\n"
-            f"benchmarks (`cde-nets benchmarks [--tiny] [--only NAME ...]`):\n{benchmark_listing()}\n\n"
-            "examples:\n  cde-nets experiments all --quick      every reproduction, reduced setting (the main job)\n"
-            "  cde-nets experiments hdnn_fig4 --tiny  one reproduction in seconds")
+    return (
+        f"reproductions (seconds at each setting on 2 CPU cores; full times are the recorded runs'):\n"
+        f"{listing()}\n\n"
+        "  distributed        the scale-out launcher, not a reproduction: `python -m cde_nets.experiments "
+        "distributed --help`\n\n"
+        f"benchmarks (`cde-nets benchmarks [--tiny] [--only NAME ...]`):\n{benchmark_listing()}\n\n"
+        "examples:\n  cde-nets experiments all --quick      every reproduction, reduced setting (the main job)\n"
+        "  cde-nets experiments hdnn_fig4 --tiny  one reproduction in seconds"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
         from .distributed import main as distributed
+
         return distributed(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m cde_nets.experiments", description=__doc__, epilog=_epilog(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("name", nargs="?", default=None,
-                        help="a reproduction (listed below) or all; without one, list them and exit")
+    parser = argparse.ArgumentParser(
+        prog="python -m cde_nets.experiments",
+        description=__doc__,
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "name", nargs="?", default=None, help="a reproduction (listed below) or all; without one, list them and exit"
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="reduced setting (main job)")
     size.add_argument("--tiny", dest="size", action="store_const", const="tiny", help="seconds (test suite)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results", help="directory for <name>.json and PNG plots")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue every training from its checkpoint in OUT/checkpoints (finished ones are not "
-                             "retrained); the results equal an uninterrupted run's")
-    parser.add_argument("--no-checkpoints", dest="checkpoints", action="store_false",
-                        help="do not write per-epoch training checkpoints")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue every training from its checkpoint in OUT/checkpoints (finished ones are not "
+        "retrained); the results equal an uninterrupted run's",
+    )
+    parser.add_argument(
+        "--no-checkpoints", dest="checkpoints", action="store_false", help="do not write per-epoch training checkpoints"
+    )
     parser.add_argument("--list", action="store_true", help="list the reproductions and exit (as with no name)")
     args = parser.parse_args(argv)
     if args.list or args.name is None:
         print("reproductions (seconds at each setting on 2 CPU cores; — where never timed):")
         print(listing())
-        print("\nrun one:  cde-nets experiments NAME [--quick|--tiny]\nrun all:  cde-nets experiments all --quick"
-              "   (the main job; `all` alone runs the full setting)\nmore:     cde-nets experiments --help")
+        print(
+            "\nrun one:  cde-nets experiments NAME [--quick|--tiny]\nrun all:  cde-nets experiments all --quick"
+            "   (the main job; `all` alone runs the full setting)\nmore:     cde-nets experiments --help"
+        )
         return 0
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be a positive integer (torch intra-op threads), got {args.threads}")

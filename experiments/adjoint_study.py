@@ -25,18 +25,38 @@ from .report import result, row, save_figure
 
 SETTINGS = {
     "tiny": dict(n=16, tolerances=(1e-3, 1e-6), steps=(), methods=("dopri5",), repeat=1, ref_rtol=1e-8),
-    "quick": dict(n=128, tolerances=(1e-3, 1e-5, 1e-7), steps=(16, 64, 256),
-                  methods=("dopri5", "bosh3", "rk4", "euler"), repeat=1, ref_rtol=1e-10),
-    "full": dict(n=512, tolerances=(1e-3, 1e-5, 1e-7, 1e-9), steps=(16, 64, 256, 1024),
-                 methods=("dopri5", "bosh3", "rk4", "euler"), repeat=3, ref_rtol=1e-10),
+    "quick": dict(
+        n=128,
+        tolerances=(1e-3, 1e-5, 1e-7),
+        steps=(16, 64, 256),
+        methods=("dopri5", "bosh3", "rk4", "euler"),
+        repeat=1,
+        ref_rtol=1e-10,
+    ),
+    "full": dict(
+        n=512,
+        tolerances=(1e-3, 1e-5, 1e-7, 1e-9),
+        steps=(16, 64, 256, 1024),
+        methods=("dopri5", "bosh3", "rk4", "euler"),
+        repeat=3,
+        ref_rtol=1e-10,
+    ),
 }
 
 MODELS = {
-    "Hamiltonian H2 (16 pieces, T = 4)": lambda: Hamiltonian(4, layers=16, T=4.0, K="blockdiag", init_std=1.0,
-                                                             generator=torch.Generator().manual_seed(0)).double(),
-    "cubic friction (16 pieces, T = 4)": lambda: CubicFriction(4, layers=16, T=4.0, gamma=0.1, learn_gamma=False,
-                                                               zero_init=False, init_std=0.5,
-                                                               generator=torch.Generator().manual_seed(0)).double(),
+    "Hamiltonian H2 (16 pieces, T = 4)": lambda: Hamiltonian(
+        4, layers=16, T=4.0, K="blockdiag", init_std=1.0, generator=torch.Generator().manual_seed(0)
+    ).double(),
+    "cubic friction (16 pieces, T = 4)": lambda: CubicFriction(
+        4,
+        layers=16,
+        T=4.0,
+        gamma=0.1,
+        learn_gamma=False,
+        zero_init=False,
+        init_std=0.5,
+        generator=torch.Generator().manual_seed(0),
+    ).double(),
 }
 
 
@@ -61,8 +81,12 @@ def _plot(studies: dict, out_dir) -> list[str]:
         for label, rs in groups.items():
             nfe = [r["nfe_forward"] + r["nfe_backward"] for r in rs]
             err = [max(r["rel_grad_error"], 1e-17) for r in rs]
-            ax.loglog(nfe, err, "o-" if rs[0]["mode"] == "backprop" else "s--" if rs[0]["mode"] == "adjoint"
-                      else "^", label=label)
+            ax.loglog(
+                nfe,
+                err,
+                "o-" if rs[0]["mode"] == "backprop" else "s--" if rs[0]["mode"] == "adjoint" else "^",
+                label=label,
+            )
         ax.set(xlabel="NFE forward + backward", ylabel="relative gradient error", title=name)
         ax.legend(fontsize=7)
     return [save_figure(fig, out_dir, "adjoint_study")]
@@ -79,9 +103,16 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
 
     rows, studies = [], {}
     for name, make in MODELS.items():
-        st = adjoint_study(make, (x, label), loss_fn, tolerances=s["tolerances"], steps=s["steps"],
-                           methods=s["methods"], repeat=s["repeat"],
-                           reference=dict(rtol=s["ref_rtol"], atol=s["ref_rtol"]))
+        st = adjoint_study(
+            make,
+            (x, label),
+            loss_fn,
+            tolerances=s["tolerances"],
+            steps=s["steps"],
+            methods=s["methods"],
+            repeat=s["repeat"],
+            reference=dict(rtol=s["ref_rtol"], atol=s["ref_rtol"]),
+        )
         studies[name] = st
         for r in st["rows"]:
             where = f"rtol {r['rtol']:.0e}" if r["rtol"] is not None else f"{r['steps']} steps"
@@ -89,16 +120,38 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
             if "error" in r:
                 rows.append(row(setting, None, f"failed: {r['error'][:80]}"))
                 continue
-            rows.append(row(setting, None, r["rel_grad_error"], "rel. grad error",
-                            nfe_forward=r["nfe_forward"], nfe_backward=r["nfe_backward"], time_s=r["time_s"],
-                            peak_saved_bytes=r["peak_saved_bytes"], model=name, mode=r["mode"],
-                            method=r["method"], rtol=r["rtol"], steps=r["steps"]))
-    notes = ["No paper tabulates this study; the module docstring states the expectations. Extra columns in "
-             "the JSON: nfe_forward, nfe_backward, time_s, peak_saved_bytes per row.",
-             f"Swiss roll, {s['n']} points padded to R⁴, BCE of a fixed random linear read-out; float64; "
-             f"reference: backprop through dopri5 at rtol = atol = {s['ref_rtol']:.0e}."]
+            rows.append(
+                row(
+                    setting,
+                    None,
+                    r["rel_grad_error"],
+                    "rel. grad error",
+                    nfe_forward=r["nfe_forward"],
+                    nfe_backward=r["nfe_backward"],
+                    time_s=r["time_s"],
+                    peak_saved_bytes=r["peak_saved_bytes"],
+                    model=name,
+                    mode=r["mode"],
+                    method=r["method"],
+                    rtol=r["rtol"],
+                    steps=r["steps"],
+                )
+            )
+    notes = [
+        "No paper tabulates this study; the module docstring states the expectations. Extra columns in "
+        "the JSON: nfe_forward, nfe_backward, time_s, peak_saved_bytes per row.",
+        f"Swiss roll, {s['n']} points padded to R⁴, BCE of a fixed random linear read-out; float64; "
+        f"reference: backprop through dopri5 at rtol = atol = {s['ref_rtol']:.0e}.",
+    ]
     figures = _plot(studies, out_dir)
-    return result("adjoint_study", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
-                  settings={k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}
-                  | {"references": {k: v["reference"] for k, v in studies.items()}},
-                  notes=notes, figures=figures)
+    return result(
+        "adjoint_study",
+        rows,
+        size=size,
+        seed=seed,
+        time_s=time.perf_counter() - t0,
+        settings={k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}
+        | {"references": {k: v["reference"] for k, v in studies.items()}},
+        notes=notes,
+        figures=figures,
+    )

@@ -38,8 +38,9 @@ PUBLISHED_SECOND = (0.0, 1.0, 0.7, 1.15, 0.975)
 SETTINGS = {
     "tiny": dict(depths=(8, 16, 32, 64), layers=4, width=16, hidden=32, epochs=1, batch=128, lr=3e-3),
     "quick": dict(depths=(8, 16, 32, 64, 128, 256), layers=16, width=32, hidden=64, epochs=10, batch=64, lr=3e-3),
-    "full": dict(depths=(8, 16, 32, 64, 128, 256, 512, 1024), layers=32, width=32, hidden=64, epochs=40, batch=64,
-                 lr=3e-3),
+    "full": dict(
+        depths=(8, 16, 32, 64, 128, 256, 512, 1024), layers=32, width=32, hidden=64, epochs=40, batch=64, lr=3e-3
+    ),
 }
 
 
@@ -88,14 +89,19 @@ def scalar_toys(depths: tuple[int, ...], alpha: float = ALPHA, beta: float = BET
         net = discretize(Linear(torch.tensor([[alpha]], dtype=torch.float64), L), "euler")
         first.append(abs(float(net(x0)) - math.exp(alpha)))
         # y = (v, x): v first, then x with the new v — the blog's velocity recurrence (split (1, 1)).
-        A = torch.tensor([[0.0, -beta**2], [1.0, 0.0]], dtype=torch.float64)
+        A = torch.tensor([[0.0, -(beta**2)], [1.0, 0.0]], dtype=torch.float64)
         osc = discretize(Linear(A, L), "symplectic_euler", split=(1, 1))
         y = osc(torch.tensor([[0.0, 1.0]], dtype=torch.float64))
         second.append(abs(float(y[0, 1]) - math.cos(beta)))
     logL = np.log(np.asarray(depths, dtype=float))
     slope = lambda e: float(np.polyfit(logL, np.log(e), 1)[0])  # noqa: E731
-    return {"depths": list(depths), "first_error": first, "second_error": second,
-            "first_slope": slope(first), "second_slope": slope(second)}
+    return {
+        "depths": list(depths),
+        "first_error": first,
+        "second_error": second,
+        "first_slope": slope(first),
+        "second_slope": slope(second),
+    }
 
 
 def velocity_buffer(updates: tuple[float, ...] = UPDATES, m: float = 0.5, eta: float = 1.0) -> dict:
@@ -103,8 +109,10 @@ def velocity_buffer(updates: tuple[float, ...] = UPDATES, m: float = 0.5, eta: f
     ``x ← x + v``) residual streams replaying ``updates`` from ``x_0 = 0``."""
     out = {}
     x0 = torch.zeros(1, 1, dtype=torch.float64)
-    for name, net in (("first", discretize(Given(updates), "euler")),
-                      ("second", discretize(Given(updates), "momentum", momentum=(m, eta)))):
+    for name, net in (
+        ("first", discretize(Given(updates), "euler")),
+        ("second", discretize(Given(updates), "momentum", momentum=(m, eta))),
+    ):
         with torch.no_grad():
             out[name] = [round(float(s), 12) for s in net.solve(x0.clone(), t=net.times).ys]
     return out
@@ -116,8 +124,11 @@ class ResidualNet(nn.Module):
     def __init__(self, order: int, width: int, layers: int, hidden: int, n_in: int = 64, n_out: int = 10):
         super().__init__()
         self.embed = nn.Linear(n_in, width)
-        self.net = discretize(Residual(width, layers, hidden), "euler" if order == 1 else "momentum",
-                              **({"momentum": (0.5, 1.0)} if order == 2 else {}))
+        self.net = discretize(
+            Residual(width, layers, hidden),
+            "euler" if order == 1 else "momentum",
+            **({"momentum": (0.5, 1.0)} if order == 2 else {}),
+        )
         self.head = nn.Linear(width, n_out)
 
     def states(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -136,8 +147,12 @@ def diagnostics(model: ResidualNet, x: torch.Tensor, y: torch.Tensor) -> dict:
     model.zero_grad(set_to_none=True)
     loss.backward()
     updates = [b - a for a, b in zip(states[:-1], states[1:])]
-    return {"norms": norm_profile(states).tolist(), "update_cosine": cosine_profile(updates).tolist(),
-            "state_grad": grads.tolist(), "param_grad": piece_gradient_norms(model.net).tolist()}
+    return {
+        "norms": norm_profile(states).tolist(),
+        "update_cosine": cosine_profile(updates).tolist(),
+        "state_grad": grads.tolist(),
+        "param_grad": piece_gradient_norms(model.net).tolist(),
+    }
 
 
 def _plot(toys: dict, profiles: dict, out_dir) -> list[str]:
@@ -175,10 +190,20 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     rows.append(row("toy first order: slope of log error vs log L", -1.0, toys["first_slope"]))
     rows.append(row("toy second order: slope of log error vs log L", -1.0, toys["second_slope"]))
     buf = velocity_buffer()
-    rows.append(row("velocity buffer, first order x_0..x_4", ", ".join(f"{v:g}" for v in PUBLISHED_FIRST),
-                    ", ".join(f"{v:g}" for v in buf["first"])))
-    rows.append(row("velocity buffer, second order (m 0.5, η 1) x_0..x_4",
-                    ", ".join(f"{v:g}" for v in PUBLISHED_SECOND), ", ".join(f"{v:g}" for v in buf["second"])))
+    rows.append(
+        row(
+            "velocity buffer, first order x_0..x_4",
+            ", ".join(f"{v:g}" for v in PUBLISHED_FIRST),
+            ", ".join(f"{v:g}" for v in buf["first"]),
+        )
+    )
+    rows.append(
+        row(
+            "velocity buffer, second order (m 0.5, η 1) x_0..x_4",
+            ", ".join(f"{v:g}" for v in PUBLISHED_SECOND),
+            ", ".join(f"{v:g}" for v in buf["second"]),
+        )
+    )
     data = digits(seed=seed)
     profiles = {}
     for order in (1, 2):
@@ -193,16 +218,31 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         prof["initial"] = before
         profiles[name] = prof
         rows.append(row(f"digits, {name}, {s['layers']} layers (test)", None, 100 * acc, "%"))
-        rows.append(row(f"digits, {name}: mean cossim of successive updates", None,
-                        float(np.mean(prof["update_cosine"]))))
-        rows.append(row(f"digits, {name}: ‖∂L/∂x_0‖ / ‖∂L/∂x_L‖", None,
-                        prof["state_grad"][0] / max(prof["state_grad"][-1], 1e-300)))
+        rows.append(
+            row(f"digits, {name}: mean cossim of successive updates", None, float(np.mean(prof["update_cosine"])))
+        )
+        rows.append(
+            row(
+                f"digits, {name}: ‖∂L/∂x_0‖ / ‖∂L/∂x_L‖",
+                None,
+                prof["state_grad"][0] / max(prof["state_grad"][-1], 1e-300),
+            )
+        )
     figures = _plot(toys, {k: v for k, v in profiles.items()}, out_dir)
-    notes = ["Published toys give limits, not errors: the fitted slope -1 is the first-order rate both recurrences "
-             "share.", "B §8 predicts successive velocities of the second-order net align (cossim near 1) where "
-             "a first-order net's updates need not; the blog prints no numbers for the diagnostics.",
-             f"Digits: scikit-learn's load_digits, width {s['width']}, {s['epochs']} epochs, Adam lr {s['lr']}; "
-             "the momentum net starts at m = 0.5, η = 1."]
-    return result("blog", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
-                  settings={**s, "alpha": ALPHA, "beta": BETA, "toys": toys, "velocity_buffer": buf,
-                            "profiles": profiles}, notes=notes, figures=figures)
+    notes = [
+        "Published toys give limits, not errors: the fitted slope -1 is the first-order rate both recurrences share.",
+        "B §8 predicts successive velocities of the second-order net align (cossim near 1) where "
+        "a first-order net's updates need not; the blog prints no numbers for the diagnostics.",
+        f"Digits: scikit-learn's load_digits, width {s['width']}, {s['epochs']} epochs, Adam lr {s['lr']}; "
+        "the momentum net starts at m = 0.5, η = 1.",
+    ]
+    return result(
+        "blog",
+        rows,
+        size=size,
+        seed=seed,
+        time_s=time.perf_counter() - t0,
+        settings={**s, "alpha": ALPHA, "beta": BETA, "toys": toys, "velocity_buffer": buf, "profiles": profiles},
+        notes=notes,
+        figures=figures,
+    )

@@ -38,15 +38,31 @@ def hdnn_classifier(arch: str, layers: int, T: float, seed: int) -> nn.Module:
         return Classifier(discretize(field, scheme), in_features=2, state_dim=4, n_out=1)
 
 
-def train_classifier(model: nn.Module, data, *, epochs: int, batch_size: int, lr: float, seed: int,
-                     smooth: float = 0.0, h: float = 1.0, desc: str = "", **kw) -> dict:
+def train_classifier(
+    model: nn.Module,
+    data,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    smooth: float = 0.0,
+    h: float = 1.0,
+    desc: str = "",
+    **kw,
+) -> dict:
     """Train with Adam and optional R_K smoothness; returns final metrics, history and wall time."""
     regs = [smoothness_RK(smooth, h)] if smooth else []
     t0 = time.perf_counter()
-    hist = Trainer(lr=lr, seed=seed, regularisers=regs, desc=desc, **kw).fit(model, data, epochs=epochs,
-                                                                              batch_size=batch_size)
-    return {"train_accuracy": hist[-1].get("train_accuracy"), "test_accuracy": hist[-1].get("test_accuracy"),
-            "history": hist, "time_s": time.perf_counter() - t0}
+    hist = Trainer(lr=lr, seed=seed, regularisers=regs, desc=desc, **kw).fit(
+        model, data, epochs=epochs, batch_size=batch_size
+    )
+    return {
+        "train_accuracy": hist[-1].get("train_accuracy"),
+        "test_accuracy": hist[-1].get("test_accuracy"),
+        "history": hist,
+        "time_s": time.perf_counter() - t0,
+    }
 
 
 def parameter_count(model: nn.Module) -> int:

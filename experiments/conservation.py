@@ -36,8 +36,12 @@ ORDERS = {"rk4": 4, "euler": 1, "symplectic_euler": 1, "verlet": 2}
 SETTINGS = {
     "tiny": dict(batch=4, tolerances=(1e-3, 1e-6), steps=(20, 40), samples=11),
     "quick": dict(batch=64, tolerances=(1e-3, 1e-5, 1e-7, 1e-9), steps=(25, 50, 100, 200, 400), samples=101),
-    "full": dict(batch=256, tolerances=(1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10),
-                 steps=(25, 50, 100, 200, 400, 800, 1600), samples=201),
+    "full": dict(
+        batch=256,
+        tolerances=(1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10),
+        steps=(25, 50, 100, 200, 400, 800, 1600),
+        samples=201,
+    ),
 }
 
 
@@ -80,7 +84,7 @@ def energy_drift(seed: int, s: dict) -> dict:
     field = hamiltonian(1, seed)
     out = {}
     for method in ADAPTIVE + FIXED:
-        for setting in (s["tolerances"] if method in ADAPTIVE else s["steps"]):
+        for setting in s["tolerances"] if method in ADAPTIVE else s["steps"]:
             t = _times(T_ENERGY, method, setting, s["samples"])
             out[("continuous", method, setting)] = energy_trajectory(_block(field, method, setting), y0, t)["drift"]
     for scheme in DISCRETE:
@@ -100,7 +104,7 @@ def noether_drift(seed: int, s: dict) -> dict:
     target = torch.randn(s["batch"], 2, generator=torch.Generator().manual_seed(seed + 3), dtype=torch.float64)
     out = {}
     for method in ADAPTIVE + FIXED:
-        for setting in (s["tolerances"] if method in ADAPTIVE else s["steps"]):
+        for setting in s["tolerances"] if method in ADAPTIVE else s["steps"]:
             t = _times(T_NOETHER, method, setting, s["samples"] // 2 + 1)
             st = adjoint_state(_block(field, method, setting), y0, t, loss=lambda y: (y - target).square().sum())
             out[(method, setting)] = st["drift"]
@@ -150,22 +154,58 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     noether = noether_drift(seed, s)
     rows = []
     for (kind, method, setting), d in energy.items():
-        label = (f"rtol {setting:.0e}" if method in ADAPTIVE and kind == "continuous" else
-                 f"{setting} {'steps' if kind == 'continuous' else 'layers'}")
-        rows.append(row(f"energy drift, {kind} {method}, {label}", None, d, kind=kind, method=method,
-                        setting_value=setting, quantity="energy"))
+        label = (
+            f"rtol {setting:.0e}"
+            if method in ADAPTIVE and kind == "continuous"
+            else f"{setting} {'steps' if kind == 'continuous' else 'layers'}"
+        )
+        rows.append(
+            row(
+                f"energy drift, {kind} {method}, {label}",
+                None,
+                d,
+                kind=kind,
+                method=method,
+                setting_value=setting,
+                quantity="energy",
+            )
+        )
     for (method, setting), d in noether.items():
         label = f"rtol {setting:.0e}" if method in ADAPTIVE else f"{setting} steps"
-        rows.append(row(f"Noether a·F drift, {method}, {label}", None, d, method=method, setting_value=setting,
-                        quantity="noether"))
+        rows.append(
+            row(
+                f"Noether a·F drift, {method}, {label}",
+                None,
+                d,
+                method=method,
+                setting_value=setting,
+                quantity="noether",
+            )
+        )
     for kind, method in [("continuous", m) for m in FIXED] + [("discrete", m) for m in DISCRETE if m != "euler"]:
         ys = [energy[(kind, method, n)] for n in s["steps"]]
-        rows.append(row(f"energy drift slope vs steps, {kind} {method}", -float(ORDERS[method]), slope(s["steps"], ys),
-                        quantity="slope"))
-    notes = ["No paper tabulates these; the 'published' column of the slope rows holds the order the theory gives "
-             "(drift ∝ h^p; the symplectic schemes' energy error stays bounded, O(h^p), for all time).",
-             f"Energy: H2 field on R⁴, constant parameters, T = {T_ENERGY:g}, batch {s['batch']}, float64. Noether: "
-             f"cubic friction on R², one piece, T = {T_NOETHER:g}, loss ‖y(T) − target‖², float64."]
+        rows.append(
+            row(
+                f"energy drift slope vs steps, {kind} {method}",
+                -float(ORDERS[method]),
+                slope(s["steps"], ys),
+                quantity="slope",
+            )
+        )
+    notes = [
+        "No paper tabulates these; the 'published' column of the slope rows holds the order the theory gives "
+        "(drift ∝ h^p; the symplectic schemes' energy error stays bounded, O(h^p), for all time).",
+        f"Energy: H2 field on R⁴, constant parameters, T = {T_ENERGY:g}, batch {s['batch']}, float64. Noether: "
+        f"cubic friction on R², one piece, T = {T_NOETHER:g}, loss ‖y(T) − target‖², float64.",
+    ]
     figures = _plot(energy, noether, s, out_dir)
-    return result("conservation", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
-                  settings={**s, "T_energy": T_ENERGY, "T_noether": T_NOETHER}, notes=notes, figures=figures)
+    return result(
+        "conservation",
+        rows,
+        size=size,
+        seed=seed,
+        time_s=time.perf_counter() - t0,
+        settings={**s, "T_energy": T_ENERGY, "T_noether": T_NOETHER},
+        notes=notes,
+        figures=figures,
+    )

@@ -44,12 +44,13 @@ SETTINGS = {
     # h2: nodes' state sizes (p and q entries each), layers, batch, timed repetitions;
     # ddp: swiss roll points (half train), H1 layers, epochs, global batch, SGD step (tiny: the last batch has fewer
     # samples than 8 ranks, so some ranks run an empty share)
-    "tiny": dict(h2=dict(size=1, layers=2, batch=4, repeat=2),
-                 ddp=dict(n=80, layers=4, epochs=2, batch=12, lr=0.1)),
-    "quick": dict(h2=dict(size=4, layers=4, batch=64, repeat=5),
-                  ddp=dict(n=2000, layers=8, epochs=4, batch=100, lr=0.05)),
-    "full": dict(h2=dict(size=16, layers=8, batch=256, repeat=10),
-                 ddp=dict(n=8000, layers=8, epochs=10, batch=128, lr=0.05)),
+    "tiny": dict(h2=dict(size=1, layers=2, batch=4, repeat=2), ddp=dict(n=80, layers=4, epochs=2, batch=12, lr=0.1)),
+    "quick": dict(
+        h2=dict(size=4, layers=4, batch=64, repeat=5), ddp=dict(n=2000, layers=8, epochs=4, batch=100, lr=0.05)
+    ),
+    "full": dict(
+        h2=dict(size=16, layers=8, batch=256, repeat=10), ddp=dict(n=8000, layers=8, epochs=10, batch=128, lr=0.05)
+    ),
 }
 
 
@@ -64,11 +65,13 @@ def h2_spec(M: int, size: int, layers: int, batch: int, repeat: int, seed: int =
     Each row of ``R_j`` holds two adjacent nodes, so ``RᵀR`` stays inside the ring (eq. H32 holds with ``S`` = ring).
     """
     step = [1, -1]
-    R_layers = [[[1 if k in (i, (i + step[j % 2]) % M) else 0 for k in range(M)] for i in range(M)]
-                for j in range(layers)]
+    R_layers = [
+        [[1 if k in (i, (i + step[j % 2]) % M) else 0 for k in range(M)] for i in range(M)] for j in range(layers)
+    ]
     eye = [[int(i == k) for k in range(M)] for i in range(M)]
-    return dict(sizes=[size] * M, R_layers=R_layers, T=eye, S=ring(M), seed=seed, batch=batch, repeat=repeat,
-                dtype="float64")
+    return dict(
+        sizes=[size] * M, R_layers=R_layers, T=eye, S=ring(M), seed=seed, batch=batch, repeat=repeat, dtype="float64"
+    )
 
 
 def _centralised(spec: dict) -> dict:
@@ -111,11 +114,11 @@ def _h2_differences(spec: dict, ranks: list[dict], ref: dict) -> tuple[float, fl
             kind, *idx = name.split("_")
             if kind in ("Kp", "Kq"):
                 j, k = map(int, idx)
-                want = getattr(field, "K_p" if kind == "Kp" else "K_q").data.grad[j, rows, off[k]:off[k + 1]]
+                want = getattr(field, "K_p" if kind == "Kp" else "K_q").data.grad[j, rows, off[k] : off[k + 1]]
             elif kind in ("bp", "bq"):
                 want = getattr(field, "b_p" if kind == "bp" else "b_q").data.grad[int(idx[0]), rows]
             else:
-                want = field.X.grad[rows, off[int(idx[0])]:off[int(idx[0]) + 1]]
+                want = field.X.grad[rows, off[int(idx[0])] : off[int(idx[0]) + 1]]
             d_grad = max(d_grad, float((g - want).abs().max()))
     assert M == len(ranks)
     return d_out, d_grad
@@ -132,28 +135,48 @@ def run_h2_mode(nodes: int, s: dict, seed: int) -> tuple[list[dict], dict]:
     dist_times = [max(r["time_s"][k] for r in ranks) for k in range(s["repeat"])]
     t_dist, t_cent = statistics.median(dist_times), statistics.median(ref["time_s"])
     per_layer = [sum(v["bytes"] for v in r["traffic"].values()) / s["layers"] for r in ranks]
-    fwd_per_layer = [sum(v["bytes"] for k, v in r["traffic"].items() if k.startswith("forward")) / s["layers"]
-                     for r in ranks]
+    fwd_per_layer = [
+        sum(v["bytes"] for k, v in r["traffic"].items() if k.startswith("forward")) / s["layers"] for r in ranks
+    ]
     partners = [sorted({int(k.split("->")[1]) for k in r["traffic"]}) for r in ranks]
     record = {
-        "nodes": nodes, "state_dim": 2 * nodes * s["size"], "layers": s["layers"], "batch": s["batch"],
-        "repeat": s["repeat"], "time_distributed_s": dist_times, "time_centralised_s": ref["time_s"],
-        "median_distributed_s": t_dist, "median_centralised_s": t_cent, "spawn_wall_s": spawn_wall,
-        "max_abs_diff_outputs": d_out, "max_abs_diff_gradients": d_grad,
-        "bytes_per_rank_per_layer": per_layer, "forward_bytes_per_rank_per_layer": fwd_per_layer,
-        "neighbours": [r["neighbours"] for r in ranks], "partners": partners,
+        "nodes": nodes,
+        "state_dim": 2 * nodes * s["size"],
+        "layers": s["layers"],
+        "batch": s["batch"],
+        "repeat": s["repeat"],
+        "time_distributed_s": dist_times,
+        "time_centralised_s": ref["time_s"],
+        "median_distributed_s": t_dist,
+        "median_centralised_s": t_cent,
+        "spawn_wall_s": spawn_wall,
+        "max_abs_diff_outputs": d_out,
+        "max_abs_diff_gradients": d_grad,
+        "bytes_per_rank_per_layer": per_layer,
+        "forward_bytes_per_rank_per_layer": fwd_per_layer,
+        "neighbours": [r["neighbours"] for r in ranks],
+        "partners": partners,
     }
     rows = [
         row(f"H2 fwd+bwd, {nodes} processes (ring S), median wall", None, t_dist, "s"),
         row("H2 fwd+bwd, centralised masked model, 1 process, median wall", None, t_cent, "s"),
-        row("max abs difference distributed vs centralised: outputs / gradients", "< 1e-10",
-            f"{d_out:.1e} / {d_grad:.1e}"),
-        row("bytes sent per rank per layer (fwd + bwd; fwd only)", None,
-            f"{statistics.mean(per_layer):.0f}; {statistics.mean(fwd_per_layer):.0f}"),
-        row("neighbours per rank / ranks talked to", None,
+        row(
+            "max abs difference distributed vs centralised: outputs / gradients",
+            "< 1e-10",
+            f"{d_out:.1e} / {d_grad:.1e}",
+        ),
+        row(
+            "bytes sent per rank per layer (fwd + bwd; fwd only)",
+            None,
+            f"{statistics.mean(per_layer):.0f}; {statistics.mean(fwd_per_layer):.0f}",
+        ),
+        row(
+            "neighbours per rank / ranks talked to",
+            None,
             f"{statistics.mean(len(n) for n in record['neighbours']):.0f} / "
             f"max {max(len(p) for p in partners)} (ring only: "
-            f"{all(set(p) <= {(r - 1) % nodes, (r + 1) % nodes} for r, p in enumerate(partners))})"),
+            f"{all(set(p) <= {(r - 1) % nodes, (r + 1) % nodes} for r, p in enumerate(partners))})",
+        ),
     ]
     return rows, record
 
@@ -166,15 +189,21 @@ def ddp_train(rank: int, world: int, cfg: dict) -> dict:
         data = swiss_roll(n=cfg["n"], dim=4, seed=cfg["seed"], dtype=torch.float64)
         model = hdnn_classifier("H1", cfg["layers"], float(cfg["layers"]) / 4, cfg["seed"])
         t0 = time.perf_counter()
-        trainer = Trainer(seed=cfg["seed"], progress=False,
-                          optimizer=lambda params: torch.optim.SGD(params, lr=cfg["lr"]))
+        trainer = Trainer(
+            seed=cfg["seed"], progress=False, optimizer=lambda params: torch.optim.SGD(params, lr=cfg["lr"])
+        )
         hist = trainer.fit(model, data, epochs=cfg["epochs"], batch_size=cfg["batch"])
         elapsed = time.perf_counter() - t0
     finally:
         torch.set_default_dtype(old)
     # the epochs' time: a process's first fit also pays one-off lazy imports (about 1.5 s here)
-    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "history": hist,
-            "time_s": sum(h["time_s"] for h in hist), "fit_wall_s": elapsed, "world": dp.world_size()}
+    return {
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "history": hist,
+        "time_s": sum(h["time_s"] for h in hist),
+        "fit_wall_s": elapsed,
+        "world": dp.world_size(),
+    }
 
 
 def _single(cfg: dict) -> dict:
@@ -189,11 +218,17 @@ def _single(cfg: dict) -> dict:
 def _compare(ranks: list[dict], single: dict) -> dict:
     diff = max(float((r["state"][k] - single["state"][k]).abs().max()) for r in ranks for k in single["state"])
     last, ref = ranks[0]["history"][-1], single["history"][-1]
-    return {"max_abs_parameter_diff": diff, "time_ddp_s": max(r["time_s"] for r in ranks),
-            "time_single_s": single["time_s"], "train_accuracy_ddp": last["train_accuracy"],
-            "train_accuracy_single": ref["train_accuracy"], "test_accuracy_ddp": last["test_accuracy"],
-            "test_accuracy_single": ref["test_accuracy"], "train_loss_ddp": last["train_loss"],
-            "train_loss_single": ref["train_loss"]}
+    return {
+        "max_abs_parameter_diff": diff,
+        "time_ddp_s": max(r["time_s"] for r in ranks),
+        "time_single_s": single["time_s"],
+        "train_accuracy_ddp": last["train_accuracy"],
+        "train_accuracy_single": ref["train_accuracy"],
+        "test_accuracy_ddp": last["test_accuracy"],
+        "test_accuracy_single": ref["test_accuracy"],
+        "train_loss_ddp": last["train_loss"],
+        "train_loss_single": ref["train_loss"],
+    }
 
 
 def _ddp_rows(rec: dict) -> list[dict]:
@@ -202,10 +237,16 @@ def _ddp_rows(rec: dict) -> list[dict]:
         row(f"DDP fit, {n} processes vs 1: max abs parameter difference", "< 1e-6", rec["max_abs_parameter_diff"]),
         row(f"DDP fit, {n} processes: wall time of the epochs", None, rec["time_ddp_s"], "s"),
         row("fit, 1 process: wall time of the epochs", None, rec["time_single_s"], "s"),
-        row("train / test accuracy, DDP", None,
-            f"{100 * rec['train_accuracy_ddp']:.2f} / {100 * rec['test_accuracy_ddp']:.2f} %"),
-        row("train / test accuracy, 1 process", None,
-            f"{100 * rec['train_accuracy_single']:.2f} / {100 * rec['test_accuracy_single']:.2f} %"),
+        row(
+            "train / test accuracy, DDP",
+            None,
+            f"{100 * rec['train_accuracy_ddp']:.2f} / {100 * rec['test_accuracy_ddp']:.2f} %",
+        ),
+        row(
+            "train / test accuracy, 1 process",
+            None,
+            f"{100 * rec['train_accuracy_single']:.2f} / {100 * rec['test_accuracy_single']:.2f} %",
+        ),
     ]
 
 
@@ -220,8 +261,10 @@ def run_ddp_mode(nodes: int, s: dict, seed: int) -> tuple[list[dict], dict]:
 
 def torchrun_line(nodes: int, size: str, seed: int) -> str:
     flag = "" if size == "full" else f" --{size}"
-    return (f"torchrun --standalone --nproc_per_node {nodes} -m cde_nets.experiments.distributed "
-            f"--mode ddp-worker{flag} --seed {seed}")
+    return (
+        f"torchrun --standalone --nproc_per_node {nodes} -m cde_nets.experiments.distributed "
+        f"--mode ddp-worker{flag} --seed {seed}"
+    )
 
 
 def ddp_worker(size: str, seed: int) -> int:
@@ -250,8 +293,11 @@ def ddp_worker(size: str, seed: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cde_nets.experiments distributed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cde_nets.experiments distributed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--nodes", type=int, default=8, help="processes (H2 nodes / DDP ranks), default 8")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="reduced setting")
@@ -276,19 +322,34 @@ def main(argv: list[str] | None = None) -> int:
         r, extra["ddp"] = run_ddp_mode(args.nodes, SETTINGS[size]["ddp"], args.seed)
         rows += r
     line = torchrun_line(args.nodes, size, args.seed)
-    notes = [f"Your own script calling Trainer.fit: torchrun --standalone --nproc_per_node {args.nodes} script.py "
-             "(it calls torch.distributed.init_process_group first).",
-             f"This DDP comparison under torchrun: {line}",
-             "Wall times on this machine; each rank and the single process use one intra-op thread."]
-    res = result("distributed", rows, size=size, seed=args.seed, time_s=time.perf_counter() - t0,
-                 settings={"nodes": args.nodes, "mode": args.mode, **SETTINGS[size]}, notes=notes,
-                 torchrun=line, **extra)
+    notes = [
+        f"Your own script calling Trainer.fit: torchrun --standalone --nproc_per_node {args.nodes} script.py "
+        "(it calls torch.distributed.init_process_group first).",
+        f"This DDP comparison under torchrun: {line}",
+        "Wall times on this machine; each rank and the single process use one intra-op thread.",
+    ]
+    res = result(
+        "distributed",
+        rows,
+        size=size,
+        seed=args.seed,
+        time_s=time.perf_counter() - t0,
+        settings={"nodes": args.nodes, "mode": args.mode, **SETTINGS[size]},
+        notes=notes,
+        torchrun=line,
+        **extra,
+    )
     path = write_result(res, args.out)
     print(format_table(res))
     print(f"\n(wrote {path})", flush=True)
-    if any(k in extra and extra[k][f] > tol for k, f, tol in (("h2", "max_abs_diff_outputs", 1e-10),
-                                                                ("h2", "max_abs_diff_gradients", 1e-10),
-                                                                ("ddp", "max_abs_parameter_diff", 1e-6))):
+    if any(
+        k in extra and extra[k][f] > tol
+        for k, f, tol in (
+            ("h2", "max_abs_diff_outputs", 1e-10),
+            ("h2", "max_abs_diff_gradients", 1e-10),
+            ("ddp", "max_abs_parameter_diff", 1e-6),
+        )
+    ):
         print("FAILED: distributed and single-process results differ beyond the tolerance")
         return 1
     return 0

@@ -29,8 +29,14 @@ from cde_nets.training import Trainer, seeded
 from .common import threads
 from .report import result, row, save_figure
 
-PUBLISHED = {"bands C1": "<= 75", "bands C2": 100.0, "disk C1": "< 100", "disk Ck": 100.0, "ratio Ck": 0.0389,
-             "ratio C0": 1.31}
+PUBLISHED = {
+    "bands C1": "<= 75",
+    "bands C2": 100.0,
+    "disk C1": "< 100",
+    "disk Ck": 100.0,
+    "ratio Ck": 0.0389,
+    "ratio C0": 1.31,
+}
 
 SETTINGS = {
     "tiny": dict(n_bands=200, n_disk=200, layers=20, T=4.0, epochs=2, batch=50, lr=0.05, orders=(1, 2)),
@@ -103,8 +109,11 @@ def _states(model: Classifier, x: torch.Tensor) -> list[torch.Tensor]:
 
 def _train(model, data, s, seed, desc) -> dict:
     hist = Trainer(lr=s["lr"], seed=seed, desc=desc).fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
-    return {"test": 100 * hist[-1]["test_accuracy"], "train": 100 * hist[-1]["train_accuracy"],
-            "ratio": perturbation_ratio(_states(model, data.x_test))}
+    return {
+        "test": 100 * hist[-1]["test_accuracy"],
+        "train": 100 * hist[-1]["train_accuracy"],
+        "ratio": perturbation_ratio(_states(model, data.x_test)),
+    }
 
 
 def _plot(models: dict, data_1d, data_2d, out_dir) -> list[str]:
@@ -136,30 +145,59 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         with seeded(seed):
             models[f"bands C{k}"] = ck_classifier(1, k, s["layers"], s["T"])
         res[f"bands C{k}"] = _train(models[f"bands C{k}"], bands, s, seed, f"bands C{k}")
-        rows.append(row(f"1-D bands, 1 node, C{k} (test)", PUBLISHED[f"bands C{k}"], res[f"bands C{k}"]["test"],
-                        "%", train=res[f"bands C{k}"]["train"]))
+        rows.append(
+            row(
+                f"1-D bands, 1 node, C{k} (test)",
+                PUBLISHED[f"bands C{k}"],
+                res[f"bands C{k}"]["test"],
+                "%",
+                train=res[f"bands C{k}"]["train"],
+            )
+        )
     for k in s["orders"]:
         with seeded(seed):
             models[f"disk C{k}"] = ck_classifier(2, k, s["layers"], s["T"])
         r = res[f"disk C{k}"] = _train(models[f"disk C{k}"], disk, s, seed, f"disk C{k}")
-        rows.append(row(f"disk/annulus, 2 nodes, C{k} (test)", PUBLISHED["disk C1" if k == 1 else "disk Ck"],
-                        r["test"], "%", train=r["train"]))
+        rows.append(
+            row(
+                f"disk/annulus, 2 nodes, C{k} (test)",
+                PUBLISHED["disk C1" if k == 1 else "disk Ck"],
+                r["test"],
+                "%",
+                train=r["train"],
+            )
+        )
     with seeded(seed):
         models["C0"] = c0_classifier(2, 20)
     res["C0"] = _train(models["C0"], disk, s, seed, "disk C0 (20 layers)")
     rows.append(row("disk/annulus, 2 nodes, 20-layer C0 (test)", None, res["C0"]["test"], "%"))
     for k in s["orders"]:
-        rows.append(row(f"perturbation ratio, C{k} net (2 nodes)", PUBLISHED["ratio Ck"] if k == 1 else None,
-                        res[f"disk C{k}"]["ratio"]))
+        rows.append(
+            row(
+                f"perturbation ratio, C{k} net (2 nodes)",
+                PUBLISHED["ratio Ck"] if k == 1 else None,
+                res[f"disk C{k}"]["ratio"],
+            )
+        )
     rows.append(row("perturbation ratio, 20-layer C0 net", PUBLISHED["ratio C0"], res["C0"]["ratio"]))
     figures = _plot(models, bands, disk, out_dir)
-    notes = ["S §4 gives no depth, Δl or schedule: here L = {layers}, Δl = T/L with T = {T}, Adam lr {lr}, "
-             "batch {batch}, {epochs} epochs; weights start standard normal.".format(**s),
-             "The 2-D set is our stand-in for S Fig. 4's data (a disk inside an annulus; a two-node C1 flow is a "
-             "homeomorphism of the plane and cannot separate it).",
-             "The published ratio 0.0389 is for the net of Fig. S4a; we print it beside our C1 two-node net.",
-             "C1 on the disk: a homeomorphism can squeeze the enclosing annulus into a thin arc holding few sample "
-             "points, so a C1 net may come close to, but not reach, 100 %. A discrete C1 step x + Δl σ(x) stays "
-             "injective only while Δl |W| is small: large weights could fold the line and break the 75 % bound."]
-    return result("hauser", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
-                  settings={**s, "results": res}, notes=notes, figures=figures)
+    notes = [
+        "S §4 gives no depth, Δl or schedule: here L = {layers}, Δl = T/L with T = {T}, Adam lr {lr}, "
+        "batch {batch}, {epochs} epochs; weights start standard normal.".format(**s),
+        "The 2-D set is our stand-in for S Fig. 4's data (a disk inside an annulus; a two-node C1 flow is a "
+        "homeomorphism of the plane and cannot separate it).",
+        "The published ratio 0.0389 is for the net of Fig. S4a; we print it beside our C1 two-node net.",
+        "C1 on the disk: a homeomorphism can squeeze the enclosing annulus into a thin arc holding few sample "
+        "points, so a C1 net may come close to, but not reach, 100 %. A discrete C1 step x + Δl σ(x) stays "
+        "injective only while Δl |W| is small: large weights could fold the line and break the 75 % bound.",
+    ]
+    return result(
+        "hauser",
+        rows,
+        size=size,
+        seed=seed,
+        time_s=time.perf_counter() - t0,
+        settings={**s, "results": res},
+        notes=notes,
+        figures=figures,
+    )

@@ -39,8 +39,15 @@ class _ReadoutAdam:
     bookkeeping: the refits are 10 of the 11 optimiser steps per batch, and this keeps them about 0.05 ms each.
     """
 
-    def __init__(self, n_features: int, dtype: torch.dtype, lr: float, penalty: float,
-                 betas: tuple[float, float] = PROTOCOL["betas"], eps: float = 1e-8):
+    def __init__(
+        self,
+        n_features: int,
+        dtype: torch.dtype,
+        lr: float,
+        penalty: float,
+        betas: tuple[float, float] = PROTOCOL["betas"],
+        eps: float = 1e-8,
+    ):
         self.theta = torch.zeros(n_features + 1, dtype=dtype)
         self.m, self.v = torch.zeros_like(self.theta), torch.zeros_like(self.theta)
         self.lr, self.penalty, self.betas, self.eps, self.t = lr, penalty, betas, eps, 0
@@ -70,8 +77,12 @@ class ReadoutRefit:
     """``fit`` batch hook: a fresh ``model.readout.linear`` (``W = 0``, ``μ = 0``) fitted to the batch's frozen
     features by ``steps`` Adam steps."""
 
-    def __init__(self, steps: int = PROTOCOL["inner_steps"], lr: float = PROTOCOL["lr"],
-                 penalty: float = PROTOCOL["readout_penalty"]):
+    def __init__(
+        self,
+        steps: int = PROTOCOL["inner_steps"],
+        lr: float = PROTOCOL["lr"],
+        penalty: float = PROTOCOL["readout_penalty"],
+    ):
         self.steps, self.lr, self.penalty = steps, lr, penalty
 
     @torch.no_grad()
@@ -95,9 +106,17 @@ def epoch_bias_correction(batches_per_epoch: int, betas: tuple[float, float] = P
 
 
 @torch.no_grad()
-def refit_readout(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed: int,
-                  batch_size: int = PROTOCOL["batch_size"], lr: float = PROTOCOL["lr"],
-                  penalty: float = PROTOCOL["readout_penalty"]) -> None:
+def refit_readout(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    seed: int,
+    batch_size: int = PROTOCOL["batch_size"],
+    lr: float = PROTOCOL["lr"],
+    penalty: float = PROTOCOL["readout_penalty"],
+) -> None:
     """A fresh read-out fitted on the frozen features of all of ``x``: one Adam step per batch, ``epochs`` epochs."""
     feats1 = _with_ones(model.features(x))  # the block is frozen: compute the features once
     opt = _ReadoutAdam(feats1.shape[1] - 1, feats1.dtype, lr, penalty)
@@ -106,13 +125,22 @@ def refit_readout(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs:
     for _ in range(epochs):
         perm = torch.randperm(len(y), generator=gen)
         for i in range(0, len(perm), batch_size):
-            idx = perm[i:i + batch_size]
+            idx = perm[i : i + batch_size]
             opt.step(feats1[idx], y[idx])
     opt.write_to(model.readout.linear)
 
 
-def train_hdnn(model: nn.Module, data, *, epochs: int, seed: int, regularisers: list[Regulariser],
-               desc: str = "", epoch_callback: Callable | None = None, **fit_kw) -> dict:
+def train_hdnn(
+    model: nn.Module,
+    data,
+    *,
+    epochs: int,
+    seed: int,
+    regularisers: list[Regulariser],
+    desc: str = "",
+    epoch_callback: Callable | None = None,
+    **fit_kw,
+) -> dict:
     """Train ``model`` (a :class:`~cde_nets.models.Classifier` with a linear read-out) by the reference protocol.
 
     Returns final train/test accuracy (after :func:`refit_readout`), the ``fit`` history and the wall time.
@@ -121,14 +149,23 @@ def train_hdnn(model: nn.Module, data, *, epochs: int, seed: int, regularisers: 
     batches = math.ceil(len(data[1]) / p["batch_size"])
     block_params = [q for n, q in model.named_parameters() if not n.startswith("readout.")]
     t0 = time.perf_counter()
-    trainer = Trainer(seed=seed, regularisers=regularisers,
-                      optimizer=lambda _: torch.optim.Adam(block_params, lr=p["lr"], betas=p["betas"]),
-                      scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, epoch_bias_correction(batches)),
-                      scheduler_interval="batch", hooks=Hooks(batch=ReadoutRefit(), epoch=epoch_callback), desc=desc,
-                      **fit_kw)
+    trainer = Trainer(
+        seed=seed,
+        regularisers=regularisers,
+        optimizer=lambda _: torch.optim.Adam(block_params, lr=p["lr"], betas=p["betas"]),
+        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, epoch_bias_correction(batches)),
+        scheduler_interval="batch",
+        hooks=Hooks(batch=ReadoutRefit(), epoch=epoch_callback),
+        desc=desc,
+        **fit_kw,
+    )
     hist = trainer.fit(model, data, epochs=epochs, batch_size=p["batch_size"])
     refit_readout(model, data[0], data[1], epochs=epochs, seed=seed)
     train = evaluate(model, data[0], data[1])
     test = evaluate(model, data[2], data[3]) if data[2] is not None else {}
-    return {"train_accuracy": train["accuracy"], "test_accuracy": test.get("accuracy"), "history": hist,
-            "time_s": time.perf_counter() - t0}
+    return {
+        "train_accuracy": train["accuracy"],
+        "test_accuracy": test.get("accuracy"),
+        "history": hist,
+        "time_s": time.perf_counter() - t0,
+    }

@@ -19,18 +19,25 @@ from .report import result, row, save_figure
 
 # Table H-I test accuracies (%): (data set, layers) -> (H1, H2)
 PUBLISHED = {
-    ("swiss roll", 4): (93.6, 84.3), ("swiss roll", 8): (99.0, 95.5), ("swiss roll", 16): (99.8, 100.0),
-    ("swiss roll", 32): (99.8, 100.0), ("swiss roll", 64): (99.8, 100.0),
-    ("double moons", 1): (100.0, 94.4), ("double moons", 2): (100.0, 99.8), ("double moons", 4): (100.0, 100.0),
+    ("swiss roll", 4): (93.6, 84.3),
+    ("swiss roll", 8): (99.0, 95.5),
+    ("swiss roll", 16): (99.8, 100.0),
+    ("swiss roll", 32): (99.8, 100.0),
+    ("swiss roll", 64): (99.8, 100.0),
+    ("double moons", 1): (100.0, 94.4),
+    ("double moons", 2): (100.0, 99.8),
+    ("double moons", 4): (100.0, 100.0),
 }
 
 # The reference code itself (DecodEPFL/HamiltonianNet examples/run.py protocol, N = 8000, 50 epochs, T = 1.2), run
 # on this machine under torch 2.13 with two mechanical patches (out-of-place state update, Adam's step as a tensor),
 # test accuracy % for seeds 0 and 1: single runs scatter by up to 15 points, below several published entries.
-REFERENCE_RUN = ("The reference code run here (test %, seeds 0 / 1): swiss roll H1 4 layers 89.4 / 85.6, 8 layers "
-                 "98.3 / 96.2; H2 4 layers 91.7 / 75.1, 16 layers 82.9 / 91.7; double moons H1 1 layer 91.3 / 88.4, "
-                 "2 layers 100 / 93.3; H2 1 layer 86.2 / 90.8, 2 layers 99.5 / 94.9. Single seeds scatter this much; "
-                 "Table H-I's entries sit at the top of that range.")
+REFERENCE_RUN = (
+    "The reference code run here (test %, seeds 0 / 1): swiss roll H1 4 layers 89.4 / 85.6, 8 layers "
+    "98.3 / 96.2; H2 4 layers 91.7 / 75.1, 16 layers 82.9 / 91.7; double moons H1 1 layer 91.3 / 88.4, "
+    "2 layers 100 / 93.3; H2 1 layer 86.2 / 90.8, 2 layers 99.5 / 94.9. Single seeds scatter this much; "
+    "Table H-I's entries sit at the top of that range."
+)
 
 SETTINGS = {
     "tiny": dict(n=400, epochs=2, swiss=(4,), moons=(1,), baselines=(), T=1.2),
@@ -44,26 +51,49 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     s = SETTINGS[size]
     t0 = time.perf_counter()
     rows, curves = [], {}
-    sets = {"swiss roll": (swiss_roll(n=s["n"], seed=seed, channels=(0, 3)), s["swiss"]),
-            "double moons": (double_moons(n=s["n"], seed=seed, channels=(0, 3)), s["moons"])}
+    sets = {
+        "swiss roll": (swiss_roll(n=s["n"], seed=seed, channels=(0, 3)), s["swiss"]),
+        "double moons": (double_moons(n=s["n"], seed=seed, channels=(0, 3)), s["moons"]),
+    }
 
     def train(arch, L, data, desc):
-        return train_hdnn(hdnn_classifier(arch, L, s["T"], seed), data, epochs=s["epochs"], seed=seed,
-                          regularisers=[smoothness_RK(5e-4, s["T"] / L)], desc=desc)
+        return train_hdnn(
+            hdnn_classifier(arch, L, s["T"], seed),
+            data,
+            epochs=s["epochs"],
+            seed=seed,
+            regularisers=[smoothness_RK(5e-4, s["T"] / L)],
+            desc=desc,
+        )
 
     for name, (data, depths) in sets.items():
         for L in depths:
             for k, arch in enumerate(("H1", "H2")):
                 r = train(arch, L, data, f"{name} {arch} L={L}")
-                rows.append(row(f"{name}, {arch}, {L} layers (test)", PUBLISHED[(name, L)][k],
-                                100 * r["test_accuracy"], "%", train=100 * r["train_accuracy"], time_s=r["time_s"]))
+                rows.append(
+                    row(
+                        f"{name}, {arch}, {L} layers (test)",
+                        PUBLISHED[(name, L)][k],
+                        100 * r["test_accuracy"],
+                        "%",
+                        train=100 * r["train_accuracy"],
+                        time_s=r["time_s"],
+                    )
+                )
                 curves[f"{name} {arch} L={L}"] = [h["test_accuracy"] for h in r["history"]]
         if name == "swiss roll":
             for L in s["baselines"]:
                 for arch in ("MS1", "MS2", "MS3"):
                     r = train(arch, L, data, f"{name} {arch} L={L}")
-                    rows.append(row(f"{name}, {arch} baseline, {L} layers (test)", None, 100 * r["test_accuracy"],
-                                    "%", time_s=r["time_s"]))
+                    rows.append(
+                        row(
+                            f"{name}, {arch} baseline, {L} layers (test)",
+                            None,
+                            100 * r["test_accuracy"],
+                            "%",
+                            time_s=r["time_s"],
+                        )
+                    )
     figures = []
     import matplotlib
 
@@ -76,9 +106,19 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     ax.set(xlabel="epoch", ylabel="test accuracy", title="H-DNN Table I runs")
     ax.legend(fontsize=6)
     figures.append(save_figure(fig, out_dir, "hdnn_table1"))
-    notes = ["Published: Table H-I (HamiltonianNet). Reference protocol: read-out refit per batch and at the end, "
-             "Adam bias correction counted in epochs (experiments/hdnn_protocol.py).",
-             f"T = {s['T']} for every depth (h = T/L); N = {s['n']}, {s['epochs']} epochs.",
-             REFERENCE_RUN]
-    return result("hdnn_table1", rows, size=size, seed=seed, time_s=time.perf_counter() - t0, settings=s,
-                  notes=notes, figures=figures)
+    notes = [
+        "Published: Table H-I (HamiltonianNet). Reference protocol: read-out refit per batch and at the end, "
+        "Adam bias correction counted in epochs (experiments/hdnn_protocol.py).",
+        f"T = {s['T']} for every depth (h = T/L); N = {s['n']}, {s['epochs']} epochs.",
+        REFERENCE_RUN,
+    ]
+    return result(
+        "hdnn_table1",
+        rows,
+        size=size,
+        seed=seed,
+        time_s=time.perf_counter() - t0,
+        settings=s,
+        notes=notes,
+        figures=figures,
+    )

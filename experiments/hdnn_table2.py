@@ -38,16 +38,22 @@ S_RING = [[1 if min((i - j) % M, (j - i) % M) <= 2 else 0 for j in range(M)] for
 
 # Table H-II test accuracies (%): (data set, layers) -> (distributed, centralised)
 PUBLISHED = {
-    ("swiss roll", 2): (91.05, 99.90), ("swiss roll", 3): (99.08, 100.0), ("swiss roll", 4): (100.0, 100.0),
-    ("double circles", 2): (98.65, 100.0), ("double circles", 3): (99.42, 99.85), ("double circles", 4): (99.70, 100.0),
+    ("swiss roll", 2): (91.05, 99.90),
+    ("swiss roll", 3): (99.08, 100.0),
+    ("swiss roll", 4): (100.0, 100.0),
+    ("double circles", 2): (98.65, 100.0),
+    ("double circles", 3): (99.42, 99.85),
+    ("double circles", 4): (99.70, 100.0),
 }
 
 # The reference code itself (DecodEPFL/HamiltonianNet examples/run_distributed.py, 4 layers, 8000 points, 50 epochs),
 # run on this machine under torch 2.13 with two mechanical patches (out-of-place state update, Adam's step as a
 # tensor), test accuracy % for seeds 0 and 1: the centralised net is seed-sensitive there too.
-REFERENCE_RUN = ("The reference code run here (4 layers, seeds 0 / 1, test %): swiss roll distributed 97.98 / 95.88, "
-                 "centralised 73.88 / 85.90; double circles distributed 99.70 / 99.03, centralised 99.93 / 95.18. "
-                 "Table H-II's 100 % for the centralised swiss roll is not what its own code gives on these seeds.")
+REFERENCE_RUN = (
+    "The reference code run here (4 layers, seeds 0 / 1, test %): swiss roll distributed 97.98 / 95.88, "
+    "centralised 73.88 / 85.90; double circles distributed 99.70 / 99.03, centralised 99.93 / 95.18. "
+    "Table H-II's 100 % for the centralised swiss roll is not what its own code gives on these seeds."
+)
 
 SETTINGS = {
     "tiny": dict(n=400, epochs=2, layers=(2,), distributed_eval=("swiss roll",)),
@@ -79,27 +85,53 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     t0 = time.perf_counter()
     check_locality(RING, EYE, S_RING)  # raises, naming the blocks, if the ring K needed more than S
     rows = [row("locality check T RᵀR + RᵀR T <= S (ring K, T = I, S = two-hop ring)", "holds", "holds")]
-    sets = {"swiss roll": swiss_roll(n=s["n"], dim=2 * M, seed=seed, channels=(0, 12)),
-            "double circles": double_circles(n=s["n"], dim=2 * M, seed=seed, channels=(0, 12))}
+    sets = {
+        "swiss roll": swiss_roll(n=s["n"], dim=2 * M, seed=seed, channels=(0, 12)),
+        "double circles": double_circles(n=s["n"], dim=2 * M, seed=seed, channels=(0, 12)),
+    }
     traffic = {}
     for name, data in sets.items():
         for L in s["layers"]:
             for k, (kind, pattern, S) in enumerate((("distributed", RING, S_RING), ("centralised", FULL, FULL))):
                 model = h2_classifier(L, pattern, S, seed)
-                r = train_hdnn(model, data, epochs=s["epochs"], seed=seed,
-                               regularisers=[smoothness_RK(5e-4, 0.5)], desc=f"{name} {kind} L={L}")
-                rows.append(row(f"{name}, {kind}, {L} layers (test)", PUBLISHED[(name, L)][k],
-                                100 * r["test_accuracy"], "%", train=100 * r["train_accuracy"], time_s=r["time_s"],
-                                parameters_per_layer=_free_parameters(model.block.field),
-                                published_parameters_per_layer=112 if kind == "distributed" else 272))
+                r = train_hdnn(
+                    model,
+                    data,
+                    epochs=s["epochs"],
+                    seed=seed,
+                    regularisers=[smoothness_RK(5e-4, 0.5)],
+                    desc=f"{name} {kind} L={L}",
+                )
+                rows.append(
+                    row(
+                        f"{name}, {kind}, {L} layers (test)",
+                        PUBLISHED[(name, L)][k],
+                        100 * r["test_accuracy"],
+                        "%",
+                        train=100 * r["train_accuracy"],
+                        time_s=r["time_s"],
+                        parameters_per_layer=_free_parameters(model.block.field),
+                        published_parameters_per_layer=112 if kind == "distributed" else 272,
+                    )
+                )
                 if kind == "distributed" and name in s["distributed_eval"]:
                     rows += _distributed_check(model, data, name, L, traffic)
-    notes = ["Published: Table H-II (8 nodes, R¹⁶, t_end = 0.5 · layers). Parameters per layer are counted here as "
-             "the free entries of masked K_p, K_q plus biases; the paper reports 112 and 272 with its own count.",
-             "Distributed evaluation: one process per node (gloo, loopback), only ring-neighbour messages.",
-             REFERENCE_RUN]
-    return result("hdnn_table2", rows, size=size, seed=seed, time_s=time.perf_counter() - t0, settings=s,
-                  notes=notes, traffic=traffic)
+    notes = [
+        "Published: Table H-II (8 nodes, R¹⁶, t_end = 0.5 · layers). Parameters per layer are counted here as "
+        "the free entries of masked K_p, K_q plus biases; the paper reports 112 and 272 with its own count.",
+        "Distributed evaluation: one process per node (gloo, loopback), only ring-neighbour messages.",
+        REFERENCE_RUN,
+    ]
+    return result(
+        "hdnn_table2",
+        rows,
+        size=size,
+        seed=seed,
+        time_s=time.perf_counter() - t0,
+        settings=s,
+        notes=notes,
+        traffic=traffic,
+    )
 
 
 def _distributed_check(model: Classifier, data, name: str, L: int, traffic: dict) -> list[dict]:
@@ -115,9 +147,22 @@ def _distributed_check(model: Classifier, data, name: str, L: int, traffic: dict
     talked = {r: sorted(int(k.split("->")[1]) for k in ranks[r]["traffic"]) for r in range(M)}
     ring_only = all(set(v) <= {(r - 1) % M, (r + 1) % M} for r, v in talked.items())
     traffic[f"{name} L={L}"] = {"partners": talked, "bytes": {r: ranks[r]["traffic"] for r in range(M)}}
-    return [row(f"{name}, distributed, {L} layers: test accuracy from the 8-process forward", None, 100 * acc, "%",
-                time_s=wall),
-            row(f"{name}, distributed, {L} layers: max abs difference, 8-process vs centralised masked output", 0.0,
-                float((y_dist - y_central).abs().max())),
-            row(f"{name}, distributed, {L} layers: every rank talked only to its ring neighbours", "yes",
-                "yes" if ring_only else f"no: {talked}")]
+    return [
+        row(
+            f"{name}, distributed, {L} layers: test accuracy from the 8-process forward",
+            None,
+            100 * acc,
+            "%",
+            time_s=wall,
+        ),
+        row(
+            f"{name}, distributed, {L} layers: max abs difference, 8-process vs centralised masked output",
+            0.0,
+            float((y_dist - y_central).abs().max()),
+        ),
+        row(
+            f"{name}, distributed, {L} layers: every rank talked only to its ring neighbours",
+            "yes",
+            "yes" if ring_only else f"no: {talked}",
+        ),
+    ]

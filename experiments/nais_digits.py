@@ -76,15 +76,19 @@ class SharedResidual(Field):
 def build(arch: str, K: int, h: float = H, dim: int = 64, eps: float = TRAIN_EPS) -> Classifier:
     """One of the four nets of the module docstring, ``K`` shared stages, read-out ``linear(64 → 10)``."""
     nais = arch in ("NAIS-Net", "ResNet-SH-NA")
-    field = NAIS(dim, dim, layers=1, T=h) if nais else SharedResidual(
-        dim, stages=K if arch == "ResNet-SH-BN" else None, h=h)
+    field = (
+        NAIS(dim, dim, layers=1, T=h)
+        if nais
+        else SharedResidual(dim, stages=K if arch == "ResNet-SH-BN" else None, h=h)
+    )
     block = discretize(field, "euler", stop=Stop(eps=eps, max_depth=K))
     return Classifier(block, in_features=dim, state_dim=dim, n_out=10, input_as_u=nais)
 
 
 @torch.no_grad()
-def depth_per_class(model: Classifier, x: torch.Tensor, y: torch.Tensor, eps: float = EVAL_EPS,
-                    max_depth: int = EVAL_MAX_DEPTH) -> dict:
+def depth_per_class(
+    model: Classifier, x: torch.Tensor, y: torch.Tensor, eps: float = EVAL_EPS, max_depth: int = EVAL_MAX_DEPTH
+) -> dict:
     """Per-sample stopping depths at ``eps`` (N §5.3): ``{class: depths list}`` and the test accuracy."""
     model.eval()
     try:
@@ -135,32 +139,68 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         if post is not None:
             post(model)
         try:
-            trainer = Trainer(seed=seed, hooks=Hooks(post_step=post),
-                              optimizer=lambda p: torch.optim.SGD(p, lr=s["lr"], momentum=s["momentum"]),
-                              progress=size != "tiny", desc=f"digits {arch}")
+            trainer = Trainer(
+                seed=seed,
+                hooks=Hooks(post_step=post),
+                optimizer=lambda p: torch.optim.SGD(p, lr=s["lr"], momentum=s["momentum"]),
+                progress=size != "tiny",
+                desc=f"digits {arch}",
+            )
             hist = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
             acc = 100 * evaluate(model, data.x_test, data.y_test)["accuracy"]
             curves[arch] = hist
         except FloatingPointError as exc:
             acc = float("nan")
             notes.append(f"{arch} diverged at lr {s['lr']}: {exc}")
-        rows.append(row(f"{arch}, K = {s['K']} shared stages (test)", PUBLISHED[arch], acc, "%",
-                        parameters=counts[arch]))
+        rows.append(
+            row(f"{arch}, K = {s['K']} shared stages (test)", PUBLISHED[arch], acc, "%", parameters=counts[arch])
+        )
         if arch == "NAIS-Net":
             depth_info = depth_per_class(model, data.x_test, data.y_test)
     means = {c: float(np.mean(d)) if d else float("nan") for c, d in depth_info["depths"].items()}
-    rows.append(row(f"NAIS-Net, pattern-dependent depth (eps {EVAL_EPS:g}, max {EVAL_MAX_DEPTH}): test accuracy", None,
-                    100 * depth_info["accuracy"], "%"))
-    rows.append(row("NAIS-Net: mean stopping depth over the test set", None,
-                    float(np.mean([v for d in depth_info["depths"].values() for v in d])), "stages"))
-    notes.insert(0, "Data differ: scikit-learn's 1797 8×8 digits (75/25 split) stand in for MNIST; the published "
-                 "numbers are N §5.1's full-MNIST test accuracies (60 000 training images, K = 30).")
-    notes.append("Mean NAIS-Net stopping depth per class: "
-                 + ", ".join(f"{c}: {m:.1f}" for c, m in means.items()) + ".")
-    notes.append(f"SGD momentum {s['momentum']}, lr {s['lr']} (published 0.1, which stalls here), batch {s['batch']}, "
-                 f"{s['epochs']} epochs, tanh, h = {H}, state 64; ResNet-SH-NA has no published number.")
+    rows.append(
+        row(
+            f"NAIS-Net, pattern-dependent depth (eps {EVAL_EPS:g}, max {EVAL_MAX_DEPTH}): test accuracy",
+            None,
+            100 * depth_info["accuracy"],
+            "%",
+        )
+    )
+    rows.append(
+        row(
+            "NAIS-Net: mean stopping depth over the test set",
+            None,
+            float(np.mean([v for d in depth_info["depths"].values() for v in d])),
+            "stages",
+        )
+    )
+    notes.insert(
+        0,
+        "Data differ: scikit-learn's 1797 8×8 digits (75/25 split) stand in for MNIST; the published "
+        "numbers are N §5.1's full-MNIST test accuracies (60 000 training images, K = 30).",
+    )
+    notes.append(
+        "Mean NAIS-Net stopping depth per class: " + ", ".join(f"{c}: {m:.1f}" for c, m in means.items()) + "."
+    )
+    notes.append(
+        f"SGD momentum {s['momentum']}, lr {s['lr']} (published 0.1, which stalls here), batch {s['batch']}, "
+        f"{s['epochs']} epochs, tanh, h = {H}, state 64; ResNet-SH-NA has no published number."
+    )
     figures = _plot(depth_info["depths"], EVAL_MAX_DEPTH, curves, out_dir)
-    return result("nais_digits", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
-                  settings={**s, "train_eps": TRAIN_EPS, "eval_eps": EVAL_EPS, "parameters": counts,
-                            "mean_depth_per_class": means, "depths_per_class": depth_info["depths"]},
-                  notes=notes, figures=figures)
+    return result(
+        "nais_digits",
+        rows,
+        size=size,
+        seed=seed,
+        time_s=time.perf_counter() - t0,
+        settings={
+            **s,
+            "train_eps": TRAIN_EPS,
+            "eval_eps": EVAL_EPS,
+            "parameters": counts,
+            "mean_depth_per_class": means,
+            "depths_per_class": depth_info["depths"],
+        },
+        notes=notes,
+        figures=figures,
+    )

@@ -39,12 +39,37 @@ from .report import SIZES, result, row, save_figure
 __all__ = ["run", "SETTINGS", "build"]
 
 SETTINGS = {
-    "tiny": dict(n=200, epochs=2, batch=50, lr=0.01, L=4, T=2.0, dim=8, width=16, sigma=0.1, paths=2, draws=1,
-                 eps=(0.0, 0.1)),
-    "quick": dict(n=1000, epochs=40, batch=32, lr=0.01, L=8, T=2.0, dim=8, width=64, sigma=0.1, paths=8, draws=4,
-                  eps=(0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3)),
-    "full": dict(n=4000, epochs=100, batch=32, lr=0.01, L=16, T=2.0, dim=8, width=64, sigma=0.1, paths=16,
-                 draws=10, eps=(0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4)),
+    "tiny": dict(
+        n=200, epochs=2, batch=50, lr=0.01, L=4, T=2.0, dim=8, width=16, sigma=0.1, paths=2, draws=1, eps=(0.0, 0.1)
+    ),
+    "quick": dict(
+        n=1000,
+        epochs=40,
+        batch=32,
+        lr=0.01,
+        L=8,
+        T=2.0,
+        dim=8,
+        width=64,
+        sigma=0.1,
+        paths=8,
+        draws=4,
+        eps=(0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3),
+    ),
+    "full": dict(
+        n=4000,
+        epochs=100,
+        batch=32,
+        lr=0.01,
+        L=16,
+        T=2.0,
+        dim=8,
+        width=64,
+        sigma=0.1,
+        paths=16,
+        draws=10,
+        eps=(0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4),
+    ),
 }
 INIT_STD = 0.5
 DROP_EPS = 0.1  # the perturbation at which each model's loss of accuracy is summarised in a row
@@ -57,8 +82,9 @@ def build(noise: bool, s: dict, seed: int) -> Classifier:
         readout_seed = int(torch.randint(0, 2**31 - 1, ()))
     h = s["T"] / s["L"]
     if noise:
-        block = SDEBlock(field, noise="additive", sigma=s["sigma"], method="euler", step_size=h, gradient="backprop",
-                         seed=seed)
+        block = SDEBlock(
+            field, noise="additive", sigma=s["sigma"], method="euler", step_size=h, gradient="backprop", seed=seed
+        )
         block.rho.requires_grad_(False)
     else:
         block = ODEBlock(field, method="euler", step_size=h, gradient="backprop")
@@ -66,11 +92,14 @@ def build(noise: bool, s: dict, seed: int) -> Classifier:
         return Classifier(block, in_features=2, state_dim=s["dim"], n_out=1)
 
 
-def _perturbed_accuracy(model: Classifier, x: torch.Tensor, y: torch.Tensor, eps: float, draws: int,
-                        seed: int) -> float:
+def _perturbed_accuracy(
+    model: Classifier, x: torch.Tensor, y: torch.Tensor, eps: float, draws: int, seed: int
+) -> float:
     gen = torch.Generator().manual_seed(seed)
-    accs = [evaluate(model, x + eps * torch.randn(x.shape, generator=gen, dtype=x.dtype), y)["accuracy"]
-            for _ in range(draws if eps > 0 else 1)]
+    accs = [
+        evaluate(model, x + eps * torch.randn(x.shape, generator=gen, dtype=x.dtype), y)["accuracy"]
+        for _ in range(draws if eps > 0 else 1)
+    ]
     return 100 * sum(accs) / len(accs)
 
 
@@ -83,8 +112,11 @@ def _plot(curves: dict, eps: tuple, s: dict, out_dir) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for (name, acc), marker in zip(curves.items(), "osd"):
         ax.plot(eps, acc, marker=marker, label=name)
-    ax.set(xlabel="input perturbation ε (std of Gaussian noise)", ylabel="test accuracy (%)",
-           title=f"swiss roll, Hamiltonian net, L = {s['L']}, σ = {s['sigma']}")
+    ax.set(
+        xlabel="input perturbation ε (std of Gaussian noise)",
+        ylabel="test accuracy (%)",
+        title=f"swiss roll, Hamiltonian net, L = {s['L']}, σ = {s['sigma']}",
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     return [save_figure(fig, out_dir, "noise_robustness")]
@@ -110,15 +142,24 @@ def run(size: str | bool = "quick", seed: int = 0, out_dir="results") -> dict:
     finally:
         torch.set_num_threads(threads)
     figures = _plot(curves, s["eps"], s, out_dir)
-    notes = [f"Additive noise σ = {s['sigma']} (fixed) in training; Euler / Euler-Maruyama with one step per piece "
-             f"(h = {s['T'] / s['L']}); Adam lr {s['lr']} with cosine decay, batch {s['batch']}, {s['epochs']} "
-             "epochs; the two models start from the same weights and see the same batches.",
-             f"Input perturbation x + ε N(0, I₂) on the test points, accuracy averaged over {s['draws']} draws; the "
-             "swiss roll's arms are about 0.25 apart, so ε ≳ 0.2 mixes them.",
-             "No published number: the swiss roll is not among Liu et al. (2019)'s benchmarks."]
-    return result("noise_robustness", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
-                  settings={**s, "init_std": INIT_STD, "curves": curves, "train": train}, notes=notes,
-                  figures=figures)
+    notes = [
+        f"Additive noise σ = {s['sigma']} (fixed) in training; Euler / Euler-Maruyama with one step per piece "
+        f"(h = {s['T'] / s['L']}); Adam lr {s['lr']} with cosine decay, batch {s['batch']}, {s['epochs']} "
+        "epochs; the two models start from the same weights and see the same batches.",
+        f"Input perturbation x + ε N(0, I₂) on the test points, accuracy averaged over {s['draws']} draws; the "
+        "swiss roll's arms are about 0.25 apart, so ε ≳ 0.2 mixes them.",
+        "No published number: the swiss roll is not among Liu et al. (2019)'s benchmarks.",
+    ]
+    return result(
+        "noise_robustness",
+        rows,
+        size=size,
+        seed=seed,
+        time_s=time.perf_counter() - t0,
+        settings={**s, "init_std": INIT_STD, "curves": curves, "train": train},
+        notes=notes,
+        figures=figures,
+    )
 
 
 def _experiment(s: dict, seed: int) -> tuple[list[dict], dict, dict]:
@@ -127,26 +168,39 @@ def _experiment(s: dict, seed: int) -> tuple[list[dict], dict, dict]:
     for name, noise in (("ODE", False), ("SDE", True)):
         tr = time.perf_counter()
         model = build(noise, s, seed)
-        trainer = Trainer(lr=s["lr"], seed=seed, desc=name,
-                          scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, s["epochs"]))
+        trainer = Trainer(
+            lr=s["lr"],
+            seed=seed,
+            desc=name,
+            scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, s["epochs"]),
+        )
         hist = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
         models[name] = model
         train[name] = {"train_accuracy": 100 * hist[-1]["train_accuracy"], "time_s": time.perf_counter() - tr}
     sde_block = models["SDE"].block
-    evals = {"ODE": (models["ODE"], {}), "SDE, noise off at test": (models["SDE"], dict(noise_at_eval=False)),
-             f"SDE, mean of {s['paths']} noisy paths": (models["SDE"], dict(noise_at_eval=True, paths=s["paths"]))}
+    evals = {
+        "ODE": (models["ODE"], {}),
+        "SDE, noise off at test": (models["SDE"], dict(noise_at_eval=False)),
+        f"SDE, mean of {s['paths']} noisy paths": (models["SDE"], dict(noise_at_eval=True, paths=s["paths"])),
+    }
     rows, curves = [], {}
     for name, (model, mode) in evals.items():
         if mode:
             sde_block.noise_at_eval, sde_block.paths = mode["noise_at_eval"], mode.get("paths", 1)
             sde_block.reseed(seed + 1)
-        curves[name] = [_perturbed_accuracy(model, data.x_test, data.y_test, eps, s["draws"], seed + 2)
-                        for eps in s["eps"]]
+        curves[name] = [
+            _perturbed_accuracy(model, data.x_test, data.y_test, eps, s["draws"], seed + 2) for eps in s["eps"]
+        ]
         base = train["SDE" if mode else "ODE"]
-        rows += [row(f"{name}, ε = {eps} (test)", None, acc, "%", train=base["train_accuracy"], time_s=base["time_s"])
-                 for eps, acc in zip(s["eps"], curves[name])]
+        rows += [
+            row(f"{name}, ε = {eps} (test)", None, acc, "%", train=base["train_accuracy"], time_s=base["time_s"])
+            for eps, acc in zip(s["eps"], curves[name])
+        ]
         k = s["eps"].index(DROP_EPS)
-        rows.append(row(f"{name}, accuracy lost from ε = 0 to ε = {DROP_EPS}", None, curves[name][0] - curves[name][k],
-                        "points"))
+        rows.append(
+            row(
+                f"{name}, accuracy lost from ε = 0 to ε = {DROP_EPS}", None, curves[name][0] - curves[name][k], "points"
+            )
+        )
     sde_block.noise_at_eval, sde_block.paths = False, 1
     return rows, curves, train

@@ -26,12 +26,12 @@ ARCH_START, ARCH_END = "<!-- architectures:start -->", "<!-- architectures:end -
 # Plots from the full runs, kept in docs/figures/<name>.png, and what each shows.
 CAPTIONS = {
     "hdnn_fig4": "H-DNN Fig. 4: log10 of the mean backward-sensitivity-matrix norm per layer and epoch; the 32-layer "
-                 "H2-DNN stays ≥ 1 everywhere, the 32-layer tanh MLP's gradients vanish beyond ~15 layers from the "
-                 "output.",
+    "H2-DNN stays ≥ 1 everywhere, the 32-layer tanh MLP's gradients vanish beyond ~15 layers from the "
+    "output.",
     "conservation": "Energy drift and the Noether quantity a·F against tolerance, step count and depth: slopes −4 "
-                    "(rk4), −1 (Euler, symplectic Euler), −2 (Verlet).",
+    "(rk4), −1 (Euler, symplectic Euler), −2 (Verlet).",
     "nais_digits": "NAIS-Net against the shared-weight ResNets on scikit-learn's digits, and the per-class "
-                   "pattern-dependent depth.",
+    "pattern-dependent depth.",
 }
 
 INTRO = """\
@@ -57,12 +57,19 @@ batch and at the end, Adam bias correction counted in epochs). Paper letters (H,
 
 def margin_table(results_dir: Path) -> list[str]:
     """Markdown: the margins (:mod:`experiments.margins`) against the recorded runs."""
-    out = ["## Margins", "", "Full setting; `python -m cde_nets.experiments.margins` checks them.", "",
-           "| reproduction | setting | margin | published | ours | |", "|---|---|---|---|---|---|"]
+    out = [
+        "## Margins",
+        "",
+        "Full setting; `python -m cde_nets.experiments.margins` checks them.",
+        "",
+        "| reproduction | setting | margin | published | ours | |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in check(results_dir):
         ours = "—" if r["ours"] is None else f"{r['ours']:.8g}"
-        out.append(f"| {r['reproduction']} | {r['setting']} | {r['margin']} | {r['published']} | {ours} | "
-                   f"{r['status']} |")
+        out.append(
+            f"| {r['reproduction']} | {r['setting']} | {r['margin']} | {r['published']} | {ours} | {r['status']} |"
+        )
     return out + [""]
 
 
@@ -74,8 +81,11 @@ def _section(name: str, res: dict, figures: Path) -> list[str]:
     where = f"{res['size']} setting, seed {res['seed']}, {res['time_s']:.0f} s"
     rows = res["rows"]
     body = ["| setting | published | ours |", "|---|---|---|"]
-    body += [f"| {_cell(r['setting'])} | {_cell(_fmt(r['published'], r.get('unit', '')))} | "
-             f"{_cell(_fmt(r['ours'], r.get('unit', '')))} |" for r in rows]
+    body += [
+        f"| {_cell(r['setting'])} | {_cell(_fmt(r['published'], r.get('unit', '')))} | "
+        f"{_cell(_fmt(r['ours'], r.get('unit', '')))} |"
+        for r in rows
+    ]
     body += [""] + [f"_{n}_\n" for n in res.get("notes", [])]
     out = [f"## {name}", "", f"{REPRODUCTIONS[name][1]} ({where}).", ""]
     if len(rows) > FOLD_ROWS:
@@ -103,8 +113,10 @@ def reproductions_page(results_dir: Path, figures: Path) -> str:
 def architecture_block() -> str:
     from cde_nets.solvers.architectures import architecture_table
 
-    return (f"{ARCH_START}\n<!-- Generated from cde_nets.solvers.architectures.ARCHITECTURES by "
-            f"`python -m cde_nets.experiments.readme_table`. -->\n\n{architecture_table()}\n\n{ARCH_END}")
+    return (
+        f"{ARCH_START}\n<!-- Generated from cde_nets.solvers.architectures.ARCHITECTURES by "
+        f"`python -m cde_nets.experiments.readme_table`. -->\n\n{architecture_table()}\n\n{ARCH_END}"
+    )
 
 
 def splice(page: str, start: str, end: str, block: str) -> str:
@@ -125,8 +137,11 @@ def pages(docs: Path, results_dir: Path) -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cde_nets.experiments.readme_table", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m cde_nets.experiments.readme_table",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--from", dest="src", default=str(RECORDED), help="folder of <name>.json results")
     p.add_argument("--docs", default="docs", help="the documentation folder (default: docs)")
     p.add_argument("--check", action="store_true", help="exit 1 if a committed page is not the generated one")
@@ -134,8 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     generated = pages(Path(a.docs), Path(a.src))
     if a.check:
         stale = [str(path) for path, text in generated.items() if not path.exists() or path.read_text() != text]
-        print("generated pages are current" if not stale else
-              f"stale: {', '.join(stale)}; rerun `python -m cde_nets.experiments.readme_table`")
+        print(
+            "generated pages are current"
+            if not stale
+            else f"stale: {', '.join(stale)}; rerun `python -m cde_nets.experiments.readme_table`"
+        )
         return 1 if stale else 0
     for path, text in generated.items():
         path.write_text(text)

@@ -21,12 +21,29 @@ def row(setting: str, published: float | str | None, ours: float | str | None, u
     return {"setting": setting, "published": published, "ours": ours, "unit": unit, **extra}
 
 
-def result(name: str, rows: list[dict], *, size: str, seed: int, time_s: float, settings: dict | None = None,
-           notes: list[str] | None = None, figures: list[str] | None = None, **extra: Any) -> dict:
+def result(
+    name: str,
+    rows: list[dict],
+    *,
+    size: str,
+    seed: int,
+    time_s: float,
+    settings: dict | None = None,
+    notes: list[str] | None = None,
+    figures: list[str] | None = None,
+    **extra: Any,
+) -> dict:
     """The JSON payload of one reproduction; ``extra`` holds its raw measurements (curves, traffic, ...)."""
     return {
-        "name": name, "size": size, "seed": seed, "time_s": round(time_s, 2), "settings": settings or {},
-        "rows": rows, "notes": notes or [], "figures": figures or [], **extra,
+        "name": name,
+        "size": size,
+        "seed": seed,
+        "time_s": round(time_s, 2),
+        "settings": settings or {},
+        "rows": rows,
+        "notes": notes or [],
+        "figures": figures or [],
+        **extra,
     }
 
 
@@ -63,8 +80,12 @@ def _fmt(v: Any, unit: str) -> str:
 
 def format_table(res: dict) -> str:
     """A markdown table of the rows."""
-    lines = [f"### {res['name']} ({res['size']}, seed {res['seed']}, {res['time_s']:.1f} s)", "",
-             "| setting | published | ours |", "|---|---|---|"]
+    lines = [
+        f"### {res['name']} ({res['size']}, seed {res['seed']}, {res['time_s']:.1f} s)",
+        "",
+        "| setting | published | ours |",
+        "|---|---|---|",
+    ]
     for r in res["rows"]:
         unit = r.get("unit", "")
         lines.append(f"| {r['setting']} | {_fmt(r['published'], unit)} | {_fmt(r['ours'], unit)} |")

@@ -49,8 +49,9 @@ def model_2(layers: int = 20) -> Classifier:
 
 
 def _train(model: Classifier, data, s: dict, seed: int, desc: str) -> list[dict]:
-    trainer = Trainer(seed=seed, desc=desc, optimizer=lambda p: torch.optim.SGD(p, lr=s["lr"]),
-                      regularisers=[smoothness_R82(LAMBDA)])
+    trainer = Trainer(
+        seed=seed, desc=desc, optimizer=lambda p: torch.optim.SGD(p, lr=s["lr"]), regularisers=[smoothness_R82(LAMBDA)]
+    )
     return trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
 
 
@@ -96,26 +97,53 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     rows = [row("model 1 parameters", 601, counts["model 1"]), row("model 2 parameters", 240, counts["model 2"])]
     hist = {}
     for name, model in models.items():
-        rows.append(row(f"{name}: full-batch gradient norm at the zero initialisation", None,
-                        _initial_gradient_norm(model, data)))
+        rows.append(
+            row(
+                f"{name}: full-batch gradient norm at the zero initialisation",
+                None,
+                _initial_gradient_norm(model, data),
+            )
+        )
         tr = time.perf_counter()
         hist[name] = _train(model, data, s, seed, f"circles {name}")
         last = hist[name][-1]
-        rows.append(row(f"{name} accuracy (test)", None, 100 * last["test_accuracy"], "%",
-                        train=100 * last["train_accuracy"], time_s=time.perf_counter() - tr))
+        rows.append(
+            row(
+                f"{name} accuracy (test)",
+                None,
+                100 * last["test_accuracy"],
+                "%",
+                train=100 * last["train_accuracy"],
+                time_s=time.perf_counter() - tr,
+            )
+        )
     gamma = float(models["model 1"].block.field.gamma.detach())
     rows.append(row("model 1 learned γ̃ = hγ", PUBLISHED["model 1 gamma"], gamma))
     figures = _plot(models, data, out_dir)
-    notes = ["R §5.1 prints figures, not accuracies, for both models; the published numbers are the parameter "
-             "counts and γ̃ ≈ 0.014.",
-             f"h = 1 (T = L): field parameters are R109's w̃, b̃, γ̃. γ̃ starts at {GAMMA0} (softplus); SGD lr "
-             f"{s['lr']}, batch {s['batch']}, {s['epochs']} epochs (the paper gives no schedule).",
-             "Model 2 reads sigmoid(x₃) as the probability of the outer circle (the paper's 'first class' is the "
-             "inner one: a sign convention).",
-             "Both nets start at zero, as the paper prescribes. For data centred and symmetric about the origin the "
-             "gradient there nearly vanishes for model 2 (x₃ = 0 and every odd moment averages out), so SGD leaves "
-             "the start only through batch noise: the reason its accuracy here stays near 80 %."]
-    return result("ruseckas_circles", rows, size=size, seed=seed, time_s=time.perf_counter() - t0,
-                  settings={**s, "lambda": LAMBDA, "gamma0": GAMMA0, "parameters": counts,
-                            "history": {k: [h["test_accuracy"] for h in v] for k, v in hist.items()}},
-                  notes=notes, figures=figures)
+    notes = [
+        "R §5.1 prints figures, not accuracies, for both models; the published numbers are the parameter "
+        "counts and γ̃ ≈ 0.014.",
+        f"h = 1 (T = L): field parameters are R109's w̃, b̃, γ̃. γ̃ starts at {GAMMA0} (softplus); SGD lr "
+        f"{s['lr']}, batch {s['batch']}, {s['epochs']} epochs (the paper gives no schedule).",
+        "Model 2 reads sigmoid(x₃) as the probability of the outer circle (the paper's 'first class' is the "
+        "inner one: a sign convention).",
+        "Both nets start at zero, as the paper prescribes. For data centred and symmetric about the origin the "
+        "gradient there nearly vanishes for model 2 (x₃ = 0 and every odd moment averages out), so SGD leaves "
+        "the start only through batch noise: the reason its accuracy here stays near 80 %.",
+    ]
+    return result(
+        "ruseckas_circles",
+        rows,
+        size=size,
+        seed=seed,
+        time_s=time.perf_counter() - t0,
+        settings={
+            **s,
+            "lambda": LAMBDA,
+            "gamma0": GAMMA0,
+            "parameters": counts,
+            "history": {k: [h["test_accuracy"] for h in v] for k, v in hist.items()},
+        },
+        notes=notes,
+        figures=figures,
+    )

@@ -5,4 +5,16 @@ from .architectures import ARCHITECTURES, architecture
 from .errors import SolverError
 from .schemes import SCHEMES, Scheme, Tableau, get_scheme
 
-__all__ = ["ADAPTIVE_METHODS", "FIXED_METHODS", "SolverStats", "integrate", "SolverError", "ARCHITECTURES", "architecture", "SCHEMES", "Scheme", "Tableau", "get_scheme"]
+__all__ = [
+    "ADAPTIVE_METHODS",
+    "FIXED_METHODS",
+    "SolverStats",
+    "integrate",
+    "SolverError",
+    "ARCHITECTURES",
+    "architecture",
+    "SCHEMES",
+    "Scheme",
+    "Tableau",
+    "get_scheme",
+]

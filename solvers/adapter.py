@@ -84,8 +84,11 @@ class SolverStats:
 def check_method(method: str, name: str = "method") -> str:
     known = (*ADAPTIVE_METHODS, *FIXED_METHODS, *(REVERSIBLE_METHODS if name == "method" else ()))
     if not isinstance(method, str) or method not in known:
-        alf = (f", reversible (adaptive, or fixed with `step_size`): {sorted(REVERSIBLE_METHODS)}"
-               if name == "method" else "")
+        alf = (
+            f", reversible (adaptive, or fixed with `step_size`): {sorted(REVERSIBLE_METHODS)}"
+            if name == "method"
+            else ""
+        )
         raise ValueError(
             f"`{name}` {method!r} is unknown; adaptive: {sorted(ADAPTIVE_METHODS)}, "
             f"fixed-step: {sorted(FIXED_METHODS)}{alf}."
@@ -104,12 +107,16 @@ def check_gradient(method: str, gradient: str) -> str:
         raise ValueError(f"`gradient` must be one of {ODE_GRADIENTS}, got {gradient!r}.")
     if method in REVERSIBLE_METHODS:
         if gradient not in ("reversible", "backprop"):
-            raise ValueError(f"method={method!r} (asynchronous leapfrog) takes gradient='reversible' (its exact "
-                             f"inverse, constant memory) or 'backprop'; got {gradient!r}.")
+            raise ValueError(
+                f"method={method!r} (asynchronous leapfrog) takes gradient='reversible' (its exact "
+                f"inverse, constant memory) or 'backprop'; got {gradient!r}."
+            )
     elif gradient == "reversible":
-        raise ValueError(f"gradient='reversible' reconstructs states with an invertible integrator: use "
-                         f"method='alf' (not {method!r}), or gradient='checkpoint' for an exact gradient of "
-                         f"{method!r}.")
+        raise ValueError(
+            f"gradient='reversible' reconstructs states with an invertible integrator: use "
+            f"method='alf' (not {method!r}), or gradient='checkpoint' for an exact gradient of "
+            f"{method!r}."
+        )
     elif gradient in ("checkpoint", "symplectic"):
         method_tableau(method, gradient)
     return gradient
@@ -150,8 +157,13 @@ class _Counted(nn.Module):
 
     field: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-    def __init__(self, field: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], stats: SolverStats,
-                 max_steps: int, count_vjp: bool):
+    def __init__(
+        self,
+        field: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        stats: SolverStats,
+        max_steps: int,
+        count_vjp: bool,
+    ):
         super().__init__()
         self.field = field
         self.stats = stats
@@ -185,8 +197,11 @@ class _Counted(nn.Module):
     # torchdiffeq calls these at the start of every step (before its own assertions) and on accept/reject.
     def _check_step(self, t0, y0, dt, backward: bool):
         nfe = self.stats.nfe_backward if backward else self.stats.nfe_forward
-        steps = (self.stats.steps_backward + self.stats.rejected_backward) if backward else (
-            self.stats.steps_forward + self.stats.rejected_forward)
+        steps = (
+            (self.stats.steps_backward + self.stats.rejected_backward)
+            if backward
+            else (self.stats.steps_forward + self.stats.rejected_forward)
+        )
         where = "adjoint (backward) solve" if backward else "forward solve"
         if steps >= self.max_steps:
             t0f = float(torch.as_tensor(t0).detach())
@@ -316,8 +331,19 @@ def integrate(
         from .alf import integrate_alf
 
         ys = integrate_alf(
-            field, y0, t, rtol=rtol, atol=atol, gradient=gradient, params=params, pieces=pieces, jump_t=jump_t,
-            grid=grid, options=options, max_steps=max_steps, stats=stats,
+            field,
+            y0,
+            t,
+            rtol=rtol,
+            atol=atol,
+            gradient=gradient,
+            params=params,
+            pieces=pieces,
+            jump_t=jump_t,
+            grid=grid,
+            options=options,
+            max_steps=max_steps,
+            stats=stats,
         )
         return ys, stats
     adaptive = method in ADAPTIVE_METHODS
@@ -340,19 +366,47 @@ def integrate(
             if _piecewise_applies(seminorm, y0, t, pieces, adj_method, jump_t, grid):
                 func.scan_backward = False
                 ys = piecewise_adjoint(
-                    func, y0, t, tuple(params or ()), tuple(pieces or ()), rtol=rtol, atol=atol, method=method,
-                    options=options, adjoint_rtol=adj_rtol, adjoint_atol=adj_atol, adjoint_method=adj_method,
-                    adjoint_options=adj_options, stats=stats, adjoint_adaptive=adj_method in ADAPTIVE_METHODS,
+                    func,
+                    y0,
+                    t,
+                    tuple(params or ()),
+                    tuple(pieces or ()),
+                    rtol=rtol,
+                    atol=atol,
+                    method=method,
+                    options=options,
+                    adjoint_rtol=adj_rtol,
+                    adjoint_atol=adj_atol,
+                    adjoint_method=adj_method,
+                    adjoint_options=adj_options,
+                    stats=stats,
+                    adjoint_adaptive=adj_method in ADAPTIVE_METHODS,
                 )
             else:
                 ys = odeint_adjoint(
-                    func, y0, t, adjoint_params=tuple(params or ()), adjoint_method=adj_method,
-                    adjoint_rtol=adj_rtol, adjoint_atol=adj_atol, adjoint_options=adj_options, **kwargs,
+                    func,
+                    y0,
+                    t,
+                    adjoint_params=tuple(params or ()),
+                    adjoint_method=adj_method,
+                    adjoint_rtol=adj_rtol,
+                    adjoint_atol=adj_atol,
+                    adjoint_options=adj_options,
+                    **kwargs,
                 )
         elif gradient in ("checkpoint", "symplectic"):
             ys = replay_gradient(
-                func, y0, t, tuple(params or ()), tuple(pieces or ()), gradient=gradient,
-                tableau=method_tableau(method, gradient), method=method, rtol=rtol, atol=atol, options=options,
+                func,
+                y0,
+                t,
+                tuple(params or ()),
+                tuple(pieces or ()),
+                gradient=gradient,
+                tableau=method_tableau(method, gradient),
+                method=method,
+                rtol=rtol,
+                atol=atol,
+                options=options,
                 stats=stats,
             )
         else:
@@ -362,11 +416,15 @@ def integrate(
             raise
         nfe = stats.nfe_forward
         if "non-finite" in str(exc):
-            msg = (f"the state became non-finite (NaN/inf) in the forward solve after {nfe} field evaluations; "
-                   "lower the learning rate, tighten the tolerance, or check the inputs.")
+            msg = (
+                f"the state became non-finite (NaN/inf) in the forward solve after {nfe} field evaluations; "
+                "lower the learning rate, tighten the tolerance, or check the inputs."
+            )
         else:
-            msg = (f"torchdiffeq stopped after {nfe} field evaluations: {str(exc)[:200]}. "
-                   "Loosen `rtol`/`atol`, raise `max_steps`, or use float64.")
+            msg = (
+                f"torchdiffeq stopped after {nfe} field evaluations: {str(exc)[:200]}. "
+                "Loosen `rtol`/`atol`, raise `max_steps`, or use float64."
+            )
         raise SolverError(msg, nfe=nfe) from None
     func.backward_phase = True
     return ys, stats

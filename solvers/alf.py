@@ -78,10 +78,11 @@ def _options(options: dict, rtol: float, atol: float) -> dict[str, float]:
     # reconstruction is exact to rounding only for η = 1 (the default) or few steps
     eta = float(options.get("eta", 1.0))
     if not (0.0 < eta <= 1.0) or eta == 0.5:
-        raise ValueError(f"`options['eta']` (ALF damping) must lie in (0, 1] and differ from 1/2 (where the step "
-                         f"cannot be inverted), got {eta!r}; 1 is undamped.")
-    out = {"eta": eta, "safety": 0.9, "ifactor": 10.0, "dfactor": 0.2, "max_step": math.inf, "rtol": rtol,
-           "atol": atol}
+        raise ValueError(
+            f"`options['eta']` (ALF damping) must lie in (0, 1] and differ from 1/2 (where the step "
+            f"cannot be inverted), got {eta!r}; 1 is undamped."
+        )
+    out = {"eta": eta, "safety": 0.9, "ifactor": 10.0, "dfactor": 0.2, "max_step": math.inf, "rtol": rtol, "atol": atol}
     for k in ("safety", "ifactor", "dfactor", "max_step", "first_step"):
         if k in options:
             out[k] = check_positive(f"options['{k}']", options[k])
@@ -97,8 +98,18 @@ def _first_step(func, z: torch.Tensor, f: torch.Tensor, opts: dict, span: float)
     return min(h, span)
 
 
-def _run(func, z: torch.Tensor, t: Sequence[float], stops: Sequence[float], opts: dict, adaptive: bool,
-         stats: Any, steps: list[tuple[float, float]], resync: set[float], kept: list[torch.Tensor]):
+def _run(
+    func,
+    z: torch.Tensor,
+    t: Sequence[float],
+    stops: Sequence[float],
+    opts: dict,
+    adaptive: bool,
+    stats: Any,
+    steps: list[tuple[float, float]],
+    resync: set[float],
+    kept: list[torch.Tensor],
+):
     """The forward loop (with a graph when grad is on). Returns the states at ``t`` and the final ``(z, v)``;
     ``steps`` receives the accepted ``(t_0, h)``, ``kept`` the velocities replaced at the ``resync`` times."""
     eta = opts["eta"]
@@ -140,9 +151,11 @@ def _run(func, z: torch.Tensor, t: Sequence[float], stops: Sequence[float], opts
                 kept.append(v)
                 v = func(_time(target, z), z)
     if not all(bool(torch.isfinite(o).all()) for o in (z, v)):
-        raise SolverError(f"the state became non-finite (NaN/inf) in the forward solve (alf) after "
-                          f"{stats.nfe_forward} field evaluations; lower `rtol`/`atol` or the learning rate.",
-                          nfe=stats.nfe_forward)
+        raise SolverError(
+            f"the state became non-finite (NaN/inf) in the forward solve (alf) after "
+            f"{stats.nfe_forward} field evaluations; lower `rtol`/`atol` or the learning rate.",
+            nfe=stats.nfe_forward,
+        )
     return outs, z, v
 
 
@@ -152,8 +165,18 @@ class _Reversible(torch.autograd.Function):
         steps: list[tuple[float, float]] = []
         kept: list[torch.Tensor] = []
         with torch.no_grad():
-            outs, z, v = _run(cfg["func"], y0, cfg["t"], cfg["stops"], cfg["opts"], cfg["adaptive"], cfg["stats"],
-                              steps, cfg["resync"], kept)
+            outs, z, v = _run(
+                cfg["func"],
+                y0,
+                cfg["t"],
+                cfg["stops"],
+                cfg["opts"],
+                cfg["adaptive"],
+                cfg["stats"],
+                steps,
+                cfg["resync"],
+                kept,
+            )
         ctx.cfg, ctx.steps, ctx.n_params = cfg, steps, len(params)
         # the end state and the velocities replaced at jumps only: memory constant in the steps
         ctx.save_for_backward(z, v, *params, *kept)
@@ -215,9 +238,12 @@ class _Reversible(torch.autograd.Function):
             for p in pieces:
                 p.set_views(None)
         if not bool(torch.isfinite(lz).all()):
-            raise SolverError(f"the gradient became non-finite (NaN/inf) in the reversible backward pass after "
-                              f"{stats.nfe_backward} field evaluations; try a damping options={{'eta': 0.9}}, "
-                              "tighter tolerances, or gradient='backprop'.", nfe=stats.nfe_backward)
+            raise SolverError(
+                f"the gradient became non-finite (NaN/inf) in the reversible backward pass after "
+                f"{stats.nfe_backward} field evaluations; try a damping options={{'eta': 0.9}}, "
+                "tighter tolerances, or gradient='backprop'.",
+                nfe=stats.nfe_backward,
+            )
         g_o = iter(acc.g_others)
         return (None, lz, *(next(g_o) if j is None else acc.g_pieces[j] for j in slot))
 
@@ -265,8 +291,17 @@ def integrate_alf(
             used = sorted({pos[id(p)] for p in ps if id(p) in pos})
             renum = {j: k for k, j in enumerate(used)}
             slot = [renum[pos[id(p)]] if id(p) in pos else None for p in ps]
-            cfg = dict(func=func, t=ts, stops=stops, opts=opts, adaptive=adaptive, stats=stats,
-                       pieces=[pcs[j] for j in used], slot=slot, resync=resync)
+            cfg = dict(
+                func=func,
+                t=ts,
+                stops=stops,
+                opts=opts,
+                adaptive=adaptive,
+                stats=stats,
+                pieces=[pcs[j] for j in used],
+                slot=slot,
+                resync=resync,
+            )
             ys = _Reversible.apply(cfg, y0, *ps)
     except BaseException:
         func.backward_phase = True

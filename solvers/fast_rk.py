@@ -51,8 +51,17 @@ from .tableaux import TABLEAUX, MethodTableau
 __all__ = ["FAST_METHODS", "fast_applies", "odeint_fast"]
 
 FAST_METHODS = ("dopri5", "bosh3", "euler", "midpoint", "heun2", "heun3", "rk4")
-_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb",
-            "grid_constructor"}
+_OPTIONS = {
+    "first_step",
+    "max_step",
+    "min_step",
+    "safety",
+    "ifactor",
+    "dfactor",
+    "jump_t",
+    "perturb",
+    "grid_constructor",
+}
 _NONE, _NEXT, _PREV = 0, 1, -1
 
 Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tensor while it carries a graph
@@ -62,8 +71,9 @@ Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tens
 ENABLED = True
 
 
-def fast_applies(method: str, gradient: str, y0: Any, t: torch.Tensor, params: Sequence[torch.Tensor] | None,
-                 options: dict) -> bool:
+def fast_applies(
+    method: str, gradient: str, y0: Any, t: torch.Tensor, params: Sequence[torch.Tensor] | None, options: dict
+) -> bool:
     """Whether :func:`odeint_fast` can stand in for torchdiffeq's ``odeint`` in this call: a method and options it
     implements, increasing output times that need no gradient, a float32/float64 state, and either
     ``gradient="backprop"`` or no graph to build (a forward-only call in any gradient mode)."""
@@ -303,8 +313,17 @@ def _callback(func: Any, name: str) -> Callable[..., Any]:
     return getattr(func, name, None) or (lambda *args: None)
 
 
-def odeint_fast(func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], y0: torch.Tensor, t: torch.Tensor, *,
-                method: str, rtol: float, atol: float, options: dict, gradient: str = "backprop") -> torch.Tensor:
+def odeint_fast(
+    func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    *,
+    method: str,
+    rtol: float,
+    atol: float,
+    options: dict,
+    gradient: str = "backprop",
+) -> torch.Tensor:
     """``torchdiffeq.odeint(func, y0, t, rtol=, atol=, method=, options=)`` for the calls :func:`fast_applies`
     accepts: the same steps, evaluations and callbacks (``callback_step``, ``callback_accept_step``,
     ``callback_reject_step`` of ``func``), results equal to rounding. ``gradient`` other than ``"backprop"`` runs
@@ -316,8 +335,9 @@ def odeint_fast(func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], y0: 
         return _fixed(func, y0, t, tab, method, options)
 
 
-def _engine(func, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float,
-            atol: float) -> _Buffered | _Graph:
+def _engine(
+    func, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float
+) -> _Buffered | _Graph:
     # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers
     fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
     return _Graph(y0, tab, rows, rtol, atol) if fresh else _Buffered(y0, tab, rows, rtol, atol)
@@ -343,8 +363,10 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
         step_cb(t0, y, dt)
         eng.set(0, func(clock.at(t0, first), y))
         # torchdiffeq's rk4 evaluates its last stage at t1, heun2 at t0 + dt (they may differ by an ulp)
-        ts = [clock.nudge(clock.y(t1 if method == "rk4" else t0 + dt * ci), last) if ci == 1.0
-              else clock.y(t0 + dt * ci) for ci in c[1:]]
+        ts = [
+            clock.nudge(clock.y(t1 if method == "rk4" else t0 + dt * ci), last) if ci == 1.0 else clock.y(t0 + dt * ci)
+            for ci in c[1:]
+        ]
         eng.weights(clock.y(dt))
         y1 = eng.run_stages(func, clock.many(ts) if ts else (), fsal=False)
         while j < len(tl) and t1 >= tl[j]:
@@ -363,8 +385,9 @@ class _Adaptive:
     Between steps the position is ``t0`` with state ``y``; ``last`` is the accepted step an output time is read
     from (its stages stay in the engine until the next step starts)."""
 
-    def __init__(self, func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, rtol: float, atol: float,
-                 options: dict):
+    def __init__(
+        self, func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, rtol: float, atol: float, options: dict
+    ):
         if not tab.fsal:
             raise ValueError(f"the fast path implements FSAL adaptive methods only, not {tab.name!r}")
         self.func, self.y0, self.t, self.tab = func, y0, t, tab

@@ -202,8 +202,9 @@ def _interpolate(tab: MethodTableau, steps: Steps, n: int, y0, y1, ks, t: float)
     return y0 + s * (y1 - y0)
 
 
-def record_steps(func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol: float, atol: float,
-                 options: dict, adaptive: bool) -> tuple[torch.Tensor, Steps]:
+def record_steps(
+    func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol: float, atol: float, options: dict, adaptive: bool
+) -> tuple[torch.Tensor, Steps]:
     """torchdiffeq's ``odeint`` without a graph, and its accepted steps. ``func`` is the adapter's counting
     wrapper, whose ``recorder`` receives the callbacks."""
     jumps = options.get("jump_t")
@@ -350,8 +351,16 @@ def _symplectic_step(func, tab, steps, n, lam, outs_in, grad_ys, t, acc: _Grads)
 class _Replay(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-        ys, steps = record_steps(cfg["func"], y0, t, method=cfg["method"], rtol=cfg["rtol"], atol=cfg["atol"],
-                                 options=cfg["options"], adaptive=cfg["tableau"].adaptive)
+        ys, steps = record_steps(
+            cfg["func"],
+            y0,
+            t,
+            method=cfg["method"],
+            rtol=cfg["rtol"],
+            atol=cfg["atol"],
+            options=cfg["options"],
+            adaptive=cfg["tableau"].adaptive,
+        )
         ctx.cfg = cfg
         ctx.steps_meta = (steps.t0, steps.t1, steps.dt, steps.first, steps.adaptive)
         # saved through autograd so that memory accounting (saved-tensor hooks) sees the checkpoints
@@ -424,6 +433,16 @@ def replay_gradient(
     used = sorted({pos[id(p)] for p in params if id(p) in pos})
     renum = {j: k for k, j in enumerate(used)}
     slot = [renum[pos[id(p)]] if id(p) in pos else None for p in params]
-    cfg = dict(func=func, method=method, rtol=rtol, atol=atol, options=options, stats=stats, tableau=tableau,
-               gradient=gradient, pieces=[pieces[j] for j in used], slot=slot)
+    cfg = dict(
+        func=func,
+        method=method,
+        rtol=rtol,
+        atol=atol,
+        options=options,
+        stats=stats,
+        tableau=tableau,
+        gradient=gradient,
+        pieces=[pieces[j] for j in used],
+        slot=slot,
+    )
     return _Replay.apply(cfg, y0, t, *params)

@@ -266,9 +266,8 @@ def test_a_nan_parameter_is_named_not_passed_on(make):
 
 
 def test_a_blow_up_is_located_in_time():
-    from cde_nets.solvers.errors import SolverError
-
     from cde_nets.fields import CubicFriction
+    from cde_nets.solvers.errors import SolverError
 
     f = CubicFriction(4, layers=2)
     with pytest.raises(SolverError, match=r"non-finite value at t=0\.\d+ \(piece 0 of 2\)"):

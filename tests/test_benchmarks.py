@@ -15,25 +15,51 @@ from cde_nets.benchmarks.__main__ import BENCHMARKS
 EXPECTED = {
     "discrete_overhead": ("discrete_overhead", {"goal", "rows"}, {"net", "mode", "ours_s", "hand_s", "ratio_hand"}),
     "continuous_overhead": ("continuous_overhead", {"goal", "rows"}, {"ratio", "nfe_ours", "nfe_torchdiffeq"}),
-    "memory_scaling": ("memory_scaling", {"rows", "summary", "goal", "discrete", "discrete_summary"},
-                       {"gradient", "steps", "saved_bytes"}),
+    "memory_scaling": (
+        "memory_scaling",
+        {"rows", "summary", "goal", "discrete", "discrete_summary"},
+        {"gradient", "steps", "saved_bytes"},
+    ),
     "jump_nfe": ("jump_nfe", {"setting", "rows"}, {"rtol", "jumps", "nfe_forward", "max_error"}),
     "adjoint_study": ("adjoint_study_tiny", {"setting", "reference", "rows"}, {"mode", "method", "rel_grad_error"}),
-    "stopping_scaling": ("stopping_scaling", {"setting", "goal", "rows", "fit"},
-                         {"mode", "fraction_early", "early_samples", "sum_depths", "time_s", "fit_s"}),
+    "stopping_scaling": (
+        "stopping_scaling",
+        {"setting", "goal", "rows", "fit"},
+        {"mode", "fraction_early", "early_samples", "sum_depths", "time_s", "fit_s"},
+    ),
     "stopping_saving": ("stopping_saving", {"setup", "rows_ratio", "timings"}, {"mode", "time_ratio"}),
-    "momentum_peer": ("momentum_peer", {"rows"}, {"depth", "memory_free", "max_abs_diff_output", "time_ratio",
-                                                  "memory_ratio", "saved_bytes_ours", "saved_bytes_theirs"}),
+    "momentum_peer": (
+        "momentum_peer",
+        {"rows"},
+        {
+            "depth",
+            "memory_free",
+            "max_abs_diff_output",
+            "time_ratio",
+            "memory_ratio",
+            "saved_bytes_ours",
+            "saved_bytes_theirs",
+        },
+    ),
     "training": ("training", {"setting", "reference", "rows"}, {"time_s", "test_accuracy"}),
     "gradient_modes": ("gradient_modes_tiny", {"setting", "rows", "targets"}, {"field", "method", "mode"}),
-    "adjoint_pieces": ("adjoint_pieces", {"setting", "goal", "rows", "per_piece_growth"},
-                       {"pieces", "new_adjoint_s", "old_adjoint_s", "backprop_s", "new_over_backprop"}),
+    "adjoint_pieces": (
+        "adjoint_pieces",
+        {"setting", "goal", "rows", "per_piece_growth"},
+        {"pieces", "new_adjoint_s", "old_adjoint_s", "backprop_s", "new_over_backprop"},
+    ),
     "finiteness": ("finiteness", {"goal", "rows", "worst_overhead"}, {"case", "checked_s", "unchecked_s", "overhead"}),
     "events": ("events", {"setting", "goal", "rows"}, {"ratio_to_ideal", "ratio_per_sample_to_ours", "fired"}),
-    "forward_grid": ("forward_grid", {"setting", "goal", "rows"}, {"dim", "batch", "nfe", "fe_s", "ours_s",
-                                                                   "torchdiffeq_s", "torchode_s", "ours_over_fe"}),
-    "compiled": ("compiled", {"setting", "goal", "rows"}, {"net", "mode", "eager_s", "compiled_s", "speedup",
-                                                           "max_rel_diff", "graphs"}),
+    "forward_grid": (
+        "forward_grid",
+        {"setting", "goal", "rows"},
+        {"dim", "batch", "nfe", "fe_s", "ours_s", "torchdiffeq_s", "torchode_s", "ours_over_fe"},
+    ),
+    "compiled": (
+        "compiled",
+        {"setting", "goal", "rows"},
+        {"net", "mode", "eager_s", "compiled_s", "speedup", "max_rel_diff", "graphs"},
+    ),
 }
 
 

@@ -7,12 +7,12 @@ import json
 import stat
 
 import pytest
+
 from cde_nets.benchmarks.__main__ import BENCHMARKS
 from cde_nets.benchmarks.__main__ import main as benchmarks_main
+from cde_nets.cli import main as cli
 from cde_nets.experiments.__main__ import main as experiments_main
 from cde_nets.experiments.registry import REPRODUCTIONS, times
-
-from cde_nets.cli import main as cli
 
 
 def test_no_name_lists_the_reproductions_with_times_and_runs_nothing(capsys, tmp_path, monkeypatch):

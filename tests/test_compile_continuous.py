@@ -61,8 +61,10 @@ class _WithInput(nn.Module):
 def test_compiled_nais_and_sde_blocks_equal_eager(gradient):
     torch.manual_seed(0)
     x = torch.randn(6, 2)
-    for block in (ODEBlock(NAIS(3, 3, layers=2), rtol=1e-5, atol=1e-6, gradient=gradient),
-                  SDEBlock(NAIS(3, 3, layers=2), noise="additive", seed=4, step_size=0.25, gradient=gradient)):
+    for block in (
+        ODEBlock(NAIS(3, 3, layers=2), rtol=1e-5, atol=1e-6, gradient=gradient),
+        SDEBlock(NAIS(3, 3, layers=2), noise="additive", seed=4, step_size=0.25, gradient=gradient),
+    ):
         model = _WithInput(block)
         compiled = torch.compile(model)
         if isinstance(block, SDEBlock):

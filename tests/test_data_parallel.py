@@ -54,8 +54,13 @@ def train(rank, world, kind, ckpt=None, epochs=None, resume=False):
     save = training.save_checkpoint
     training.save_checkpoint = lambda path, obj: (writes.append(path), save(path, obj))[1]
     try:
-        trainer = Trainer(lr=0.05, seed=7, progress=False,
-                          checkpoints=None if ckpt is None else Checkpoints(ckpt, resume=resume), **extra)
+        trainer = Trainer(
+            lr=0.05,
+            seed=7,
+            progress=False,
+            checkpoints=None if ckpt is None else Checkpoints(ckpt, resume=resume),
+            **extra,
+        )
         hist = trainer.fit(m, data(c["n"]), epochs=epochs or c["epochs"], batch_size=c["batch"])
     finally:
         training.save_checkpoint = save
@@ -65,8 +70,14 @@ def train(rank, world, kind, ckpt=None, epochs=None, resume=False):
         Trainer(progress=False).fit(torch.nn.Linear(2, 1), data(8), epochs=1, batch_size=1)
     except ValueError as e:
         refused = str(e)
-    return {"state": state, "history": hist, "world": dp.world_size(), "rank": dp.rank(), "refused": refused,
-            "writes": len(writes)}
+    return {
+        "state": state,
+        "history": hist,
+        "world": dp.world_size(),
+        "rank": dp.rank(),
+        "refused": refused,
+        "writes": len(writes),
+    }
 
 
 def train_kinds(rank, world, kinds, ckpt):

@@ -24,8 +24,15 @@ def batch():
 
 
 def test_errors_fall_with_tolerance_and_discrete_row_is_autograd_of_the_net(f64):
-    study = adjoint_study(make_field, batch(), loss_fn, tolerances=[1e-3, 1e-5, 1e-7], methods=["dopri5"],
-                          schemes=["symplectic_euler"], keep_gradients=True)
+    study = adjoint_study(
+        make_field,
+        batch(),
+        loss_fn,
+        tolerances=[1e-3, 1e-5, 1e-7],
+        methods=["dopri5"],
+        schemes=["symplectic_euler"],
+        keep_gradients=True,
+    )
     rows = study["rows"]
     for mode in ("adjoint", "backprop"):
         errs = [r["rel_grad_error"] for r in rows if r["mode"] == mode]
@@ -47,16 +54,18 @@ def test_errors_fall_with_tolerance_and_discrete_row_is_autograd_of_the_net(f64)
     g_net = torch.cat([gi.flatten() for gi in torch.autograd.grad(loss_fn(torch.cat([p, q], 1), target), params)])
     (disc,) = [r for r in rows if r["mode"] == "discrete"]
     assert (disc["grad"] - g_net).norm() <= 1e-10 * g_net.norm()
-    assert disc["rel_grad_error"] == pytest.approx(float((g_net - study["reference"]["grad"]).norm()
-                                                         / study["reference"]["grad"].norm()), rel=1e-9)
+    assert disc["rel_grad_error"] == pytest.approx(
+        float((g_net - study["reference"]["grad"]).norm() / study["reference"]["grad"].norm()), rel=1e-9
+    )
     assert disc["nfe_forward"] == 4
     json.dumps(to_jsonable(study))
     assert markdown_table(study).count("\n") == len(rows) + 1
 
 
 def test_fixed_step_rows_and_validation(f64):
-    study = adjoint_study(make_field(), batch(), loss_fn, tolerances=[], steps=[4, 8], methods=["rk4"],
-                          gradients=["backprop"], schemes=[])
+    study = adjoint_study(
+        make_field(), batch(), loss_fn, tolerances=[], steps=[4, 8], methods=["rk4"], gradients=["backprop"], schemes=[]
+    )
     errs = [r["rel_grad_error"] for r in study["rows"]]
     assert [r["steps"] for r in study["rows"]] == [4, 8]
     assert 8 < errs[0] / errs[1] < 40  # fourth order: halving the step divides the error by about 16

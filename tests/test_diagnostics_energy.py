@@ -42,8 +42,10 @@ def test_discrete_extended_energy_is_the_sum_of_step_errors(f64):
     for l in range(4):
         states.append(states[-1] + h * f.evaluate(l, states[-1]))
     r = discrete_energy(f, states)
-    E_last = f.energy_at(3, states[-1]) + sum(f.energy_at(l, states[l]) - f.energy_at(l - 1, states[l])
-                                               for l in range(1, 4)) * -1
+    E_last = (
+        f.energy_at(3, states[-1])
+        + sum(f.energy_at(l, states[l]) - f.energy_at(l - 1, states[l]) for l in range(1, 4)) * -1
+    )
     assert torch.allclose(r["extended"][-1], E_last, atol=1e-12)
     assert r["step_error"].abs().max() > 1e-3  # forward Euler does not conserve energy
 

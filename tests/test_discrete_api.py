@@ -6,12 +6,12 @@ import copy
 import numpy as np
 import pytest
 import torch
-from cde_nets.solvers.schemes import SCHEMES, Momentum, Verlet, get_scheme
 from torch import nn
 
 from cde_nets import DiscreteNet, Solution, Stop, discretize
 from cde_nets.fields import MS1, NAIS, CubicFriction, Hamiltonian, SecondOrder, canonical_J
 from cde_nets.models import Classifier
+from cde_nets.solvers.schemes import SCHEMES, Momentum, Verlet, get_scheme
 
 
 def _nais(layers=1, T=0.5, seed=0):

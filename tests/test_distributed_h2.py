@@ -38,8 +38,14 @@ def centralised_reference(spec):
 @pytest.mark.parametrize("case", ["K along R", "X along T"])
 def test_distributed_h2_equals_centralised(case):
     if case == "K along R":  # T = I; each layer couples different ring neighbours through K
-        spec = dict(sizes=[2, 1, 2, 1], T=I, S=RING, seed=3, batch=5,
-                    R_layers=[with_edges((0, 1), (2, 3)), with_edges((1, 2), (3, 0)), with_edges((1, 0), (3, 2))])
+        spec = dict(
+            sizes=[2, 1, 2, 1],
+            T=I,
+            S=RING,
+            seed=3,
+            batch=5,
+            R_layers=[with_edges((0, 1), (2, 3)), with_edges((1, 2), (3, 0)), with_edges((1, 0), (3, 2))],
+        )
     else:  # R = I; the learned X couples ring neighbours
         spec = dict(sizes=[1, 2, 1, 2], T=RING, S=RING, seed=4, batch=5, R_layers=[I, I, I])
     results = run_h2(spec, timeout_s=240)
@@ -62,11 +68,11 @@ def test_distributed_h2_equals_centralised(case):
             kind, *idx = name.split("_")
             if kind in ("Kp", "Kq"):
                 j, k = map(int, idx)
-                ref = getattr(field, "K_p" if kind == "Kp" else "K_q").data.grad[j, rows, off[k]:off[k + 1]]
+                ref = getattr(field, "K_p" if kind == "Kp" else "K_q").data.grad[j, rows, off[k] : off[k + 1]]
             elif kind in ("bp", "bq"):
                 ref = getattr(field, "b_p" if kind == "bp" else "b_q").data.grad[int(idx[0]), rows]
             else:
-                ref = field.X.grad[rows, off[int(idx[0])]:off[int(idx[0]) + 1]]
+                ref = field.X.grad[rows, off[int(idx[0])] : off[int(idx[0]) + 1]]
             assert torch.allclose(g, ref, atol=1e-10, rtol=0), name
     assert torch.allclose(y, y_ref, atol=1e-10, rtol=0)
     assert torch.allclose(dy, dy_ref, atol=1e-10, rtol=0)

@@ -20,8 +20,14 @@ pytest.importorskip("mkdocstrings_handlers.python", reason="the docs extra is no
 def test_mkdocs_build_strict(tmp_path):
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     api = (site / "api" / "discrete" / "index.html").read_text()
     assert 'id="cde_nets.solvers.schemes.Scheme"' in api  # the installed-only subpackage was found

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from cde_nets.solvers.adapter import ODE_GRADIENTS
-from cde_nets.solvers.events import hermite, locate_roots
 from torch import nn
 
 from cde_nets import ODEBlock, Stop
+from cde_nets.solvers.adapter import ODE_GRADIENTS
+from cde_nets.solvers.events import hermite, locate_roots
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 # every gradient mode of dopri5 ("reversible" belongs to method="alf": its own test below)
@@ -188,8 +188,14 @@ def test_hermite_and_illinois_on_known_roots(f64):
     t = torch.tensor([0.2, 0.7])
     y, dy = hermite(t, 0.0, 1.0, torch.zeros(2, 1), torch.ones(2, 1), torch.zeros(2, 1), 3 * torch.ones(2, 1))
     assert torch.allclose(y[:, 0], t**3) and torch.allclose(dy[:, 0], 3 * t**2)
-    roots = locate_roots(lambda s: s**3 - torch.tensor([0.1, 0.5]), torch.zeros(2), torch.ones(2),
-                         torch.tensor([-0.1, -0.5]), torch.tensor([0.9, 0.5]), 1e-13)
+    roots = locate_roots(
+        lambda s: s**3 - torch.tensor([0.1, 0.5]),
+        torch.zeros(2),
+        torch.ones(2),
+        torch.tensor([-0.1, -0.5]),
+        torch.tensor([0.9, 0.5]),
+        1e-13,
+    )
     assert torch.allclose(roots, torch.tensor([0.1, 0.5]) ** (1 / 3), atol=1e-12)
 
 

@@ -18,14 +18,23 @@ def test_table1_tiny_via_cli(tmp_path, capsys):
 def test_margins_judge_only_full_runs_and_name_misses(tmp_path):
     import json
 
-    from cde_nets.experiments.margins import check, main as margins_main
+    from cde_nets.experiments.margins import check
+    from cde_nets.experiments.margins import main as margins_main
 
     def write(name, size, rows):
-        (tmp_path / f"{name}.json").write_text(json.dumps({"name": name, "size": size, "rows": [
-            {"setting": s, "ours": v} for s, v in rows.items()]}))
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps({"name": name, "size": size, "rows": [{"setting": s, "ours": v} for s, v in rows.items()]})
+        )
 
-    write("hdnn_table1", "full", {"swiss roll, H1, 64 layers (test)": 98.9, "double moons, H1, 4 layers (test)": 99.5,
-                                  "double moons, H2, 4 layers (test)": 100.0})
+    write(
+        "hdnn_table1",
+        "full",
+        {
+            "swiss roll, H1, 64 layers (test)": 98.9,
+            "double moons, H1, 4 layers (test)": 99.5,
+            "double moons, H2, 4 layers (test)": 100.0,
+        },
+    )
     write("hauser", "quick", {"1-D bands, 1 node, C2 (test)": 50.0, "1-D bands, 1 node, C1 (test)": 75.0})
     status = {(r["reproduction"], r["setting"]): r["status"] for r in check(tmp_path)}
     assert status[("hdnn_table1", "swiss roll, H1, 64 layers (test)")] == "missed"  # 98.9 < 99

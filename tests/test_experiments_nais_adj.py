@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+
 from cde_nets.experiments import adjoint_study, conservation, mnist5k, nais_digits
 
 
@@ -33,8 +34,11 @@ def test_conservation_fixed_steps_are_not_refined_by_the_sample_times():
 
 def test_conservation_tiny(tmp_path):
     res = conservation.run("tiny", 0, tmp_path)
-    e = {(r.get("kind"), r.get("method"), r.get("setting_value")): r["ours"] for r in res["rows"]
-         if r.get("quantity") == "energy"}
+    e = {
+        (r.get("kind"), r.get("method"), r.get("setting_value")): r["ours"]
+        for r in res["rows"]
+        if r.get("quantity") == "energy"
+    }
     n = {(r["method"], r["setting_value"]): r["ours"] for r in res["rows"] if r.get("quantity") == "noether"}
     # drift falls with the tolerance and, for fixed steps, as h^p: rk4 halves h -> /16 (allow /8)
     assert e[("continuous", "dopri5", 1e-6)] < 0.1 * e[("continuous", "dopri5", 1e-3)]

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cde_nets.experiments.__main__ import main
 
+from cde_nets.experiments.__main__ import main
 from cde_nets.training import CheckpointError, Trainer, checkpointing, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+
 from cde_nets.experiments import blog, hauser, ruseckas_circles
 from cde_nets.experiments.report import write_result
 

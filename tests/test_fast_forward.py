@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cde_nets.solvers import adapter, fast_rk
-from cde_nets.solvers.errors import SolverError
-from cde_nets.solvers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 
 from cde_nets import ODEBlock
 from cde_nets.fields import MS1, MS2, MS3, NAIS, CubicFriction, CubicFrictionConv, Hamiltonian, NAISConv, SecondOrder
+from cde_nets.solvers import adapter, fast_rk
+from cde_nets.solvers.errors import SolverError
+from cde_nets.solvers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 
 T = 2.0
 FIELDS = {

@@ -52,8 +52,9 @@ def test_gathered_equals_per_layer_indexing(case, f64):
         net = discretize(NAIS(4, 3, layers=12, generator=g), "euler")
         u = torch.randn(5, 3, generator=g)
     else:
-        net = discretize(CubicFriction(4, layers=12, zero_init=False, generator=g), "momentum",
-                         momentum=(0.8, 1.0), memory_free=True)
+        net = discretize(
+            CubicFriction(4, layers=12, zero_init=False, generator=g), "momentum", momentum=(0.8, 1.0), memory_free=True
+        )
     y0 = torch.randn(5, 4, generator=g)
     ref_out, ref_grads = _grads_per_layer_indexing(net, y0, u)
     net.zero_grad()

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cde_nets.solvers import SolverError
-from cde_nets.solvers.adapter import SolverStats, _CountedAdaptive, _CountedFixed, _jump_options
-from cde_nets.solvers.replay import record_steps, replay
-from cde_nets.solvers.tableaux import TABLEAUX
 
 from cde_nets import ODEBlock
 from cde_nets.fields import NAIS, CubicFriction, Hamiltonian, SecondOrder
 from cde_nets.fields.bound import BoundField
+from cde_nets.solvers import SolverError
+from cde_nets.solvers.adapter import SolverStats, _CountedAdaptive, _CountedFixed, _jump_options
+from cde_nets.solvers.replay import record_steps, replay
+from cde_nets.solvers.tableaux import TABLEAUX
 from cde_nets.stop import Stop
 
 ADAPTIVE = {"rtol": 1e-5, "atol": 1e-7}
@@ -82,8 +82,7 @@ def test_replay_reproduces_torchdiffeq(method):
         func = (_CountedAdaptive if adaptive else _CountedFixed)(bound, stats, 10_000, count_vjp=False)
         grid = torch.linspace(0, 1, 9, dtype=torch.float64)
         opts = _jump_options(method, field.grid.jumps if adaptive else None, None if adaptive else grid)
-        ys, steps = record_steps(func, y0, TIMES, method=method, rtol=1e-6, atol=1e-8, options=opts,
-                                 adaptive=adaptive)
+        ys, steps = record_steps(func, y0, TIMES, method=method, rtol=1e-6, atol=1e-8, options=opts, adaptive=adaptive)
         assert len(steps) == stats.steps_forward
         assert all(a == b for a, b in zip(steps.t1[:-1], steps.t0[1:]))
         with torch.no_grad():
@@ -195,8 +194,10 @@ def test_alf_is_second_order_and_finite_differences():
     field, y0, _ = _field("hamiltonian", L=1)
     ref = ODEBlock(field, method="dopri5", rtol=1e-12, atol=1e-12)(y0)
     with torch.no_grad():
-        errs = [float((ODEBlock(field, method="alf", step_size=h, gradient="backprop")(y0) - ref).abs().max())
-                for h in (0.1, 0.05)]
+        errs = [
+            float((ODEBlock(field, method="alf", step_size=h, gradient="backprop")(y0) - ref).abs().max())
+            for h in (0.1, 0.05)
+        ]
     assert 3.0 < errs[0] / errs[1] < 5.0  # second order
     block = ODEBlock(field, method="alf", step_size=0.1, gradient="reversible")
     y = y0.clone().requires_grad_(True)

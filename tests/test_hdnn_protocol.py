@@ -6,9 +6,9 @@ import math
 import torch
 from torch import nn
 
-from cde_nets.training import Hooks, Trainer
 from cde_nets.experiments.__main__ import main
 from cde_nets.experiments.hdnn_protocol import ReadoutRefit, epoch_bias_correction
+from cde_nets.training import Hooks, Trainer
 
 
 def test_epoch_bias_correction_equals_adam_with_the_step_counter_reset_to_the_epoch(f64):
@@ -76,9 +76,13 @@ def test_fit_batch_hook_and_per_batch_scheduler():
     x, y = torch.randn(10, 2), torch.randint(0, 2, (10,))
     model = nn.Linear(2, 1)
     seen = []
-    trainer = Trainer(progress=False, lr=1.0, hooks=Hooks(batch=lambda m, xb, yb: seen.append(len(yb))),
-                      scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5**k),
-                      scheduler_interval="batch")
+    trainer = Trainer(
+        progress=False,
+        lr=1.0,
+        hooks=Hooks(batch=lambda m, xb, yb: seen.append(len(yb))),
+        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5**k),
+        scheduler_interval="batch",
+    )
     hist = trainer.fit(model, (x, y, None, None), epochs=2, batch_size=4)
     assert seen == [4, 4, 2, 4, 4, 2]
     # each optimiser step is followed by a scheduler step: 3 per epoch

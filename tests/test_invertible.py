@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from cde_nets.solvers.schemes import ALF, LM2
 from scipy.linalg import expm
 
 from cde_nets import discretize
@@ -11,6 +10,7 @@ from cde_nets.diagnostics import SavedTensorMemory
 from cde_nets.fields import MS1, MS3, NAIS, CubicFriction, Field, Hamiltonian, SecondOrder
 from cde_nets.invertible import reconstruction_error
 from cde_nets.pieces import Pieces
+from cde_nets.solvers.schemes import ALF, LM2
 
 
 def _gen(seed=0):

@@ -173,9 +173,7 @@ def test_errors(f64):
     with pytest.raises(ValueError, match=r"`x` has shape \(3, 5\), but NAIS expects \(batch, 4\)"):
         field.stability_margin(torch.zeros(3, 5), torch.zeros(3, 2), h=1.0)
     conv = NAISConv(2)
-    with pytest.raises(
-        ValueError, match=r"`u` has spatial size \(3, 3\) but the state has \(4, 4\)"
-    ):
+    with pytest.raises(ValueError, match=r"`u` has spatial size \(3, 3\) but the state has \(4, 4\)"):
         conv(0.0, torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 3, 3))
     with pytest.raises(ValueError, match="Alg. N2 needs 0 < eps < eta < 1"):
         NAISConv(2, eps=0.2, eta=0.1)

@@ -29,8 +29,10 @@ def shadowed(tmp_path: Path) -> Path:
 
 
 def test_library_imports_beside_a_users_generic_modules(shadowed: Path):
-    code = ("import cde_nets, cde_nets.solvers, cde_nets.experiments.registry, cde_nets.benchmarks; "
-            "from cde_nets.solvers import SCHEMES; print(len(SCHEMES) > 0)")
+    code = (
+        "import cde_nets, cde_nets.solvers, cde_nets.experiments.registry, cde_nets.benchmarks; "
+        "from cde_nets.solvers import SCHEMES; print(len(SCHEMES) > 0)"
+    )
     out = _run([sys.executable, "-c", code], shadowed)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
@@ -48,7 +50,7 @@ def test_command_line_beside_a_users_generic_modules(shadowed: Path):
 
 
 def test_no_generic_top_level_package_is_installed(tmp_path: Path):
-    code = "import importlib.util as u; print([n for n in %r if u.find_spec(n) is not None])" % (SHADOWS,)
+    code = f"import importlib.util as u; print([n for n in {SHADOWS!r} if u.find_spec(n) is not None])"
     out = _run([sys.executable, "-c", code], tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cde_nets.solvers import SolverError, adapter
-from cde_nets.solvers import piecewise_adjoint as pa
 
 from cde_nets import ODEBlock
 from cde_nets.fields import (
@@ -21,6 +19,8 @@ from cde_nets.fields import (
     SecondOrder,
 )
 from cde_nets.pieces import Pieces
+from cde_nets.solvers import SolverError, adapter
+from cde_nets.solvers import piecewise_adjoint as pa
 from cde_nets.stop import Stop
 
 ADAPTIVE = {"rtol": 1e-5, "atol": 1e-7}

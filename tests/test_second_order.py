@@ -22,9 +22,7 @@ def test_damped_oscillator_closed_form(f64):
     field = SecondOrder(2, T=T, f=linear(-torch.diag(omega2)), eta=1.0)
     with torch.no_grad():
         field.gamma_raw.copy_(torch.log(torch.expm1(gamma)))  # softplus⁻¹
-    assert torch.allclose(field.gamma, gamma, atol=1e-14) and torch.allclose(
-        field.eta, torch.ones(2), atol=1e-14
-    )
+    assert torch.allclose(field.gamma, gamma, atol=1e-14) and torch.allclose(field.eta, torch.ones(2), atol=1e-14)
     x0, v0 = torch.tensor([[1.0, -0.5]]), torch.tensor([[0.3, 0.2]])
     t = torch.linspace(0, T, 7)
     ys = odeint(field, torch.cat([x0, v0], 1), t, method="dopri5", rtol=1e-10, atol=1e-10)
@@ -35,9 +33,7 @@ def test_damped_oscillator_closed_form(f64):
     tt = t[:, None, None]
     exact = (c1 * torch.exp(r1 * tt) + c2 * torch.exp(r2 * tt)).real
     assert torch.allclose(ys[..., :2], exact, atol=1e-6, rtol=0)
-    assert torch.allclose(
-        ys[..., 2:], (c1 * r1 * torch.exp(r1 * tt) + c2 * r2 * torch.exp(r2 * tt)).real, atol=1e-6
-    )
+    assert torch.allclose(ys[..., 2:], (c1 * r1 * torch.exp(r1 * tt) + c2 * r2 * torch.exp(r2 * tt)).real, atol=1e-6)
     # the block gives the same end point
     assert torch.allclose(ODEBlock(field, rtol=1e-10, atol=1e-10)(ys[0]), ys[-1], atol=1e-8)
 

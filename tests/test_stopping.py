@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
-from cde_nets.solvers.stopping import unroll
 
 from cde_nets import ODEBlock, Stop, discretize
 from cde_nets.fields import NAIS, Field
 from cde_nets.pieces import Pieces
+from cde_nets.solvers.stopping import unroll
 
 
 class Decay(Field):
@@ -122,6 +122,7 @@ def test_continuous_stopping_times_in_closed_form(f64):
     event ‖F‖ − eps); a sample already below eps stops at 0."""
     x0 = torch.tensor([[1.0, 0.0], [2.0, 2.0], [0.3, 0.4], [1e-4, 0.0]])
     eps = 1e-3
+
     class Linear(torch.nn.Module):
         def forward(self, t, x):
             return -x

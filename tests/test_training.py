@@ -111,8 +111,9 @@ def test_one_seed_fixes_training_bit_for_bit_even_with_dropout():
 
     def run(seed, disturb):
         with seeded(7):
-            model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Dropout(0.2),
-                                        torch.nn.Linear(8, 1))
+            model = torch.nn.Sequential(
+                torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1)
+            )
         torch.rand(disturb)  # whatever the caller drew before, fit's seed decides batches and dropout masks
         hist = Trainer(seed=seed, progress=False).fit(model, data, epochs=3, batch_size=16)
         return torch.cat([p.detach().flatten() for p in model.parameters()]), hist
@@ -123,8 +124,12 @@ def test_one_seed_fixes_training_bit_for_bit_even_with_dropout():
 
 
 def test_scheduler_factory_steps_once_per_epoch(capsys):
-    trainer = Trainer(progress=True, desc="sched", optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                      scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    trainer = Trainer(
+        progress=True,
+        desc="sched",
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+    )
     hist = trainer.fit(torch.nn.Linear(2, 1), separable(), epochs=4, batch_size=50)
     assert [h["lr"] for h in hist] == [0.1, 0.1, 0.05, 0.05]
     assert "sched" in capsys.readouterr().err  # the progress bar
@@ -258,8 +263,11 @@ def test_a_nan_gradient_under_a_finite_loss_is_never_stepped_nor_saved(tmp_path)
     with seeded(0):
         model = torch.nn.Linear(2, 1)
     trainer = Trainer(progress=False, regularisers=[_sqrt_regulariser(6)], checkpoints=Checkpoints(ck))
-    with pytest.raises(NonFiniteError, match=r"gradient became non-finite in epoch 1, batch 0 .* the last good "
-                       r"checkpoint is .*n.ckpt") as info:
+    with pytest.raises(
+        NonFiniteError,
+        match=r"gradient became non-finite in epoch 1, batch 0 .* the last good "
+        r"checkpoint is .*n.ckpt",
+    ) as info:
         trainer.fit(model, data, epochs=3, batch_size=8)  # 5 batches an epoch: call 6 is epoch 1, batch 0
     assert info.value.last_checkpoint == ck
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
@@ -269,7 +277,8 @@ def test_a_nan_gradient_under_a_finite_loss_is_never_stepped_nor_saved(tmp_path)
     with seeded(0):
         model = torch.nn.Linear(2, 1)
     hist = Trainer(progress=False, regularisers=[_sqrt_regulariser(6)], nonfinite="skip").fit(
-        model, data, epochs=3, batch_size=8)
+        model, data, epochs=3, batch_size=8
+    )
     assert [h["skipped_steps"] for h in hist] == [0, 1, 0]
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
@@ -309,7 +318,8 @@ def test_resume_refuses_changed_settings(tmp_path, change, match):
     kw.update(change)
     with pytest.raises(CheckpointError, match=match):
         Trainer(progress=False, checkpoints=Checkpoints(ck, resume=True), **kw).fit(
-            model, data, epochs=epochs, batch_size=batch_size)
+            model, data, epochs=epochs, batch_size=batch_size
+        )
 
 
 def test_resume_may_extend_epochs_and_leaves_the_global_random_state_alone(tmp_path):
@@ -319,7 +329,8 @@ def test_resume_may_extend_epochs_and_leaves_the_global_random_state_alone(tmp_p
         model = torch.nn.Linear(2, 1)
     torch.set_rng_state(state)
     hist = Trainer(progress=False, lr=0.01, checkpoints=Checkpoints(ck, resume=True)).fit(
-        model, data, epochs=4, batch_size=8)
+        model, data, epochs=4, batch_size=8
+    )
     assert [h["epoch"] for h in hist] == [0, 1, 2, 3]
     assert torch.equal(torch.get_rng_state(), state)  # the trainer drew from generators of its own
 
@@ -349,11 +360,22 @@ def test_checkpoint_loader_says_what_is_wrong(tmp_path, content, match):
 @pytest.mark.parametrize(
     ("data", "exc", "match"),
     [
-        (Split(torch.randn(8, 2), torch.tensor([0, 2, 1, 0, 1, 0, 1, 0]), None, None), ValueError,
-         r"y_train has label 2 at sample 1; labels must be 0 or 1 for one logit"),
+        (
+            Split(torch.randn(8, 2), torch.tensor([0, 2, 1, 0, 1, 0, 1, 0]), None, None),
+            ValueError,
+            r"y_train has label 2 at sample 1; labels must be 0 or 1 for one logit",
+        ),
         (Split(torch.randn(8, 2), torch.rand(8), None, None), TypeError, r"y_train must hold integer class labels"),
-        (Split(torch.randn(8, 2).index_put_((torch.tensor([5]),), torch.tensor(float("nan"))), torch.zeros(8).long(),
-               None, None), ValueError, r"x_train holds a non-finite value at sample 5"),
+        (
+            Split(
+                torch.randn(8, 2).index_put_((torch.tensor([5]),), torch.tensor(float("nan"))),
+                torch.zeros(8).long(),
+                None,
+                None,
+            ),
+            ValueError,
+            r"x_train holds a non-finite value at sample 5",
+        ),
     ],
 )
 def test_bad_training_data_is_named(data, exc, match):
@@ -367,15 +389,18 @@ def test_out_of_range_labels_for_several_logits():
         Trainer(progress=False).fit(torch.nn.Linear(2, 3), data, epochs=1, batch_size=4)
 
 
-@pytest.mark.parametrize(("kw", "exc", "match"), [
-    (dict(lr=-0.1), ValueError, r"`lr` must be a finite number > 0"),
-    (dict(lr=0.1, optimizer=lambda p: torch.optim.SGD(p, lr=0.1)), ValueError, r"`lr` sets the default Adam"),
-    (dict(nonfinite="ignore"), ValueError, r"`nonfinite` must be 'raise' or 'skip'"),
-    (dict(seed=-1), ValueError, r"`seed` must be a non-negative integer"),
-    (dict(regularisers=[lambda m: 0]), TypeError, r"`regularisers` must hold Regulariser terms"),
-    (dict(checkpoints=3), TypeError, r"`checkpoints` must be a Checkpoints policy or a path"),
-    (dict(scheduler_interval="step"), ValueError, r"`scheduler_interval` must be 'epoch' or 'batch'"),
-])
+@pytest.mark.parametrize(
+    ("kw", "exc", "match"),
+    [
+        (dict(lr=-0.1), ValueError, r"`lr` must be a finite number > 0"),
+        (dict(lr=0.1, optimizer=lambda p: torch.optim.SGD(p, lr=0.1)), ValueError, r"`lr` sets the default Adam"),
+        (dict(nonfinite="ignore"), ValueError, r"`nonfinite` must be 'raise' or 'skip'"),
+        (dict(seed=-1), ValueError, r"`seed` must be a non-negative integer"),
+        (dict(regularisers=[lambda m: 0]), TypeError, r"`regularisers` must hold Regulariser terms"),
+        (dict(checkpoints=3), TypeError, r"`checkpoints` must be a Checkpoints policy or a path"),
+        (dict(scheduler_interval="step"), ValueError, r"`scheduler_interval` must be 'epoch' or 'batch'"),
+    ],
+)
 def test_trainer_settings_are_checked(kw, exc, match):
     with pytest.raises(exc, match=match):
         Trainer(**kw)

@@ -28,11 +28,18 @@ def main(ckpt: str, out: Path, resume: bool = False, hang_at: int = -1) -> None:
 
     data = swiss_roll(n=400, seed=3)
     with seeded(3):
-        model = torch.nn.Sequential(torch.nn.Dropout(0.1),
-                                    Classifier(discretize(Hamiltonian(4, layers=8, T=1.0), "euler"), 2, 4, 1))
-    trainer = Trainer(lr=0.02, seed=3, checkpoints=Checkpoints(ckpt, resume=resume), progress=False,
-                      regularisers=[smoothness_RK(1e-3, 1 / 8)], hooks=Hooks(epoch=hang),
-                      scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+        model = torch.nn.Sequential(
+            torch.nn.Dropout(0.1), Classifier(discretize(Hamiltonian(4, layers=8, T=1.0), "euler"), 2, 4, 1)
+        )
+    trainer = Trainer(
+        lr=0.02,
+        seed=3,
+        checkpoints=Checkpoints(ckpt, resume=resume),
+        progress=False,
+        regularisers=[smoothness_RK(1e-3, 1 / 8)],
+        hooks=Hooks(epoch=hang),
+        scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+    )
     hist = trainer.fit(model, data, epochs=6, batch_size=50)
     torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()}, "history": hist}, out)
 

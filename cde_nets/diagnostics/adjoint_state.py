@@ -132,9 +132,7 @@ def _quadratic_forms(fn: VectorFn, y: torch.Tensor, eps: torch.Tensor) -> torch.
     return torch.stack(forms).detach()
 
 
-def hutchinson_trace(
-    fn: VectorFn, y: torch.Tensor, probes: int = 16, generator: torch.Generator | None = None
-) -> dict:
+def hutchinson_trace(fn: VectorFn, y: torch.Tensor, probes: int = 16, generator: torch.Generator | None = None) -> dict:
     """Hutchinson's estimate of ``Tr ∂fn/∂y`` with ``probes`` Rademacher vectors per sample.
 
     Returns ``estimate`` and ``stderr`` ``(batch,)`` (sample standard deviation over probes / √probes) and the

@@ -37,7 +37,6 @@ from .memory import SavedTensorMemory
 __all__ = ["adjoint_study", "markdown_table", "discrete_forward"]
 
 
-
 def discrete_forward(field: nn.Module, scheme: str, y0: torch.Tensor) -> torch.Tensor:
     """``y_L`` of the discrete-mode net ``discretize(field, scheme)``: one ``scheme`` step per piece (the architecture
     map)."""
@@ -151,8 +150,9 @@ def adjoint_study(
         raise TypeError("`model_factory_or_field` must be a Field (with a time grid) or a callable returning one.")
     for m in methods:
         if m not in ADAPTIVE_METHODS and m not in FIXED_METHODS:
-            raise ValueError(f"`methods` has unknown {m!r}; adaptive: {sorted(ADAPTIVE_METHODS)}, "
-                             f"fixed: {sorted(FIXED_METHODS)}.")
+            raise ValueError(
+                f"`methods` has unknown {m!r}; adaptive: {sorted(ADAPTIVE_METHODS)}, fixed: {sorted(FIXED_METHODS)}."
+            )
     for g in gradients:
         if g not in ("adjoint", "backprop"):
             raise ValueError(f"`gradients` entries must be 'adjoint' or 'backprop', got {g!r}.")
@@ -171,8 +171,7 @@ def adjoint_study(
 
     field64 = copy.deepcopy(base).to(torch.float64)
     y64 = y0.detach().to(torch.float64)
-    extra64 = tuple(e.to(torch.float64) if isinstance(e, torch.Tensor) and e.is_floating_point() else e
-                    for e in extra)
+    extra64 = tuple(e.to(torch.float64) if isinstance(e, torch.Tensor) and e.is_floating_point() else e for e in extra)
     ref_block = ODEBlock(field64, gradient="backprop", **ref_cfg)
     g_ref, loss_ref, _ = _gradient(field64, lambda: ref_block(y64), loss_fn, extra64, y64)
     ref_stats = ref_block.stats
@@ -191,20 +190,36 @@ def adjoint_study(
             rows.append({**row, "error": str(exc)})
             return
         err = float((g.to(torch.float64) - g_ref).norm() / g_ref.norm().clamp_min(1e-300))
-        rows.append({**row, "rel_grad_error": err, "loss": loss, "nfe_forward": st["nfe_forward"],
-                     "nfe_backward": st["nfe_backward"], "time_s": t, "peak_saved_bytes": peak,
-                     **({"grad": g} if keep_gradients else {})})
+        rows.append(
+            {
+                **row,
+                "rel_grad_error": err,
+                "loss": loss,
+                "nfe_forward": st["nfe_forward"],
+                "nfe_backward": st["nfe_backward"],
+                "time_s": t,
+                "peak_saved_bytes": peak,
+                **({"grad": g} if keep_gradients else {}),
+            }
+        )
 
     grid = cast(TimeGrid, field.grid)  # checked above (hasattr); nn.Module types attributes as Tensor | Module
     T = grid.T
     for method in methods:
-        settings: list[dict[str, Any]] = ([{"rtol": r, "atol": r} for r in tolerances] if method in ADAPTIVE_METHODS
-                    else [{"step_size": T / s} for s in steps])
+        settings: list[dict[str, Any]] = (
+            [{"rtol": r, "atol": r} for r in tolerances]
+            if method in ADAPTIVE_METHODS
+            else [{"step_size": T / s} for s in steps]
+        )
         for cfg in settings:
             for gradient in gradients:
                 block = ODEBlock(field, method=method, gradient=gradient, **cfg)
-                row = {"mode": gradient, "method": method, "rtol": cfg.get("rtol"),
-                       "steps": round(T / cfg["step_size"]) if "step_size" in cfg else None}
+                row = {
+                    "mode": gradient,
+                    "method": method,
+                    "rtol": cfg.get("rtol"),
+                    "steps": round(T / cfg["step_size"]) if "step_size" in cfg else None,
+                }
                 record(row, *_block_runs(block, yd))
     for scheme in schemes:
         counter = _CountEvaluations(field)
@@ -214,12 +229,19 @@ def adjoint_study(
             with counter:
                 return discrete_forward(field, scheme, yd)
 
-        record({"mode": "discrete", "method": scheme, "rtol": None, "steps": grid.L}, forward,
-               _counted_stats(counter))
-    return {"reference": {**ref_cfg, "mode": "backprop", "dtype": "float64", "loss": loss_ref,
-                          "nfe_forward": ref_stats["nfe_forward"], "grad_norm": float(g_ref.norm()),
-                          **({"grad": g_ref} if keep_gradients else {})},
-            "rows": rows}
+        record({"mode": "discrete", "method": scheme, "rtol": None, "steps": grid.L}, forward, _counted_stats(counter))
+    return {
+        "reference": {
+            **ref_cfg,
+            "mode": "backprop",
+            "dtype": "float64",
+            "loss": loss_ref,
+            "nfe_forward": ref_stats["nfe_forward"],
+            "grad_norm": float(g_ref.norm()),
+            **({"grad": g_ref} if keep_gradients else {}),
+        },
+        "rows": rows,
+    }
 
 
 def markdown_table(study: dict) -> str:
@@ -228,12 +250,15 @@ def markdown_table(study: dict) -> str:
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in study["rows"]:
         if "error" in r:
-            lines.append(f"| {r['mode']} | {r['method']} | {r['rtol']} | {r['steps']} | failed: {r['error'][:60]} "
-                         "| | | | |")
+            lines.append(
+                f"| {r['mode']} | {r['method']} | {r['rtol']} | {r['steps']} | failed: {r['error'][:60]} | | | | |"
+            )
             continue
         rtol = "" if r["rtol"] is None else f"{r['rtol']:.0e}"
         steps = "" if r["steps"] is None else str(r["steps"])
-        lines.append(f"| {r['mode']} | {r['method']} | {rtol} | {steps} | {r['rel_grad_error']:.2e} | "
-                     f"{r['nfe_forward']:g} | {r['nfe_backward']:g} | {1e3 * r['time_s']:.1f} | "
-                     f"{r['peak_saved_bytes'] / 1024:.0f} |")
+        lines.append(
+            f"| {r['mode']} | {r['method']} | {rtol} | {steps} | {r['rel_grad_error']:.2e} | "
+            f"{r['nfe_forward']:g} | {r['nfe_backward']:g} | {1e3 * r['time_s']:.1f} | "
+            f"{r['peak_saved_bytes'] / 1024:.0f} |"
+        )
     return "\n".join(lines)

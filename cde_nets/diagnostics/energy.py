@@ -42,9 +42,11 @@ def relative_drift(E: torch.Tensor) -> float:
     """
     scale = E[0].abs().mean()
     if not bool(scale > 64 * torch.finfo(E.dtype).eps * E.abs().max()):
-        raise ValueError(f"the relative drift is undefined: the initial energies are zero (mean |E_0| = "
-                         f"{float(scale):.3g}); report the absolute drift (E - E[0]).abs().max() instead, or shift "
-                         "the energy by a constant.")
+        raise ValueError(
+            f"the relative drift is undefined: the initial energies are zero (mean |E_0| = "
+            f"{float(scale):.3g}); report the absolute drift (E - E[0]).abs().max() instead, or shift "
+            "the energy by a constant."
+        )
     return float((E - E[0]).abs().max() / scale)
 
 

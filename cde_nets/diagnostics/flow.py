@@ -87,9 +87,7 @@ def evaluate_at(field: nn.Module, l: int, y: torch.Tensor, t: float) -> torch.Te
     return evaluate_piece(field, l, y) if hasattr(field, "evaluate") else field(torch.tensor(t, dtype=torch.float64), y)
 
 
-def solve_segments(
-    block: ODEBlock, y0: torch.Tensor, times: Sequence[float], graph: bool = True
-) -> list[torch.Tensor]:
+def solve_segments(block: ODEBlock, y0: torch.Tensor, times: Sequence[float], graph: bool = True) -> list[torch.Tensor]:
     """States at ``times`` (increasing, each segment inside one piece), chained so that each state is a
     differentiable function of the previous one (``graph=True``; backprop through the solver's steps).
 
@@ -112,7 +110,15 @@ def solve_piece(block: ODEBlock, func: nn.Module, y: torch.Tensor, a: float, b: 
     span = torch.tensor([a, b], dtype=torch.float64, device=y.device)
     grid = aligned_grid([a, b], block.step_size) if block.method in FIXED_METHODS else None
     ys, _ = integrate(
-        func, y, span, method=block.method, rtol=block.rtol, atol=block.atol, gradient="backprop",
-        grid=grid, options=dict(block.options), max_steps=block.max_steps,
+        func,
+        y,
+        span,
+        method=block.method,
+        rtol=block.rtol,
+        atol=block.atol,
+        gradient="backprop",
+        grid=grid,
+        options=dict(block.options),
+        max_steps=block.max_steps,
     )
     return ys[-1]

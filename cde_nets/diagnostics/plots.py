@@ -64,8 +64,9 @@ def plot_adjoint_study(study: dict, ax: Any = None):
     series: dict[tuple, list] = {}
     for r in study["rows"]:
         if "error" not in r:
-            series.setdefault((r["mode"], r["method"]), []).append((r["nfe_forward"] + r["nfe_backward"],
-                                                                     r["rel_grad_error"]))
+            series.setdefault((r["mode"], r["method"]), []).append(
+                (r["nfe_forward"] + r["nfe_backward"], r["rel_grad_error"])
+            )
     for (mode, method), pts in series.items():
         pts.sort()
         ax.loglog([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{mode} {method}")

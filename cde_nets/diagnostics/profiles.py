@@ -82,8 +82,11 @@ def depth_profile(states: Sequence[torch.Tensor], loss: torch.Tensor | None = No
     """All state profiles in one dict: ``norms``, ``update_cosine`` (of ``x_{l+1} − x_l``),
     ``perturbation_ratio`` and, if ``loss`` is given (states in its graph), ``grad_norms``."""
     x = _flat(states)
-    out = {"norms": norm_profile(x), "update_cosine": cosine_profile(x[1:] - x[:-1]) if len(x) > 2 else None,
-           "perturbation_ratio": perturbation_ratio(x)}
+    out = {
+        "norms": norm_profile(x),
+        "update_cosine": cosine_profile(x[1:] - x[:-1]) if len(x) > 2 else None,
+        "perturbation_ratio": perturbation_ratio(x),
+    }
     if loss is not None:
         out["grad_norms"] = state_gradient_norms(loss, states)
     return out

@@ -21,8 +21,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["is_distributed", "rank", "world_size", "is_main", "wrap", "shard", "reduce_batch_stats", "barrier",
-           "check_batch_size"]
+__all__ = [
+    "is_distributed",
+    "rank",
+    "world_size",
+    "is_main",
+    "wrap",
+    "shard",
+    "reduce_batch_stats",
+    "barrier",
+    "check_batch_size",
+]
 
 
 def is_distributed() -> bool:
@@ -54,8 +63,10 @@ def barrier() -> None:
 def check_batch_size(batch_size: int) -> None:
     """Each rank needs a sample of every full batch: ``batch_size >= world size``."""
     if batch_size < world_size():
-        raise ValueError(f"`batch_size` ({batch_size}) is the global batch and must be at least the world size "
-                         f"({world_size()}); raise `batch_size` or launch fewer processes.")
+        raise ValueError(
+            f"`batch_size` ({batch_size}) is the global batch and must be at least the world size "
+            f"({world_size()}); raise `batch_size` or launch fewer processes."
+        )
 
 
 def wrap(model: nn.Module) -> nn.Module:
@@ -96,7 +107,10 @@ def reduce_batch_stats(loss_sum: float, correct: int, n: int, finite: bool) -> t
     if not is_distributed():
         return loss_sum, correct, n, finite
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors only
-    t = torch.tensor([loss_sum if finite else 0.0, float(correct), float(n), 0.0 if finite else 1.0],
-                     dtype=torch.float64, device=device)
+    t = torch.tensor(
+        [loss_sum if finite else 0.0, float(correct), float(n), 0.0 if finite else 1.0],
+        dtype=torch.float64,
+        device=device,
+    )
     dist.all_reduce(t)
     return float(t[0]), int(t[1]), int(t[2]), bool(t[3] == 0)

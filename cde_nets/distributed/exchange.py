@@ -41,8 +41,14 @@ class Comm:
         entry[0] += 1
         entry[1] += t.numel() * t.element_size()
 
-    def swap(self, phase: str, tag: int, outgoing: dict[int, torch.Tensor], incoming: dict[int, torch.Size],
-             like: torch.Tensor) -> dict[int, torch.Tensor]:
+    def swap(
+        self,
+        phase: str,
+        tag: int,
+        outgoing: dict[int, torch.Tensor],
+        incoming: dict[int, torch.Size],
+        like: torch.Tensor,
+    ) -> dict[int, torch.Tensor]:
         """Post every send, receive every expected tensor, then wait for the sends (no ordering deadlock)."""
         handles = []
         for dst in sorted(outgoing):
@@ -79,8 +85,9 @@ class _Exchange(torch.autograd.Function):
         return (None, None, None, None, g_anchor, *(got[d] for d in ctx.dsts))
 
 
-def exchange(comm: Comm, outgoing: dict[int, torch.Tensor], incoming: dict[int, torch.Size],
-             anchor: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+def exchange(
+    comm: Comm, outgoing: dict[int, torch.Tensor], incoming: dict[int, torch.Size], anchor: torch.Tensor
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Send ``outgoing[dst]`` to every ``dst``; receive a tensor of shape ``incoming[src]`` from every ``src``.
 
     Returns ``(anchor, received)``: ``anchor`` is passed through unchanged and the caller must use the returned

@@ -41,21 +41,38 @@ def h2_masks(R_layers, T, sizes) -> tuple[torch.Tensor, torch.Tensor]:
     return K_mask, J_mask
 
 
-def centralised_h2(sizes, R_layers, T, S, T_end: float = 1.0, J: str = "structured",
-                   generator: torch.Generator | None = None, init_std: float | None = None) -> Hamiltonian:
+def centralised_h2(
+    sizes,
+    R_layers,
+    T,
+    S,
+    T_end: float = 1.0,
+    J: str = "structured",
+    generator: torch.Generator | None = None,
+    init_std: float | None = None,
+) -> Hamiltonian:
     """The centralised masked H2 field; raises :class:`~cde_nets.locality.LocalityError` before anything runs
     if some layer's sparsity needs communication that ``S`` does not allow."""
     for j, R in enumerate(R_layers):
         check_locality(R, T, S, where=f"in layer {j}")
     n = 2 * sum(sizes)
     K_mask, J_mask = h2_masks(R_layers, T, sizes)
-    field = Hamiltonian(n, layers=len(R_layers), T=T_end, K="blockdiag", J=J, K_mask=K_mask, J_mask=J_mask,
-                        generator=generator, init_std=init_std)
+    field = Hamiltonian(
+        n,
+        layers=len(R_layers),
+        T=T_end,
+        K="blockdiag",
+        J=J,
+        K_mask=K_mask,
+        J_mask=J_mask,
+        generator=generator,
+        init_std=init_std,
+    )
     with torch.no_grad():  # masked entries carry no meaning: zero them so parameters equal their masked use
         field.K_p.data.mul_(K_mask)
         field.K_q.data.mul_(K_mask)
         if J == "structured":
-            field.X.mul_(J_mask[n // 2:, : n // 2])
+            field.X.mul_(J_mask[n // 2 :, : n // 2])
     return field
 
 
@@ -150,15 +167,24 @@ class NodeH2(nn.Module):
 
     def traffic(self) -> dict:
         """Messages and bytes this rank sent, per phase and destination."""
-        return {f"{phase}->{dst}": {"messages": m, "bytes": b}
-                for (phase, dst), (m, b) in sorted(self.comm.sent.items())}
+        return {
+            f"{phase}->{dst}": {"messages": m, "bytes": b} for (phase, dst), (m, b) in sorted(self.comm.sent.items())
+        }
 
 
 def _setup(spec: dict) -> tuple[Hamiltonian, torch.Tensor, torch.Tensor]:
     """The centralised field, input batch and loss weights that every rank rebuilds identically from ``spec``."""
     g = torch.Generator().manual_seed(spec.get("seed", 0))
-    field = centralised_h2(spec["sizes"], spec["R_layers"], spec["T"], spec["S"], T_end=spec.get("T_end", 1.0),
-                           J=spec.get("J", "structured"), generator=g, init_std=spec.get("init_std"))
+    field = centralised_h2(
+        spec["sizes"],
+        spec["R_layers"],
+        spec["T"],
+        spec["S"],
+        T_end=spec.get("T_end", 1.0),
+        J=spec.get("J", "structured"),
+        generator=g,
+        init_std=spec.get("init_std"),
+    )
     n = field.dim
     K_mask, J_mask = h2_masks(spec["R_layers"], spec["T"], spec["sizes"])
     with torch.no_grad():
@@ -166,7 +192,7 @@ def _setup(spec: dict) -> tuple[Hamiltonian, torch.Tensor, torch.Tensor]:
         field.b_q.data.normal_(0, 0.5, generator=g)
         if field.J_kind == "structured":
             noise = torch.randn(field.X.shape, generator=g, dtype=field.X.dtype)
-            field.X.add_(0.3 * noise).mul_(J_mask[n // 2:, : n // 2])
+            field.X.add_(0.3 * noise).mul_(J_mask[n // 2 :, : n // 2])
     y0 = torch.randn(spec.get("batch", 8), n, generator=g)
     c = torch.randn(spec.get("batch", 8), n, generator=g)
     return field, y0, c
@@ -198,9 +224,15 @@ def h2_node_worker(rank: int, world_size: int, spec: dict) -> dict:
         loss.backward()
         times.append(time.perf_counter() - t0)
     return {
-        "p": p.detach(), "q": q.detach(), "dp0": p0.grad, "dq0": q0.grad, "time_s": times,
+        "p": p.detach(),
+        "q": q.detach(),
+        "dp0": p0.grad,
+        "dq0": q0.grad,
+        "time_s": times,
         "grads": {k: v.grad.detach() for k, v in node.params.items()},
-        "traffic": node.traffic(), "neighbours": sorted(node.comm.neighbours), "layers": len(node.R),
+        "traffic": node.traffic(),
+        "neighbours": sorted(node.comm.neighbours),
+        "layers": len(node.R),
     }
 
 
@@ -227,8 +259,9 @@ def _forward_worker(rank: int, world_size: int, spec: dict) -> dict:
     return {"p": p, "q": q, "traffic": node.traffic(), "neighbours": sorted(node.comm.neighbours)}
 
 
-def distributed_forward(field: Hamiltonian, sizes, R_layers, T, S, y0: torch.Tensor, J: str = "structured",
-                        timeout_s: float = 300.0) -> tuple[torch.Tensor, list[dict]]:
+def distributed_forward(
+    field: Hamiltonian, sizes, R_layers, T, S, y0: torch.Tensor, J: str = "structured", timeout_s: float = 300.0
+) -> tuple[torch.Tensor, list[dict]]:
     """``y_N`` of the masked H2 ``field`` (built by :func:`centralised_h2` with the same ``sizes``, ``R_layers``,
     ``T``, ``S``, ``J``) computed by one process per node, each holding only its node's parameter blocks and
     state rows and exchanging only with its neighbours in ``S``. Returns ``y_N`` assembled in the centralised
@@ -237,8 +270,16 @@ def distributed_forward(field: Hamiltonian, sizes, R_layers, T, S, y0: torch.Ten
 
     for j, R in enumerate(R_layers):
         check_locality(R, T, S, where=f"in layer {j}")
-    spec = {"sizes": list(sizes), "R_layers": R_layers, "T": T, "S": S, "T_end": field.T, "J": J,
-            "state": {k: v.detach().clone() for k, v in field.state_dict().items()}, "y0": y0.detach().clone()}
+    spec = {
+        "sizes": list(sizes),
+        "R_layers": R_layers,
+        "T": T,
+        "S": S,
+        "T_end": field.T,
+        "J": J,
+        "state": {k: v.detach().clone() for k, v in field.state_dict().items()},
+        "y0": y0.detach().clone(),
+    }
     out = spawn(_forward_worker, len(sizes), spec, timeout_s=timeout_s)
     y = torch.cat([torch.cat([o["p"] for o in out], 1), torch.cat([o["q"] for o in out], 1)], 1)
     return y, [{"traffic": o["traffic"], "neighbours": o["neighbours"]} for o in out]

@@ -42,8 +42,10 @@ def spawn(fn: Callable, world_size: int, *args, backend: str = "gloo", timeout_s
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="cde_nets_dist_") as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(r, world_size, store, tmp, backend, fn, args), daemon=True)
-                 for r in range(world_size)]
+        procs = [
+            ctx.Process(target=_worker, args=(r, world_size, store, tmp, backend, fn, args), daemon=True)
+            for r in range(world_size)
+        ]
         for p in procs:
             p.start()
         for p in procs:

@@ -7,4 +7,17 @@ from .hamiltonian import Hamiltonian, canonical_J
 from .nais import NAIS, NAISConv
 from .second_order import PiecewiseMLP, SecondOrder
 
-__all__ = ["Field", "MS1", "MS2", "MS3", "CubicFriction", "CubicFrictionConv", "Hamiltonian", "canonical_J", "NAIS", "NAISConv", "SecondOrder", "PiecewiseMLP"]
+__all__ = [
+    "Field",
+    "MS1",
+    "MS2",
+    "MS3",
+    "CubicFriction",
+    "CubicFrictionConv",
+    "Hamiltonian",
+    "canonical_J",
+    "NAIS",
+    "NAISConv",
+    "SecondOrder",
+    "PiecewiseMLP",
+]

@@ -123,18 +123,23 @@ class Field(nn.Module):
                 raise TypeError(f"`{name}` was given but {type(self).__name__} takes no block input; drop `{name}`.")
             return
         if u is None:
-            raise ValueError(f"{type(self).__name__} needs its block input: pass `{name}=` (shape (batch, "
-                             f"{', '.join('*' if w is None else str(w) for w in self.input_shape)})).")
+            raise ValueError(
+                f"{type(self).__name__} needs its block input: pass `{name}=` (shape (batch, "
+                f"{', '.join('*' if w is None else str(w) for w in self.input_shape)}))."
+            )
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"`{name}` must be a torch.Tensor, got {type(u).__name__}.")
         want = tuple(self.input_shape)
         if u.dim() != len(want) + 1 or any(w is not None and w != s for w, s in zip(want, u.shape[1:])):
             sizes = ", ".join("*" if w is None else str(w) for w in want)
-            raise ValueError(f"`{name}` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, "
-                             f"{sizes}); pass an input of that shape or build the field with matching input size.")
+            raise ValueError(
+                f"`{name}` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, "
+                f"{sizes}); pass an input of that shape or build the field with matching input size."
+            )
         if u.shape[0] != batch:
-            raise ValueError(f"`{name}` has batch {u.shape[0]} but the state has batch {batch}; pass the input "
-                             "of this batch.")
+            raise ValueError(
+                f"`{name}` has batch {u.shape[0]} but the state has batch {batch}; pass the input of this batch."
+            )
         if not u.is_floating_point():
             raise TypeError(f"`{name}` must be a floating-point tensor, got {u.dtype}.")
         check_finite(name, u)

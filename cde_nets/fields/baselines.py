@@ -45,7 +45,7 @@ class _Split(Field):
         return torch.cat([self.evaluate_part(l, y, 0), self.evaluate_part(l, y, 1)], -1)
 
     def evaluate_part(self, l, y, part):
-        return self.evaluate_half(l, y[..., self.half_dim:] if part == 0 else y[..., : self.half_dim], part)
+        return self.evaluate_half(l, y[..., self.half_dim :] if part == 0 else y[..., : self.half_dim], part)
 
 
 class MS1(_Split):

@@ -49,8 +49,10 @@ class ModuleField(Field):
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"`{name}` must be a torch.Tensor, got {type(y).__name__}.")
         if y.dim() < 1 or not y.is_floating_point():
-            raise ValueError(f"`{name}` must be a floating-point tensor of shape (batch, ...), got {y.dtype} "
-                             f"of shape {tuple(y.shape)}.")
+            raise ValueError(
+                f"`{name}` must be a floating-point tensor of shape (batch, ...), got {y.dtype} "
+                f"of shape {tuple(y.shape)}."
+            )
 
 
 def as_field(module: nn.Module, T: float | None, steps: int | None) -> Field:

@@ -108,8 +108,9 @@ class Hamiltonian(Field):
             if tuple(J.shape) != (dim, dim):
                 raise ValueError(f"`J` has shape {tuple(J.shape)}, expected ({dim}, {dim}).")
             if not J.is_floating_point() or not bool(torch.isfinite(J).all()):
-                raise ValueError("`J` must be a finite floating-point skew-symmetric matrix; it holds NaN/inf or is "
-                                 f"{J.dtype}.")
+                raise ValueError(
+                    f"`J` must be a finite floating-point skew-symmetric matrix; it holds NaN/inf or is {J.dtype}."
+                )
             skew = (J + J.T).abs().max().item()
             if skew > 1e-12 * max(1.0, J.abs().max().item()):
                 raise ValueError(f"`J` must be skew-symmetric (J = -Jᵀ); max |J + Jᵀ| = {skew:.3g}. Use (A - A.T)/2.")
@@ -128,12 +129,15 @@ class Hamiltonian(Field):
         if K_mask is not None:
             want = (m, dim) if K == "full" else (m, dim // 2)
             K_mask = torch.as_tensor(K_mask)
-            if tuple(K_mask.shape[-2:]) != want or K_mask.dim() not in (2, 3) or (
-                    K_mask.dim() == 3 and K_mask.shape[0] != layers):
+            if (
+                tuple(K_mask.shape[-2:]) != want
+                or K_mask.dim() not in (2, 3)
+                or (K_mask.dim() == 3 and K_mask.shape[0] != layers)
+            ):
                 raise ValueError(
                     f"`K_mask` has shape {tuple(K_mask.shape)}, expected {want} or ({layers}, {want[0]}, {want[1]}) "
-                    "(one mask per piece)" + ("; with K='blockdiag' it applies to K_p and K_q alike." if K != "full"
-                                               else ".")
+                    "(one mask per piece)"
+                    + ("; with K='blockdiag' it applies to K_p and K_q alike." if K != "full" else ".")
                 )
             self.register_buffer("K_mask", K_mask.to(torch.get_default_dtype()))
         else:
@@ -178,8 +182,11 @@ class Hamiltonian(Field):
 
     def K_at(self, l: int) -> torch.Tensor:
         """``K`` of piece ``l`` (block-diagonal assembled for H2, masks applied), ``(width_total, n)``."""
-        return torch.block_diag(self.K_half(l, 0), self.K_half(l, 1)) if self.K_structure == "blockdiag" else (
-            self.K_half(l, None))
+        return (
+            torch.block_diag(self.K_half(l, 0), self.K_half(l, 1))
+            if self.K_structure == "blockdiag"
+            else (self.K_half(l, None))
+        )
 
     def K_half(self, l: int, part: int | None) -> torch.Tensor:
         """Masked ``K`` (``part=None``), ``K_p`` (0) or ``K_q`` (1) of piece ``l``."""

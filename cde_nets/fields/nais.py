@@ -85,6 +85,7 @@ class NAIS(_Input):
 
     def A(self, l: int) -> torch.Tensor:
         """``A_l = −R_lᵀR_l − εI`` (eq. N13); built once per call of a discrete block (every step shares it)."""
+
         def build():
             R = self.R[l]
             eps_eye = self.memo("εI", lambda: self.eps * torch.eye(self.dim, dtype=R.dtype, device=R.device))
@@ -167,9 +168,7 @@ class NAISConv(_Input):
         if not 0 < eps < eta < 1:
             raise ValueError(f"Alg. N2 needs 0 < eps < eta < 1, got eps={eps!r}, eta={eta!r}.")
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(
-                f"`kernel_size` must be a positive odd integer (same-size padding), got {kernel_size!r}."
-            )
+            raise ValueError(f"`kernel_size` must be a positive odd integer (same-size padding), got {kernel_size!r}.")
         self.channels, self.k, self.eps, self.eta = channels, kernel_size, float(eps), float(eta)
         self.state_shape = self.input_shape = (channels, None, None)
         self.activation_name, self.sigma = resolve_activation(activation)
@@ -186,6 +185,7 @@ class NAISConv(_Input):
 
     def kernel(self, l: int) -> torch.Tensor:
         """``C`` of piece ``l`` with the centre taps ``−1 − δ_c``: ``(channels, channels, k, k)``."""
+
         def build():
             c = self.centre.to(self.C[l].dtype)
             return self.C[l] * (1 - c) - c * (1 + self.delta[l])[:, None, None, None]

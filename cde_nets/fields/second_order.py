@@ -108,9 +108,7 @@ class SecondOrder(Field):
         if order == 2:
             self.split = (dim, dim)
         self.f = (
-            f
-            if f is not None
-            else PiecewiseMLP(self.grid, dim, hidden or 2 * dim, layer_norm, generator=generator)
+            f if f is not None else PiecewiseMLP(self.grid, dim, hidden or 2 * dim, layer_norm, generator=generator)
         )
         self.damping = damping and order >= 2
         raw = lambda v: torch.full((dim,), _softplus_inverse(float(v)))  # noqa: E731
