@@ -105,7 +105,7 @@ class _Clock:
             return x.to(self.dtype)
         return float(np.float32(x)) if self.single else x
 
-    def nudge(self, v: float, perturb: int) -> float:
+    def nudge(self, v: Any, perturb: int) -> Any:
         """``v`` (in the state's dtype) moved to its neighbour above (``_NEXT``) or below (``_PREV``)."""
         if not perturb:
             return v
@@ -128,7 +128,7 @@ class _Clock:
             return v
         return torch.tensor(self.nudge(self.y(x), perturb), dtype=self.dtype, device=self.device)
 
-    def many(self, values: list[float]) -> Sequence[torch.Tensor]:
+    def many(self, values: Sequence[Any]) -> Sequence[torch.Tensor]:
         """Several evaluation times (already in the state's dtype) as 0-d tensors, made in one call."""
         return torch.tensor(values, dtype=self.dtype, device=self.device).unbind()
 
@@ -177,7 +177,7 @@ class _Buffered:
     def __init__(self, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float):
         s, n = tab.stages, y0.numel()
         self.s, self.n, self.shape = s, n, y0.shape
-        kw = dict(dtype=y0.dtype, device=y0.device)
+        kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
         self.K = torch.zeros((s, n), **kw)
         self.rows = [self.K[i].view(y0.shape) for i in range(s)]
         self.Kt = [self.K[:i].t() for i in range(s + 1)]
