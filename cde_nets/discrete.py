@@ -19,6 +19,7 @@ from cde_nets.solvers.schemes import Scheme, get_scheme
 from cde_nets.solvers.stopping import unroll
 
 from .block import Block
+from .fields.base import Field
 from .fields.bound import BoundField, as_field
 from .nonfinite import check_result, nonfinite_parameter
 from .pieces import gathered
@@ -39,6 +40,8 @@ class DiscreteNet(Block):
     boundaries ``t`` (a subset of :attr:`times`), the counts (``nfe_forward``: field evaluations, ``steps_forward``:
     layers) and, with ``stop``, each sample's ``depths`` and ``stop_times = depths · h``.
     """
+
+    field: Field  # a plain module arrives wrapped as a ModuleField
 
     def __init__(
         self,

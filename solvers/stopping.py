@@ -24,7 +24,7 @@ from .errors import check_positive
 __all__ = ["unroll", "per_sample_norm"]
 
 State = tuple[torch.Tensor, ...]
-StateLike = torch.Tensor | State
+StateLike = Any  # a tensor or a tuple of tensors, batch first
 
 
 def per_sample_norm(d: torch.Tensor) -> torch.Tensor:

@@ -166,7 +166,9 @@ def test_memory_saved_for_backward_does_not_grow_with_depth(f64, case):
     saved = {}
     for L in (10, 300):
         net = discretize(make(L, _gen(6)), scheme, memory_free=True, **kw)
-        y0 = torch.randn(16, 4, requires_grad=True)
+        # small inputs: the cubic friction's lm2 net overflows from unit ones (the net now says so instead of
+        # returning NaN), and this test is about memory only
+        y0 = (0.1 * torch.randn(16, 4)).requires_grad_()
         u = None if n_u is None else torch.randn(16, n_u, requires_grad=True)
         mem = SavedTensorMemory(exclude=[*net.parameters(), y0] + ([] if u is None else [u]))
         with mem:

@@ -96,6 +96,8 @@ class MS2(Field):
         self.S = Pieces(self.grid, (dim * (dim - 1) // 2,), init=lambda w: w.normal_(0.0, std, generator=generator))
         self.b = Pieces(self.grid, (dim,))
 
+    _iu: torch.Tensor  # buffer: the strict upper triangle's indices
+
     def K_at(self, l: int) -> torch.Tensor:
         K = self.S[l].new_zeros(self.dim, self.dim)
         K = K.index_put((self._iu[0], self._iu[1]), self.S[l])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -178,7 +178,7 @@ class Scheme:
             out = self.step(f, l, leaves, h, coef, t)
             # a scalar ⟨out, g⟩ instead of grad_outputs: torch.autograd.grad's shape check of grad_outputs costs
             # more than a small layer's whole backward
-            dot = sum((o * g).sum() for o, g in zip(out, g_state) if o.requires_grad)
+            dot = cast(torch.Tensor, sum((o * g).sum() for o, g in zip(out, g_state) if o.requires_grad))
             grads = torch.autograd.grad(dot, (*leaves, *wrt), allow_unused=True, retain_graph=True)
         n = len(leaves)
         g_prev = tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads[:n], prev))

@@ -57,7 +57,7 @@ class Dense(CK):
     def step(self, f, l, state, h, coef=None, t=None):
         M, k = self._M, self.lags
         t0 = l * h if t is None else t
-        s = []
+        s: list[torch.Tensor | None] = []
         for i in range(k):
             if l - i < 0:
                 s.append(None)

@@ -38,7 +38,7 @@ def get_scheme(
     if tie_eta and scheme != "momentum":
         raise ValueError(f"`tie_eta` ties the momentum scheme's η = 1 − m; it does not apply to {scheme!r}.")
     if scheme in ("ck", "dense"):
-        return SCHEME_CLASSES[scheme](k)
+        return CK(k) if scheme == "ck" else Dense(k)
     if scheme == "momentum":
         return Momentum(momentum, tie_eta)
     return SCHEMES[scheme]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import torch
 
@@ -41,7 +42,7 @@ class _Split(Scheme):
                 n = shape[0] if len(shape) == 1 else "?"
                 raise ValueError(f"`split`={split} must add up to the state size {n} (two positive sizes (n_p, n_q)).")
         s = copy.copy(self)
-        s.n_p = (split or declared)[0]
+        s.n_p = cast(tuple[int, int], split or declared)[0]  # one of them was checked above
         separable = split is None and bool(getattr(field, "separable", False))
         s.mode = "half" if separable else ("part" if split is None else "full")
         # each half step is a shear by the other half alone only on separable fields: run backwards, it is exact
@@ -116,7 +117,8 @@ class _Split(Scheme):
                     gp = gp if grads[0] is None else gp + grads[0]
                 for i, g in enumerate(grads[1:]):
                     if g is not None:
-                        g_wrt[i] = g if g_wrt[i] is None else g_wrt[i] + g
+                        prev = g_wrt[i]
+                        g_wrt[i] = g if prev is None else prev + g
         return (p.detach(), q.detach()), (gp, gq), tuple(g_wrt)
 
     def derivative(self, f, l: int, p: torch.Tensor, q: torch.Tensor, part: int, t: float) -> torch.Tensor:
