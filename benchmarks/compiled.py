@@ -74,14 +74,23 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     g = torch.Generator().manual_seed(1)
     y0 = torch.randn(batch, dim, generator=g)
     u = torch.randn(batch, dim, generator=g)
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    # every DiscreteNet shares one forward code object: past dynamo's recompile limit (8) later nets would run eagerly
+    limit, torch._dynamo.config.recompile_limit = torch._dynamo.config.recompile_limit, 64
     rows = []
-    for name, net, needs_u in _nets(dim, layers, tiny):
-        args = (y0, u) if needs_u else (y0,)
-        compiled = torch.compile(net)
-        for mode in ("forward", "forward+backward"):
-            row = _measure(net, compiled, args, mode != "forward", repeat, warmup)
-            rows.append({"net": name, "mode": mode, "dim": dim, "batch": batch, "layers": layers, **row})
+    try:
+        for name, net, needs_u in _nets(dim, layers, tiny):
+            args = (y0, u) if needs_u else (y0,)
+            compiled = torch.compile(net)
+            for mode in ("forward", "forward+backward"):
+                before = counters["stats"]["unique_graphs"]
+                row = _measure(net, compiled, args, mode != "forward", repeat, warmup)
+                row["graphs"] = counters["stats"]["unique_graphs"] - before  # 0 would mean it ran eagerly
+                rows.append({"net": name, "mode": mode, "dim": dim, "batch": batch, "layers": layers, **row})
+    finally:
+        torch._dynamo.config.recompile_limit = limit
     payload = {
         "setting": {"dtype": "float32", "backend": "inductor (default)", "threads": torch.get_num_threads()},
         "goal": "max_rel_diff <= 1e-5",
