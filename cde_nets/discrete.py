@@ -9,7 +9,7 @@ with ``forward(t, y)`` runs too: ``discretize(module, scheme, T=..., steps=N)`` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -149,11 +149,26 @@ class DiscreteNet(Block):
         t: Sequence[float] | torch.Tensor | None = None,
         *,
         stop: Stop | dict | None = _NET_STOP,
+        event: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> Solution:
         """Run the layers from ``y0``. ``t``: layer boundaries at which to save the state (increasing, each
         ``l h``; see :attr:`times`). ``stop``: this call's stopping rule instead of the net's (``None``: run all
-        ``L`` layers), e.g. a tighter ``eps`` for evaluation."""
+        ``L`` layers), e.g. a tighter ``eps`` for evaluation.
+
+        ``event``: a per-sample event on the layer index, ``g(l, y_l) -> (batch,)``, evaluated on ``y_0`` and after
+        every layer: each sample stops after the first layer ``l`` at which ``g`` changes sign (or reaches 0) and
+        leaves the batch; ``depths``/``stop_times`` say where, ``fired`` whether it happened within ``L`` layers."""
         f = self.bind(y0, u)
+        if event is not None:
+            if stop is not _NET_STOP or t is not None or self.memory_free or self.stop is not None:
+                raise ValueError(
+                    "`event` stops each sample on its own; it does not combine with `stop`, `t` or "
+                    "`memory_free` (nor a net built with `stop`). Drop one of them."
+                )
+            if not callable(event):
+                raise TypeError(f"`event` must be a callable g(l, y) -> (batch,), got {type(event).__name__}.")
+            with gathered(self.field):
+                return self._finite(self._solve_event(f, y0, event), f, y0)
         stop = self.stop if stop is _NET_STOP else self._check_stop(as_stop(stop, "discrete"))
         ts, save = (None, None) if t is None else self._layer_indices(t, y0.device)
         if save is not None and (stop is not None or self.memory_free):
@@ -225,6 +240,41 @@ class DiscreteNet(Block):
         taken = int(depths.max()) if depths.numel() else 0
         return Solution(
             y=scheme.readout(final), stats=self._stats(taken), depths=depths, stop_times=depths.to(torch.float64) * h
+        )
+
+    def _solve_event(self, f: BoundField, y0: torch.Tensor, event: Callable) -> Solution:
+        scheme, L, h = self.scheme, self.field.grid.L, self.h
+        coef = self._coef_views(y0.dim())
+        with torch.no_grad():
+            g0 = event(0, y0)
+        if not isinstance(g0, torch.Tensor) or tuple(g0.shape) != (y0.shape[0],):
+            raise ValueError(
+                f"`event` must return one value per sample, shape ({y0.shape[0]},); got "
+                f"{tuple(getattr(g0, 'shape', ()))}."
+            )
+        sign0 = torch.sign(g0)
+        fired = torch.zeros(y0.shape[0], dtype=torch.bool, device=y0.device)
+        rows: dict[str, Any] = {}
+
+        def step(i: int, st: tuple, idx: torch.Tensor) -> tuple:
+            if rows.get("idx") is not idx:
+                rows["idx"], rows["f"] = idx, f.rows(idx)
+            return scheme.step(rows["f"], i, st, h, coef, i * h)
+
+        def crossed(i: int, prev: torch.Tensor, nxt: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            g = event(i + 1, nxt)
+            hit = (torch.sign(g) != sign0[idx]) | (g == 0)
+            fired[idx[hit]] = True
+            return hit
+
+        final, depths = unroll(step, scheme.init(y0), eps=1.0, max_depth=L, readout=scheme.readout, done=crossed)
+        taken = int(depths.max()) if depths.numel() else 0
+        return Solution(
+            y=scheme.readout(final),
+            stats=self._stats(taken),
+            depths=depths,
+            stop_times=depths.to(torch.float64) * h,
+            fired=fired,
         )
 
     def _stats(self, steps: int) -> dict[str, int]:

@@ -60,6 +60,7 @@ def unroll(
     max_depth: int,
     readout: Callable[[StateLike], torch.Tensor] | None = None,
     norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    done: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[StateLike, torch.Tensor]:
     """Iterate ``state ← step(i, state, idx)`` per sample until the read-out stops moving:
     ``norm(readout(x(i)) − readout(x(i−1))) < eps``.
@@ -75,13 +76,16 @@ def unroll(
         readout: the part of the state whose change is measured; default the state itself (its first tensor
             when the state is a tuple).
         norm: per-sample norm, ``(n, ...) -> (n,)``; default Euclidean over all non-batch dimensions.
+        done: instead of the ``eps`` rule, ``done(i, readout before, readout after, idx) -> (n_active,)`` bool:
+            which of the active rows stop after step ``i`` (per-sample events on the layer index).
 
     Returns:
         ``(final, depths)``: the final states in batch order (same form as ``state0``) and the per-sample
         depth ``(batch,)`` long, the number of steps taken (``max_depth`` for samples that never met the
         test). ``step`` evaluates ``depths.sum()`` rows in all.
     """
-    _check_eps(eps, "the change of the state per step")
+    if done is None:
+        _check_eps(eps, "the change of the state per step")
     _check_max_depth(max_depth)
     single = isinstance(state0, torch.Tensor)
     cur: State = (state0,) if isinstance(state0, torch.Tensor) else tuple(state0)
@@ -102,12 +106,15 @@ def unroll(
         out = step(i, as_user(cur), idx)
         nxt: State = (out,) if isinstance(out, torch.Tensor) else tuple(out)
         with torch.no_grad():
-            done = norm(read(as_user(nxt)) - read(as_user(cur))) < eps
+            if done is None:
+                finished = norm(read(as_user(nxt)) - read(as_user(cur))) < eps
+            else:
+                finished = done(i, read(as_user(cur)), read(as_user(nxt)), idx)
         cur = nxt
-        if bool(done.any()):
-            depths[idx[done]] = i + 1
-            parts.append((idx[done], tuple(t[done] for t in cur)))
-            keep = ~done
+        if bool(finished.any()):
+            depths[idx[finished]] = i + 1
+            parts.append((idx[finished], tuple(t[finished] for t in cur)))
+            keep = ~finished
             idx, cur = idx[keep], tuple(t[keep] for t in cur)
             if idx.numel() == 0:
                 break

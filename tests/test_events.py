@@ -212,3 +212,28 @@ def test_combinations_refused_by_name(f64):
         ODEBlock(Decay(), T=1.0, stop=dict(eps=1e-3, window=0.1))
     empty = block.solve(torch.zeros(0, 1), event=lambda t, y: y[:, 0])
     assert empty.stop_times.shape == (0,) and empty.fired.shape == (0,)
+
+
+def test_discrete_events_on_the_layer_index(f64):
+    """x_{l+1} = x_l + h(−x_l) = (1 − h)^{l+1} x_0 crosses the level c after the first layer with
+    (1 − h)^l x_0 < c: depth l* = ceil(ln(c / x_0) / ln(1 − h)) per sample; alone or in a batch the same."""
+    import math
+
+    from cde_nets import discretize
+
+    class Decay(torch.nn.Module):
+        def forward(self, t, x):
+            return -x
+
+    net = discretize(Decay(), "euler", T=4.0, steps=80)
+    h, c = 0.05, 0.1
+    x0 = torch.tensor([[0.5], [1.0], [3.0], [0.05]])
+    sol = net.solve(x0, event=lambda l, y: y[:, 0] - c)
+    want = [math.ceil(math.log(c / float(x)) / math.log(1 - h)) for x in x0[:3, 0]]
+    assert sol.depths[:3].tolist() == want and sol.fired[:3].all()
+    assert torch.allclose(sol.y[:3, 0], x0[:3, 0] * torch.tensor([(1 - h) ** d for d in want]))
+    assert sol.depths[3] == 80 and not sol.fired[3]  # starts below c and never crosses
+    alone = net.solve(x0[1:2], event=lambda l, y: y[:, 0] - c)
+    assert torch.equal(alone.y, sol.y[1:2]) and alone.depths.tolist() == [want[1]]
+    with pytest.raises(ValueError, match="one value per sample"):
+        net.solve(x0, event=lambda l, y: y - c)
