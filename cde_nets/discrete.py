@@ -26,6 +26,11 @@ from .pieces import gathered
 from .solution import Solution
 from .stop import Stop, as_stop
 
+# Per-sample stopping and events shrink the batch as samples finish and branch on the data every layer: under
+# torch.compile each layer would be a graph of its own, recompiled for every layer index and batch size (70 s of CPU
+# for a 30-layer NAIS net). The loop runs eagerly inside a compiled model, as the continuous solvers' loops do.
+_unroll = torch.compiler.disable(unroll)
+
 __all__ = ["discretize", "DiscreteNet"]
 
 _NET_STOP: Any = object()  # solve(stop=...) left unset: the net's own stopping rule
@@ -236,7 +241,7 @@ class DiscreteNet(Block):
                 rows["idx"], rows["f"] = idx, f.rows(idx)
             return scheme.step(rows["f"], min(i, L - 1), st, h, coef, i * h)
 
-        final, depths = unroll(step, state, eps=stop.eps, max_depth=stop.max_depth or L, readout=scheme.readout)
+        final, depths = _unroll(step, state, eps=stop.eps, max_depth=stop.max_depth or L, readout=scheme.readout)
         taken = int(depths.max()) if depths.numel() else 0
         return Solution(
             y=scheme.readout(final), stats=self._stats(taken), depths=depths, stop_times=depths.to(torch.float64) * h
@@ -267,7 +272,7 @@ class DiscreteNet(Block):
             fired[idx[hit]] = True
             return hit
 
-        final, depths = unroll(step, scheme.init(y0), eps=1.0, max_depth=L, readout=scheme.readout, done=crossed)
+        final, depths = _unroll(step, scheme.init(y0), eps=1.0, max_depth=L, readout=scheme.readout, done=crossed)
         taken = int(depths.max()) if depths.numel() else 0
         return Solution(
             y=scheme.readout(final),
