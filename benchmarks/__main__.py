@@ -1,4 +1,4 @@
-"""The whole benchmark suite from one command: ``python -m cde_nets.benchmarks [--tiny] [--only NAME ...]`` (issue 7).
+"""The whole benchmark suite from one command: ``python -m cde_nets.benchmarks [--tiny] [--only NAME ...]``.
 
 Runs every module of :data:`BENCHMARKS` (each writes ``benchmarks/results/<name>.json``; ``--tiny`` runs write
 to a temporary folder), then prints one summary

@@ -1,4 +1,4 @@
-"""Every benchmark runs in its tiny configuration, so none goes stale (issue 7); numbers the construction fixes."""
+"""Every benchmark runs in its tiny configuration, so none goes stale; numbers the construction fixes."""
 
 from __future__ import annotations
 
