@@ -39,21 +39,21 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
 }
 
 
-# Seconds each reproduction took where no recorded result holds the time: one `all --tiny` run (seed 0) on the
-# 2-core development machine while other jobs shared it, so these are upper bounds. The quick setting was not
-# timed per reproduction (a run under that load was no measurement); the whole `all --quick` is ALL_QUICK_S.
+# Seconds each reproduction took where no recorded result holds the time: one `all --tiny` run and one
+# `all --quick --threads 1` run (seed 0) on the 2-core development machine while other jobs shared it, so these are
+# upper bounds (two threads and a quiet machine take about half); the whole `all --quick` is ALL_QUICK_S.
 MEASURED_S: dict[str, dict[str, float]] = {
-    "hdnn_table1": {"tiny": 1.4},
-    "hdnn_fig4": {"tiny": 0.7},
-    "hdnn_table2": {"tiny": 74.4},
-    "ruseckas_circles": {"tiny": 2.9},
-    "hauser": {"tiny": 2.6},
-    "blog": {"tiny": 2.2},
-    "nais_digits": {"tiny": 50.7},
-    "mnist5k": {"tiny": 2.2},
-    "adjoint_study": {"tiny": 5.4},
-    "conservation": {"tiny": 1.1},
-    "noise_robustness": {"tiny": 0.1},
+    "hdnn_table1": {"tiny": 1.4, "quick": 142.0},
+    "hdnn_fig4": {"tiny": 0.7, "quick": 15.0},
+    "hdnn_table2": {"tiny": 74.4, "quick": 242.0},
+    "ruseckas_circles": {"tiny": 2.9, "quick": 52.0},
+    "hauser": {"tiny": 2.6, "quick": 57.0},
+    "blog": {"tiny": 2.2, "quick": 17.0},
+    "nais_digits": {"tiny": 50.7, "quick": 24.0},
+    "mnist5k": {"tiny": 2.2, "quick": 179.0},
+    "adjoint_study": {"tiny": 5.4, "quick": 116.0},
+    "conservation": {"tiny": 1.1, "quick": 30.0},
+    "noise_robustness": {"tiny": 0.1, "quick": 73.0},
 }
 ALL_QUICK_S = 285.0  # `all --quick` on the 2-core development machine after the install (the README's main job)
 RECORDED_RESULTS = Path(__file__).parent / "recorded_results"

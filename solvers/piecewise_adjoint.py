@@ -313,6 +313,17 @@ def _failure(cfg: dict, what: str, t_lo: float, t_hi: float) -> str:
     )
 
 
+def piece_slots(params, pieces) -> tuple[tuple, list[int], list[int | None]]:
+    """The parameters that require grad, the indices of the ``pieces`` among them (in order), and for each
+    parameter its slot among those pieces (``None`` for a parameter that is not piecewise)."""
+    params = tuple(p for p in params if p.requires_grad)
+    pos = {id(p.data): j for j, p in enumerate(pieces)}
+    used = sorted({pos[id(p)] for p in params if id(p) in pos})
+    renum = {j: k for k, j in enumerate(used)}
+    slot = [renum[pos[id(p)]] if id(p) in pos else None for p in params]
+    return params, used, slot
+
+
 def piecewise_adjoint(
     func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     y0: torch.Tensor,
@@ -339,11 +350,7 @@ def piecewise_adjoint(
     start a step on every piece boundary (see :func:`lands_on_boundaries`). ``stats`` receives ``nfe_backward``
     through ``func``'s counting and names it in errors. ``t`` must not require grad.
     """
-    params = tuple(p for p in params if p.requires_grad)
-    pos = {id(p.data): j for j, p in enumerate(pieces)}
-    used = sorted({pos[id(p)] for p in params if id(p) in pos})
-    renum = {j: k for k, j in enumerate(used)}
-    slot = [renum[pos[id(p)]] if id(p) in pos else None for p in params]
+    params, used, slot = piece_slots(params, pieces)
     cfg = dict(
         func=func,
         rtol=rtol,

@@ -52,7 +52,7 @@ from torchdiffeq import odeint
 
 from .errors import SolverError
 from .fast_rk import fast_applies, odeint_fast
-from .piecewise_adjoint import PiecewiseParam
+from .piecewise_adjoint import PiecewiseParam, piece_slots
 from .tableaux import MethodTableau
 
 __all__ = ["Steps", "record_steps", "replay", "replay_gradient"]
@@ -428,11 +428,7 @@ def replay_gradient(
     an entry of ``pieces`` are differentiated piece by piece."""
     if t.requires_grad:
         raise ValueError(f"gradient={gradient!r} does not differentiate the output times `t`; detach them.")
-    params = tuple(p for p in params if p.requires_grad)
-    pos = {id(p.data): j for j, p in enumerate(pieces)}
-    used = sorted({pos[id(p)] for p in params if id(p) in pos})
-    renum = {j: k for k, j in enumerate(used)}
-    slot = [renum[pos[id(p)]] if id(p) in pos else None for p in params]
+    params, used, slot = piece_slots(params, pieces)
     cfg = dict(
         func=func,
         method=method,
