@@ -23,13 +23,16 @@ from cde_nets.fields import CubicFriction, Hamiltonian
 from .common import threads
 from .report import result, row, save_figure
 
+# every continuous gradient mode; a mode a method cannot take (reversible needs alf) gives no row
+GRADIENTS = ("adjoint", "backprop", "checkpoint", "symplectic", "reversible")
+
 SETTINGS = {
     "tiny": dict(n=16, tolerances=(1e-3, 1e-6), steps=(), methods=("dopri5",), repeat=1, ref_rtol=1e-8),
     "quick": dict(
         n=128,
         tolerances=(1e-3, 1e-5, 1e-7),
         steps=(16, 64, 256),
-        methods=("dopri5", "bosh3", "rk4", "euler"),
+        methods=("dopri5", "bosh3", "rk4", "euler", "alf"),
         repeat=1,
         ref_rtol=1e-10,
     ),
@@ -37,7 +40,7 @@ SETTINGS = {
         n=512,
         tolerances=(1e-3, 1e-5, 1e-7, 1e-9),
         steps=(16, 64, 256, 1024),
-        methods=("dopri5", "bosh3", "rk4", "euler"),
+        methods=("dopri5", "bosh3", "rk4", "euler", "alf"),
         repeat=3,
         ref_rtol=1e-10,
     ),
@@ -110,6 +113,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
             tolerances=s["tolerances"],
             steps=s["steps"],
             methods=s["methods"],
+            gradients=GRADIENTS,
             repeat=s["repeat"],
             reference=dict(rtol=s["ref_rtol"], atol=s["ref_rtol"]),
         )

@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from cde_nets.solvers.adapter import ADAPTIVE_METHODS, FIXED_METHODS
+from cde_nets.solvers.adapter import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS
 from cde_nets.solvers.errors import SolverError
 
 from ..ode_block import ODEBlock
@@ -35,6 +35,9 @@ from ..pieces import TimeGrid
 from .memory import SavedTensorMemory
 
 __all__ = ["adjoint_study", "markdown_table", "discrete_forward"]
+
+
+MODES = ("adjoint", "backprop", "checkpoint", "symplectic", "reversible")
 
 
 def discrete_forward(field: nn.Module, scheme: str, y0: torch.Tensor) -> torch.Tensor:
@@ -134,7 +137,9 @@ def adjoint_study(
         tolerances: ``rtol = atol`` values for the adaptive ``methods``.
         steps: total fixed steps over ``[0, T]`` for the fixed-step ``methods`` (``step_size = T/steps``).
         methods: torchdiffeq methods, adaptive ones run over ``tolerances``, fixed ones over ``steps``.
-        gradients: continuous gradient modes, ``adjoint`` and/or ``backprop``.
+        gradients: continuous gradient modes (``adjoint``, ``backprop``, ``checkpoint``, ``symplectic``,
+            ``reversible``); a pairing with a method that the block refuses (``reversible`` needs ``alf``,
+            ``checkpoint`` and ``symplectic`` a tableau method) gives no row.
         schemes: discrete-mode schemes (one row each); default ``euler`` plus ``symplectic_euler`` for split fields.
         reference: ``dict(method="dopri5", rtol=1e-10, atol=1e-10)``; always backprop, in float64.
         dtype: dtype of the study's rows.
@@ -149,13 +154,14 @@ def adjoint_study(
     if not isinstance(base, nn.Module) or not hasattr(base, "grid"):
         raise TypeError("`model_factory_or_field` must be a Field (with a time grid) or a callable returning one.")
     for m in methods:
-        if m not in ADAPTIVE_METHODS and m not in FIXED_METHODS:
+        if m not in ADAPTIVE_METHODS and m not in FIXED_METHODS and m not in REVERSIBLE_METHODS:
             raise ValueError(
-                f"`methods` has unknown {m!r}; adaptive: {sorted(ADAPTIVE_METHODS)}, fixed: {sorted(FIXED_METHODS)}."
+                f"`methods` has unknown {m!r}; adaptive: {sorted(ADAPTIVE_METHODS)}, fixed: {sorted(FIXED_METHODS)}, "
+                f"reversible: {sorted(REVERSIBLE_METHODS)}."
             )
     for g in gradients:
-        if g not in ("adjoint", "backprop"):
-            raise ValueError(f"`gradients` entries must be 'adjoint' or 'backprop', got {g!r}.")
+        if g not in MODES:
+            raise ValueError(f"`gradients` entries must be among {MODES}, got {g!r}.")
     if any(not isinstance(s, int) or s < 1 for s in steps):
         raise ValueError(f"`steps` must be positive integers (total fixed steps over [0, T]), got {list(steps)}.")
     if not isinstance(repeat, int) or repeat < 1:
@@ -213,7 +219,10 @@ def adjoint_study(
         )
         for cfg in settings:
             for gradient in gradients:
-                block = ODEBlock(field, method=method, gradient=gradient, **cfg)
+                try:
+                    block = ODEBlock(field, method=method, gradient=gradient, **cfg)
+                except ValueError:
+                    continue  # a pairing the block refuses by name (e.g. reversible needs alf): no row
                 row = {
                     "mode": gradient,
                     "method": method,
