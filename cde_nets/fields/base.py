@@ -127,34 +127,30 @@ class Field(nn.Module):
                 f"{type(self).__name__} needs its block input: pass `{name}=` (shape (batch, "
                 f"{', '.join('*' if w is None else str(w) for w in self.input_shape)}))."
             )
-        if not isinstance(u, torch.Tensor):
-            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(u).__name__}.")
-        want = tuple(self.input_shape)
-        if u.dim() != len(want) + 1 or any(w is not None and w != s for w, s in zip(want, u.shape[1:])):
-            sizes = ", ".join("*" if w is None else str(w) for w in want)
-            raise ValueError(
-                f"`{name}` has shape {tuple(u.shape)}, but {type(self).__name__} expects (batch, "
-                f"{sizes}); pass an input of that shape or build the field with matching input size."
-            )
+        self._check_tensor(
+            u, name, self.input_shape, "pass an input of that shape or build the field with matching input size."
+        )
         if u.shape[0] != batch:
             raise ValueError(
                 f"`{name}` has batch {u.shape[0]} but the state has batch {batch}; pass the input of this batch."
             )
-        if not u.is_floating_point():
-            raise TypeError(f"`{name}` must be a floating-point tensor, got {u.dtype}.")
         check_finite(name, u)
+
+    def _check_tensor(self, t: object, name: str, want: tuple[int | None, ...], fix: str) -> None:
+        """``t`` must be a floating-point tensor of shape ``(batch, *want)`` (``None``: any size); errors name
+        ``name`` and end with ``fix``."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}.")
+        want = tuple(want)
+        if t.dim() != len(want) + 1 or any(w is not None and w != s for w, s in zip(want, t.shape[1:])):
+            sizes = ", ".join("*" if w is None else str(w) for w in want)
+            raise ValueError(
+                f"`{name}` has shape {tuple(t.shape)}, but {type(self).__name__} expects (batch, {sizes}); {fix}"
+            )
+        if not t.is_floating_point():
+            raise TypeError(f"`{name}` must be a floating-point tensor, got {t.dtype}; call `.float()` or `.double()`.")
 
     def check_state(self, y: torch.Tensor, name: str = "y0") -> None:
         """Raise a ``ValueError`` naming ``name`` if ``y`` is not ``(batch, *state_shape)`` or not finite."""
-        if not isinstance(y, torch.Tensor):
-            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(y).__name__}.")
-        want = tuple(self.state_shape)
-        if y.dim() != len(want) + 1 or any(w is not None and w != s for w, s in zip(want, y.shape[1:])):
-            sizes = ", ".join("*" if w is None else str(w) for w in want)
-            raise ValueError(
-                f"`{name}` has shape {tuple(y.shape)}, but {type(self).__name__} expects (batch, {sizes}); "
-                "reshape it or build the field with matching size."
-            )
-        if not y.is_floating_point():
-            raise TypeError(f"`{name}` must be a floating-point tensor, got {y.dtype}; call `.float()` or `.double()`.")
+        self._check_tensor(y, name, self.state_shape, "reshape it or build the field with matching size.")
         check_finite(name, y)
