@@ -65,7 +65,7 @@ class _MemoryFree(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_y: torch.Tensor):
         net, params = ctx.net, ctx.params
-        with torch.enable_grad(), gathered(net.field):
+        with torch.enable_grad(), gathered(net.field, stacked=False):
             g = _backward(net, ctx.f, ctx.u, params, tuple(ctx.saved_tensors), grad_y)
         return (None, None, *g)
 
@@ -81,7 +81,7 @@ def _backward(net: Any, f: Any, u: torch.Tensor | None, params: tuple, state: tu
     full = net.coefficients(state[0].dim())
     coef = {k: c.unbind(0) for k, c in full.items()}
     # (the (L, ...) tensor, its per-layer views) for the pieces and the scheme's coefficients
-    by_layer = [(p.data, p._unbound) for p in pieces] + [(full[k], coef[k]) for k in full]
+    by_layer = [(p.data, p.views()) for p in pieces] + [(full[k], coef[k]) for k in full]
     by_layer = [(whole, views) for whole, views in by_layer if views[0].requires_grad]
     routed = {id(p.data) for p in pieces} | {id(getattr(net, n)) for n in scheme.coefficients}
     direct = [p for p in params if id(p) not in routed]  # shared by all layers, e.g. a friction γ, J's X
@@ -138,13 +138,15 @@ def reconstruction_error(net: Any, y0: torch.Tensor, u: torch.Tensor | None = No
     gradients): the rounding the memory-free backward carries into its gradient."""
     scheme, h, L = net.scheme, net.h, net.field.grid.L
     f = net.bind(y0, u)
-    with torch.no_grad(), gathered(net.field):
+    with torch.no_grad():
         coef = net.coefficients(y0.dim())
         scheme.check_inverse(coef)
         state = scheme.init(y0)
-        for l in range(L):
-            state = scheme.step(f, l, state, h, coef, l * h)
-        for l in reversed(range(L)):
-            state = scheme.inverse(f, l, state, h, coef, l * h)
+        with gathered(net.field):  # as the forward
+            for l in range(L):
+                state = scheme.step(f, l, state, h, coef, l * h)
+        with gathered(net.field, stacked=False):  # as the backward
+            for l in reversed(range(L)):
+                state = scheme.inverse(f, l, state, h, coef, l * h)
         back = scheme.readout(state)
     return float((back - y0).abs().max() / y0.abs().max())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -347,9 +346,10 @@ class ODEBlock(Block):
         return te.to(y0.device)
 
     def _gathered(self):
-        """Backprop differentiates through every field call: pieces gathered once per call, as in discrete mode.
-        The adjoint's backward solve runs after the call returns, so it must not see the call's views."""
-        return gathered(self.field) if self.gradient == "backprop" else nullcontext()
+        """The forward solve sees the field's constants built once per call, as in discrete mode, whatever the
+        gradient: the same forward values in every mode. Backward solves and replays run after the call returns
+        and rebuild them piece by piece from the piece in force."""
+        return gathered(self.field)
 
     def _params(self, bound: BoundField) -> list[torch.Tensor]:
         """What the adjoint differentiates: the field's trainable parameters and the call's input ``u``."""

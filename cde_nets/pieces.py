@@ -12,6 +12,7 @@ import bisect
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 from torch import nn
@@ -76,7 +77,7 @@ class Pieces(nn.Module):
     Inside :func:`gathered`, ``pieces[l]`` returns a view from one ``unbind`` per call (see there).
     """
 
-    _unbound: tuple[torch.Tensor, ...] | None = None
+    _unbound: tuple[torch.Tensor, ...] | None = None  # inside gathered: () until the first piece is read
 
     def __init__(
         self,
@@ -121,7 +122,14 @@ class Pieces(nn.Module):
         return self.grid.L
 
     def __getitem__(self, l: int) -> torch.Tensor:
-        return self.data[l] if self._unbound is None else self._unbound[l]
+        return self.data[l] if self._unbound is None else self.views()[l]
+
+    def views(self) -> tuple[torch.Tensor, ...]:
+        """Inside :func:`gathered`: the pieces as views of one ``data.unbind(0)``, made when first asked for (a
+        field that reads its :meth:`~cde_nets.fields.base.Field.constants` never needs them)."""
+        if not self._unbound:
+            object.__setattr__(self, "_unbound", self.data.unbind(0))
+        return cast(tuple[torch.Tensor, ...], self._unbound)
 
     def at(self, t: float | torch.Tensor) -> torch.Tensor:
         return self[self.grid.index(t)]
@@ -142,9 +150,11 @@ def piece_modules(module: nn.Module) -> Iterator[Pieces]:
 
 
 @contextmanager
-def gathered(module: nn.Module) -> Iterator[nn.Module]:
+def gathered(module: nn.Module, stacked: bool = True) -> Iterator[nn.Module]:
     """Within the block, every :class:`Pieces` of ``module`` hands out views of one ``data.unbind(0)``, and every
-    field's per-call memo (:meth:`cde_nets.fields.base.Field.memo`) is live.
+    field's per-call memo (:meth:`cde_nets.fields.base.Field.memo`) is live: its
+    :meth:`~cde_nets.fields.base.Field.constants` are built for all pieces at once (``stacked=False``: piece by
+    piece, from the views).
 
     Why: ``data[l]`` in a loop over ``L`` layers records ``L`` slicing nodes, and the backward of each one
     allocates and fills a full ``(L, ...)`` zero gradient, so backward costs O(L² |θ_l|). ``unbind`` is one node
@@ -163,9 +173,10 @@ def gathered(module: nn.Module) -> Iterator[nn.Module]:
     # plain attributes, not parameters or submodules: object.__setattr__ skips nn.Module's registration checks,
     # which cost more than the whole of a small layer
     for p in pieces:
-        object.__setattr__(p, "_unbound", p.data.unbind(0))
+        object.__setattr__(p, "_unbound", ())
     for f in fields:
         object.__setattr__(f, "_memo", {})
+        object.__setattr__(f, "_constants", {} if stacked else None)
     try:
         yield module
     finally:
@@ -173,6 +184,7 @@ def gathered(module: nn.Module) -> Iterator[nn.Module]:
             object.__setattr__(p, "_unbound", None)
         for f in fields:
             object.__setattr__(f, "_memo", None)
+            object.__setattr__(f, "_constants", None)
 
 
 def smoothness(module: nn.Module, scale: float | None = None) -> torch.Tensor:

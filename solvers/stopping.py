@@ -29,7 +29,7 @@ StateLike = Any  # a tensor or a tuple of tensors, batch first
 
 def per_sample_norm(d: torch.Tensor) -> torch.Tensor:
     """Euclidean norm of each sample: ``(batch, ...) -> (batch,)``."""
-    return torch.linalg.vector_norm(d.reshape(d.shape[0], -1), dim=1)
+    return torch.linalg.vector_norm(d, dim=1 if d.dim() == 2 else tuple(range(1, d.dim())))
 
 
 def _check_eps(eps: float, what: str) -> float:
@@ -100,22 +100,29 @@ def unroll(
     as_user: Callable[[State], Any] = (lambda s: s[0]) if single else (lambda s: s)
     read: Callable[[Any], torch.Tensor] = readout or (lambda s: s if single else s[0])
     norm = norm or per_sample_norm
+
+    def test(i: int, before: torch.Tensor, after: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return norm(after - before) < eps if done is None else done(i, before, after, idx)
+
+    grad = torch.is_grad_enabled()  # (entering no_grad costs as much as a small layer: only when needed)
     idx = torch.arange(batch, device=device)
     parts: list[tuple[torch.Tensor, State]] = []
+    before = read(state0)
     for i in range(max_depth):
         out = step(i, as_user(cur), idx)
-        nxt: State = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-        with torch.no_grad():
-            if done is None:
-                finished = norm(read(as_user(nxt)) - read(as_user(cur))) < eps
-            else:
-                finished = done(i, read(as_user(cur)), read(as_user(nxt)), idx)
-        cur = nxt
+        cur = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        after = read(out)
+        if grad:
+            with torch.no_grad():
+                finished = test(i, before, after, idx)
+        else:
+            finished = test(i, before, after, idx)
+        before = after
         if bool(finished.any()):
             depths[idx[finished]] = i + 1
             parts.append((idx[finished], tuple(t[finished] for t in cur)))
             keep = ~finished
-            idx, cur = idx[keep], tuple(t[keep] for t in cur)
+            idx, cur, before = idx[keep], tuple(t[keep] for t in cur), before[keep]
             if idx.numel() == 0:
                 break
     if idx.numel():

@@ -1,5 +1,5 @@
-"""Pieces gathered once per call: same numbers as per-layer indexing, one unbind node per parameter,
-no views or memo values outliving the call."""
+"""Pieces and field constants gathered once per call: same numbers as per-layer indexing, one unbind node per
+constant, no views or memo values outliving the call."""
 
 from contextlib import nullcontext
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cde_nets import ODEBlock, discretize
-from cde_nets.fields import NAIS, CubicFriction, Hamiltonian
+from cde_nets.fields import NAIS, CubicFriction, CubicFrictionConv, Hamiltonian, NAISConv
 from cde_nets.pieces import Pieces, gathered
 
 
@@ -28,7 +28,7 @@ def _grads_per_layer_indexing(net, y0, u=None):
     import cde_nets.discrete as discrete
 
     saved = discrete.gathered
-    discrete.gathered = lambda m: nullcontext(m)
+    discrete.gathered = lambda m, stacked=True: nullcontext(m)
     try:
         net.zero_grad()
         out = net(y0, u) if u is not None else net(y0)
@@ -38,12 +38,21 @@ def _grads_per_layer_indexing(net, y0, u=None):
         discrete.gathered = saved
 
 
-@pytest.mark.parametrize("case", ["H1 euler", "H2 symplectic", "friction rk4", "NAIS", "momentum memory-free"])
+@pytest.mark.parametrize(
+    "case",
+    ["H1 euler", "H1 masked learned J", "H2 symplectic", "friction rk4", "NAIS", "NAISConv", "momentum memory-free"],
+)
 def test_gathered_equals_per_layer_indexing(case, f64):
     g = torch.Generator().manual_seed(3)
     u = None
     if case == "H1 euler":
         net = discretize(Hamiltonian(4, layers=12, generator=g), "euler")
+    elif case == "H1 masked learned J":
+        mask = (torch.rand(12, 6, 4, generator=g) > 0.3).double()
+        net = discretize(Hamiltonian(4, layers=12, J="learned", width=6, K_mask=mask, generator=g), "rk4")
+    elif case == "NAISConv":
+        net = discretize(NAISConv(2, layers=12, generator=g), "euler")
+        u = torch.randn(5, 2, 3, 3, generator=g)
     elif case == "H2 symplectic":
         net = discretize(Hamiltonian(4, layers=12, K="blockdiag", J="structured", generator=g), "symplectic_euler")
     elif case == "friction rk4":
@@ -55,7 +64,7 @@ def test_gathered_equals_per_layer_indexing(case, f64):
         net = discretize(
             CubicFriction(4, layers=12, zero_init=False, generator=g), "momentum", momentum=(0.8, 1.0), memory_free=True
         )
-    y0 = torch.randn(5, 4, generator=g)
+    y0 = torch.randn(5, 2, 3, 3, generator=g) if case == "NAISConv" else torch.randn(5, 4, generator=g)
     ref_out, ref_grads = _grads_per_layer_indexing(net, y0, u)
     net.zero_grad()
     out = net(y0, u) if u is not None else net(y0)
@@ -65,10 +74,10 @@ def test_gathered_equals_per_layer_indexing(case, f64):
         assert torch.allclose(p.grad, ref, rtol=1e-12, atol=1e-13)
 
 
-def test_one_unbind_node_per_parameter_and_no_slices():
+def test_one_unbind_node_per_constant_and_no_slices():
     net = discretize(Hamiltonian(4, layers=32), "euler")
     nodes = _graph_nodes(net(torch.randn(3, 4)))
-    assert nodes.get("UnbindBackward0") == 2  # K and b
+    assert nodes.get("UnbindBackward0") == 3  # the constants Kᵀ, b, K Jᵀ of all pieces
     assert nodes.get("SelectBackward0", 0) == 0  # a slice per layer would make backward O(L²)
 
 
@@ -80,8 +89,9 @@ def test_views_and_memo_do_not_outlive_the_call():
     assert all(p._unbound is None for p in field.modules() if isinstance(p, Pieces))
     with gathered(field):
         with gathered(field):  # nested: the inner block reuses the outer views
+            field.R[0]
             inner = field.R._unbound
-        assert field.R._unbound is inner and field._memo is not None
+        assert len(inner) == 4 and field.R._unbound is inner and field._memo is not None
     assert field.R._unbound is None
 
 
@@ -105,7 +115,7 @@ def test_backprop_ode_block_gradients_unchanged_by_gathering(f64):
     for gather in (True, False):
         saved = ob.gathered
         if not gather:
-            ob.gathered = lambda m: nullcontext(m)
+            ob.gathered = lambda m, stacked=True: nullcontext(m)
         try:
             field.zero_grad()
             block(y0).square().sum().backward()
@@ -114,3 +124,44 @@ def test_backprop_ode_block_gradients_unchanged_by_gathering(f64):
         grads.append(field.K.data.grad.clone())
     assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-14)
     assert grads[0].abs().min() > 0  # every piece got a gradient
+
+
+def _constant_fields(g):
+    mask = (torch.rand(5, 6, 4, generator=g) > 0.3).double()
+    return [
+        Hamiltonian(4, layers=5, generator=g),
+        Hamiltonian(4, layers=5, J="learned", width=6, K_mask=mask, generator=g),
+        Hamiltonian(4, layers=5, K="blockdiag", J="structured", generator=g),
+        Hamiltonian(4, layers=5, K="blockdiag", J="learned", generator=g),
+        CubicFriction(4, layers=5, zero_init=False, generator=g),
+        CubicFrictionConv(2, layers=5, zero_init=False, generator=g),
+        NAIS(4, 3, layers=5, generator=g),
+        NAISConv(2, layers=5, generator=g),
+    ]
+
+
+def test_constants_of_all_pieces_equal_piece_by_piece(f64):
+    """The table built with one batched operation per tensor equals each piece built on its own (to rounding:
+    batched and single matrix products may sum in another order)."""
+    g = torch.Generator().manual_seed(5)
+    for field in _constant_fields(g):
+        with gathered(field):
+            table = [field.constants(l) for l in range(5)]
+        for l in range(5):
+            for a, b in zip(table[l], field.piece_constants(l), strict=True):
+                assert torch.allclose(a, b, rtol=1e-14, atol=1e-15), type(field).__name__
+        with gathered(field):
+            assert all(p._unbound == () for p in field.modules() if isinstance(p, Pieces))  # never unbound
+
+
+def test_canonical_hamiltonian_values_unchanged_bit_for_bit():
+    """With the canonical J (and X = I) the precomputed K Jᵀ, −K_q only permute and negate entries: the field
+    equals J ∂H/∂y computed the direct way, bit for bit (float32, where rounding would show)."""
+    g = torch.Generator().manual_seed(6)
+    y = torch.randn(64, 8, generator=g)
+    for K in ("full", "blockdiag"):
+        field = Hamiltonian(8, layers=3, K=K, generator=g)
+        for l in range(3):
+            direct = field.grad_H(l, y) @ field.J.T
+            with gathered(field):
+                assert torch.equal(field.evaluate(l, y), direct), K

@@ -54,6 +54,7 @@ class Field(nn.Module):
     kind: str = "generic"  # row of the solver ↔ architecture map (solvers.architectures)
     separable: bool = False  # p' depends on q only and q' on p only: evaluate_half is available
     _memo: dict | None = None  # live only inside cde_nets.pieces.gathered (one forward call)
+    _constants: dict | None = None  # the constants of all pieces, by grad mode (gathered, stacked)
 
     def __init__(self, T: float = 1.0, layers: int = 1):
         super().__init__()
@@ -92,6 +93,36 @@ class Field(nn.Module):
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
+
+    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
+        """The tensors :meth:`evaluate` needs on piece ``l`` that do not depend on the state: transposes, products
+        of weights, masks applied — what a hand-written layer computes once, outside its loop. ``l=None``: all
+        pieces at once, each tensor with the pieces along a new first dimension (one batched operation instead of
+        ``L``). Fields that read :meth:`constants` override this; the default has none."""
+        return ()
+
+    def constants(self, l: int) -> tuple[torch.Tensor, ...]:
+        """:meth:`piece_constants` of piece ``l``.
+
+        Inside :func:`~cde_nets.pieces.gathered` (one call of a block) every piece is built at once and reused
+        by every step and stage; with ``gathered(stacked=False)`` piece by piece, from the piece's own views (the
+        memory-free backward differentiates each layer with respect to them). Outside it, on every call: the
+        piecewise adjoint and the step replay differentiate each evaluation with respect to the piece in force.
+        """
+        tables = self._constants
+        grad = torch.is_grad_enabled()  # a table built under no_grad has no graph to differentiate
+        if tables is not None:
+            table = tables.get(grad)
+            if table is None:
+                table = tables[grad] = list(zip(*(c.unbind(0) for c in self.piece_constants(None))))
+            return table[l]
+        if self._memo is None:
+            return self.piece_constants(l)
+        return self.memo(("constants", l), lambda: self.piece_constants(l))
+
+    def shared(self, t: torch.Tensor, l: int | None) -> torch.Tensor:
+        """A tensor every piece shares (e.g. a friction ``γ``), shaped for :meth:`piece_constants` of ``l``."""
+        return t if l is not None else t.expand(self.grid.L, *t.shape)
 
     # (*args, **kwargs): subclasses take (l, y) or, with needs_input, (l, y, u)
     def evaluate(self, *args: Any, **kwargs: Any) -> torch.Tensor:

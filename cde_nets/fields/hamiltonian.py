@@ -222,10 +222,40 @@ class Hamiltonian(Field):
         K, b = self.K_half(l, part), (self.b_p[l] if part == 0 else self.b_q[l])
         return self.sigma(torch.addmm(b, z, K.T)) @ K
 
+    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
+        """``(Kᵀ, b, K Jᵀ)``, so that ``F = σ(y Kᵀ + b) (K Jᵀ)`` (eq. H8); separable: ``(K_qᵀ, b_q, −K_q X,
+        K_pᵀ, b_p, K_p Xᵀ)``, the two halves of eqs. H12-13 (``X = I``: no product). With the canonical ``J``
+        and ``X = I`` the products only permute and negate entries, so the field's values do not change."""
+
+        def masked(pieces: Pieces) -> torch.Tensor:
+            K = pieces.data if l is None else pieces[l]
+            mask = self.K_mask if l is None else self._mask_at(l)
+            return K if mask is None else K * mask
+
+        def piece(pieces: Pieces) -> torch.Tensor:
+            return pieces.data if l is None else pieces[l]
+
+        if self._separable:
+            Kp, Kq, X = masked(self.K_p), masked(self.K_q), self.X_eff()
+            Mq, Mp = (-Kq, Kp) if X is None else (-(Kq @ X), Kp @ X.mT)
+            return (Kq.mT, piece(self.b_q), Mq, Kp.mT, piece(self.b_p), Mp)
+        if self.K_structure == "full":
+            K, b = masked(self.K), piece(self.b)
+        else:  # block-diagonal K with a J that couples p and q (not separable)
+            Kp, Kq = masked(self.K_p), masked(self.K_q)
+            Z = Kp.new_zeros(Kp.shape)
+            K = torch.cat([torch.cat([Kp, Z], -1), torch.cat([Z, Kq], -1)], -2)
+            b = torch.cat([piece(self.b_p), piece(self.b_q)], -1)
+        return (K.mT, b, K @ self.J.mT)
+
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
         if self._separable:
-            return torch.cat([self.evaluate_part(l, y, 0), self.evaluate_part(l, y, 1)], -1)
-        return self.grad_H(l, y) @ self.memo("J.T", lambda: self.J.T)
+            return torch.cat(
+                [self.evaluate_half(l, y[..., self.dim // 2 :], 0), self.evaluate_half(l, y[..., : self.dim // 2], 1)],
+                -1,
+            )
+        KT, b, KJ = self.constants(l)
+        return self.sigma(torch.addmm(b, y, KT)) @ KJ
 
     def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
         """H2 halves (eq. H12-13): ``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` (part 0), ``q' = X K_pᵀ σ(K_p p + b_p)``."""
@@ -236,12 +266,9 @@ class Hamiltonian(Field):
 
     def evaluate_half(self, l: int, z: torch.Tensor, part: int) -> torch.Tensor:
         """``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` from ``z = q`` (part 0) or ``q' = X K_pᵀ σ(K_p p + b_p)`` from ``z = p``."""
-        X = self.X_eff()
-        if part == 0:
-            g = self._grad_half(l, z, 1)
-            return -g if X is None else -(g @ X)
-        g = self._grad_half(l, z, 0)
-        return g if X is None else g @ X.T
+        c = self.constants(l)
+        KT, b, M = (c[0], c[1], c[2]) if part == 0 else (c[3], c[4], c[5])
+        return self.sigma(torch.addmm(b, z, KT)) @ M
 
     def energy(self, t: float | torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``H(y, t) = Σ_i σ̃((K(t) y + b(t))_i)`` per sample, ``(batch,)`` (eq. H5; tanh → log cosh)."""

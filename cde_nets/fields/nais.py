@@ -83,21 +83,26 @@ class NAIS(_Input):
         )
         self.b = Pieces(self.grid, (dim,))
 
+    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
+        """``(Aᵀ, Bᵀ, b)`` with ``A = −RᵀR − εI`` (eq. N13), built once per call of a block."""
+        R, B, b = (self.R.data, self.B.data, self.b.data) if l is None else (self.R[l], self.B[l], self.b[l])
+        eps_eye = self.eps * torch.eye(self.dim, dtype=R.dtype, device=R.device)
+        if l is None:
+            A = torch.baddbmm(eps_eye.expand(R.shape), R.mT, R, beta=-1.0, alpha=-1.0)
+        else:
+            A = torch.addmm(eps_eye, R.T, R, beta=-1.0, alpha=-1.0)
+        return (A.mT, B.mT, b)
+
     def A(self, l: int) -> torch.Tensor:
-        """``A_l = −R_lᵀR_l − εI`` (eq. N13); built once per call of a discrete block (every step shares it)."""
-
-        def build():
-            R = self.R[l]
-            eps_eye = self.memo("εI", lambda: self.eps * torch.eye(self.dim, dtype=R.dtype, device=R.device))
-            return torch.addmm(eps_eye, R.T, R, beta=-1.0, alpha=-1.0)
-
-        return self.memo(("A", l), build)
+        """``A_l = −R_lᵀR_l − εI`` (eq. N13)."""
+        return self.constants(l)[0].mT
 
     def preactivation(self, l: int, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         self._check_batch(x, u)
+        AT, BT, b = self.constants(l)
         # B u + b is constant over the block's steps (for the rows in play): once per call and compaction
-        drive = self.memo(("Bu+b", l, u), lambda: torch.addmm(self.b[l], u, self.B[l].T))
-        return torch.addmm(drive, x, self.A(l).T)
+        drive = self.memo(("Bu+b", l, u), lambda: torch.addmm(b, u, BT))
+        return torch.addmm(drive, x, AT)
 
     def evaluate(self, l: int, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         return self.sigma(self.preactivation(l, x, u))
@@ -183,14 +188,19 @@ class NAISConv(_Input):
         self.register_buffer("centre", centre, persistent=False)
         self.project_()
 
+    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
+        """``(C, D, b)`` with ``C``'s centre taps ``−1 − δ_c``, built once per call of a block."""
+        C, D, b, delta = (
+            (self.C.data, self.D.data, self.b.data, self.delta.data)
+            if l is None
+            else (self.C[l], self.D[l], self.b[l], self.delta[l])
+        )
+        c = self.centre.to(C.dtype)
+        return (C * (1 - c) - c * (1 + delta)[..., None, None, None], D, b)
+
     def kernel(self, l: int) -> torch.Tensor:
         """``C`` of piece ``l`` with the centre taps ``−1 − δ_c``: ``(channels, channels, k, k)``."""
-
-        def build():
-            c = self.centre.to(self.C[l].dtype)
-            return self.C[l] * (1 - c) - c * (1 + self.delta[l])[:, None, None, None]
-
-        return self.memo(("kernel", l), build)
+        return self.constants(l)[0]
 
     def evaluate(self, l: int, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         self._check_batch(x, u)
@@ -200,8 +210,9 @@ class NAISConv(_Input):
                 f"{tuple(x.shape[2:])}; pass an input of the state's size."
             )
         pad = self.k // 2
-        drive = self.memo(("D*u+b", l, u), lambda: F.conv2d(u, self.D[l], self.b[l], padding=pad))
-        return self.sigma(F.conv2d(x, self.kernel(l), padding=pad) + drive)
+        C, D, b = self.constants(l)
+        drive = self.memo(("D*u+b", l, u), lambda: F.conv2d(u, D, b, padding=pad))
+        return self.sigma(F.conv2d(x, C, padding=pad) + drive)
 
     @torch.no_grad()
     def project_(self) -> NAISConv:
