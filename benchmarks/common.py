@@ -27,8 +27,12 @@ def median_time(fn: Callable[[], object], repeat: int = 7, warmup: int = 2) -> f
     return statistics.median(times)
 
 
-def interleaved_medians(fns: list[Callable[[], object]], repeat: int = 9, warmup: int = 2) -> list[float]:
-    """Median wall times of several functions run alternately, so machine drift hits them alike."""
+def interleaved_medians(
+    fns: list[Callable[[], object]], repeat: int = 9, warmup: int = 2, number: int = 1
+) -> list[float]:
+    """Median wall times of several functions run alternately, so machine drift hits them alike. Each sample
+    times ``number`` calls in a row (for calls of a few milliseconds, where one call's time is mostly noise)
+    and reports the time of one."""
     for _ in range(warmup):
         for fn in fns:
             fn()
@@ -36,8 +40,9 @@ def interleaved_medians(fns: list[Callable[[], object]], repeat: int = 9, warmup
     for _ in range(repeat):
         for i, fn in enumerate(fns):
             t0 = time.perf_counter()
-            fn()
-            times[i].append(time.perf_counter() - t0)
+            for _ in range(number):
+                fn()
+            times[i].append((time.perf_counter() - t0) / number)
     return [statistics.median(t) for t in times]
 
 

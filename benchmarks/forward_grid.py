@@ -1,5 +1,5 @@
 """Continuous mode near the limit: the fast forward path against the field evaluations alone, torchdiffeq and
-torchode (issue "Continuous mode near the limit", second part).
+torchode.
 
 Hamiltonian field ``J Kᵀ tanh(K y + b)`` with constant parameters, dopri5, rtol 1e-5, atol 1e-7, ``T = 10``,
 float32, one thread, over dim {4, 64, 256} × batch {256, 1024, 4096}. Columns (median seconds, interleaved):
@@ -10,6 +10,9 @@ float32, one thread, over dim {4, 64, 256} × batch {256, 1024, 4096}. Columns (
 - forward+backward of ``y(T).square().mean()`` with respect to the parameters: ours with ``gradient="backprop"``
   against torchode's ``AutoDiffAdjoint``, and ours with ``gradient="adjoint"`` against torchode's
   ``BacksolveAdjoint`` (skipped at the largest size to keep the run short).
+
+Every column sees the same field: its constants (``K Jᵀ``, ``Kᵀ``) built once per solve, as blocks build them
+(:func:`cde_nets.pieces.gathered`).
 
 Goals: forward ≤ 1.5× ``fe`` at dim ≥ 64 and ≤ 2.5× at dim 4; ahead of torchode everywhere.
 ``python -m cde_nets.benchmarks.forward_grid [--tiny]`` writes ``benchmarks/results/forward_grid.json``.
@@ -25,6 +28,7 @@ from torchdiffeq import odeint
 
 from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian
+from cde_nets.pieces import gathered
 
 from .common import interleaved_medians, write
 
@@ -58,7 +62,8 @@ def _torchode(field: torch.nn.Module, adjoint: str) -> Callable[[torch.Tensor], 
     def solve(y0: torch.Tensor) -> tuple[torch.Tensor, int]:
         b = y0.shape[0]
         problem = to.InitialValueProblem(y0=y0, t_start=torch.zeros(b), t_end=torch.full((b,), T))
-        sol = solver.solve(problem)
+        with gathered(field):
+            sol = solver.solve(problem)
         return sol.ys[:, -1], int(sol.stats["n_f_evals"].max())
 
     return solve
@@ -77,7 +82,7 @@ def _size(dim: int, batch: int, repeat: int, backward: bool, backsolve: bool) ->
     tode = None if to is None else _torchode(field, "autodiff")
 
     def fe():
-        with torch.no_grad():
+        with torch.no_grad(), gathered(field):
             for _ in range(nfe):
                 field(tt, y0)
 
@@ -86,7 +91,7 @@ def _size(dim: int, batch: int, repeat: int, backward: bool, backsolve: bool) ->
             block(y0)
 
     def tdq():
-        with torch.no_grad():
+        with torch.no_grad(), gathered(field):
             odeint(field, y0, t, rtol=RTOL, atol=ATOL, method="dopri5")
 
     def tode_fwd():

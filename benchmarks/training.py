@@ -1,4 +1,4 @@
-"""Issue 7, item 6: the 64-layer H1-DNN swiss-roll training run in the reference's full setting, timed.
+"""The 64-layer H1-DNN swiss-roll training run in the reference's full setting, timed.
 
 8000 points (4000 train), 50 epochs of batch 125, Adam lr 0.05, R_K 5e-4, the reference protocol
 (:mod:`experiments.hdnn_protocol`), one intra-op thread. The reference implementation, run on this kind of
