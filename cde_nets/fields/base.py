@@ -18,7 +18,7 @@ Any ``nn.Module`` with ``forward(t, y)`` runs in continuous mode, and in discret
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -94,19 +94,22 @@ class Field(nn.Module):
             self._memo[key] = compute()
         return self._memo[key]
 
-    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
-        """The tensors :meth:`evaluate` needs on piece ``l`` that do not depend on the state: transposes, products
-        of weights, masks applied — what a hand-written layer computes once, outside its loop. ``l=None``: all
-        pieces at once, each tensor with the pieces along a new first dimension (one batched operation instead of
-        ``L``). Fields that read :meth:`constants` override this; the default has none."""
+    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...] | None:
+        """The tensors :meth:`evaluate` needs on piece ``l`` that do not depend on the state: transposes, masked
+        weights, products of weights — what a hand-written layer computes once, outside its loop.
+
+        ``l=None``: all pieces at once, each tensor with the pieces along a new first dimension (one operation
+        instead of ``L``), or ``None`` where a batched form would not reproduce the one-piece numbers bit for bit
+        (a batched matrix product may sum in another order); the pieces are then built one by one. Fields that
+        read :meth:`constants` override this; the default has none."""
         return ()
 
     def constants(self, l: int) -> tuple[torch.Tensor, ...]:
         """:meth:`piece_constants` of piece ``l``.
 
-        Inside :func:`~cde_nets.pieces.gathered` (one call of a block) every piece is built at once and reused
-        by every step and stage; with ``gathered(stacked=False)`` piece by piece, from the piece's own views (the
-        memory-free backward differentiates each layer with respect to them). Outside it, on every call: the
+        Inside :func:`~cde_nets.pieces.gathered` (one call of a block) every piece is built once and reused by
+        every step and stage; with ``gathered(stacked=False)`` piece by piece as they are read (the memory-free
+        backward differentiates each layer with respect to its own views). Outside it, on every call: the
         piecewise adjoint and the step replay differentiate each evaluation with respect to the piece in force.
         """
         tables = self._constants
@@ -114,15 +117,16 @@ class Field(nn.Module):
         if tables is not None:
             table = tables.get(grad)
             if table is None:
-                table = tables[grad] = list(zip(*(c.unbind(0) for c in self.piece_constants(None))))
+                stacked = self.piece_constants(None)
+                table = tables[grad] = (
+                    [self.piece_constants(i) for i in range(self.grid.L)]
+                    if stacked is None
+                    else list(zip(*(c.unbind(0) for c in stacked)))
+                )
             return table[l]
         if self._memo is None:
-            return self.piece_constants(l)
+            return cast(tuple[torch.Tensor, ...], self.piece_constants(l))
         return self.memo(("constants", l), lambda: self.piece_constants(l))
-
-    def shared(self, t: torch.Tensor, l: int | None) -> torch.Tensor:
-        """A tensor every piece shares (e.g. a friction ``γ``), shaped for :meth:`piece_constants` of ``l``."""
-        return t if l is not None else t.expand(self.grid.L, *t.shape)
 
     # (*args, **kwargs): subclasses take (l, y) or, with needs_input, (l, y, u)
     def evaluate(self, *args: Any, **kwargs: Any) -> torch.Tensor:

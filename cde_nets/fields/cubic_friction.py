@@ -103,14 +103,14 @@ class CubicFriction(Field):
         return self.friction.mu
 
     def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
-        """``(wᵀ, b, γ)``: ``γ`` (a softplus when learned) is computed once per call of a block."""
-        if l is None:
-            return (self.W.data.mT, self.b.data, self.shared(self.friction.gamma, l))
-        return (self.W[l].T, self.b[l], self.friction.gamma)
+        """``(w, b)``."""
+        return (self.W.data, self.b.data) if l is None else (self.W[l], self.b[l])
 
     def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
-        WT, b, gamma = self.constants(l)
-        return self.friction.subtract_from(torch.addmm(b, x, WT), x, gamma)
+        W, b = self.constants(l)
+        # γ (a softplus when learned) once per call; see cde_nets.pieces.gathered
+        gamma = self.memo("gamma", lambda: self.friction.gamma)
+        return self.friction.subtract_from(torch.addmm(b, x, W.T), x, gamma)
 
     def divergence(self, l: int, x: torch.Tensor) -> torch.Tensor:
         """``Tr ∂F/∂x = Σ_i w_ii − γ μ Σ_i |x_i|^{μ−1}`` per sample (Ruseckas, eq. R28; μ = 3: ``− 3γ Σ x_i²``)."""
@@ -160,13 +160,6 @@ class CubicFrictionConv(Field):
     def gamma(self) -> torch.Tensor:
         return self.friction.gamma
 
-    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
-        """``(κ, b, γ)``: ``γ`` (a softplus when learned) is computed once per call of a block."""
-        if l is None:
-            return (self.kernel.data, self.bias.data, self.shared(self.friction.gamma, l))
-        return (self.kernel[l], self.bias[l], self.friction.gamma)
-
     def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
-        kernel, bias, gamma = self.constants(l)
-        affine = F.conv2d(x, kernel, bias, padding=self.kernel_size // 2)
-        return self.friction.subtract_from(affine, x, gamma)
+        affine = F.conv2d(x, self.kernel[l], self.bias[l], padding=self.kernel_size // 2)
+        return self.friction.subtract_from(affine, x, self.memo("gamma", lambda: self.friction.gamma))

@@ -223,9 +223,9 @@ class Hamiltonian(Field):
         return self.sigma(torch.addmm(b, z, K.T)) @ K
 
     def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
-        """``(Kᵀ, b, K Jᵀ)``, so that ``F = σ(y Kᵀ + b) (K Jᵀ)`` (eq. H8); separable: ``(K_qᵀ, b_q, −K_q X,
-        K_pᵀ, b_p, K_p Xᵀ)``, the two halves of eqs. H12-13 (``X = I``: no product). With the canonical ``J``
-        and ``X = I`` the products only permute and negate entries, so the field's values do not change."""
+        """``(K, b)`` with the masks applied (H1, and block-diagonal ``K`` with a coupling ``J``); separable:
+        ``(K_q, b_q, K_p, b_p)`` for the two halves of eqs. H12-13. Masks and the block-diagonal assembly only: the
+        products keep the order of eq. H8, so values and gradients are those of the direct formula bit for bit."""
 
         def masked(pieces: Pieces) -> torch.Tensor:
             K = pieces.data if l is None else pieces[l]
@@ -236,26 +236,21 @@ class Hamiltonian(Field):
             return pieces.data if l is None else pieces[l]
 
         if self._separable:
-            Kp, Kq, X = masked(self.K_p), masked(self.K_q), self.X_eff()
-            Mq, Mp = (-Kq, Kp) if X is None else (-(Kq @ X), Kp @ X.mT)
-            return (Kq.mT, piece(self.b_q), Mq, Kp.mT, piece(self.b_p), Mp)
+            return (masked(self.K_q), piece(self.b_q), masked(self.K_p), piece(self.b_p))
         if self.K_structure == "full":
-            K, b = masked(self.K), piece(self.b)
-        else:  # block-diagonal K with a J that couples p and q (not separable)
-            Kp, Kq = masked(self.K_p), masked(self.K_q)
-            Z = Kp.new_zeros(Kp.shape)
-            K = torch.cat([torch.cat([Kp, Z], -1), torch.cat([Z, Kq], -1)], -2)
-            b = torch.cat([piece(self.b_p), piece(self.b_q)], -1)
-        return (K.mT, b, K @ self.J.mT)
+            return (masked(self.K), piece(self.b))
+        # block-diagonal K with a J that couples p and q (not separable)
+        Kp, Kq = masked(self.K_p), masked(self.K_q)
+        Z = Kp.new_zeros(Kp.shape)
+        K = torch.cat([torch.cat([Kp, Z], -1), torch.cat([Z, Kq], -1)], -2)
+        return (K, torch.cat([piece(self.b_p), piece(self.b_q)], -1))
 
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
         if self._separable:
-            return torch.cat(
-                [self.evaluate_half(l, y[..., self.dim // 2 :], 0), self.evaluate_half(l, y[..., : self.dim // 2], 1)],
-                -1,
-            )
-        KT, b, KJ = self.constants(l)
-        return self.sigma(torch.addmm(b, y, KT)) @ KJ
+            n = self.dim // 2
+            return torch.cat([self.evaluate_half(l, y[..., n:], 0), self.evaluate_half(l, y[..., :n], 1)], -1)
+        K, b = self.constants(l)
+        return self.sigma(torch.addmm(b, y, K.T)) @ K @ self.memo("J.T", lambda: self.J.T)
 
     def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
         """H2 halves (eq. H12-13): ``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` (part 0), ``q' = X K_pᵀ σ(K_p p + b_p)``."""
@@ -267,8 +262,12 @@ class Hamiltonian(Field):
     def evaluate_half(self, l: int, z: torch.Tensor, part: int) -> torch.Tensor:
         """``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` from ``z = q`` (part 0) or ``q' = X K_pᵀ σ(K_p p + b_p)`` from ``z = p``."""
         c = self.constants(l)
-        KT, b, M = (c[0], c[1], c[2]) if part == 0 else (c[3], c[4], c[5])
-        return self.sigma(torch.addmm(b, z, KT)) @ M
+        K, b = (c[0], c[1]) if part == 0 else (c[2], c[3])
+        g = self.sigma(torch.addmm(b, z, K.T)) @ K
+        X = self.X_eff()
+        if part == 0:
+            return -g if X is None else -(g @ X)
+        return g if X is None else g @ X.T
 
     def energy(self, t: float | torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``H(y, t) = Σ_i σ̃((K(t) y + b(t))_i)`` per sample, ``(batch,)`` (eq. H5; tanh → log cosh)."""

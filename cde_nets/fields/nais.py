@@ -83,11 +83,11 @@ class NAIS(_Input):
         )
         self.b = Pieces(self.grid, (dim,))
 
-    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
+    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...] | None:
         """``(Aᵀ, Bᵀ, b)`` with ``A = −RᵀR − εI`` (eq. N13), built once per call of a block."""
         R, B, b = (self.R.data, self.B.data, self.b.data) if l is None else (self.R[l], self.B[l], self.b[l])
         eps_eye = self.eps * torch.eye(self.dim, dtype=R.dtype, device=R.device)
-        if l is None:
+        if l is None:  # the batched product may round differently from the one-piece one (last bit)
             A = torch.baddbmm(eps_eye.expand(R.shape), R.mT, R, beta=-1.0, alpha=-1.0)
         else:
             A = torch.addmm(eps_eye, R.T, R, beta=-1.0, alpha=-1.0)
