@@ -98,6 +98,7 @@ class _Clock:
     def __init__(self, y: torch.Tensor):
         self.dtype, self.device = y.dtype, y.device
         self.single = y.dtype == torch.float32
+        self._c32: dict[tuple, tuple[np.ndarray, list[int]]] = {}  # nodes c_1.. in float32, where c_i = 1
 
     def y(self, x: Scalar) -> Scalar:
         """``x`` rounded to the state's dtype (a tensor is cast)."""
@@ -140,10 +141,17 @@ class _Clock:
             return [self.at(t1, _PREV) if ci == 1.0 else self.at(t0y + self.y(ci) * hy) for ci in c[1:]]
         t1v = self.nudge(self.y(t1), _PREV)
         if self.single:
-            ts = (np.float32(t0) + np.asarray(c[1:], dtype=np.float32) * np.float32(dt)).tolist()
-        else:
-            ts = [t0 + ci * dt for ci in c[1:]]
-        return self.many([t1v if ci == 1.0 else v for ci, v in zip(c[1:], ts)])
+            key = tuple(c)
+            cs = self._c32.get(key)
+            if cs is None:
+                cs = self._c32[key] = (
+                    np.asarray(c[1:], dtype=np.float32),
+                    [i for i, ci in enumerate(c[1:]) if ci == 1.0],
+                )
+            ts = np.float32(t0) + cs[0] * np.float32(dt)
+            ts[cs[1]] = t1v
+            return torch.from_numpy(ts).to(self.device).unbind()  # no list round trip
+        return self.many([t1v if ci == 1.0 else t0 + ci * dt for ci in c[1:]])
 
 
 def _dense_weights(tab: MethodTableau) -> list[list[float]]:
