@@ -1,6 +1,6 @@
 """Vector fields ``F(t, y)`` of the seeds (the seed papers: see the bibliography)."""
 
-from .base import Field
+from .base import Field, Shared
 from .baselines import MS1, MS2, MS3
 from .cubic_friction import CubicFriction, CubicFrictionConv
 from .hamiltonian import Hamiltonian, canonical_J
@@ -9,6 +9,7 @@ from .second_order import PiecewiseMLP, SecondOrder
 
 __all__ = [
     "Field",
+    "Shared",
     "MS1",
     "MS2",
     "MS3",

@@ -18,7 +18,8 @@ Any ``nn.Module`` with ``forward(t, y)`` runs in continuous mode, and in discret
 
 from __future__ import annotations
 
-from typing import Any, cast
+from itertools import repeat
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -27,7 +28,14 @@ from cde_nets.solvers.errors import check_finite
 
 from ..pieces import TimeGrid
 
-__all__ = ["Field"]
+__all__ = ["Field", "Shared"]
+
+
+class Shared(NamedTuple):
+    """A constant every piece uses as it is, in :meth:`Field.piece_constants` of all pieces: one tensor (or
+    ``None``) in the graph, whose gradient sums over the layers as they use it."""
+
+    value: torch.Tensor | None
 
 
 class Field(nn.Module):
@@ -94,14 +102,15 @@ class Field(nn.Module):
             self._memo[key] = compute()
         return self._memo[key]
 
-    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...] | None:
+    def piece_constants(self, l: int | None) -> tuple[Any, ...] | None:
         """The tensors :meth:`evaluate` needs on piece ``l`` that do not depend on the state: transposes, masked
         weights, products of weights — what a hand-written layer computes once, outside its loop.
 
         ``l=None``: all pieces at once, each tensor with the pieces along a new first dimension (one operation
-        instead of ``L``), or ``None`` where a batched form would not reproduce the one-piece numbers bit for bit
-        (a batched matrix product may sum in another order); the pieces are then built one by one. Fields that
-        read :meth:`constants` override this; the default has none."""
+        instead of ``L``) or wrapped in :class:`Shared` when every piece uses it as it is (e.g. ``Jᵀ``); or
+        ``None`` where a batched form would not reproduce the one-piece numbers bit for bit (a batched matrix
+        product may sum in another order): the pieces are then built one by one. Fields that read
+        :meth:`constants` override this; the default has none."""
         return ()
 
     def constants(self, l: int) -> tuple[torch.Tensor, ...]:
@@ -121,7 +130,7 @@ class Field(nn.Module):
                 table = tables[grad] = (
                     [self.piece_constants(i) for i in range(self.grid.L)]
                     if stacked is None
-                    else list(zip(*(c.unbind(0) for c in stacked)))
+                    else list(zip(*(repeat(c.value) if isinstance(c, Shared) else c.unbind(0) for c in stacked)))
                 )
             return table[l]
         if self._memo is None:

@@ -90,6 +90,7 @@ class BoundField:
     def __init__(self, field: nn.Module, u: torch.Tensor | None = None):
         self.field = field
         self.u = u
+        self.stage_times = isinstance(field, ModuleField)  # a plain module reads each stage's own time
 
     def __call__(self, t: torch.Tensor | float, y: torch.Tensor) -> torch.Tensor:
         return self.field(t, y) if self.u is None else self.field(t, y, self.u)
@@ -97,7 +98,7 @@ class BoundField:
     def evaluate(self, l: int, y: torch.Tensor, t: float | None = None) -> torch.Tensor:
         """``F`` on piece ``l``; ``t`` is the stage's time, used only by fields that are not piecewise."""
         f = self.field
-        if t is not None and isinstance(f, ModuleField):
+        if t is not None and self.stage_times:
             return f.evaluate_at(t, y)
         return f.evaluate(l, y) if self.u is None else f.evaluate(l, y, self.u)
 
@@ -114,6 +115,6 @@ class BoundField:
         return BoundField(self.field, None if self.u is None else self.u[idx])
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("field", "u"):  # not yet set (copying): no fall-through, no recursion
+        if name in ("field", "u", "stage_times"):  # not yet set (copying): no fall-through, no recursion
             raise AttributeError(name)
         return getattr(self.field, name)

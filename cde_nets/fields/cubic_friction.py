@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,7 @@ from torch import nn
 from cde_nets.solvers.errors import check_init_std
 
 from ..pieces import Pieces
-from .base import Field
+from .base import Field, Shared
 
 __all__ = ["CubicFriction", "CubicFrictionConv"]
 
@@ -102,14 +103,14 @@ class CubicFriction(Field):
     def mu(self) -> float:
         return self.friction.mu
 
-    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
-        """``(w, b)``."""
-        return (self.W.data, self.b.data) if l is None else (self.W[l], self.b[l])
+    def piece_constants(self, l: int | None) -> tuple[Any, ...]:
+        """``(w, b, γ)``: ``γ`` (a softplus when learned) once per call."""
+        if l is None:
+            return (self.W.data, self.b.data, Shared(self.friction.gamma))
+        return (self.W[l], self.b[l], self.friction.gamma)
 
     def evaluate(self, l: int, x: torch.Tensor) -> torch.Tensor:
-        W, b = self.constants(l)
-        # γ (a softplus when learned) once per call; see cde_nets.pieces.gathered
-        gamma = self.memo("gamma", lambda: self.friction.gamma)
+        W, b, gamma = self.constants(l)
         return self.friction.subtract_from(torch.addmm(b, x, W.T), x, gamma)
 
     def divergence(self, l: int, x: torch.Tensor) -> torch.Tensor:

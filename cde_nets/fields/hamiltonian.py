@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,7 +13,7 @@ from cde_nets.solvers.errors import check_init_std, check_positive_int
 
 from ..pieces import Pieces
 from .activations import ANTIDERIVATIVES, resolve_activation
-from .base import Field
+from .base import Field, Shared
 
 __all__ = ["Hamiltonian", "canonical_J"]
 
@@ -222,10 +223,11 @@ class Hamiltonian(Field):
         K, b = self.K_half(l, part), (self.b_p[l] if part == 0 else self.b_q[l])
         return self.sigma(torch.addmm(b, z, K.T)) @ K
 
-    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
-        """``(K, b)`` with the masks applied (H1, and block-diagonal ``K`` with a coupling ``J``); separable:
-        ``(K_q, b_q, K_p, b_p)`` for the two halves of eqs. H12-13. Masks and the block-diagonal assembly only: the
-        products keep the order of eq. H8, so values and gradients are those of the direct formula bit for bit."""
+    def piece_constants(self, l: int | None) -> tuple[Any, ...]:
+        """``(K, b, Jᵀ)`` with the masks applied (H1, and block-diagonal ``K`` with a coupling ``J``); separable:
+        ``(K_q, b_q, K_p, b_p, X)`` for the two halves of eqs. H12-13 (``X = None`` for the identity). Masks and
+        the block-diagonal assembly only: the products keep the order of eq. H8, so values and gradients are
+        those of the direct formula bit for bit."""
 
         def masked(pieces: Pieces) -> torch.Tensor:
             K = pieces.data if l is None else pieces[l]
@@ -235,22 +237,26 @@ class Hamiltonian(Field):
         def piece(pieces: Pieces) -> torch.Tensor:
             return pieces.data if l is None else pieces[l]
 
+        def shared(t: torch.Tensor | None) -> Any:
+            return t if l is not None else Shared(t)
+
         if self._separable:
-            return (masked(self.K_q), piece(self.b_q), masked(self.K_p), piece(self.b_p))
+            return (masked(self.K_q), piece(self.b_q), masked(self.K_p), piece(self.b_p), shared(self.X_eff()))
         if self.K_structure == "full":
-            return (masked(self.K), piece(self.b))
-        # block-diagonal K with a J that couples p and q (not separable)
-        Kp, Kq = masked(self.K_p), masked(self.K_q)
-        Z = Kp.new_zeros(Kp.shape)
-        K = torch.cat([torch.cat([Kp, Z], -1), torch.cat([Z, Kq], -1)], -2)
-        return (K, torch.cat([piece(self.b_p), piece(self.b_q)], -1))
+            K, b = masked(self.K), piece(self.b)
+        else:  # block-diagonal K with a J that couples p and q (not separable)
+            Kp, Kq = masked(self.K_p), masked(self.K_q)
+            Z = Kp.new_zeros(Kp.shape)
+            K = torch.cat([torch.cat([Kp, Z], -1), torch.cat([Z, Kq], -1)], -2)
+            b = torch.cat([piece(self.b_p), piece(self.b_q)], -1)
+        return (K, b, shared(self.memo("J.T", lambda: self.J.T)))
 
     def evaluate(self, l: int, y: torch.Tensor) -> torch.Tensor:
         if self._separable:
             n = self.dim // 2
             return torch.cat([self.evaluate_half(l, y[..., n:], 0), self.evaluate_half(l, y[..., :n], 1)], -1)
-        K, b = self.constants(l)
-        return self.sigma(torch.addmm(b, y, K.T)) @ K @ self.memo("J.T", lambda: self.J.T)
+        K, b, JT = self.constants(l)
+        return self.sigma(torch.addmm(b, y, K.T)) @ K @ JT
 
     def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
         """H2 halves (eq. H12-13): ``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` (part 0), ``q' = X K_pᵀ σ(K_p p + b_p)``."""
@@ -262,9 +268,8 @@ class Hamiltonian(Field):
     def evaluate_half(self, l: int, z: torch.Tensor, part: int) -> torch.Tensor:
         """``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` from ``z = q`` (part 0) or ``q' = X K_pᵀ σ(K_p p + b_p)`` from ``z = p``."""
         c = self.constants(l)
-        K, b = (c[0], c[1]) if part == 0 else (c[2], c[3])
+        K, b, X = (c[0], c[1], c[4]) if part == 0 else (c[2], c[3], c[4])
         g = self.sigma(torch.addmm(b, z, K.T)) @ K
-        X = self.X_eff()
         if part == 0:
             return -g if X is None else -(g @ X)
         return g if X is None else g @ X.T
