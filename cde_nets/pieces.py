@@ -17,6 +17,8 @@ from typing import cast
 import torch
 from torch import nn
 
+from cde_nets.solvers.fast_rk import HOST_TIME
+
 __all__ = ["TimeGrid", "Pieces", "smoothness", "piece_modules", "gathered"]
 
 
@@ -55,7 +57,11 @@ class TimeGrid:
         """Piece holding at time ``t`` (clamped to ``[0, L - 1]`` outside ``[0, T]``)."""
         if self.L == 1:
             return 0
-        tf = float(t.detach()) if isinstance(t, torch.Tensor) else float(t)
+        if isinstance(t, torch.Tensor):  # a solver's time tensor carries its value: no read from the device
+            tf = getattr(t, HOST_TIME, None)
+            tf = float(t.detach()) if tf is None else tf
+        else:
+            tf = float(t)
         i = bisect.bisect_right(self._bounds, tf) - 1
         return min(max(i, 0), self.L - 1)
 

@@ -48,7 +48,11 @@ import torch
 
 from .tableaux import TABLEAUX, MethodTableau
 
-__all__ = ["FAST_METHODS", "fast_applies", "odeint_fast"]
+__all__ = ["FAST_METHODS", "HOST_TIME", "fast_applies", "odeint_fast"]
+
+# Every time tensor this module hands a field carries its value on the host under this attribute, so that a
+# piecewise field finds the piece in force without reading the device (cde_nets.pieces.TimeGrid.index).
+HOST_TIME = "_host_time"
 
 FAST_METHODS = ("dopri5", "bosh3", "euler", "midpoint", "heun2", "heun3", "rk4")
 _OPTIONS = {
@@ -127,11 +131,15 @@ class _Clock:
                     step = torch.nextafter(v, v.new_tensor(math.inf if perturb > 0 else -math.inf)) - v
                 v = v + step  # the neighbour exactly, with the gradient of ``x``
             return v
-        return torch.tensor(self.nudge(self.y(x), perturb), dtype=self.dtype, device=self.device)
+        return self.many([self.nudge(self.y(x), perturb)])[0]
 
     def many(self, values: Sequence[Any]) -> Sequence[torch.Tensor]:
-        """Several evaluation times (already in the state's dtype) as 0-d tensors, made in one call."""
-        return torch.tensor(values, dtype=self.dtype, device=self.device).unbind()
+        """Several evaluation times (already in the state's dtype) as 0-d tensors, made in one transfer, each
+        carrying its value on the host (:data:`HOST_TIME`)."""
+        ts = torch.tensor(values, dtype=self.dtype, device=self.device).unbind()
+        for tensor, value in zip(ts, values):
+            setattr(tensor, HOST_TIME, value)
+        return ts
 
     def adaptive_times(self, t0: Scalar, dt: Scalar, t1: Scalar, c: Sequence[float]) -> Sequence[torch.Tensor]:
         """Stages ``1..s−1`` of an adaptive step: ``t_0 + c_i h`` in the state's dtype, ``c_i = 1`` just before
@@ -150,7 +158,7 @@ class _Clock:
                 )
             ts = np.float32(t0) + cs[0] * np.float32(dt)
             ts[cs[1]] = t1v
-            return torch.from_numpy(ts).to(self.device).unbind()  # no list round trip
+            return self.many(ts.tolist())
         return self.many([t1v if ci == 1.0 else t0 + ci * dt for ci in c[1:]])
 
 
@@ -362,21 +370,29 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
     perturb = bool(options.get("perturb", False))
     first, last = (_NEXT, _PREV) if perturb else (_NONE, _NONE)
     c = tab.tableau.c
+    s = len(c)
+    # every evaluation time of the grid in one transfer: the loop itself reads nothing back from the device and
+    # makes no tensor from host values (torchdiffeq's rk4 evaluates its last stage at t1, heun2 at t0 + dt: they
+    # may differ by an ulp)
+    values: list[float] = []
+    for t0, t1 in zip(grid[:-1], grid[1:]):
+        dt = t1 - t0
+        values.append(clock.nudge(clock.y(t0), first))
+        values += [
+            clock.nudge(clock.y(t1 if method == "rk4" else t0 + dt * ci), last) if ci == 1.0 else clock.y(t0 + dt * ci)
+            for ci in c[1:]
+        ]
+    times = clock.many(values)
     eng = _engine(func, y0, tab, [*tab.tableau.a[1:], tab.tableau.b], 0.0, 0.0)
     step_cb = _callback(func, "callback_step")
     out: list[torch.Tensor] = [y0]
     j, y = 1, y0
-    for t0, t1 in zip(grid[:-1], grid[1:]):
+    for k, (t0, t1) in enumerate(zip(grid[:-1], grid[1:])):
         dt = t1 - t0
         step_cb(t0, y, dt)
-        eng.set(0, func(clock.at(t0, first), y))
-        # torchdiffeq's rk4 evaluates its last stage at t1, heun2 at t0 + dt (they may differ by an ulp)
-        ts = [
-            clock.nudge(clock.y(t1 if method == "rk4" else t0 + dt * ci), last) if ci == 1.0 else clock.y(t0 + dt * ci)
-            for ci in c[1:]
-        ]
+        eng.set(0, func(times[k * s], y))
         eng.weights(clock.y(dt))
-        y1 = eng.run_stages(func, clock.many(ts) if ts else (), fsal=False)
+        y1 = eng.run_stages(func, times[k * s + 1 : (k + 1) * s], fsal=False)
         while j < len(tl) and t1 >= tl[j]:
             if tl[j] == t1:
                 out.append(eng.output(y1))

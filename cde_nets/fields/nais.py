@@ -83,7 +83,7 @@ class NAIS(_Input):
         )
         self.b = Pieces(self.grid, (dim,))
 
-    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...] | None:
+    def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
         """``(Aᵀ, Bᵀ, b)`` with ``A = −RᵀR − εI`` (eq. N13), built once per call of a block."""
         R, B, b = (self.R.data, self.B.data, self.b.data) if l is None else (self.R[l], self.B[l], self.b[l])
         eps_eye = self.eps * torch.eye(self.dim, dtype=R.dtype, device=R.device)
