@@ -374,7 +374,7 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
     # every evaluation time of the grid in one transfer: the loop itself reads nothing back from the device and
     # makes no tensor from host values (torchdiffeq's rk4 evaluates its last stage at t1, heun2 at t0 + dt: they
     # may differ by an ulp)
-    values: list[float] = []
+    values: list[Any] = []
     for t0, t1 in zip(grid[:-1], grid[1:]):
         dt = t1 - t0
         values.append(clock.nudge(clock.y(t0), first))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cde_nets import ODEBlock
-from cde_nets.fields import Hamiltonian, NAIS
+from cde_nets.fields import NAIS, Hamiltonian
 
 
 def _count(monkeypatch) -> dict[str, int]:
