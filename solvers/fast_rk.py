@@ -50,8 +50,8 @@ from .tableaux import TABLEAUX, MethodTableau
 
 __all__ = ["FAST_METHODS", "HOST_TIME", "fast_applies", "odeint_fast"]
 
-# Every time tensor this module hands a field carries its value on the host under this attribute, so that a
-# piecewise field finds the piece in force without reading the device (cde_nets.pieces.TimeGrid.index).
+# The time tensors of a fixed grid carry their value on the host under this attribute, so that a piecewise field
+# finds the piece in force without reading the device (cde_nets.pieces.TimeGrid.index).
 HOST_TIME = "_host_time"
 
 FAST_METHODS = ("dopri5", "bosh3", "euler", "midpoint", "heun2", "heun3", "rk4")
@@ -131,14 +131,16 @@ class _Clock:
                     step = torch.nextafter(v, v.new_tensor(math.inf if perturb > 0 else -math.inf)) - v
                 v = v + step  # the neighbour exactly, with the gradient of ``x``
             return v
-        return self.many([self.nudge(self.y(x), perturb)])[0]
+        return torch.tensor(self.nudge(self.y(x), perturb), dtype=self.dtype, device=self.device)
 
-    def many(self, values: Sequence[Any]) -> Sequence[torch.Tensor]:
-        """Several evaluation times (already in the state's dtype) as 0-d tensors, made in one transfer, each
-        carrying its value on the host (:data:`HOST_TIME`)."""
+    def many(self, values: Sequence[Any], host: bool = False) -> Sequence[torch.Tensor]:
+        """Several evaluation times (already in the state's dtype) as 0-d tensors, made in one transfer; with
+        ``host``, each carries its value on the host (:data:`HOST_TIME`; about 1 µs a tensor, so only where the
+        loop is to read nothing back)."""
         ts = torch.tensor(values, dtype=self.dtype, device=self.device).unbind()
-        for tensor, value in zip(ts, values):
-            setattr(tensor, HOST_TIME, value)
+        if host:
+            for tensor, value in zip(ts, values):
+                setattr(tensor, HOST_TIME, value)
         return ts
 
     def adaptive_times(self, t0: Scalar, dt: Scalar, t1: Scalar, c: Sequence[float]) -> Sequence[torch.Tensor]:
@@ -158,7 +160,7 @@ class _Clock:
                 )
             ts = np.float32(t0) + cs[0] * np.float32(dt)
             ts[cs[1]] = t1v
-            return self.many(ts.tolist())
+            return torch.from_numpy(ts).to(self.device).unbind()  # no list round trip
         return self.many([t1v if ci == 1.0 else t0 + ci * dt for ci in c[1:]])
 
 
@@ -382,7 +384,7 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
             clock.nudge(clock.y(t1 if method == "rk4" else t0 + dt * ci), last) if ci == 1.0 else clock.y(t0 + dt * ci)
             for ci in c[1:]
         ]
-    times = clock.many(values)
+    times = clock.many(values, host=True)
     eng = _engine(func, y0, tab, [*tab.tableau.a[1:], tab.tableau.b], 0.0, 0.0)
     step_cb = _callback(func, "callback_step")
     out: list[torch.Tensor] = [y0]

@@ -53,6 +53,6 @@ def test_solver_time_tensors_carry_their_value():
     field = NAIS(3, 2, layers=4, T=1.0)
     clock = _Clock(torch.zeros(1, dtype=torch.float32))
     values = [0.0, 0.25, clock.nudge(0.25, -1), clock.nudge(0.5, 1), 0.75, 1.0]
-    for t in clock.many(values):
+    for t in clock.many(values, host=True):
         assert getattr(t, HOST_TIME) == float(t)
         assert field.grid.index(t) == field.grid.index(float(t))
