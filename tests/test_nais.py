@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from cde_nets import ODEBlock, discretize
 from cde_nets.fields import NAIS, NAISConv
+from cde_nets.pieces import gathered
 
 
 @settings(max_examples=8, deadline=None)
@@ -177,3 +178,18 @@ def test_errors(f64):
         conv(0.0, torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 3, 3))
     with pytest.raises(ValueError, match="Alg. N2 needs 0 < eps < eta < 1"):
         NAISConv(2, eps=0.2, eta=0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_A_in_one_kernel_equals_the_two_step_formula(dtype):
+    """``A = −εI − RᵀR`` with β = −ε on a stored identity gives the bits of ``εI`` built first and subtracted
+    (eq. N13), in both dtypes, outside and inside a block call."""
+    torch.manual_seed(3)
+    field = NAIS(5, 3, layers=4).to(dtype)
+    for l in range(4):
+        R = field.R.data[l]
+        eps_eye = field.eps * torch.eye(5, dtype=dtype)
+        direct = torch.addmm(eps_eye, R.T, R, beta=-1.0, alpha=-1.0)
+        assert torch.equal(field.A(l), direct)
+        with gathered(field):
+            assert torch.allclose(field.A(l), direct, rtol=0, atol=4 * torch.finfo(dtype).eps)

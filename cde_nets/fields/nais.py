@@ -45,6 +45,8 @@ class NAIS(_Input):
     ``[−δ − ε, −ε]``. Call :meth:`project_` after every optimiser step.
     """
 
+    eye: torch.Tensor  # buffer: the identity, for −εI − RᵀR in one kernel
+
     def __init__(
         self,
         dim: int,
@@ -82,15 +84,16 @@ class NAIS(_Input):
             init=lambda w: w.normal_(0, 1 / math.sqrt(input_dim), generator=generator),
         )
         self.b = Pieces(self.grid, (dim,))
+        self.register_buffer("eye", torch.eye(dim), persistent=False)
 
     def piece_constants(self, l: int | None) -> tuple[torch.Tensor, ...]:
         """``(Aᵀ, Bᵀ, b)`` with ``A = −RᵀR − εI`` (eq. N13), built once per call of a block."""
         R, B, b = (self.R.data, self.B.data, self.b.data) if l is None else (self.R[l], self.B[l], self.b[l])
-        eps_eye = self.eps * torch.eye(self.dim, dtype=R.dtype, device=R.device)
+        # −ε I − RᵀR in one kernel: beta scales the identity (exact in every dtype)
         if l is None:  # the batched product may round differently from the one-piece one (last bit)
-            A = torch.baddbmm(eps_eye.expand(R.shape), R.mT, R, beta=-1.0, alpha=-1.0)
+            A = torch.baddbmm(self.eye.expand(R.shape), R.mT, R, beta=-self.eps, alpha=-1.0)
         else:
-            A = torch.addmm(eps_eye, R.T, R, beta=-1.0, alpha=-1.0)
+            A = torch.addmm(self.eye, R.T, R, beta=-self.eps, alpha=-1.0)
         return (A.mT, B.mT, b)
 
     def A(self, l: int) -> torch.Tensor:
