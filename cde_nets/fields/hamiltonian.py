@@ -191,9 +191,13 @@ class Hamiltonian(Field):
 
     def K_half(self, l: int, part: int | None) -> torch.Tensor:
         """Masked ``K`` (``part=None``), ``K_p`` (0) or ``K_q`` (1) of piece ``l``."""
-        K = self.K[l] if part is None else (self.K_p[l] if part == 0 else self.K_q[l])
-        mask = self._mask_at(l)
-        return K if mask is None else self.memo(("K", l, part), lambda: K * mask)
+        return self._masked(self.K if part is None else (self.K_p if part == 0 else self.K_q), l)
+
+    def _masked(self, pieces: Pieces, l: int | None) -> torch.Tensor:
+        """Piece ``l`` of ``pieces`` with ``K_mask`` applied (``l=None``: all pieces)."""
+        K = pieces.data if l is None else pieces[l]
+        mask = self.K_mask if l is None else self._mask_at(l)
+        return K if mask is None else K * mask
 
     def b_at(self, l: int) -> torch.Tensor:
         return self.b[l] if self.K_structure == "full" else torch.cat([self.b_p[l], self.b_q[l]])
@@ -216,11 +220,13 @@ class Hamiltonian(Field):
         if self.K_structure == "blockdiag":
             n = self.dim // 2
             return torch.cat([self._grad_half(l, y[..., :n], 0), self._grad_half(l, y[..., n:], 1)], -1)
-        K = self.K_at(l)
-        return self.sigma(torch.addmm(self.b[l], y, K.T)) @ K
+        return self._dH(y, self.K_at(l), self.b[l])
 
     def _grad_half(self, l: int, z: torch.Tensor, part: int) -> torch.Tensor:
-        K, b = self.K_half(l, part), (self.b_p[l] if part == 0 else self.b_q[l])
+        return self._dH(z, self.K_half(l, part), self.b_p[l] if part == 0 else self.b_q[l])
+
+    def _dH(self, z: torch.Tensor, K: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``Kᵀ σ(K z + b)`` for a batch of rows ``z`` (eq. H5's gradient)."""
         return self.sigma(torch.addmm(b, z, K.T)) @ K
 
     def piece_constants(self, l: int | None) -> tuple[Any, ...]:
@@ -230,9 +236,7 @@ class Hamiltonian(Field):
         those of the direct formula bit for bit."""
 
         def masked(pieces: Pieces) -> torch.Tensor:
-            K = pieces.data if l is None else pieces[l]
-            mask = self.K_mask if l is None else self._mask_at(l)
-            return K if mask is None else K * mask
+            return self._masked(pieces, l)
 
         def piece(pieces: Pieces) -> torch.Tensor:
             return pieces.data if l is None else pieces[l]
@@ -256,7 +260,7 @@ class Hamiltonian(Field):
             n = self.dim // 2
             return torch.cat([self.evaluate_half(l, y[..., n:], 0), self.evaluate_half(l, y[..., :n], 1)], -1)
         K, b, JT = self.constants(l)
-        return self.sigma(torch.addmm(b, y, K.T)) @ K @ JT
+        return self._dH(y, K, b) @ JT
 
     def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
         """H2 halves (eq. H12-13): ``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` (part 0), ``q' = X K_pᵀ σ(K_p p + b_p)``."""
@@ -269,7 +273,7 @@ class Hamiltonian(Field):
         """``p' = −Xᵀ K_qᵀ σ(K_q q + b_q)`` from ``z = q`` (part 0) or ``q' = X K_pᵀ σ(K_p p + b_p)`` from ``z = p``."""
         c = self.constants(l)
         K, b, X = (c[0], c[1], c[4]) if part == 0 else (c[2], c[3], c[4])
-        g = self.sigma(torch.addmm(b, z, K.T)) @ K
+        g = self._dH(z, K, b)
         if part == 0:
             return -g if X is None else -(g @ X)
         return g if X is None else g @ X.T
