@@ -17,7 +17,7 @@ import torch
 
 from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian
-from cde_nets.solvers import adapter
+from cde_nets.solvers.gradients import adjoint as adjoint_module
 
 from .common import median_time, write
 
@@ -26,11 +26,11 @@ MODES = ("new_adjoint", "old_adjoint", "backprop")
 
 def _timer(block: ODEBlock, y0: torch.Tensor, mode: str):
     def fwd_bwd():
-        adapter._PIECEWISE_ADJOINT = mode != "old_adjoint"
+        adjoint_module.PIECEWISE = mode != "old_adjoint"
         try:
             block(y0).square().mean().backward()
         finally:
-            adapter._PIECEWISE_ADJOINT = True
+            adjoint_module.PIECEWISE = True
 
     return fwd_bwd
 

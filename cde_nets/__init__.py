@@ -7,6 +7,8 @@ from .ode_block import ODEBlock
 from .pieces import Pieces, TimeGrid, smoothness
 from .sde_block import SDEBlock
 from .solution import Solution
+from .solvers.gradients import Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic
+from .solvers.options import SolverOptions
 from .stop import Stop
 
 __all__ = [
@@ -22,5 +24,12 @@ __all__ = [
     "Pieces",
     "TimeGrid",
     "smoothness",
+    "SolverOptions",
+    "GradientMethod",
+    "Adjoint",
+    "Backprop",
+    "Checkpoint",
+    "Symplectic",
+    "Reversible",
 ]
 __version__ = "0.1.0"

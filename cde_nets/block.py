@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from cde_nets.solvers.errors import check_positive
+from cde_nets.solvers.times import check_times
 
 from .fields.base import Field
 from .fields.bound import BoundField
@@ -96,16 +97,9 @@ class Block(nn.Module):
 
     @staticmethod
     def check_times(t: Sequence[float] | torch.Tensor, T: float, device: torch.device | None = None) -> torch.Tensor:
-        """``t`` as a float64 tensor: 1-D, strictly increasing, at least two times, within ``[0, T]``."""
-        try:
-            tt = torch.as_tensor(t, dtype=torch.float64)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"`t` must be a 1-D sequence of times, got {type(t).__name__}.") from exc
-        if tt.dim() != 1 or len(tt) < 2 or not bool((tt[1:] > tt[:-1]).all()):
-            raise ValueError("`t` must be a 1-D strictly increasing sequence of at least two times.")
-        if float(tt[0]) < 0.0 or float(tt[-1]) > T * (1 + 1e-12):
-            raise ValueError(f"`t` must lie within [0, T] = [0, {T}], got [{float(tt[0])}, {float(tt[-1])}].")
-        return tt if device is None else tt.to(device)
+        """``t`` as a float64 tensor: 1-D, strictly increasing, at least two times, within ``[0, T]``
+        (:func:`~cde_nets.solvers.times.check_times`)."""
+        return check_times(t, T, device)
 
 
 def _check_tensor_state(y0: object) -> None:

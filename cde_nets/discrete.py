@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.schemes import Scheme, get_scheme
 from cde_nets.solvers.stopping import unroll
 
@@ -282,14 +283,14 @@ class DiscreteNet(Block):
             fired=fired,
         )
 
-    def _stats(self, steps: int) -> dict[str, int]:
+    def _stats(self, steps: int) -> SolverStats:
         L = self.field.grid.L
         stats = {
             "nfe_forward": sum(self.scheme.evaluations(min(i, L - 1)) for i in range(steps)),
             "steps_forward": steps,
         }
         self._last_stats = stats
-        return dict(stats)
+        return SolverStats(**stats)
 
     def _layer_indices(self, t: Sequence[float] | torch.Tensor, device: torch.device) -> tuple[torch.Tensor, list]:
         tt = self.check_times(t, self.T)

@@ -47,9 +47,9 @@ class Watch:
 
 def check_result(y: torch.Tensor, explain: Callable[[], str]) -> None:
     """Raise :class:`~cde_nets.solvers.errors.SolverError` with ``explain()`` unless ``y`` is all finite."""
-    from cde_nets.solvers.errors import SolverError
+    from cde_nets.solvers.errors import Reason, SolverError
 
     with torch.no_grad():  # isfinite is composite (|y| != inf): with grad on, it would save y for a backward
         finite = bool(torch.isfinite(y).all())
     if not finite:
-        raise SolverError(explain())
+        raise SolverError(explain(), reason=Reason.NONFINITE)

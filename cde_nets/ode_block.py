@@ -3,27 +3,21 @@ differential equations"), with per-sample events, end times and stopping (:mod:`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import partial
 
 import torch
 from torch import nn
 
-from cde_nets.solvers.adapter import (
-    FIXED_METHODS,
-    PiecewiseParam,
-    SolverStats,
-    aligned_grid,
-    check_gradient,
-    check_method,
-    check_options,
-    integrate,
-    is_adaptive,
-    validate_tolerances,
-)
-from cde_nets.solvers.errors import SolverError, check_positive
+from cde_nets.solvers.adapter import integrate
+from cde_nets.solvers.counting import SolverStats
+from cde_nets.solvers.errors import Reason, SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
+from cde_nets.solvers.gradients import Backprop, GradientMethod, as_gradient
+from cde_nets.solvers.grids import aligned_grid
+from cde_nets.solvers.options import SolverOptions
+from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
+from cde_nets.solvers.times import check_times
 
 from .block import Block
 from .fields.base import Field
@@ -63,18 +57,7 @@ def _empty(bound: BoundField, y0: torch.Tensor, T: float, t, stats: SolverStats,
 
 def _check_times(t, T: float, device: torch.device | None) -> torch.Tensor:
     """Output times: strictly increasing (``y0`` at 0) or strictly decreasing (``y0`` at ``T``) within [0, T]."""
-    try:
-        tt = t.detach().double() if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise TypeError(f"`t` must be a 1-D sequence of times, got {type(t).__name__}.") from exc
-    if tt.dim() != 1 or len(tt) < 2 or not (bool((tt[1:] > tt[:-1]).all()) or bool((tt[1:] < tt[:-1]).all())):
-        raise ValueError(
-            "`t` must be a 1-D strictly monotone sequence of at least two times: increasing (from "
-            "y0 at time 0) or decreasing (from y0 at time T, backwards)."
-        )
-    if bool((tt[1:] < tt[:-1]).all()):
-        return Block.check_times(tt.flip(0), T, device).flip(0)
-    return Block.check_times(tt, T, device)
+    return check_times(t, T, device, backwards=True)
 
 
 def _field_at(bound: BoundField, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -110,20 +93,22 @@ class ODEBlock(Block):
             ``adaptive_heun``) or fixed-step (``euler``, ``midpoint``, ``heun2``, ``heun3``, ``rk4``), or ``alf``
             (asynchronous leapfrog, :mod:`~cde_nets.solvers.alf`: adaptive, or fixed with ``step_size``).
         rtol, atol: tolerances of adaptive methods (default 1e-6, 1e-8); refused for fixed-step methods.
-        gradient: ``"adjoint"`` (continuous adjoint, O(1) memory in the steps; seminorm by default),
-            ``"backprop"`` (differentiate through the solver's steps: the discrete adjoint of the solver), or the
-            exact gradient of the solver's steps at low memory: ``"checkpoint"`` (replay each step from a stored
-            state), ``"symplectic"`` (the symplectic adjoint over the replayed stages), ``"reversible"``
-            (``method="alf"``: states rebuilt by the integrator's inverse, constant memory). See
-            ``docs/guides/gradients.md``.
+        gradient: a gradient method (:mod:`~cde_nets.solvers.gradients`) or its short name:
+            ``Adjoint()``/``"adjoint"`` (continuous adjoint, O(1) memory in the steps; its backward solve's own
+            ``rtol``, ``atol``, ``method`` and ``seminorm`` are the object's: ``Adjoint(rtol=1e-8)``),
+            ``Backprop()``/``"backprop"`` (differentiate through the solver's steps: the discrete adjoint of the
+            solver), or the exact gradient of the solver's steps at low memory: ``"checkpoint"`` (replay each step
+            from a stored state), ``"symplectic"`` (the symplectic adjoint over the replayed stages),
+            ``"reversible"`` (``method="alf"``: states rebuilt by the integrator's inverse, constant memory). See
+            the gradient methods guide.
         step_size: fixed-step methods only; default one step per parameter piece (the discrete-mode grid). The
             grid always contains every piece boundary.
         jumps: adaptive methods only (default True): tell the solver where time-varying parameters jump
             (torchdiffeq's ``jump_t``).
         max_steps: steps allowed per solve before :class:`~cde_nets.solvers.errors.SolverError`.
         options: further torchdiffeq options (unknown keys raise).
-        adjoint_method, adjoint_rtol, adjoint_atol, seminorm: settings of the adjoint's backward solve
-            (``gradient="adjoint"`` only).
+        solver: instead of ``method`` … ``options``, one :class:`~cde_nets.solvers.options.SolverOptions`
+            (shared between blocks and diagnostics).
         stop: a :class:`~cde_nets.stop.Stop` (``Stop(eps)``): pattern-dependent stopping time — each sample
             stops at the first time ``‖F(t, y)‖ = eps`` (at 0 if it starts below), an event ``g = ‖F‖ − eps``
             located on the interpolant like any other (:meth:`solve`), its time differentiable; finished
@@ -143,75 +128,41 @@ class ODEBlock(Block):
         method: str = "dopri5",
         rtol: float | None = None,
         atol: float | None = None,
-        gradient: str = "adjoint",
+        gradient: str | GradientMethod = "adjoint",
         step_size: float | None = None,
         jumps: bool | None = None,
         max_steps: int = 100_000,
         options: dict | None = None,
-        adjoint_method: str | None = None,
-        adjoint_rtol: float | None = None,
-        adjoint_atol: float | None = None,
-        seminorm: bool | None = None,
         stop: Stop | dict | None = None,
+        *,
+        solver: SolverOptions | None = None,
     ):
         super().__init__(field, T)
-        self.method = check_method(method)
-        adaptive = is_adaptive(method, step_size)
-        self.options = check_options(method, options)
-        if not adaptive and (rtol is not None or atol is not None):
-            raise ValueError(
-                f"`rtol`/`atol` control adaptive methods; the fixed-step {method!r} would ignore them. "
-                "Drop them (set the step with `step_size`), or use an adaptive method such as 'dopri5'."
-            )
-        self.rtol, self.atol = validate_tolerances(1e-6 if rtol is None else rtol, 1e-8 if atol is None else atol)
-        self.gradient = check_gradient(method, gradient)
-        if step_size is not None:
-            if adaptive:
+        if solver is None:
+            solver = SolverOptions(method, rtol, atol, step_size, max_steps, jumps, options or {})
+        elif not isinstance(solver, SolverOptions):
+            raise TypeError(f"`solver` must be a SolverOptions, got {type(solver).__name__}.")
+        self.solver = solver
+        self.gradient = as_gradient(gradient)
+        self.gradient.check(solver.method)
+        if solver.step_size is not None:
+            n = solver.steps_over(self._pieces())
+            if n > solver.max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first
                 raise ValueError(
-                    f"`step_size` applies to fixed-step methods {sorted(FIXED_METHODS)}, not {method!r}; "
-                    "use `rtol`/`atol` (or options={'first_step': ...}) for adaptive methods."
+                    f"`step_size`={solver.step_size:g} takes {n} steps over [0, {self.T:g}], more than "
+                    f"max_steps={solver.max_steps}; use a larger `step_size` or raise `max_steps`."
                 )
-            check_positive("step_size", step_size, "It is the largest fixed step; it must be > 0.")
-        self.step_size = step_size
-        if jumps is not None and not adaptive:
-            raise ValueError(
-                f"`jumps` tells adaptive solvers where the parameters jump; the fixed-step {method!r} "
-                "always steps on every piece boundary. Drop `jumps`."
-            )
-        self.jumps = True if jumps is None else bool(jumps)
-        if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
-            raise ValueError(f"`max_steps` must be a positive integer, got {max_steps!r}.")
-        self.max_steps = max_steps
-        if step_size is not None:
-            n = sum(max(1, math.ceil((b - a) / step_size - 1e-9)) for a, b in self._pieces())
-            if n > max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first
-                raise ValueError(
-                    f"`step_size`={step_size:g} takes {n} steps over [0, {self.T:g}], more than "
-                    f"max_steps={max_steps}; use a larger `step_size` or raise `max_steps`."
-                )
-        adjoint_set = [
-            n
-            for n, v in (
-                ("adjoint_method", adjoint_method),
-                ("adjoint_rtol", adjoint_rtol),
-                ("adjoint_atol", adjoint_atol),
-                ("seminorm", seminorm),
-            )
-            if v is not None
-        ]
-        if adjoint_set and gradient != "adjoint":
-            raise ValueError(
-                f"{', '.join(f'`{n}`' for n in adjoint_set)} set(s) the adjoint's backward solve; "
-                f"gradient={gradient!r} has none. Drop them, or use gradient='adjoint'."
-            )
-        if adjoint_method is not None:
-            check_method(adjoint_method, "adjoint_method")
-        self.adjoint_method = adjoint_method
-        self.adjoint_rtol = None if adjoint_rtol is None else check_positive("adjoint_rtol", adjoint_rtol)
-        self.adjoint_atol = None if adjoint_atol is None else check_positive("adjoint_atol", adjoint_atol)
-        self.seminorm = True if seminorm is None else bool(seminorm)
         self.stop = as_stop(stop, "continuous")
         self._stats = SolverStats()
+
+    # the solver's settings, read through the block
+    method = property(lambda self: self.solver.method)
+    rtol = property(lambda self: self.solver.rtol)
+    atol = property(lambda self: self.solver.atol)
+    step_size = property(lambda self: self.solver.step_size)
+    jumps = property(lambda self: self.solver.jumps)
+    max_steps = property(lambda self: self.solver.max_steps)
+    options = property(lambda self: self.solver.options)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -231,7 +182,7 @@ class ODEBlock(Block):
     def _grids(self, field: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         grid = getattr(field, "grid", None)
         bounds = self._bounds()
-        if not is_adaptive(self.method, self.step_size):
+        if not self.solver.adaptive:
             return None, aligned_grid(bounds, self.step_size)
         jump_t = grid.jumps if (grid is not None and self.jumps) else None
         return jump_t, None
@@ -359,35 +310,27 @@ class ODEBlock(Block):
         return params
 
     def _integrate(
-        self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid, options: dict | None = None
+        self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid, solver: SolverOptions | None = None
     ) -> torch.Tensor:
         try:
             ys, _ = integrate(
                 bound,
                 y0,
                 t,
-                method=self.method,
-                rtol=self.rtol,
-                atol=self.atol,
+                solver=self.solver if solver is None else solver,
                 gradient=self.gradient,
                 params=self._params(bound),
+                pieces=_piecewise(self.field),
                 jump_t=jump_t,
                 grid=grid,
-                options=self.options if options is None else options,
-                max_steps=self.max_steps,
-                seminorm=self.seminorm,
-                adjoint_method=self.adjoint_method,
-                adjoint_rtol=self.adjoint_rtol,
-                adjoint_atol=self.adjoint_atol,
                 stats=self._stats,
-                pieces=_piecewise(self.field),
             )
         except SolverError as exc:
             # NaN in a parameter or the field makes adaptive steps fail until they underflow: say what it was
-            if nonfinite_parameter(self.field) is not None or "underflow" in str(exc):
+            if nonfinite_parameter(self.field) is not None or exc.reason is Reason.UNDERFLOW:
                 reason = self._nonfinite(bound, y0, t, jump_t, grid)
                 if reason is not None:
-                    raise SolverError(reason, nfe=exc.nfe) from exc
+                    raise SolverError(reason, nfe=exc.nfe, reason=Reason.NONFINITE) from exc
             raise
         check_result(ys[-1], lambda: self._nonfinite(bound, y0, t, jump_t, grid) or "the solve returned NaN/inf.")
         return ys
@@ -403,19 +346,7 @@ class ODEBlock(Block):
         watch = Watch(bound)
         with torch.no_grad():
             try:
-                integrate(
-                    watch,
-                    y0.detach(),
-                    t,
-                    method=self.method,
-                    rtol=self.rtol,
-                    atol=self.atol,
-                    gradient="backprop",
-                    jump_t=jump_t,
-                    grid=grid,
-                    options=self.options,
-                    max_steps=self.max_steps,
-                )
+                integrate(watch, y0.detach(), t, solver=self.solver, gradient=Backprop(), jump_t=jump_t, grid=grid)
             except SolverError:
                 pass
         if watch.t is None:
@@ -461,11 +392,12 @@ class ODEBlock(Block):
 
         def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             g = None if grid is None else grid[(grid >= times[0]) & (grid <= times[-1])]
-            options = None
+            solver = None
             if grid is None and "dt" in est and "first_step" not in self.options:
-                options = {**self.options, "first_step": est["dt"]}  # no fresh initial-step search per segment
+                # no fresh initial-step search per segment
+                solver = self.solver.replace(options={**self.options, "first_step": est["dt"]})
             before = self._stats.steps_forward
-            ys = self._integrate(bound_rows(idx), y, times, jump_t, g, options)
+            ys = self._integrate(bound_rows(idx), y, times, jump_t, g, solver)
             est["dt"] = float(times[-1] - times[0]) / max(1, self._stats.steps_forward - before)
             return ys
 

@@ -17,7 +17,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from cde_nets.solvers.fast_rk import HOST_TIME
+from cde_nets.solvers.times import HOST_TIME
 
 __all__ = ["TimeGrid", "Pieces", "smoothness", "piece_modules", "gathered"]
 

@@ -24,8 +24,10 @@ import torch.nn.functional as nnf
 import torchsde
 from torch import nn
 
-from cde_nets.solvers.adapter import GRADIENTS, SolverStats, aligned_grid
-from cde_nets.solvers.errors import check_positive
+from cde_nets.solvers.counting import SolverStats, count_evaluation
+from cde_nets.solvers.errors import check_positive, check_positive_int
+from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
+from cde_nets.solvers.grids import aligned_grid
 
 from .block import Block
 from .fields.bound import BoundField
@@ -94,16 +96,8 @@ class _SDE(nn.Module):
         self.probe = {"f", "g"}
 
     def _count(self, out: torch.Tensor) -> torch.Tensor:
-        if self.backward_phase:
-            self.stats.nfe_backward += 1
-        else:
-            self.stats.nfe_forward += 1
-            if self.count_vjp and out.requires_grad:
-                out.register_hook(self._vjp_hook)
+        count_evaluation(self.stats, out, self.backward_phase, self.count_vjp)
         return out
-
-    def _vjp_hook(self, grad: torch.Tensor) -> None:
-        self.stats.nfe_backward += 1
 
     def f(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if "f" in self.probe:
@@ -185,7 +179,7 @@ class SDEBlock(Block):
         rtol: float | None = None,
         atol: float | None = None,
         sde_type: str | None = None,
-        gradient: str = "adjoint",
+        gradient: str | GradientMethod = "adjoint",
         adjoint_method: str | None = None,
         seed: int | None = None,
         noise_at_eval: bool = False,
@@ -193,14 +187,40 @@ class SDEBlock(Block):
         channels: int | None = None,
     ):
         super().__init__(field, T)
-        grid = getattr(field, "grid", None)
         if noise not in NOISES:
             raise ValueError(f"`noise` must be one of {NOISES} (g = σ ⊙ y, g = σ, g = 0), got {noise!r}.")
         self.noise = noise
+        self.method, self.sde_type = self._check_method(method, sde_type, noise)
+        self.gradient = as_gradient(gradient, sde=True)
+        self.adjoint_method = self._check_adjoint_method(adjoint_method)
+        levy = {_LEVY[m] for m in (method, self.adjoint_method) if m in _LEVY}
+        self._levy = "foster" if "foster" in levy else (levy.pop() if levy else "none")
+        if step_size is not None:
+            check_positive("step_size", step_size, "It is the largest step of the fixed-step SDE solver.")
+        self.step_size = step_size
+        self.adaptive = bool(adaptive)
+        self.rtol, self.atol = self._check_tolerances(rtol, atol)
+        # a field of one piece (or none) spans the block's own T, which may differ from the field's
+        grid = getattr(field, "grid", None)
+        bounds = grid.boundaries.tolist() if grid is not None and grid.L > 1 else [0.0, self.T]
+        self.register_buffer("_grid", aligned_grid(bounds, step_size), persistent=False)
+        self._steps_per_piece = (len(self._grid) - 1) // max(len(bounds) - 1, 1)
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+            raise ValueError(f"`seed` must be a non-negative integer or None, got {seed!r}.")
+        self.seed = seed
+        self._calls = 0
+        self.noise_at_eval = bool(noise_at_eval)
+        self.paths = check_positive_int("paths", paths, "Brownian paths averaged per sample")
+        self._shape_hint = tuple(getattr(field, "state_shape", ()) or ())
+        self.rho = self._diffusion(field, noise, sigma, channels)
+        self._stats = SolverStats()
+
+    # -- construction helpers --------------------------------------------------------------------------
+    @staticmethod
+    def _check_method(method: str, sde_type: str | None, noise: str | None) -> tuple[str, str]:
         if method not in SDE_METHODS:
             hint = " (it serves only as `adjoint_method`)" if method in _ADJOINT_ONLY else ""
             raise ValueError(f"`method` {method!r} is unknown{hint}; valid: {sorted(SDE_METHODS)}.")
-        self.method = method
         if sde_type is None:
             sde_type = SDE_METHODS[method][0][0]
         if sde_type not in ("ito", "stratonovich"):
@@ -212,19 +232,9 @@ class SDEBlock(Block):
                 f"`method`={method!r} does not integrate {sde_type} SDEs with {noise} noise; valid methods: "
                 f"{_valid_methods(sde_type, 'diagonal', SDE_METHODS)}, or change `sde_type`."
             )
-        self.sde_type = sde_type
-        if gradient not in GRADIENTS:
-            raise ValueError(f"`gradient` must be one of {GRADIENTS}, got {gradient!r}.")
-        self.gradient = gradient
-        self.adjoint_method = self._check_adjoint_method(adjoint_method) if gradient == "adjoint" else None
-        if adjoint_method is not None and gradient != "adjoint":
-            raise ValueError("`adjoint_method` applies to gradient='adjoint' only; drop it or set gradient='adjoint'.")
-        levy = {_LEVY[m] for m in (method, self.adjoint_method) if m in _LEVY}
-        self._levy = "foster" if "foster" in levy else (levy.pop() if levy else "none")
-        if step_size is not None:
-            check_positive("step_size", step_size, "It is the largest step of the fixed-step SDE solver.")
-        self.step_size = step_size
-        self.adaptive = bool(adaptive)
+        return method, sde_type
+
+    def _check_tolerances(self, rtol: float | None, atol: float | None) -> tuple[float, float]:
         if not self.adaptive and (rtol is not None or atol is not None):
             raise ValueError(
                 "`rtol`/`atol` control adaptive stepping; with adaptive=False they would be ignored. "
@@ -233,50 +243,50 @@ class SDEBlock(Block):
         rtol = 1e-5 if rtol is None else rtol
         atol = 1e-4 if atol is None else atol
         if self.adaptive:
-            if method == "reversible_heun":
+            if self.method == "reversible_heun":
                 raise ValueError(
                     "`adaptive=True` is not supported with method='reversible_heun' (torchsde does not "
                     "record its adaptive steps); use a fixed `dt` or another method."
                 )
-            if method == "euler" and noise == "diagonal":
+            if self.method == "euler" and self.noise == "diagonal":
                 raise ValueError(
                     "`adaptive=True` with method='euler' and diagonal (multiplicative) noise need not "
                     "converge; use method='milstein' or 'srk', or a fixed `dt`."
                 )
             check_positive("rtol", rtol, "It is the relative tolerance of adaptive stepping.")
             check_positive("atol", atol, "It is the absolute tolerance of adaptive stepping.")
-        self.rtol, self.atol = float(rtol), float(atol)
-        # a field of one piece (or none) spans the block's own T, which may differ from the field's
-        bounds = grid.boundaries.tolist() if grid is not None and grid.L > 1 else [0.0, self.T]
-        self.register_buffer("_grid", aligned_grid(bounds, step_size), persistent=False)
-        self._steps_per_piece = (len(self._grid) - 1) // max(len(bounds) - 1, 1)
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-            raise ValueError(f"`seed` must be a non-negative integer or None, got {seed!r}.")
-        self.seed = seed
-        self._calls = 0
-        self.noise_at_eval = bool(noise_at_eval)
-        if not isinstance(paths, int) or isinstance(paths, bool) or paths < 1:
-            raise ValueError(f"`paths` must be a positive integer (Brownian paths averaged per sample), got {paths!r}.")
-        self.paths = paths
-        self._shape_hint = tuple(getattr(field, "state_shape", ()) or ())
+        return float(rtol), float(atol)
+
+    def _diffusion(
+        self, field: nn.Module, noise: str | None, sigma: float | torch.Tensor, channels: int | None
+    ) -> nn.Parameter | None:
+        """``ρ`` with ``σ = softplus(ρ)`` per noise channel, or ``None`` without noise."""
         if channels is None:
             channels = self._shape_hint[0] if self._shape_hint else None
-        if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
-            raise ValueError(f"`channels` must be a positive integer (noise channels), got {channels!r}.")
-        if noise is not None:
-            if channels is None:
-                raise ValueError(
-                    f"{type(field).__name__} declares no `state_shape`; pass `channels=` (noise channels)."
-                )
-            self.rho = nn.Parameter(self._inverse_softplus(sigma, int(channels)))
-        else:
-            self.rho = None
-        self._stats = SolverStats()
+        if channels is not None:
+            check_positive_int("channels", channels, "noise channels")
+        if noise is None:
+            return None
+        if channels is None:
+            raise ValueError(f"{type(field).__name__} declares no `state_shape`; pass `channels=` (noise channels).")
+        return nn.Parameter(self._inverse_softplus(sigma, int(channels)))
 
-    # -- construction helpers --------------------------------------------------------------------------
-    def _check_adjoint_method(self, adjoint_method: str | None) -> str:
-        # The adjoint SDE of additive noise has general noise (torchsde/_core/adjoint_sde.py); we run additive
-        # noise as torchsde's diagonal type, whose adjoint stays diagonal.
+    def _check_adjoint_method(self, adjoint_method: str | None) -> str | None:
+        """The method of the adjoint's backward solve (``gradient="adjoint"`` only). The adjoint SDE of additive
+        noise has general noise (torchsde/_core/adjoint_sde.py); additive noise runs as torchsde's diagonal
+        type, whose adjoint stays diagonal."""
+        gradient = self.gradient
+        if not isinstance(gradient, Adjoint):
+            if adjoint_method is not None:
+                raise ValueError(
+                    "`adjoint_method` applies to gradient='adjoint' only; drop it or set gradient='adjoint'."
+                )
+            return None
+        if gradient != Adjoint():
+            raise ValueError(
+                f"the SDE block's adjoint takes no settings of the ODE adjoint ({gradient!r}); use "
+                "gradient='adjoint' and set the backward method with `adjoint_method`."
+            )
         if adjoint_method is None:
             if self.method == "reversible_heun":
                 return "adjoint_reversible_heun"
@@ -384,7 +394,7 @@ class SDEBlock(Block):
                 self.noise == "diagonal",
                 self.sde_type,
                 self._stats,
-                count_vjp=self.gradient == "backprop",
+                count_vjp=self.gradient.counts_vjp,
                 l=l,
             )
             for l in range(pieces)
@@ -424,7 +434,7 @@ class SDEBlock(Block):
         if save is not None:
             ys = torch.stack([average(states[i]) for i in save])
             ts = self._grid[save].clone()
-        return Solution(y=average(y), ts=ts, ys=ys, stats=self._stats.as_dict())
+        return Solution(y=average(y), ts=ts, ys=ys, stats=self._stats)
 
     def _nonfinite(self, states: list[torch.Tensor], grid: torch.Tensor) -> str:
         name = nonfinite_parameter(self)
@@ -488,7 +498,7 @@ class SDEBlock(Block):
                 # Additive and zero noise run as torchsde's diagonal type, but they are additive: adaptive Euler
                 # converges (diagonal noise with euler is refused at construction).
                 warnings.filterwarnings("ignore", message="Numerical solution is not guaranteed to converge")
-                if self.gradient == "adjoint":
+                if isinstance(self.gradient, Adjoint):
                     ys, extra = torchsde.sdeint_adjoint(
                         sde,
                         y,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from cde_nets.solvers.adapter import SolverStats
+from cde_nets.solvers.counting import SolverStats
 
 __all__ = ["Solution"]
 
@@ -24,10 +24,11 @@ class Solution:
             ``None`` when only ``y`` was asked for. In discrete mode layer ``l`` sits at time ``l h``, so both
             modes share one time axis.
         ys: the saved states, ``(len(ts), batch, *state_shape)``, or ``None``.
-        stats: counts of the solve (read like a dict) — ``nfe_forward``, ``nfe_backward`` (filled in when
-            ``backward()`` runs), ``steps_forward``, ``rejected_forward``, ``steps_backward``,
-            ``rejected_backward``. In discrete mode a step is a layer and ``nfe`` counts field evaluations (rows
-            of the batch are not counted).
+        stats: a :class:`~cde_nets.solvers.counting.SolverStats` in every mode (read like a dict) —
+            ``nfe_forward``, ``nfe_backward`` (filled in when ``backward()`` runs), ``steps_forward``,
+            ``rejected_forward``, ``steps_backward``, ``rejected_backward``. In discrete mode a step is a layer,
+            ``nfe_forward`` counts field evaluations (rows of the batch are not counted), and the backward
+            counts stay 0 (autograd differentiates the layers; nothing is solved backwards).
         stop_times: per-sample stopping times ``(batch,)`` float64 when the block stops each sample on its own
             (``stop=``), else ``None``.
         depths: per-sample depths ``(batch,)`` long in discrete mode with ``stop=`` (the layers each sample
@@ -42,7 +43,7 @@ class Solution:
     y: torch.Tensor
     ts: torch.Tensor | None = None
     ys: torch.Tensor | None = None
-    stats: Mapping[str, int] | SolverStats = field(default_factory=dict)
+    stats: SolverStats = field(default_factory=SolverStats)
     stop_times: torch.Tensor | None = None
     depths: torch.Tensor | None = None
     fired: torch.Tensor | None = None

@@ -19,12 +19,12 @@ import torch
 from cde_nets.datasets import swiss_roll
 from cde_nets.diagnostics import adjoint_study
 from cde_nets.fields import CubicFriction, Hamiltonian
+from cde_nets.solvers.gradients import GRADIENTS
 
 from .common import threads
 from .report import result, row, save_figure
 
 # every continuous gradient mode; a mode a method cannot take (reversible needs alf) gives no row
-GRADIENTS = ("adjoint", "backprop", "checkpoint", "symplectic", "reversible")
 
 SETTINGS = {
     "tiny": dict(n=16, tolerances=(1e-3, 1e-6), steps=(), methods=("dopri5",), repeat=1, ref_rtol=1e-8),
@@ -113,7 +113,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
             tolerances=s["tolerances"],
             steps=s["steps"],
             methods=s["methods"],
-            gradients=GRADIENTS,
+            gradients=tuple(GRADIENTS),  # every registered gradient method
             repeat=s["repeat"],
             reference=dict(rtol=s["ref_rtol"], atol=s["ref_rtol"]),
         )

@@ -1,15 +1,30 @@
-"""The numerical layer: torchdiffeq adapter, discrete schemes, stopping rules. Imports nothing from cde_nets."""
+"""The numerical layer: solver options, gradient methods, the torchdiffeq adapter, discrete schemes, stopping
+rules. Imports nothing from cde_nets."""
 
-from .adapter import ADAPTIVE_METHODS, FIXED_METHODS, SolverStats, integrate
+from .adapter import integrate
 from .architectures import ARCHITECTURES, architecture
-from .errors import SolverError
+from .counting import SolverStats
+from .errors import Reason, SolverError
+from .gradients import GRADIENTS, Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic, as_gradient
+from .options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
 from .schemes import SCHEMES, Scheme, Tableau, get_scheme
 
 __all__ = [
     "ADAPTIVE_METHODS",
     "FIXED_METHODS",
+    "REVERSIBLE_METHODS",
+    "SolverOptions",
     "SolverStats",
     "integrate",
+    "GRADIENTS",
+    "GradientMethod",
+    "Adjoint",
+    "Backprop",
+    "Checkpoint",
+    "Symplectic",
+    "Reversible",
+    "as_gradient",
+    "Reason",
     "SolverError",
     "ARCHITECTURES",
     "architecture",

@@ -38,13 +38,16 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from .errors import SolverError, check_positive
+from .counting import Counted
+from .errors import Reason, SolverError, check_positive
+from .options import SolverOptions
+from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
-from .replay import _Grads, _LazyPieces
+from .schemes.leapfrog import leapfrog_inverse, leapfrog_step
 
 __all__ = ["alf_step", "alf_inverse", "integrate_alf"]
 
@@ -54,19 +57,15 @@ def _time(t: float, like: torch.Tensor) -> torch.Tensor:
 
 
 def alf_step(func, z: torch.Tensor, v: torch.Tensor, t0: float, h: float, eta: float):
-    """One ALF step: ``(z_1, v_1)``."""
-    zm = z + (0.5 * h) * v
-    u = func(_time(t0 + 0.5 * h, z), zm)
-    v1 = v + (2.0 * eta) * (u - v)
-    return zm + (0.5 * h) * v1, v1
+    """One ALF step of ``func`` from time ``t0``: ``(z_1, v_1)`` (:func:`~solvers.schemes.leapfrog_step`)."""
+    tm = _time(t0 + 0.5 * h, z)
+    return leapfrog_step(lambda zm: func(tm, zm), z, v, h, eta)
 
 
 def alf_inverse(func, z1: torch.Tensor, v1: torch.Tensor, t0: float, h: float, eta: float):
     """The step's exact inverse: ``(z_0, v_0)`` from ``(z_1, v_1)`` (``t0``: the step's start, as stepped)."""
-    zm = z1 - (0.5 * h) * v1
-    u = func(_time(t0 + 0.5 * h, z1), zm)
-    v0 = (v1 - (2.0 * eta) * u) / (1.0 - 2.0 * eta)
-    return zm - (0.5 * h) * v0, v0
+    tm = _time(t0 + 0.5 * h, z1)
+    return leapfrog_inverse(lambda zm: func(tm, zm), z1, v1, h, eta)
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -155,6 +154,7 @@ def _run(
             f"the state became non-finite (NaN/inf) in the forward solve (alf) after "
             f"{stats.nfe_forward} field evaluations; lower `rtol`/`atol` or the learning rate.",
             nfe=stats.nfe_forward,
+            reason=Reason.NONFINITE,
         )
     return outs, z, v
 
@@ -191,8 +191,8 @@ class _Reversible(torch.autograd.Function):
         params, kept = rest[: ctx.n_params], list(rest[ctx.n_params :])
         pieces: list[PiecewiseParam] = cfg["pieces"]
         slot = cfg["slot"]
-        lazies = [_LazyPieces(p) for p in pieces]
-        acc = _Grads([p for p, j in zip(params, slot) if j is None], lazies)
+        lazies = [LazyPieces(p) for p in pieces]
+        acc = Grads([p for p, j in zip(params, slot) if j is None], lazies)
         out_at = {tj: j for j, tj in enumerate(t)}
         lz, lv = torch.zeros_like(z), torch.zeros_like(v)
         try:
@@ -242,6 +242,7 @@ class _Reversible(torch.autograd.Function):
                 f"the gradient became non-finite (NaN/inf) in the reversible backward pass after "
                 f"{stats.nfe_backward} field evaluations; try a damping options={{'eta': 0.9}}, "
                 "tighter tolerances, or gradient='backprop'.",
+                reason=Reason.NONFINITE_GRADIENT,
                 nfe=stats.nfe_backward,
             )
         g_o = iter(acc.g_others)
@@ -249,29 +250,24 @@ class _Reversible(torch.autograd.Function):
 
 
 def integrate_alf(
-    field,
+    func: Counted,
     y0: torch.Tensor,
     t: torch.Tensor,
     *,
-    rtol: float,
-    atol: float,
-    gradient: str,
+    solver: SolverOptions,
+    reversible: bool,
     params: Sequence[torch.Tensor] | None,
     pieces: Sequence[PiecewiseParam] | None,
     jump_t: torch.Tensor | None,
     grid: torch.Tensor | None,
-    options: dict,
-    max_steps: int,
-    stats: Any,
 ) -> torch.Tensor:
-    """Solve ``y' = field(t, y)`` at times ``t`` with ALF: adaptive, or on ``grid`` (fixed steps, which then
-    contains ``t``). ``gradient``: ``"reversible"`` (see the module) or ``"backprop"``."""
-    from .adapter import _CountedAdaptive  # the adapter imports this module lazily
-
+    """Solve ``y' = func(t, y)`` at times ``t`` with ALF: adaptive, or on ``grid`` (fixed steps, which then
+    contains ``t``). ``reversible``: the gradient of the module docstring; else backpropagation through the steps.
+    ``func`` is the counting wrapper of an adaptive method (:class:`~solvers.counting.CountedAdaptive`)."""
     if t.requires_grad:
         raise ValueError("method='alf' does not differentiate the output times `t`; detach them.")
-    func = _CountedAdaptive(field, stats, max_steps, count_vjp=gradient == "backprop")
-    opts = _options(options, rtol, atol)
+    stats = func.stats
+    opts = _options(dict(solver.options), cast(float, solver.rtol), cast(float, solver.atol))
     ts = [float(s) for s in t.tolist()]
     adaptive = grid is None
     extra = [] if grid is None else grid.tolist()
@@ -280,34 +276,23 @@ def integrate_alf(
     stops = sorted({s for s in [*ts[1:], *extra] if ts[0] < s <= ts[-1]})
     bounds = {float(b) for p in (pieces or ()) for b in p.boundaries}
     resync = {s for s in stops if s in bounds and s < ts[-1]}
-    try:
-        if gradient == "backprop":
-            outs, _, _ = _run(func, y0, ts, stops, opts, adaptive, stats, [], resync, [])
-            ys = torch.stack(outs)
-        else:
-            ps = tuple(p for p in (params or ()) if p.requires_grad)
-            pcs = list(pieces or ())
-            pos = {id(p.data): j for j, p in enumerate(pcs)}
-            used = sorted({pos[id(p)] for p in ps if id(p) in pos})
-            renum = {j: k for k, j in enumerate(used)}
-            slot = [renum[pos[id(p)]] if id(p) in pos else None for p in ps]
-            cfg = dict(
-                func=func,
-                t=ts,
-                stops=stops,
-                opts=opts,
-                adaptive=adaptive,
-                stats=stats,
-                pieces=[pcs[j] for j in used],
-                slot=slot,
-                resync=resync,
-            )
-            ys = _Reversible.apply(cfg, y0, *ps)
-    except BaseException:
-        func.backward_phase = True
-        raise
-    func.backward_phase = True
-    return ys
+    if not reversible:
+        outs, _, _ = _run(func, y0, ts, stops, opts, adaptive, stats, [], resync, [])
+        return torch.stack(outs)
+    pcs = list(pieces or ())
+    ps, used, slot = piece_slots(params or (), pcs)
+    cfg = dict(
+        func=func,
+        t=ts,
+        stops=stops,
+        opts=opts,
+        adaptive=adaptive,
+        stats=stats,
+        pieces=[pcs[j] for j in used],
+        slot=slot,
+        resync=resync,
+    )
+    return _Reversible.apply(cfg, y0, *ps)
 
 
 def reconstruction_error(field, y0: torch.Tensor, T: float, steps: int, eta: float = 1.0) -> float:

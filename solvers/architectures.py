@@ -64,29 +64,24 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("lm2", "any", "LM-ResNet two-step (Ruseckas)", "eq. R111"),
     Architecture("alf", "any", "asynchronous leapfrog (MALI) net, state (y, v), invertible", "MALI Alg. 1"),
     Architecture("midpoint", "any", "RK2 (midpoint) block, for comparison", "—"),
-    Architecture("rk4", "any", "RK4 block, for comparison", "—"),
+    Architecture("rk4", "any", "RK4 block (Kutta's 3/8 rule, torchdiffeq's rk4), for comparison", "—"),
+    Architecture("rk4_classical", "any", "RK4 block (classical tableau), for comparison", "—"),
 )
 
 
 def architecture(scheme: Any, field_kind: Any = "any", variant: str | None = None) -> tuple[str, str]:
     """``(architecture name, paper equation)`` of ``scheme`` on a field of ``field_kind``.
 
-    ``scheme``: a name or a :class:`~solvers.schemes.Scheme`; ``field_kind``: a kind string, or a field — then the
-    variant is the one the scheme has on that field (e.g. ``"non-separable"`` for ``symplectic_euler`` on
-    ``Hamiltonian(K="full")``). ``variant``: the row variant (default: the scheme object's, else ``""``). Kinds
-    without a row of their own get the ``"any"`` row of that variant.
+    ``scheme``: a name or a :class:`~solvers.schemes.Scheme`; ``field_kind``: a kind string, or a field — then a
+    scheme object resolves the variant it has on that field (e.g. ``"non-separable"`` for ``symplectic_euler`` on
+    ``Hamiltonian(K="full")``, :meth:`~solvers.schemes.Scheme.architecture`). ``variant``: the row variant
+    (default: the scheme object's, else ``""``). Kinds without a row of their own get the ``"any"`` row of that
+    variant.
     """
     name = getattr(scheme, "name", scheme)
     if not isinstance(field_kind, str):
-        if variant is None:
-            from .schemes import get_scheme
-
-            try:
-                sch = get_scheme(scheme) if isinstance(scheme, str) else scheme
-            except ValueError:
-                sch = None
-            if sch is not None:
-                return sch.architecture(field_kind)
+        if variant is None and hasattr(scheme, "architecture"):
+            return scheme.architecture(field_kind)
         field_kind = getattr(field_kind, "kind", "generic")
     if variant is None:
         variant = getattr(scheme, "variant", "")

@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+import enum
 import math
 
 import torch
 
-__all__ = ["SolverError", "check_finite", "check_positive", "check_positive_int", "check_init_std"]
+__all__ = ["Reason", "SolverError", "check_finite", "check_positive", "check_positive_int", "check_init_std"]
+
+
+class Reason(enum.Enum):
+    """Why a solve stopped: code branches on this, never on the message."""
+
+    UNDERFLOW = "step size underflow"
+    MAX_STEPS = "max_steps reached"
+    NONFINITE = "non-finite state"
+    NONFINITE_GRADIENT = "non-finite gradient"
+    OTHER = "other"
 
 
 class SolverError(RuntimeError):
     """The solver could not finish: step-size underflow, max steps reached, or a non-finite state.
 
-    ``nfe`` holds the number of field evaluations made before it gave up.
+    ``nfe`` holds the number of field evaluations made before it gave up; ``reason`` is a :class:`Reason`.
     """
 
-    def __init__(self, message: str, nfe: int | None = None):
+    def __init__(self, message: str, nfe: int | None = None, reason: Reason = Reason.OTHER):
         super().__init__(message)
         self.nfe = nfe
+        self.reason = reason
 
 
 def check_positive(name: str, value: float, fix: str = "") -> float:

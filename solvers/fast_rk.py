@@ -39,7 +39,7 @@ from __future__ import annotations
 import bisect
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -47,12 +47,12 @@ import numpy as np
 import torch
 
 from .tableaux import TABLEAUX, MethodTableau
+from .times import HOST_TIME
 
 __all__ = ["FAST_METHODS", "HOST_TIME", "fast_applies", "odeint_fast"]
 
 # The time tensors of a fixed grid carry their value on the host under this attribute, so that a piecewise field
 # finds the piece in force without reading the device (cde_nets.pieces.TimeGrid.index).
-HOST_TIME = "_host_time"
 
 FAST_METHODS = ("dopri5", "bosh3", "euler", "midpoint", "heun2", "heun3", "rk4")
 _OPTIONS = {
@@ -76,11 +76,12 @@ ENABLED = True
 
 
 def fast_applies(
-    method: str, gradient: str, y0: Any, t: torch.Tensor, params: Sequence[torch.Tensor] | None, options: dict
+    method: str, graph: bool, y0: Any, t: torch.Tensor, params: Sequence[torch.Tensor] | None, options: Mapping
 ) -> bool:
     """Whether :func:`odeint_fast` can stand in for torchdiffeq's ``odeint`` in this call: a method and options it
-    implements, increasing output times that need no gradient, a float32/float64 state, and either
-    ``gradient="backprop"`` or no graph to build (a forward-only call in any gradient mode)."""
+    implements, increasing output times that need no gradient, a float32/float64 state, and either ``graph`` (the
+    gradient method differentiates through the forward solve's operations: backprop) or no graph to build (a
+    forward-only call in any gradient method)."""
     if not ENABLED or method not in FAST_METHODS or not set(options) <= _OPTIONS:
         return False
     if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64) or y0.numel() == 0:
@@ -90,7 +91,7 @@ def fast_applies(
     tl = t.tolist()
     if not all(a < b for a, b in zip(tl, tl[1:])):
         return False
-    if gradient == "backprop":
+    if graph:
         return True
     return not (torch.is_grad_enabled() and (y0.requires_grad or any(p.requires_grad for p in params or ())))
 
@@ -339,15 +340,15 @@ def odeint_fast(
     method: str,
     rtol: float,
     atol: float,
-    options: dict,
-    gradient: str = "backprop",
+    options: Mapping,
+    graph: bool = True,
 ) -> torch.Tensor:
     """``torchdiffeq.odeint(func, y0, t, rtol=, atol=, method=, options=)`` for the calls :func:`fast_applies`
     accepts: the same steps, evaluations and callbacks (``callback_step``, ``callback_accept_step``,
-    ``callback_reject_step`` of ``func``), results equal to rounding. ``gradient`` other than ``"backprop"`` runs
-    without a graph. Returns ``(len(t), *y0.shape)``."""
+    ``callback_reject_step`` of ``func``), results equal to rounding. Without ``graph``, runs under no-grad.
+    Returns ``(len(t), *y0.shape)``."""
     tab = TABLEAUX[method]
-    with nullcontext() if gradient == "backprop" else torch.no_grad():
+    with nullcontext() if graph else torch.no_grad():
         if tab.adaptive:
             return _Adaptive(func, y0, t, tab, rtol, atol, options).run()
         return _fixed(func, y0, t, tab, method, options)

@@ -61,7 +61,8 @@ from typing import Any, NamedTuple
 import torch
 from torchdiffeq import odeint
 
-from .errors import SolverError
+from .errors import Reason, SolverError
+from .piece_grads import piece_slots
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
 
@@ -293,7 +294,7 @@ def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, 
     state = tuple(s[1] for s in out)
     # one finiteness check per interval (adaptive solvers also assert it on every step)
     if not bool(torch.stack([torch.isfinite(s).all() for s in state]).all()):
-        raise SolverError(_failure(cfg, "non-finite", t_lo, t_hi), nfe=stats.nfe_backward)
+        raise SolverError(_failure(cfg, "non-finite", t_lo, t_hi), nfe=stats.nfe_backward, reason=Reason.NONFINITE)
     if not full:
         dyn.finish(t_lo, state)
     return state
@@ -311,17 +312,6 @@ def _failure(cfg: dict, what: str, t_lo: float, t_hi: float) -> str:
         f"torchdiffeq stopped {where}: {what[:200]}. Loosen `adjoint_rtol`/`adjoint_atol`, raise `max_steps`, "
         "or use float64."
     )
-
-
-def piece_slots(params, pieces) -> tuple[tuple, list[int], list[int | None]]:
-    """The parameters that require grad, the indices of the ``pieces`` among them (in order), and for each
-    parameter its slot among those pieces (``None`` for a parameter that is not piecewise)."""
-    params = tuple(p for p in params if p.requires_grad)
-    pos = {id(p.data): j for j, p in enumerate(pieces)}
-    used = sorted({pos[id(p)] for p in params if id(p) in pos})
-    renum = {j: k for k, j in enumerate(used)}
-    slot = [renum[pos[id(p)]] if id(p) in pos else None for p in params]
-    return params, used, slot
 
 
 def piecewise_adjoint(

@@ -50,14 +50,19 @@ from typing import Any
 import torch
 from torchdiffeq import odeint
 
-from .errors import SolverError
+from .errors import Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
-from .piecewise_adjoint import PiecewiseParam, piece_slots
+from .piece_grads import Grads, LazyPieces, piece_slots
+from .piecewise_adjoint import PiecewiseParam
 from .tableaux import MethodTableau
 
-__all__ = ["Steps", "record_steps", "replay", "replay_gradient"]
+__all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
 
 _NONE, _NEXT, _PREV = 0, 1, -1
+
+# (func, tableau, steps, n, λ after step n, output indices inside step n, output cotangents, output times, gradient
+# accumulator) -> λ before step n
+StepBack = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -212,7 +217,7 @@ def record_steps(
     func.recorder = rec
     try:
         with torch.no_grad():
-            if fast_applies(method, "backprop", y0, t, (), options):  # the same steps, fewer operations
+            if fast_applies(method, True, y0, t, (), options):  # the same steps, fewer operations
                 ys = odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=options)
             else:
                 ys = odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=options)
@@ -238,53 +243,7 @@ def replay(func, tab: MethodTableau, steps: Steps, y0: torch.Tensor, t: torch.Te
     return torch.stack(out)  # type: ignore[arg-type]
 
 
-class _LazyPieces(Sequence):
-    """Handed to a piecewise tensor as its views during the backward pass: a fresh leaf for each piece the
-    field reads, so a vector-Jacobian product is taken with respect to the pieces in force only."""
-
-    def __init__(self, p: PiecewiseParam):
-        self.p = p
-        self.detached = p.data.detach()
-        self.leaves: dict[int, torch.Tensor] = {}
-
-    def __len__(self) -> int:
-        return self.detached.shape[0]
-
-    def __getitem__(self, l):
-        leaf = self.leaves.get(l)
-        if leaf is None:
-            leaf = self.leaves[l] = self.detached[l].requires_grad_()
-        return leaf
-
-
-class _Grads:
-    """The parameter gradients being accumulated: full tensors and piece by piece."""
-
-    def __init__(self, others: Sequence[torch.Tensor], lazies: Sequence[_LazyPieces]):
-        self.others = tuple(others)
-        self.lazies = list(lazies)
-        self.g_others = [torch.zeros_like(p) for p in others]
-        self.g_pieces = [torch.zeros_like(v.detached) for v in lazies]
-
-    def fresh(self) -> None:
-        for v in self.lazies:
-            v.leaves = {}
-
-    def inputs(self) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
-        keys = [(j, l) for j, v in enumerate(self.lazies) for l in v.leaves]
-        return [*self.others, *(self.lazies[j].leaves[l] for j, l in keys)], keys
-
-    def add(self, grads: Sequence[torch.Tensor | None], keys: list[tuple[int, int]]) -> None:
-        k = len(self.others)
-        for i, g in enumerate(grads[:k]):
-            if g is not None:
-                self.g_others[i] += g
-        for (j, l), g in zip(keys, grads[k:]):
-            if g is not None:
-                self.g_pieces[j][l] += g
-
-
-def _vjp(outs, cots, y: torch.Tensor, acc: _Grads) -> torch.Tensor:
+def _vjp(outs, cots, y: torch.Tensor, acc: Grads) -> torch.Tensor:
     wrt, keys = acc.inputs()
     pairs = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
     if not pairs:
@@ -294,7 +253,7 @@ def _vjp(outs, cots, y: torch.Tensor, acc: _Grads) -> torch.Tensor:
     return torch.zeros_like(y) if grads[0] is None else grads[0]
 
 
-def _checkpoint_step(func, tab, steps, n, lam, outs_in, grad_ys, t, acc: _Grads) -> torch.Tensor:
+def checkpoint_step(func, tab, steps, n, lam, outs_in, grad_ys, t, acc: Grads) -> torch.Tensor:
     with torch.enable_grad():
         y = steps.y0[n].detach().requires_grad_()
         acc.fresh()
@@ -306,7 +265,7 @@ def _checkpoint_step(func, tab, steps, n, lam, outs_in, grad_ys, t, acc: _Grads)
         return _vjp(outs, cots, y, acc)
 
 
-def _symplectic_step(func, tab, steps, n, lam, outs_in, grad_ys, t, acc: _Grads) -> torch.Tensor:
+def symplectic_step(func, tab, steps, n, lam, outs_in, grad_ys, t, acc: Grads) -> torch.Tensor:
     h = _h(steps, n)
     y0 = steps.y0[n]
     with torch.no_grad():
@@ -380,10 +339,10 @@ class _Replay(torch.autograd.Function):
         pieces: list[PiecewiseParam] = cfg["pieces"]
         slot = cfg["slot"]
         others = [p for p, j in zip(params, slot) if j is None]
-        lazies = [_LazyPieces(p) for p in pieces]
-        acc = _Grads(others, lazies)
+        lazies = [LazyPieces(p) for p in pieces]
+        acc = Grads(others, lazies)
         inside, at_end = _outputs(steps, t)
-        step_back = _symplectic_step if cfg["gradient"] == "symplectic" else _checkpoint_step
+        step_back = cfg["step_back"]
         lam: torch.Tensor | None = None
         try:
             for p, v in zip(pieces, lazies):
@@ -403,6 +362,7 @@ class _Replay(torch.autograd.Function):
                 f"the gradient became non-finite (NaN/inf) in the {cfg['gradient']} backward pass after "
                 f"{stats.nfe_backward} field evaluations; lower the learning rate or check the loss.",
                 nfe=stats.nfe_backward,
+                reason=Reason.NONFINITE_GRADIENT,
             )
         g_o = iter(acc.g_others)
         return (None, lam, None, *(next(g_o) if j is None else acc.g_pieces[j] for j in slot))
@@ -416,6 +376,7 @@ def replay_gradient(
     pieces: Sequence[PiecewiseParam],
     *,
     gradient: str,
+    step_back: StepBack,
     tableau: MethodTableau,
     method: str,
     rtol: float,
@@ -423,9 +384,10 @@ def replay_gradient(
     options: dict,
     stats: Any,
 ) -> torch.Tensor:
-    """``odeint(func, y0, t)`` whose backward pass replays its accepted steps (``gradient``: ``"checkpoint"`` or
-    ``"symplectic"``, see the module). ``params``: the tensors to differentiate; those that are the ``data`` of
-    an entry of ``pieces`` are differentiated piece by piece."""
+    """``odeint(func, y0, t)`` whose backward pass replays its accepted steps, one ``step_back`` per step
+    (:func:`checkpoint_step` or :func:`symplectic_step`, see the module; ``gradient`` names it in messages).
+    ``params``: the tensors to differentiate; those that are the ``data`` of an entry of ``pieces`` are
+    differentiated piece by piece."""
     if t.requires_grad:
         raise ValueError(f"gradient={gradient!r} does not differentiate the output times `t`; detach them.")
     params, used, slot = piece_slots(params, pieces)
@@ -438,6 +400,7 @@ def replay_gradient(
         stats=stats,
         tableau=tableau,
         gradient=gradient,
+        step_back=step_back,
         pieces=[pieces[j] for j in used],
         slot=slot,
     )

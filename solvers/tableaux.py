@@ -1,4 +1,5 @@
-r"""The Runge-Kutta methods of torchdiffeq as data, for replaying their accepted steps.
+r"""The explicit Runge-Kutta methods as data: one table for both modes (continuous solves replay their accepted
+steps with it; discrete-mode Runge-Kutta layers are its tableaux).
 
 A method is a Butcher tableau (Butcher 2016, "Numerical methods for ordinary differential equations", §23)
 
@@ -14,7 +15,8 @@ doubles), so that :mod:`solvers.replay` reproduces its accepted steps to roundin
 - ``dopri5``: Dormand & Prince (1980), "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6;
   midpoint weights from Shampine (1986), "Some practical Runge-Kutta formulas", Math. Comp. 46.
 - ``bosh3``: Bogacki & Shampine (1989), "A 3(2) pair of Runge-Kutta formulas", Appl. Math. Lett. 2.
-- ``rk4``: Kutta's 3/8 rule (torchdiffeq's ``rk4`` is this one, not the classical tableau).
+- ``rk4``: Kutta's 3/8 rule (torchdiffeq's ``rk4`` is this one, not the classical tableau), in both modes;
+  ``rk4_classical``: the classical tableau (Kutta 1901), a discrete-mode scheme (torchdiffeq has no such method).
 - ``euler``, ``midpoint``, ``heun2`` (explicit trapezoid), ``heun3`` (Heun's third-order method).
 
 Evaluation times follow torchdiffeq: a stage with ``c_i = 1`` is evaluated just before ``t_1``
@@ -31,9 +33,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schemes import Tableau
+__all__ = ["MethodTableau", "TABLEAUX", "Tableau"]
 
-__all__ = ["MethodTableau", "TABLEAUX", "method_tableau"]
+
+@dataclass(frozen=True)
+class Tableau:
+    """An explicit Butcher tableau; checks itself (rows of ``a`` sum to ``c``, weights ``b`` sum to 1)."""
+
+    a: tuple[tuple[float, ...], ...]
+    b: tuple[float, ...]
+    c: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        s = len(self.b)
+        if len(self.a) != s or len(self.c) != s:
+            raise ValueError("tableau: a, b, c must describe the same number of stages")
+        for i, (row, ci) in enumerate(zip(self.a, self.c)):
+            if len(row) != i:
+                raise ValueError(f"tableau: explicit row {i} must have {i} entries")
+            if abs(sum(row) - ci) > 1e-14:
+                raise ValueError(f"tableau: row {i} of a sums to {sum(row)}, not c = {ci}")
+        if abs(sum(self.b) - 1.0) > 1e-14:
+            raise ValueError("tableau: weights b must sum to 1")
 
 
 @dataclass(frozen=True)
@@ -41,6 +62,7 @@ class MethodTableau:
     """A torchdiffeq method: its tableau, and for adaptive methods the error and midpoint weights.
 
     ``fsal``: the last stage is ``F(t_1, y_1)`` (its row of ``a`` equals ``b``): the next step's first stage.
+    ``continuous``: a method continuous mode serves (a torchdiffeq method); else a discrete-mode scheme only.
     """
 
     name: str
@@ -48,6 +70,7 @@ class MethodTableau:
     tableau: Tableau
     error: tuple[float, ...] | None = None
     mid: tuple[float, ...] | None = None
+    continuous: bool = True
 
     def __post_init__(self) -> None:
         s = len(self.tableau.b)
@@ -135,16 +158,10 @@ TABLEAUX: dict[str, MethodTableau] = {
         4,
         _tab([[], [1 / 3], [-1 / 3, 1.0], [1.0, -1.0, 1.0]], [1 / 8, 3 / 8, 3 / 8, 1 / 8], [0.0, 1 / 3, 2 / 3, 1.0]),
     ),
+    "rk4_classical": MethodTableau(
+        "rk4_classical",
+        4,
+        _tab([[], [0.5], [0.0, 0.5], [0.0, 0.0, 1.0]], [1 / 6, 1 / 3, 1 / 3, 1 / 6], [0.0, 0.5, 0.5, 1.0]),
+        continuous=False,
+    ),
 }
-
-
-def method_tableau(method: str, gradient: str) -> MethodTableau:
-    """The tableau ``gradient`` (``"checkpoint"`` or ``"symplectic"``) replays ``method`` with; a named error
-    for the methods it cannot replay."""
-    if method not in TABLEAUX:
-        raise ValueError(
-            f"gradient={gradient!r} replays the solver's steps with its tableau; method={method!r} has none here "
-            f"(it reuses a stage that is not at the step's end, or is not transcribed). Use one of "
-            f"{sorted(TABLEAUX)}, or gradient='backprop'/'adjoint' with {method!r}."
-        )
-    return TABLEAUX[method]

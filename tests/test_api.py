@@ -117,8 +117,7 @@ def test_a_plain_module_field_in_continuous_mode():
     [
         (dict(method="rk4", rtol=1e-10), "`rtol`/`atol` control adaptive methods; the fixed-step 'rk4'"),
         (dict(method="euler", jumps=False), "`jumps` tells adaptive solvers"),
-        (dict(gradient="backprop", adjoint_rtol=1e-3), "`adjoint_rtol` set\\(s\\) the adjoint's backward solve"),
-        (dict(gradient="backprop", seminorm=False), "`seminorm` set\\(s\\) the adjoint's backward solve"),
+        (dict(gradient="sideways"), "`gradient` must be one of \\('adjoint', 'backprop'"),
         (dict(stop=Stop(eps=1e-3, max_depth=4)), "`stop.max_depth` applies to discrete mode"),
         (dict(stop=dict(eps=1e-3, depth=4)), "`stop` takes eps \\(required\\)"),
         (dict(method="dopri5", step_size=0.1), "`step_size` applies to fixed-step methods"),

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from cde_nets import ODEBlock, SDEBlock, Stop
+from cde_nets import Adjoint, ODEBlock, SDEBlock, Stop
 from cde_nets import datasets as D
 from cde_nets.diagnostics import (
     continuous_bsm,
@@ -448,15 +448,15 @@ API: list[Case] = [
     ),
     (
         "ode-adjoint_method-bad",
-        lambda: ODEBlock(Hamiltonian(4), adjoint_method="xx"),
+        lambda: ODEBlock(Hamiltonian(4), gradient=Adjoint(method="xx")),
         ValueError,
         "`adjoint_method` 'xx' is unknown; adaptive: \\['ad",
     ),
     (
         "ode-adjoint_rtol-neg",
-        lambda: ODEBlock(Hamiltonian(4), adjoint_rtol=-1),
+        lambda: ODEBlock(Hamiltonian(4), gradient=Adjoint(rtol=-1)),
         ValueError,
-        "`adjoint_rtol` must be a finite number > 0, got ",
+        "`rtol` must be a finite number > 0, got ",
     ),
     (
         "ode-y0-0-dim",

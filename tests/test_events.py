@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from cde_nets import ODEBlock, Stop
-from cde_nets.solvers.adapter import ODE_GRADIENTS
 from cde_nets.solvers.events import hermite, locate_roots
+from cde_nets.solvers.gradients import GRADIENTS as ODE_GRADIENTS
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 # every gradient mode of dopri5 ("reversible" belongs to method="alf": its own test below)

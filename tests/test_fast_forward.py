@@ -9,9 +9,10 @@ import torch
 
 from cde_nets import ODEBlock
 from cde_nets.fields import MS1, MS2, MS3, NAIS, CubicFriction, CubicFrictionConv, Hamiltonian, NAISConv, SecondOrder
-from cde_nets.solvers import adapter, fast_rk
+from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverOptions, adapter, fast_rk
 from cde_nets.solvers.errors import SolverError
 from cde_nets.solvers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
+from cde_nets.solvers.gradients import base as gradient_base
 
 T = 2.0
 FIELDS = {
@@ -33,7 +34,7 @@ def _block(name: str, method: str, gradient: str) -> tuple[ODEBlock, torch.Tenso
     make, shape, ushape = FIELDS[name]
     torch.manual_seed(0)
     field = make().double()
-    kw = dict(rtol=1e-6, atol=1e-8) if method in adapter.ADAPTIVE_METHODS else dict(step_size=0.05)
+    kw = dict(rtol=1e-6, atol=1e-8) if method in ADAPTIVE_METHODS else dict(step_size=0.05)
     block = ODEBlock(field, method=method, gradient=gradient, **kw)
     y0 = torch.randn(5, *shape, dtype=torch.float64)
     u = None if ushape is None else torch.randn(5, *ushape, dtype=torch.float64)
@@ -75,20 +76,20 @@ def test_fast_path_is_taken_and_falls_back(monkeypatch):
     y0 = torch.randn(3, 4, dtype=torch.float64)
     t = torch.tensor([0.0, 1.0], dtype=torch.float64)
     p = torch.zeros(2, requires_grad=True)
-    assert fast_applies("dopri5", "adjoint", y0, t, [p], {}) is False  # a graph to build: the adjoint's
+    assert fast_applies("dopri5", False, y0, t, [p], {}) is False  # a graph to build: the adjoint's
     with torch.no_grad():
-        assert fast_applies("dopri5", "adjoint", y0, t, [p], {})
-    assert fast_applies("rk4", "backprop", y0, t, [p], {"perturb": True})
-    assert not fast_applies("dopri8", "backprop", y0, t, [p], {})
-    assert not fast_applies("dopri5", "backprop", y0, t.flip(0), [p], {})
-    assert not fast_applies("dopri5", "backprop", y0, t, [p], {"step_t": t})
+        assert fast_applies("dopri5", False, y0, t, [p], {})
+    assert fast_applies("rk4", True, y0, t, [p], {"perturb": True})
+    assert not fast_applies("dopri8", True, y0, t, [p], {})
+    assert not fast_applies("dopri5", True, y0, t.flip(0), [p], {})
+    assert not fast_applies("dopri5", True, y0, t, [p], {"step_t": t})
     calls = []
 
     def spy(*args, **kwargs):
         calls.append(kwargs["method"])
         return odeint_fast(*args, **kwargs)
 
-    monkeypatch.setattr(adapter, "odeint_fast", spy)
+    monkeypatch.setattr(gradient_base, "odeint_fast", spy)
     block = ODEBlock(Hamiltonian(4, layers=2).double(), rtol=1e-6, atol=1e-8)
     block(y0.requires_grad_()).sum().backward()  # adjoint: torchdiffeq
     with torch.no_grad():
@@ -129,7 +130,7 @@ def test_options_and_errors_as_torchdiffeq(monkeypatch):
         nan = y0.clone().index_fill_(0, torch.tensor([1]), float("nan"))
         for kw, x in ((dict(max_steps=5), y0), ({}, nan)):
             with pytest.raises(SolverError) as info, torch.no_grad():
-                adapter.integrate(field, x, t, rtol=1e-7, atol=1e-9, **kw)
+                adapter.integrate(field, x, t, solver=SolverOptions("dopri5", 1e-7, 1e-9, **kw), gradient=Adjoint())
             msgs.append(str(info.value))
         res[fast] += (msgs,)
     assert res[True][1:] == res[False][1:]

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.linalg import expm
 
-from cde_nets import ODEBlock
+from cde_nets import Adjoint, ODEBlock
 from cde_nets.fields import Field, Hamiltonian
 from cde_nets.pieces import Pieces
 from cde_nets.solvers import SolverError
@@ -222,7 +222,7 @@ def test_max_steps_and_underflow_raise_with_nfe(f64):
 
 def test_max_steps_in_adjoint_backward_raises(f64):
     field = Linear(skew(2, 1) * 20)
-    block = ODEBlock(field, rtol=1e-3, atol=1e-3, adjoint_rtol=1e-12, adjoint_atol=1e-12, max_steps=60)
+    block = ODEBlock(field, rtol=1e-3, atol=1e-3, gradient=Adjoint(rtol=1e-12, atol=1e-12), max_steps=60)
     y = block(torch.ones(1, 2, requires_grad=True))
     with pytest.raises(SolverError, match="reached in the adjoint \\(backward\\) solve"):
         y.sum().backward()

@@ -19,8 +19,10 @@ from cde_nets.fields import (
     SecondOrder,
 )
 from cde_nets.pieces import Pieces
-from cde_nets.solvers import SolverError, adapter
+from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverError, SolverOptions, SolverStats, adapter
 from cde_nets.solvers import piecewise_adjoint as pa
+from cde_nets.solvers.gradients import adjoint as adjoint_module
+from cde_nets.solvers.grids import aligned_grid
 from cde_nets.stop import Stop
 
 ADAPTIVE = {"rtol": 1e-5, "atol": 1e-7}
@@ -77,7 +79,7 @@ FIELDS = [
 
 def _gradients(name, L, method, piecewise, monkeypatch, times=None, **block_kw):
     """Loss gradients w.r.t. y0, u and every parameter, and the block's statistics, with either adjoint."""
-    monkeypatch.setattr(adapter, "_PIECEWISE_ADJOINT", piecewise)
+    monkeypatch.setattr(adjoint_module, "PIECEWISE", piecewise)
     g = torch.Generator().manual_seed(len(name) + 10 * L)
     field, y0, u = _field(name, L, g)
     y0.requires_grad_(True)
@@ -87,7 +89,7 @@ def _gradients(name, L, method, piecewise, monkeypatch, times=None, **block_kw):
     # bosh3 is third order: a looser tolerance keeps its step counts near dopri5's
     kw = (
         {"step_size": 0.125}
-        if method not in adapter.ADAPTIVE_METHODS
+        if method not in ADAPTIVE_METHODS
         else ({"rtol": 1e-4, "atol": 1e-6} if method == "bosh3" else dict(ADAPTIVE))
     )
     block = ODEBlock(field, method=method, **{**kw, **block_kw})
@@ -212,13 +214,16 @@ def test_seminorm_false_and_missing_jumps_fall_back(monkeypatch):
     adjoint runs (the piecewise one would miss a boundary)."""
     calls = []
     original = pa.piecewise_adjoint
-    monkeypatch.setattr(adapter, "piecewise_adjoint", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(adjoint_module, "piecewise_adjoint", lambda *a, **k: calls.append(1) or original(*a, **k))
     g = torch.Generator().manual_seed(1)
     field = Hamiltonian(4, layers=4, generator=g)
     y0 = torch.randn(3, 4, generator=g)
     ref = torch.autograd.grad(ODEBlock(field, **ADAPTIVE)(y0).sum(), list(field.parameters()))
     assert calls == [1]
-    for kw, rtol in (({"seminorm": False}, 1e-3), ({"jumps": False}, 1e-2)):  # other steps, other errors
+    for kw, rtol in (
+        ({"gradient": Adjoint(seminorm=False)}, 1e-3),
+        ({"jumps": False}, 1e-2),
+    ):  # other steps, other errors
         grads = torch.autograd.grad(ODEBlock(field, **ADAPTIVE, **kw)(y0).sum(), list(field.parameters()))
         _assert_same(grads, ref, rtol=rtol)
     assert calls == [1]
@@ -238,18 +243,18 @@ def test_max_steps_in_the_backward_solve():
     g = torch.Generator().manual_seed(2)
     field = Hamiltonian(4, layers=8, generator=g)
     y0 = torch.randn(3, 4, generator=g)
-    stats = adapter.SolverStats(steps_backward=10)  # 8 forward steps pass; the backward solve hits 12 at once
-    grid = adapter.aligned_grid(field.grid.boundaries.tolist(), None)
+    stats = SolverStats(steps_backward=10)  # 8 forward steps pass; the backward solve hits 12 at once
+    grid = aligned_grid(field.grid.boundaries.tolist(), None)
     from cde_nets.ode_block import _piecewise
 
     ys, _ = adapter.integrate(
         field,
         y0,
         torch.tensor([0.0, 1.0]),
-        method="euler",
+        solver=SolverOptions("euler", max_steps=12),
+        gradient=Adjoint(),
         params=list(field.parameters()),
         grid=grid,
-        max_steps=12,
         stats=stats,
         pieces=_piecewise(field),
     )

@@ -27,17 +27,15 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from cde_nets.solvers.adapter import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS
-from cde_nets.solvers.errors import SolverError
+from cde_nets.solvers.errors import SolverError, check_positive_int
+from cde_nets.solvers.gradients import GradientMethod, as_gradient
+from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS
 
 from ..ode_block import ODEBlock
 from ..pieces import TimeGrid
 from .memory import SavedTensorMemory
 
 __all__ = ["adjoint_study", "markdown_table", "discrete_forward"]
-
-
-MODES = ("adjoint", "backprop", "checkpoint", "symplectic", "reversible")
 
 
 def discrete_forward(field: nn.Module, scheme: str, y0: torch.Tensor) -> torch.Tensor:
@@ -122,7 +120,7 @@ def adjoint_study(
     tolerances: Sequence[float] = (1e-3, 1e-6, 1e-9),
     steps: Sequence[int] = (),
     methods: Sequence[str] = ("dopri5",),
-    gradients: Sequence[str] = ("adjoint", "backprop"),
+    gradients: Sequence[str | GradientMethod] = ("adjoint", "backprop"),
     schemes: Sequence[str] | None = None,
     reference: dict | None = None,
     dtype: torch.dtype = torch.float64,
@@ -137,9 +135,10 @@ def adjoint_study(
         tolerances: ``rtol = atol`` values for the adaptive ``methods``.
         steps: total fixed steps over ``[0, T]`` for the fixed-step ``methods`` (``step_size = T/steps``).
         methods: torchdiffeq methods, adaptive ones run over ``tolerances``, fixed ones over ``steps``.
-        gradients: continuous gradient modes (``adjoint``, ``backprop``, ``checkpoint``, ``symplectic``,
-            ``reversible``); a pairing with a method that the block refuses (``reversible`` needs ``alf``,
-            ``checkpoint`` and ``symplectic`` a tableau method) gives no row.
+        gradients: continuous gradient methods, objects or short names (``adjoint``, ``backprop``,
+            ``checkpoint``, ``symplectic``, ``reversible``, or any registered in
+            :data:`~cde_nets.solvers.gradients.GRADIENTS`); a pairing with a method the gradient method does not
+            serve (``reversible`` needs ``alf``, ``checkpoint`` and ``symplectic`` a tableau method) gives no row.
         schemes: discrete-mode schemes (one row each); default ``euler`` plus ``symplectic_euler`` for split fields.
         reference: ``dict(method="dopri5", rtol=1e-10, atol=1e-10)``; always backprop, in float64.
         dtype: dtype of the study's rows.
@@ -159,13 +158,10 @@ def adjoint_study(
                 f"`methods` has unknown {m!r}; adaptive: {sorted(ADAPTIVE_METHODS)}, fixed: {sorted(FIXED_METHODS)}, "
                 f"reversible: {sorted(REVERSIBLE_METHODS)}."
             )
-    for g in gradients:
-        if g not in MODES:
-            raise ValueError(f"`gradients` entries must be among {MODES}, got {g!r}.")
-    if any(not isinstance(s, int) or s < 1 for s in steps):
-        raise ValueError(f"`steps` must be positive integers (total fixed steps over [0, T]), got {list(steps)}.")
-    if not isinstance(repeat, int) or repeat < 1:
-        raise ValueError(f"`repeat` must be a positive integer, got {repeat!r}.")
+    grads = [as_gradient(g) for g in gradients]
+    for s_ in steps:
+        check_positive_int("steps", s_, "total fixed steps over [0, T]")
+    check_positive_int("repeat", repeat)
     ref_cfg = {"method": "dopri5", "rtol": 1e-10, "atol": 1e-10, **(reference or {})}
     unknown = set(ref_cfg) - {"method", "rtol", "atol", "dtype"}
     if unknown:
@@ -218,13 +214,12 @@ def adjoint_study(
             else [{"step_size": T / s} for s in steps]
         )
         for cfg in settings:
-            for gradient in gradients:
-                try:
-                    block = ODEBlock(field, method=method, gradient=gradient, **cfg)
-                except ValueError:
+            for gradient in grads:
+                if not gradient.supports(method):
                     continue  # a pairing the block refuses by name (e.g. reversible needs alf): no row
+                block = ODEBlock(field, method=method, gradient=gradient, **cfg)
                 row = {
-                    "mode": gradient,
+                    "mode": gradient.describe(),
                     "method": method,
                     "rtol": cfg.get("rtol"),
                     "steps": round(T / cfg["step_size"]) if "step_size" in cfg else None,

@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Protocol, cast
 import torch
 from torch import nn
 
-from cde_nets.solvers.adapter import FIXED_METHODS, aligned_grid, integrate
+from cde_nets.solvers.adapter import integrate
+from cde_nets.solvers.gradients import Backprop
+from cde_nets.solvers.grids import aligned_grid
+from cde_nets.solvers.times import check_times
 
 if TYPE_CHECKING:
     from ..ode_block import ODEBlock
@@ -44,22 +47,13 @@ class FrozenPiece(nn.Module):
         return evaluate_piece(self.field, self.l, y)
 
 
-def _check_times(t: torch.Tensor | Sequence[float], T: float) -> torch.Tensor:
-    t = torch.as_tensor(t, dtype=torch.float64).detach().cpu()
-    if t.dim() != 1 or len(t) < 2 or not bool((t[1:] > t[:-1]).all()):
-        raise ValueError("`t` must be a 1-D strictly increasing sequence of at least two times.")
-    if float(t[0]) != 0.0 or float(t[-1]) > T * (1 + 1e-12):
-        raise ValueError(f"`t` must start at 0 and end at or before T={T}, got [{float(t[0])}, {float(t[-1])}].")
-    return t
-
-
 def merge_times(field: nn.Module, t: torch.Tensor | Sequence[float], T: float) -> tuple[list[float], list[int]]:
     """Requested times ``t`` merged with the field's piece boundaries inside ``[0, t[-1]]``.
 
     Returns the merged increasing times and, for each requested time, its index in them. A requested time
     within ``1e-12 T`` of a boundary is replaced by the boundary (the exact float the grid uses).
     """
-    t = _check_times(t, T).tolist()
+    t = check_times(t, T, from_zero=True).cpu().tolist()
     grid = getattr(field, "grid", None)
     bounds = grid.boundaries.tolist() if grid is not None else []
     bounds = [b for b in bounds if b <= t[-1] * (1 + 1e-12)]
@@ -108,17 +102,6 @@ def solve_segments(block: ODEBlock, y0: torch.Tensor, times: Sequence[float], gr
 def solve_piece(block: ODEBlock, func: nn.Module, y: torch.Tensor, a: float, b: float) -> torch.Tensor:
     """``y(b)`` of ``y' = func(t, y)``, ``y(a) = y``, with the block's method, tolerances and step size."""
     span = torch.tensor([a, b], dtype=torch.float64, device=y.device)
-    grid = aligned_grid([a, b], block.step_size) if block.method in FIXED_METHODS else None
-    ys, _ = integrate(
-        func,
-        y,
-        span,
-        method=block.method,
-        rtol=block.rtol,
-        atol=block.atol,
-        gradient="backprop",
-        grid=grid,
-        options=dict(block.options),
-        max_steps=block.max_steps,
-    )
+    grid = None if block.solver.adaptive else aligned_grid([a, b], block.step_size)
+    ys, _ = integrate(func, y, span, solver=block.solver, gradient=Backprop(), grid=grid)
     return ys[-1]

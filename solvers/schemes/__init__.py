@@ -21,7 +21,7 @@ from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
 from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
-from .runge_kutta import RK4, Euler, Midpoint, RungeKutta
+from .runge_kutta import RK4, Euler, Midpoint, RK4Classical, RungeKutta
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "RungeKutta",
     "Midpoint",
     "RK4",
+    "RK4Classical",
     "SymplecticEuler",
     "SymplecticEulerQP",
     "Verlet",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 
 from ..architectures import architecture
+from ..tableaux import Tableau
 
 
 def axpy(y: torch.Tensor, h: float, F: torch.Tensor) -> torch.Tensor:
@@ -25,27 +25,6 @@ __all__ = ["Tableau", "Scheme", "State", "axpy", "dense_matrix"]
 
 
 State = tuple[torch.Tensor, ...]
-
-
-@dataclass(frozen=True)
-class Tableau:
-    """An explicit Butcher tableau; checks itself (rows of ``a`` sum to ``c``, weights ``b`` sum to 1)."""
-
-    a: tuple[tuple[float, ...], ...]
-    b: tuple[float, ...]
-    c: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        s = len(self.b)
-        if len(self.a) != s or len(self.c) != s:
-            raise ValueError("tableau: a, b, c must describe the same number of stages")
-        for i, (row, ci) in enumerate(zip(self.a, self.c)):
-            if len(row) != i:
-                raise ValueError(f"tableau: explicit row {i} must have {i} entries")
-            if abs(sum(row) - ci) > 1e-14:
-                raise ValueError(f"tableau: row {i} of a sums to {sum(row)}, not c = {ci}")
-        if abs(sum(self.b) - 1.0) > 1e-14:
-            raise ValueError("tableau: weights b must sum to 1")
 
 
 def dense_matrix(k: int) -> torch.Tensor:

@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .base import Scheme
 
-__all__ = ["ALF"]
+__all__ = ["ALF", "leapfrog_inverse", "leapfrog_step"]
+
+
+def leapfrog_step(
+    f_mid: Callable[[torch.Tensor], torch.Tensor], y: torch.Tensor, v: torch.Tensor, h: float, eta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One ALF step (MALI, Alg. 1, damped as in §3.3): ``y_½ = y + (h/2) v``, ``u = f_mid(y_½)`` (the field at
+    the step's midpoint time), ``v' = v + 2η (u − v)``, ``y' = y_½ + (h/2) v'``. Returns ``(y', v')``."""
+    ym = y + (0.5 * h) * v
+    u = f_mid(ym)
+    v = v + (2.0 * eta) * (u - v)
+    return ym + (0.5 * h) * v, v
+
+
+def leapfrog_inverse(
+    f_mid: Callable[[torch.Tensor], torch.Tensor], y1: torch.Tensor, v1: torch.Tensor, h: float, eta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's exact inverse (MALI, Alg. 2): ``y_½ = y' − (h/2) v'``, ``u = f_mid(y_½)``,
+    ``v = (v' − 2η u) / (1 − 2η)`` (``2u − v'`` for ``η = 1``: no rounding amplified), ``y = y_½ − (h/2) v``."""
+    ym = y1 - (0.5 * h) * v1
+    u = f_mid(ym)
+    v = 2.0 * u - v1 if eta == 1.0 else (v1 - (2.0 * eta) * u) / (1.0 - 2.0 * eta)
+    return ym - (0.5 * h) * v, v
 
 
 class ALF(Scheme):
@@ -53,16 +77,12 @@ class ALF(Scheme):
         t = l * h if t is None else t
         if t == 0:
             v = f.evaluate(l, y, t=t)
-        ym = y + (0.5 * h) * v
-        u = f.evaluate(l, ym, t=t + 0.5 * h)
-        v = v + (2.0 * self.eta) * (u - v)
-        return (ym + (0.5 * h) * v, v)
+        tm = t + 0.5 * h
+        return leapfrog_step(lambda ym: f.evaluate(l, ym, t=tm), y, v, h, self.eta)
 
     def inverse(self, f, l, state, h, coef=None, t=None):
         y1, v1 = state
         t = l * h if t is None else t
-        ym = y1 - (0.5 * h) * v1
-        u = f.evaluate(l, ym, t=t + 0.5 * h)
-        v = 2.0 * u - v1 if self.eta == 1.0 else (v1 - (2.0 * self.eta) * u) / (1.0 - 2.0 * self.eta)
-        y = ym - (0.5 * h) * v
+        tm = t + 0.5 * h
+        y, v = leapfrog_inverse(lambda ym: f.evaluate(l, ym, t=tm), y1, v1, h, self.eta)
         return (y, torch.zeros_like(y) if t == 0 else v)

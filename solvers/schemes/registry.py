@@ -6,13 +6,27 @@ from .base import Scheme
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
-from .runge_kutta import RK4, Euler, Midpoint
+from .runge_kutta import RK4, Euler, Midpoint, RK4Classical
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
 
 __all__ = ["SCHEME_CLASSES", "SCHEMES", "get_scheme"]
 
 SCHEME_CLASSES: dict[str, type[Scheme]] = {
-    c.name: c for c in (Euler, Midpoint, RK4, SymplecticEuler, SymplecticEulerQP, Verlet, Momentum, CK, Dense, LM2, ALF)
+    c.name: c
+    for c in (
+        Euler,
+        Midpoint,
+        RK4,
+        RK4Classical,
+        SymplecticEuler,
+        SymplecticEulerQP,
+        Verlet,
+        Momentum,
+        CK,
+        Dense,
+        LM2,
+        ALF,
+    )
 }
 SCHEMES: dict[str, Scheme] = {name: cls() for name, cls in SCHEME_CLASSES.items()}
 

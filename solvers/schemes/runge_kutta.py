@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..tableaux import TABLEAUX
 from .base import Scheme, Tableau, axpy
 
-__all__ = ["Euler", "RungeKutta", "Midpoint", "RK4"]
+__all__ = ["Euler", "RungeKutta", "Midpoint", "RK4", "RK4Classical"]
 
 
 class Euler(Scheme):
@@ -47,13 +48,19 @@ class Midpoint(RungeKutta):
     """Explicit midpoint (RK2), for comparison."""
 
     name, order, description = "midpoint", 2, "explicit midpoint (RK2)"
-    tableau = Tableau(a=((), (0.5,)), b=(0.0, 1.0), c=(0.0, 0.5))
+    tableau = TABLEAUX["midpoint"].tableau
 
 
 class RK4(RungeKutta):
-    """Classical fourth-order Runge-Kutta, for comparison."""
+    """Fourth-order Runge-Kutta by Kutta's 3/8 rule (Kutta 1901): the ``rk4`` of continuous mode and of
+    torchdiffeq, for comparison."""
 
-    name, order, description = "rk4", 4, "classical Runge-Kutta"
-    tableau = Tableau(
-        a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)), b=(1 / 6, 1 / 3, 1 / 3, 1 / 6), c=(0.0, 0.5, 0.5, 1.0)
-    )
+    name, order, description = "rk4", 4, "Runge-Kutta, Kutta's 3/8 rule (torchdiffeq's rk4)"
+    tableau = TABLEAUX["rk4"].tableau
+
+
+class RK4Classical(RungeKutta):
+    """The classical fourth-order Runge-Kutta tableau (Kutta 1901), for comparison."""
+
+    name, order, description = "rk4_classical", 4, "classical Runge-Kutta"
+    tableau = TABLEAUX["rk4_classical"].tableau

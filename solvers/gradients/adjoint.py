@@ -1,0 +1,111 @@
+"""The continuous adjoint (Chen et al. 2018, "Neural ordinary differential equations", §2): the adjoint ODE solved
+backwards in time, memory constant in the steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchdiffeq import odeint_adjoint
+
+from ..errors import check_positive
+from ..grids import adjoint_options
+from ..options import ADAPTIVE_METHODS, check_method
+from ..piecewise_adjoint import lands_on_boundaries, piecewise_adjoint
+from .base import GradientMethod, Run
+
+__all__ = ["Adjoint"]
+
+# False routes every adjoint through torchdiffeq's ``odeint_adjoint`` (the reference the tests compare with).
+PIECEWISE = True
+
+
+@dataclass(frozen=True)
+class Adjoint(GradientMethod):
+    """Solve the adjoint ODE backwards (Chen et al. 2018): ``a' = −aᵀ ∂F/∂y``, parameter gradients as integrals
+    along it. Its backward solve has its own settings: ``rtol``, ``atol``, ``method`` (default: the forward
+    solve's), and the ``seminorm`` (Kidger, Chen & Lyons 2021, "Hey, that's not an ODE": the error norm of the
+    backward solve ignores the parameter-gradient states; on by default).
+
+    Parameters constant on pieces of time get one piece-shaped gradient state each and the backward solve
+    differentiates only the piece in force, so its cost is linear in the number of pieces
+    (:mod:`solvers.piecewise_adjoint`); without the seminorm, when ``t`` requires grad, or when the backward solver
+    would not step on every piece boundary, torchdiffeq's ``odeint_adjoint`` serves, whose cost grows with the
+    square of the number of pieces. Serves every method but ``alf``, and the SDE block (``method`` there is
+    torchsde's ``adjoint_method``; ``rtol``/``atol``/``seminorm`` are refused).
+    """
+
+    rtol: float | None = None
+    atol: float | None = None
+    method: str | None = None
+    seminorm: bool = True
+
+    name = "adjoint"
+    sde = True
+
+    def __post_init__(self) -> None:
+        if self.rtol is not None:
+            object.__setattr__(self, "rtol", check_positive("rtol", self.rtol))
+        if self.atol is not None:
+            object.__setattr__(self, "atol", check_positive("atol", self.atol))
+        if not isinstance(self.seminorm, bool):
+            raise TypeError(f"`seminorm` must be True or False, got {self.seminorm!r}.")
+
+    def check_ode(self) -> None:
+        """The backward method must be one of the ODE methods (the SDE block checks its own)."""
+        if self.method is not None:
+            check_method(self.method, "adjoint_method")
+
+    def check(self, method: str) -> None:
+        super().check(method)
+        self.check_ode()
+
+    def solve(self, run: Run) -> torch.Tensor:
+        s, func = run.solver, run.func
+        adj_method = s.method if self.method is None else self.method
+        adj_options = adjoint_options(adj_method, run.jump_t, run.grid, self.seminorm)
+        adj_rtol = s.rtol if self.rtol is None else self.rtol
+        adj_atol = s.atol if self.atol is None else self.atol
+        if adj_method in ADAPTIVE_METHODS and run.jump_t is not None:
+            func.backward_jumps = sorted(float(j) for j in run.jump_t.tolist())
+        if self._piecewise_applies(run, adj_method):
+            func.scan_backward = False
+            return piecewise_adjoint(
+                func,
+                run.y0,
+                run.t,
+                run.params,
+                run.pieces,
+                rtol=s.rtol,
+                atol=s.atol,
+                method=s.method,
+                options=run.options,
+                adjoint_rtol=adj_rtol,
+                adjoint_atol=adj_atol,
+                adjoint_method=adj_method,
+                adjoint_options=adj_options,
+                stats=run.stats,
+                adjoint_adaptive=adj_method in ADAPTIVE_METHODS,
+            )
+        return odeint_adjoint(
+            func,
+            run.y0,
+            run.t,
+            rtol=s.rtol,
+            atol=s.atol,
+            method=s.method,
+            options=run.options,
+            adjoint_params=run.params,
+            adjoint_method=adj_method,
+            adjoint_rtol=adj_rtol,
+            adjoint_atol=adj_atol,
+            adjoint_options=adj_options,
+        )
+
+    def _piecewise_applies(self, run: Run, adj_method: str) -> bool:
+        if not (PIECEWISE and self.seminorm and isinstance(run.y0, torch.Tensor)) or run.t.requires_grad:
+            return False
+        if not run.pieces:
+            return True
+        stops = run.jump_t if adj_method in ADAPTIVE_METHODS else run.grid
+        return lands_on_boundaries(run.pieces, run.t, None if stops is None else stops.tolist())

@@ -1,0 +1,105 @@
+"""The interface every gradient method implements, and the solve it is handed (:class:`Run`).
+
+A gradient method decides how the solve's backward pass is computed — by its own forward solve (an autograd
+function, a replay, torchdiffeq's adjoint) — and declares which methods it can serve. diffrax's ``adjoint=``
+objects (Kidger 2021, "On neural differential equations", §5) are the model: the choice a user makes is an
+object that owns its solve; the short strings (``gradient="adjoint"``) name the default instance of each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..counting import Counted, SolverStats
+from ..fast_rk import fast_applies, odeint_fast
+from ..options import REVERSIBLE_METHODS, SolverOptions
+from ..piecewise_adjoint import PiecewiseParam
+
+__all__ = ["GradientMethod", "Run"]
+
+
+@dataclass
+class Run:
+    """One solve of ``y' = func(t, y)`` from ``y0`` at the times ``t`` (float64, increasing).
+
+    ``options`` are the torchdiffeq options of the forward solve (the solver's own plus the jump times or grid);
+    ``params`` the tensors to differentiate (parameters and any tensor the field closes over); ``pieces`` those of
+    them that are constant on pieces of time; ``jump_t`` (adaptive) and ``grid`` (fixed steps) where the field's
+    parameters jump.
+    """
+
+    func: Counted
+    y0: torch.Tensor
+    t: torch.Tensor
+    solver: SolverOptions
+    options: dict
+    params: tuple[torch.Tensor, ...]
+    pieces: tuple[PiecewiseParam, ...]
+    jump_t: torch.Tensor | None
+    grid: torch.Tensor | None
+
+    @property
+    def stats(self) -> SolverStats:
+        return self.func.stats
+
+    @property
+    def method(self) -> str:
+        return self.solver.method
+
+
+class GradientMethod:
+    """Base class of the gradient methods (``ODEBlock(..., gradient=...)``).
+
+    A subclass sets :attr:`name` (its short string), declares what it serves (:meth:`supports`, and
+    :attr:`sde` for the SDE block), and implements :meth:`solve`. Forward-only calls, and every call of a method
+    whose gradient is backpropagation through the forward's operations (:attr:`forward_graph`), go through the
+    fast forward path where it applies (:func:`~solvers.fast_rk.fast_applies`), the same steps as torchdiffeq.
+    """
+
+    name: ClassVar[str] = ""
+    forward_graph: ClassVar[bool] = False  # the backward pass differentiates the forward solve's own operations
+    counts_vjp: ClassVar[bool] = False  # nfe_backward counts vector-Jacobian products through recorded evaluations
+    sde: ClassVar[bool] = False  # also served by the SDE block
+
+    def supports(self, method: str) -> bool:
+        """Whether this gradient method can serve ``method`` (default: every method but the reversible ones)."""
+        return method not in REVERSIBLE_METHODS
+
+    def refusal(self, method: str) -> str:
+        """Why ``method`` is refused, and what to use instead (the message of :meth:`check`)."""
+        if method in REVERSIBLE_METHODS:
+            return (
+                f"method={method!r} (asynchronous leapfrog) takes gradient='reversible' (its exact "
+                f"inverse, constant memory) or 'backprop'; got {self.name!r}."
+            )
+        return f"gradient={self.name!r} cannot serve method={method!r}; use gradient='backprop'."
+
+    def check(self, method: str) -> None:
+        """Raise ``ValueError`` naming the fix unless :meth:`supports` ``method``."""
+        if not self.supports(method):
+            raise ValueError(self.refusal(method))
+
+    def __call__(self, run: Run) -> torch.Tensor:
+        """The states at ``run.t``, ``(len(t), *y0.shape)``, with this method's backward pass attached."""
+        graph = self.forward_graph
+        if fast_applies(run.method, graph, run.y0, run.t, run.params, run.options):
+            s = run.solver
+            return odeint_fast(
+                run.func, run.y0, run.t, method=s.method, rtol=s.rtol, atol=s.atol, options=run.options, graph=graph
+            )
+        return self.solve(run)
+
+    def solve(self, run: Run) -> torch.Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The short name, for tables and logs."""
+        return self.name
+
+    def __repr__(self) -> str:
+        fields = getattr(self, "__dataclass_fields__", {})
+        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in fields if getattr(self, k) != fields[k].default)
+        return f"{type(self).__name__}({args})"

@@ -1,0 +1,169 @@
+"""The methods by name, and the settings of one solve (:class:`SolverOptions`), validated once.
+
+Method names follow torchdiffeq 0.2.5 (``rk4`` is Kutta's 3/8 rule there and here; the classical tableau is
+``rk4_classical``), plus ``alf`` (:mod:`solvers.alf`), this library's reversible integrator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import check_positive, check_positive_int
+
+__all__ = [
+    "ADAPTIVE_METHODS",
+    "FIXED_METHODS",
+    "REVERSIBLE_METHODS",
+    "SolverOptions",
+    "check_method",
+    "check_options",
+    "is_adaptive",
+    "validate_tolerances",
+]
+
+# name -> order
+ADAPTIVE_METHODS: dict[str, int] = {"dopri8": 8, "dopri5": 5, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
+FIXED_METHODS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
+# the alf integrator is cde_nets' own (solvers.alf), adaptive or on a fixed grid
+REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}
+
+_ALF_OPTIONS = {"eta", "first_step", "max_step", "safety", "ifactor", "dfactor"}
+_ADAPTIVE_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "step_t"}
+_FIXED_OPTIONS: set[str] = set()
+
+
+def check_method(method: str, name: str = "method") -> str:
+    """``method`` if it names a method (``name``: the argument, for the message), else a ``ValueError``."""
+    known = (*ADAPTIVE_METHODS, *FIXED_METHODS, *(REVERSIBLE_METHODS if name == "method" else ()))
+    if not isinstance(method, str) or method not in known:
+        alf = (
+            f", reversible (adaptive, or fixed with `step_size`): {sorted(REVERSIBLE_METHODS)}"
+            if name == "method"
+            else ""
+        )
+        raise ValueError(
+            f"`{name}` {method!r} is unknown; adaptive: {sorted(ADAPTIVE_METHODS)}, "
+            f"fixed-step: {sorted(FIXED_METHODS)}{alf}."
+        )
+    return method
+
+
+def is_adaptive(method: str, step_size: float | None = None) -> bool:
+    """Whether ``method`` chooses its own steps (``alf`` does unless given a ``step_size``)."""
+    return method in ADAPTIVE_METHODS or (method in REVERSIBLE_METHODS and step_size is None)
+
+
+def check_options(method: str, options: Mapping | None) -> dict:
+    """A copy of ``options`` if every key is an option of ``method``, else a ``ValueError`` naming the valid ones."""
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"`options` must be a dict of torchdiffeq options, got {type(options).__name__}.")
+    options = dict(options or {})
+    if method in REVERSIBLE_METHODS:
+        valid = _ALF_OPTIONS
+    else:
+        valid = _ADAPTIVE_OPTIONS if method in ADAPTIVE_METHODS else _FIXED_OPTIONS
+    unknown = set(options) - valid
+    if unknown:
+        hint = "use `step_size=` of the block for fixed-step methods; " if method in FIXED_METHODS else ""
+        raise ValueError(
+            f"unknown option(s) {sorted(unknown)} for method {method!r}; {hint}valid: {sorted(valid) or 'none'}."
+        )
+    return options
+
+
+def validate_tolerances(rtol: float, atol: float) -> tuple[float, float]:
+    rtol = check_positive("rtol", rtol, "Typical values: 1e-3 (training) to 1e-10 (reference solutions).")
+    atol = check_positive("atol", atol, "Typical values: 1e-4 (training) to 1e-12 (reference solutions).")
+    return rtol, atol
+
+
+class FrozenOptions(dict):
+    """A solver's options after validation: a dict that refuses changes (copy it with ``dict(...)`` to edit)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("solver options are fixed once validated; build new SolverOptions (`.replace(options=...)`).")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (FrozenOptions, (dict(self),))
+
+    def __deepcopy__(self, memo: dict) -> FrozenOptions:
+        return self
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted((k, repr(v)) for k, v in self.items())))
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """How to integrate: the method, its tolerances or step, the step budget and the solver's options.
+
+    Checked once, on construction, with errors that name the argument: tolerances belong to adaptive methods and
+    ``step_size`` to fixed-step ones (``alf`` is either, by whether ``step_size`` is given); ``jumps`` tells an
+    adaptive method where time-varying parameters jump (torchdiffeq's ``jump_t``); ``options`` are the method's
+    further torchdiffeq options (unknown keys raise). ``rtol``/``atol`` default to 1e-6/1e-8.
+    """
+
+    method: str = "dopri5"
+    rtol: float | None = None
+    atol: float | None = None
+    step_size: float | None = None
+    max_steps: int = 100_000
+    jumps: bool | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        method = check_method(self.method)
+        adaptive = is_adaptive(method, self.step_size)
+        set_ = object.__setattr__  # frozen: normalised once here
+        set_(self, "options", FrozenOptions(check_options(method, self.options)))
+        if not adaptive and (self.rtol is not None or self.atol is not None):
+            raise ValueError(
+                f"`rtol`/`atol` control adaptive methods; the fixed-step {method!r} would ignore them. "
+                "Drop them (set the step with `step_size`), or use an adaptive method such as 'dopri5'."
+            )
+        rtol, atol = validate_tolerances(
+            1e-6 if self.rtol is None else self.rtol, 1e-8 if self.atol is None else self.atol
+        )
+        set_(self, "rtol", rtol)
+        set_(self, "atol", atol)
+        if self.step_size is not None:
+            if adaptive:
+                raise ValueError(
+                    f"`step_size` applies to fixed-step methods {sorted(FIXED_METHODS)}, not {method!r}; "
+                    "use `rtol`/`atol` (or options={'first_step': ...}) for adaptive methods."
+                )
+            set_(
+                self,
+                "step_size",
+                check_positive("step_size", self.step_size, "It is the largest fixed step; it must be > 0."),
+            )
+        if self.jumps is not None and not adaptive:
+            raise ValueError(
+                f"`jumps` tells adaptive solvers where the parameters jump; the fixed-step {method!r} "
+                "always steps on every piece boundary. Drop `jumps`."
+            )
+        set_(self, "jumps", True if self.jumps is None else bool(self.jumps))
+        check_positive_int("max_steps", self.max_steps)
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the method chooses its own steps."""
+        return is_adaptive(self.method, self.step_size)
+
+    def steps_over(self, pieces: list[tuple[float, float]]) -> int:
+        """Fixed steps the grid takes over ``pieces`` (each piece in steps of at most ``step_size``)."""
+        step = self.step_size
+        return sum(1 if step is None else max(1, math.ceil((b - a) / step - 1e-9)) for a, b in pieces)
+
+    def replace(self, **changes: Any) -> SolverOptions:
+        """A copy with ``changes``, validated again."""
+        kw = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        kw["options"] = dict(self.options)
+        if not self.adaptive:  # the defaults filled in for fixed-step methods are not settings
+            kw["rtol"] = kw["atol"] = kw["jumps"] = None
+        return SolverOptions(**{**kw, **changes})

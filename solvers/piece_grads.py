@@ -1,0 +1,71 @@
+"""Gradients of parameters that are constant on pieces of time, accumulated piece by piece: what the step
+replay (:mod:`solvers.replay`) and the reversible integrator (:mod:`solvers.alf`) share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .piecewise_adjoint import PiecewiseParam
+
+__all__ = ["Grads", "LazyPieces", "piece_slots"]
+
+
+def piece_slots(params, pieces) -> tuple[tuple, list[int], list[int | None]]:
+    """The parameters that require grad, the indices of the ``pieces`` among them (in order), and for each
+    parameter its slot among those pieces (``None`` for a parameter that is not piecewise)."""
+    params = tuple(p for p in params if p.requires_grad)
+    pos = {id(p.data): j for j, p in enumerate(pieces)}
+    used = sorted({pos[id(p)] for p in params if id(p) in pos})
+    renum = {j: k for k, j in enumerate(used)}
+    slot = [renum[pos[id(p)]] if id(p) in pos else None for p in params]
+    return params, used, slot
+
+
+class LazyPieces(Sequence):
+    """Handed to a piecewise tensor as its views during the backward pass: a fresh leaf for each piece the
+    field reads, so a vector-Jacobian product is taken with respect to the pieces in force only."""
+
+    def __init__(self, p: PiecewiseParam):
+        self.p = p
+        self.detached = p.data.detach()
+        self.leaves: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.detached.shape[0]
+
+    def __getitem__(self, l):
+        leaf = self.leaves.get(l)
+        if leaf is None:
+            leaf = self.leaves[l] = self.detached[l].requires_grad_()
+        return leaf
+
+
+class Grads:
+    """The parameter gradients being accumulated: full tensors and piece by piece."""
+
+    def __init__(self, others: Sequence[torch.Tensor], lazies: Sequence[LazyPieces]):
+        self.others = tuple(others)
+        self.lazies = list(lazies)
+        self.g_others = [torch.zeros_like(p) for p in others]
+        self.g_pieces = [torch.zeros_like(v.detached) for v in lazies]
+
+    def fresh(self) -> None:
+        for v in self.lazies:
+            v.leaves = {}
+
+    def inputs(self) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
+        keys = [(j, l) for j, v in enumerate(self.lazies) for l in v.leaves]
+        return [*self.others, *(self.lazies[j].leaves[l] for j, l in keys)], keys
+
+    def add(self, grads: Sequence[torch.Tensor | None], keys: list[tuple[int, int]]) -> None:
+        k = len(self.others)
+        for i, g in enumerate(grads[:k]):
+            if g is not None:
+                self.g_others[i] += g
+        for (j, l), g in zip(keys, grads[k:]):
+            if g is not None:
+                self.g_pieces[j][l] += g
