@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cde_nets.solvers.errors import check_positive_int
+
 __all__ = ["ZeroPad", "Readout", "Classifier"]
 
 
@@ -42,8 +44,7 @@ class Readout(nn.Module):
         if kind not in ("linear", "coordinate", "maxpool"):
             raise ValueError(f"`readout` must be 'linear', 'coordinate' or 'maxpool', got {kind!r}.")
         for name, v in (("state_dim", state_dim), ("n_out", n_out)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {v!r}.")
+            check_positive_int(name, v)
         self.kind = kind
         self.n_out = n_out
         if kind == "coordinate" and n_out > state_dim:

@@ -190,9 +190,6 @@ class ODEBlock(Block):
     # torchdiffeq's and torchsde's step loops are data-dependent control flow with host synchronisation on every
     # step: under torch.compile the solve runs eagerly and everything around it is compiled (under inductor
     # the adaptive loop failed outright with a view+inplace error).
-    # torchdiffeq's and torchsde's step loops are data-dependent control flow with host synchronisation on every
-    # step: under torch.compile the solve runs eagerly and everything around it is compiled (under inductor
-    # the adaptive loop failed outright with a view+inplace error).
     @torch.compiler.disable
     def solve(
         self,
@@ -233,6 +230,28 @@ class ODEBlock(Block):
         bound = self.bind(y0, u)
         self._stats = SolverStats()
         per_sample = self.stop is not None or event is not None or t_end is not None
+        self._check_events(event, t, t_end, dense)
+        tend = None if t_end is None else self._check_t_end(t_end, y0)
+        check_positive("event_tol", event_tol, "It is the width in t to which event times are located.")
+        if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to solve, but every parameter in the graph
+            return _empty(bound, y0, self.T, t, self._stats, per_sample)
+        if per_sample or dense:
+            g = None if event is None else (lambda s, y, idx: event(s, y))
+            with self._gathered():
+                res = self._solve_events(bound, y0, g, tend, dense, event_tol)
+            dense_out = None if res.knots is None else HermiteDense(*res.knots)
+            return Solution(
+                y=res.y,
+                stats=self._stats,
+                stop_times=None if dense else res.times,
+                fired=None if dense else res.fired,
+                interpolant=dense_out,
+            )
+        return self._solve_at(bound, y0, t)
+
+    def _check_events(self, event, t, t_end, dense: bool) -> None:
+        """Refuse per-call arguments that do not combine, naming which."""
+        per_sample = self.stop is not None or event is not None or t_end is not None
         if event is not None and not callable(event):
             raise TypeError(f"`event` must be a callable g(t, y) -> (batch,), got {type(event).__name__}.")
         if per_sample and t is not None:
@@ -251,22 +270,9 @@ class ODEBlock(Block):
                 "`event` and the block's `stop` rule are both stopping events; pass one of them "
                 "(build the block without `stop`, or fold ‖F‖ − eps into your `event`)."
             )
-        tend = None if t_end is None else self._check_t_end(t_end, y0)
-        check_positive("event_tol", event_tol, "It is the width in t to which event times are located.")
-        if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to solve, but every parameter in the graph
-            return _empty(bound, y0, self.T, t, self._stats, per_sample)
-        if per_sample or dense:
-            g = None if event is None else (lambda s, y, idx: event(s, y))
-            with self._gathered():
-                res = self._solve_events(bound, y0, g, tend, dense, event_tol)
-            dense_out = None if res.knots is None else HermiteDense(*res.knots)
-            return Solution(
-                y=res.y,
-                stats=self._stats,
-                stop_times=None if dense else res.times,
-                fired=None if dense else res.fired,
-                interpolant=dense_out,
-            )
+
+    def _solve_at(self, bound: BoundField, y0: torch.Tensor, t) -> Solution:
+        """The whole batch to ``T`` (``t`` None), or through the requested times ``t``."""
         if t is None:
             times = torch.tensor([0.0, self.T], dtype=torch.float64, device=y0.device)
             return Solution(y=self._solve(bound, y0, times)[-1], stats=self._stats)

@@ -17,6 +17,7 @@ from typing import cast
 import torch
 from torch import nn
 
+from cde_nets.solvers.errors import check_positive_int
 from cde_nets.solvers.times import HOST_TIME
 
 __all__ = ["TimeGrid", "Pieces", "smoothness", "piece_modules", "gathered"]
@@ -31,8 +32,7 @@ class TimeGrid:
     """
 
     def __init__(self, T: float, layers: int):
-        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-            raise ValueError(f"`layers` must be a positive integer (number of parameter pieces), got {layers!r}.")
+        check_positive_int("layers", layers, "number of parameter pieces")
         T = float(T)
         if not math.isfinite(T) or T <= 0:
             raise ValueError(f"`T` must be a finite positive end time, got {T!r}.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cde_nets.solvers.errors import check_positive
+from cde_nets.solvers.errors import check_positive, check_positive_int
 
 __all__ = ["Stop", "as_stop"]
 
@@ -28,8 +28,8 @@ class Stop:
     def __post_init__(self) -> None:
         check_positive("eps", self.eps, "It is the per-sample convergence threshold, e.g. 1e-4.")
         d = self.max_depth
-        if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d < 1):
-            raise ValueError(f"`max_depth` must be a positive integer (the most layers a sample takes), got {d!r}.")
+        if d is not None:
+            check_positive_int("max_depth", d, "the most layers a sample takes")
 
 
 def as_stop(stop: Stop | dict[str, Any] | None, mode: str) -> Stop | None:

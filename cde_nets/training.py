@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cde_nets.solvers.errors import check_positive_int
+
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .distributed import data_parallel as dp
 from .pieces import smoothness
@@ -183,8 +185,7 @@ class Checkpoints:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
-            raise ValueError(f"`every` must be a positive integer (epochs between checkpoints), got {self.every!r}.")
+        check_positive_int("every", self.every, "epochs between checkpoints")
 
 
 @dataclass(frozen=True)
@@ -322,10 +323,8 @@ class Trainer:
         shows the progress bar and writes checkpoints.
         """
         x_tr, y_tr, x_te, y_te = _check_data(self.task, data)
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ValueError(f"`epochs` must be a positive integer, got {epochs!r}.")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")
+        check_positive_int("epochs", epochs)
+        check_positive_int("batch_size", batch_size)
         dp.check_batch_size(batch_size)
         policy = self.checkpoints
         block = _CHECKPOINTING.get()

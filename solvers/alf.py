@@ -38,7 +38,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -267,7 +267,7 @@ def integrate_alf(
     if t.requires_grad:
         raise ValueError("method='alf' does not differentiate the output times `t`; detach them.")
     stats = func.stats
-    opts = _options(dict(solver.options), cast(float, solver.rtol), cast(float, solver.atol))
+    opts = _options(dict(solver.options), solver.rtol, solver.atol)
     ts = [float(s) for s in t.tolist()]
     adaptive = grid is None
     extra = [] if grid is None else grid.tolist()

@@ -185,144 +185,172 @@ def integrate_events(
         dense: keep every sub-point's state and field as Hermite knots (no event or ``t_end`` allowed: the
             whole batch runs to ``t1``).
     """
-    batch, device = y0.shape[0], y0.device
-    sign = 1.0 if t1 >= t0 else -1.0
-    times = torch.full((batch,), t1, dtype=torch.float64, device=device)
-    fired = torch.zeros(batch, dtype=torch.bool, device=device)
-    if t_end is not None:
-        t_end = t_end.to(device=device, dtype=torch.float64)
-    idx = torch.arange(batch, device=device)
-    parts_y: list[tuple[torch.Tensor, torch.Tensor]] = []
-    parts_t: list[tuple[torch.Tensor, torch.Tensor]] = []
-    knots_t: list[float] = [t0]
-    knots_y: list[torch.Tensor] = [y0]
-    cur, t = y0, t0
+    loop = _EventLoop(solve, field, y0, t0, t1, event, t_end, tol)
+    loop.start(stop_below)
+    while loop.idx.numel() and loop.sign * (t1 - loop.t) > 0:
+        loop.segment(plan, dense)
+    return loop.result(dense)
 
-    def finish(rows: torch.Tensor, y: torch.Tensor, tt: torch.Tensor, by_event: bool = True) -> None:
-        parts_y.append((idx[rows], y))
-        parts_t.append((idx[rows], tt))
-        times[idx[rows]] = tt.detach()
-        fired[idx[rows]] = by_event
 
-    g_prev = None
-    if event is not None:
-        with torch.no_grad():
-            g_prev = event(torch.full((batch,), t0, dtype=y0.dtype, device=device), y0, idx)
-        if stop_below:
-            at_start = g_prev <= 0
-            if bool(at_start.any()):
-                finish(
-                    at_start, y0[at_start], torch.full((int(at_start.sum()),), t0, dtype=torch.float64, device=device)
-                )
-                keep = ~at_start
-                idx, cur, g_prev = idx[keep], cur[keep], g_prev[keep]
+class _EventLoop:
+    """The state of :func:`integrate_events`: the rows still running (``idx``, their state ``cur`` at time ``t``
+    and last event value ``g_prev``), and each finished sample's state and time."""
 
-    if t_end is not None and bool((t_end == t0).any()):  # an end time at the start: y0 itself
-        at_start = t_end == t0
-        y_rows, te_rows = y0[at_start], t_end[at_start]
+    def __init__(self, solve: Solve, field: RowFn, y0: torch.Tensor, t0: float, t1: float, event, t_end, tol: float):
+        batch, device = y0.shape[0], y0.device
+        self.solve, self.field, self.event, self.tol = solve, field, event, tol
+        self.y0, self.t0, self.t1, self.batch, self.device = y0, t0, t1, batch, device
+        self.sign = 1.0 if t1 >= t0 else -1.0
+        self.times = torch.full((batch,), t1, dtype=torch.float64, device=device)
+        self.fired = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.t_end = None if t_end is None else t_end.to(device=device, dtype=torch.float64)
+        self.idx = torch.arange(batch, device=device)
+        self.parts_y: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.parts_t: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.knots_t: list[float] = [t0]
+        self.knots_y: list[torch.Tensor] = [y0]
+        self.cur, self.t = y0, t0
+        self.g_prev: torch.Tensor | None = None
+
+    def finish(self, rows: torch.Tensor, y: torch.Tensor, tt: torch.Tensor, by_event: bool = True) -> None:
+        self.parts_y.append((self.idx[rows], y))
+        self.parts_t.append((self.idx[rows], tt))
+        self.times[self.idx[rows]] = tt.detach()
+        self.fired[self.idx[rows]] = by_event
+
+    def keep(self, keep: torch.Tensor, cur: torch.Tensor) -> None:
+        self.idx, self.cur = self.idx[keep], cur[keep]
+        if self.g_prev is not None:
+            self.g_prev = self.g_prev[keep]
+
+    def _landed(self, y_rows: torch.Tensor, te_rows: torch.Tensor, t: torch.Tensor, rows: torch.Tensor):
+        """The state at a sample's ``t_end``, with ``dy(t_end)/dt_end = F(t_end, y(t_end))`` when it needs grad."""
         if te_rows.requires_grad:
-            f = field(torch.tensor(t0, dtype=y0.dtype, device=device), y_rows, idx[at_start])
+            f = self.field(t, y_rows, self.idx[rows])
             y_rows = y_rows + f * _col(te_rows - te_rows.detach(), y_rows)
-        finish(at_start, y_rows, te_rows)
-        keep = ~at_start
-        idx, cur = idx[keep], cur[keep]
-        g_prev = None if g_prev is None else g_prev[keep]
+        return y_rows
 
-    while idx.numel() and sign * (t1 - t) > 0:
+    def start(self, stop_below: bool) -> None:
+        """Samples that stop at ``t0``: ``g ≤ 0`` there under ``stop_below``, or an end time at the start."""
+        y0, t0, device = self.y0, self.t0, self.device
+        if self.event is not None:
+            with torch.no_grad():
+                self.g_prev = self.event(torch.full((self.batch,), t0, dtype=y0.dtype, device=device), y0, self.idx)
+            if stop_below:
+                at_start = cast(torch.Tensor, self.g_prev) <= 0
+                if bool(at_start.any()):
+                    n = int(at_start.sum())
+                    self.finish(at_start, y0[at_start], torch.full((n,), t0, dtype=torch.float64, device=device))
+                    self.keep(~at_start, self.cur)
+        t_end = self.t_end
+        if t_end is not None and bool((t_end[self.idx] == t0).any()):
+            at_start = t_end[self.idx] == t0
+            y_rows, te_rows = self.cur[at_start], t_end[self.idx][at_start]
+            y_rows = self._landed(y_rows, te_rows, torch.tensor(t0, dtype=y0.dtype, device=device), at_start)
+            self.finish(at_start, y_rows, te_rows)
+            self.keep(~at_start, self.cur)
+
+    def segment(self, plan: Callable[[float], Sequence[float]], dense: bool) -> None:
+        """Solve the running rows over the next segment of sub-points; finish those that stop inside it."""
+        sign, t, t1, device = self.sign, self.t, self.t1, self.device
         sub = [s for s in plan(t) if sign * (s - t) > 0 and sign * (t1 - s) >= 0] or [t1]
         pts = torch.tensor([t, *sub], dtype=torch.float64, device=device)
         ends = None
-        if t_end is not None:
-            te = t_end[idx]
+        if self.t_end is not None:
+            te = self.t_end[self.idx]
             here = (sign * (te - t) > 0) & (sign * (pts[-1] - te) >= 0)
             if bool(here.any()):
                 ends = te
                 pts = torch.unique(torch.cat([pts, te[here].detach()]))
                 pts = pts if sign > 0 else pts.flip(0)
-        ys = solve(cur, pts, idx)
+        ys = self.solve(self.cur, pts, self.idx)
         n_sub = len(pts) - 1
-        done = torch.zeros(idx.numel(), dtype=torch.bool, device=device)
-        if event is not None:
-            with torch.no_grad():
-                gs = torch.stack(
-                    [cast(torch.Tensor, g_prev)]
-                    + [
-                        event(torch.full((idx.numel(),), float(pts[j]), dtype=y0.dtype, device=device), ys[j], idx)
-                        for j in range(1, n_sub + 1)
-                    ]
-                )
-            cross = (gs[:-1] * gs[1:] < 0) | ((gs[1:] == 0) & (gs[:-1] != 0))  # (n_sub, n)
-            any_cross = cross.any(0)
-            first = torch.where(any_cross, cross.int().argmax(0), n_sub)
-            g_prev = gs[-1]
-        else:
-            first = torch.full((idx.numel(),), n_sub, dtype=torch.long, device=device)
+        done = torch.zeros(self.idx.numel(), dtype=torch.bool, device=device)
+        first, gs = self._crossings(pts, ys)
         if ends is not None:  # a t_end before the sample's first crossing wins: it lands on it
             j_end = torch.searchsorted(pts * sign, (ends * sign).contiguous()).clamp(max=n_sub)
             hit = (pts[j_end] == ends) & (j_end <= first)
             for j in torch.unique(j_end[hit]).tolist():
                 rows = hit & (j_end == j)
-                y_rows, te_rows = ys[j][rows], ends[rows]
-                if te_rows.requires_grad:  # dy(t_end)/dt_end = F(t_end, y(t_end))
-                    f = field(pts[j].to(y0.dtype), y_rows, idx[rows])
-                    y_rows = y_rows + f * _col(te_rows - te_rows.detach(), y_rows)
-                finish(rows, y_rows, te_rows)
+                self.finish(rows, self._landed(ys[j][rows], ends[rows], pts[j].to(self.y0.dtype), rows), ends[rows])
                 done |= rows
-        if event is not None:
+        if gs is not None:
             for j in torch.unique(first[~done & (first < n_sub)]).tolist():
                 rows = ~done & (first == j)
-                a, b = float(pts[j]), float(pts[j + 1])
-                ri = idx[rows]
-                ya, yb = ys[j][rows], ys[j + 1][rows]
-                # F at the sub-interval's ends, with its graph: the interpolant's slopes (differentiable)
-                fa_g = field(pts[j].to(y0.dtype), ya, ri)
-                fb_g = field(pts[j + 1].to(y0.dtype), yb, ri)
-                fa, fb = fa_g.detach(), fb_g.detach()
-                with torch.no_grad():
-
-                    def g_on_h(tc: torch.Tensor) -> torch.Tensor:
-                        return event(tc.to(y0.dtype), hermite(tc, a, b, ya, yb, fa, fb)[0], ri)  # noqa: B023
-
-                    n_rows = int(rows.sum())
-                    # g sees t and y in y's dtype: no bracket narrower than a few of its ulps at t is meaningful
-                    tol_j = max(tol, 8 * torch.finfo(y0.dtype).eps * max(1.0, abs(a), abs(b)))
-                    t_hat = locate_roots(
-                        g_on_h,
-                        pts.new_full((n_rows,), a),
-                        pts.new_full((n_rows,), b),
-                        gs[j][rows],
-                        gs[j + 1][rows],
-                        tol_j,
-                    )
-                # the state at the fixed time t̂ on the interpolant, differentiable through ya, yb and F at the ends;
-                # its slope stands for F(t̂, ŷ) (no field call at per-row times, consistent with the located root)
-                y_hat, v_hat = hermite(t_hat, a, b, ya, yb, fa_g, fb_g)
-                t_star, y_star = event_time(event, v_hat, t_hat, y_hat, ri)
-                finish(rows, y_star, t_star)
+                self._locate(pts, ys, gs, j, rows)
                 done |= rows
         if dense:
-            knots_t.extend(float(p) for p in pts[1:])
-            knots_y.extend(ys[1:])
-        t = float(pts[-1])
+            self.knots_t.extend(float(p) for p in pts[1:])
+            self.knots_y.extend(ys[1:])
+        self.t = float(pts[-1])
         if bool(done.any()):
-            keep = ~done
-            idx, cur = idx[keep], ys[-1][keep]
-            if g_prev is not None:
-                g_prev = g_prev[keep]
+            self.keep(~done, ys[-1])
         else:
-            cur = ys[-1]
-    if idx.numel():
-        rows = torch.ones(idx.numel(), dtype=torch.bool, device=device)
-        finish(rows, cur, torch.full((idx.numel(),), t, dtype=torch.float64, device=device), by_event=False)
-    y = _put_back(parts_y, batch)
-    tt = _put_back(parts_t, batch)
-    knots = None
-    if dense:
-        kt = torch.tensor(knots_t, dtype=torch.float64, device=device)
-        ky = torch.stack(knots_y)
-        kf = torch.stack([field(kt[k].to(y0.dtype), ky[k], torch.arange(batch, device=device)) for k in range(len(kt))])
-        knots = (kt, ky, kf)
-    return EventResult(y=y, times=tt, fired=fired, knots=knots)
+            self.cur = ys[-1]
+
+    def _crossings(self, pts: torch.Tensor, ys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per running row, the first sub-interval where ``g`` changes sign (``n_sub`` where none), and ``g`` at
+        every sub-point."""
+        n, n_sub, dtype = self.idx.numel(), len(pts) - 1, self.y0.dtype
+        if self.event is None:
+            return torch.full((n,), n_sub, dtype=torch.long, device=self.device), None
+        with torch.no_grad():
+            gs = torch.stack(
+                [cast(torch.Tensor, self.g_prev)]
+                + [
+                    self.event(torch.full((n,), float(pts[j]), dtype=dtype, device=self.device), ys[j], self.idx)
+                    for j in range(1, n_sub + 1)
+                ]
+            )
+        cross = (gs[:-1] * gs[1:] < 0) | ((gs[1:] == 0) & (gs[:-1] != 0))  # (n_sub, n)
+        first = torch.where(cross.any(0), cross.int().argmax(0), n_sub)
+        self.g_prev = gs[-1]
+        return first, gs
+
+    def _locate(self, pts: torch.Tensor, ys: torch.Tensor, gs: torch.Tensor, j: int, rows: torch.Tensor) -> None:
+        """Finish ``rows``, whose first sign change lies in sub-interval ``j``, at the root on the interpolant."""
+        event, dtype = self.event, self.y0.dtype
+        a, b = float(pts[j]), float(pts[j + 1])
+        ri = self.idx[rows]
+        ya, yb = ys[j][rows], ys[j + 1][rows]
+        # F at the sub-interval's ends, with its graph: the interpolant's slopes (differentiable)
+        fa_g = self.field(pts[j].to(dtype), ya, ri)
+        fb_g = self.field(pts[j + 1].to(dtype), yb, ri)
+        fa, fb = fa_g.detach(), fb_g.detach()
+        with torch.no_grad():
+
+            def g_on_h(tc: torch.Tensor) -> torch.Tensor:
+                return event(tc.to(dtype), hermite(tc, a, b, ya, yb, fa, fb)[0], ri)
+
+            n_rows = int(rows.sum())
+            # g sees t and y in y's dtype: no bracket narrower than a few of its ulps at t is meaningful
+            tol_j = max(self.tol, 8 * torch.finfo(dtype).eps * max(1.0, abs(a), abs(b)))
+            t_hat = locate_roots(
+                g_on_h, pts.new_full((n_rows,), a), pts.new_full((n_rows,), b), gs[j][rows], gs[j + 1][rows], tol_j
+            )
+        # the state at the fixed time t̂ on the interpolant, differentiable through ya, yb and F at the ends;
+        # its slope stands for F(t̂, ŷ) (no field call at per-row times, consistent with the located root)
+        y_hat, v_hat = hermite(t_hat, a, b, ya, yb, fa_g, fb_g)
+        t_star, y_star = event_time(event, v_hat, t_hat, y_hat, ri)
+        self.finish(rows, y_star, t_star)
+
+    def result(self, dense: bool) -> EventResult:
+        """Every sample's state and time, batch order (those still running stop at ``t1``), and the knots."""
+        batch, device = self.batch, self.device
+        if self.idx.numel():
+            rows = torch.ones(self.idx.numel(), dtype=torch.bool, device=device)
+            ts = torch.full((self.idx.numel(),), self.t, dtype=torch.float64, device=device)
+            self.finish(rows, self.cur, ts, by_event=False)
+        y = _put_back(self.parts_y, batch)
+        tt = _put_back(self.parts_t, batch)
+        knots = None
+        if dense:
+            kt = torch.tensor(self.knots_t, dtype=torch.float64, device=device)
+            ky = torch.stack(self.knots_y)
+            every = torch.arange(batch, device=device)
+            kf = torch.stack([self.field(kt[k].to(self.y0.dtype), ky[k], every) for k in range(len(kt))])
+            knots = (kt, ky, kf)
+        return EventResult(y=y, times=tt, fired=self.fired, knots=knots)
 
 
 class HermiteDense:

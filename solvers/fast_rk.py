@@ -350,8 +350,8 @@ def odeint_fast(
     tab = TABLEAUX[method]
     with nullcontext() if graph else torch.no_grad():
         if tab.adaptive:
-            return _Adaptive(func, y0, t, tab, rtol, atol, options).run()
-        return _fixed(func, y0, t, tab, method, options)
+            return _Adaptive(func, y0, t, tab, rtol, atol, dict(options)).run()
+        return _fixed(func, y0, t, tab, method, dict(options))
 
 
 def _engine(

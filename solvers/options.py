@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import check_positive, check_positive_int
@@ -98,57 +98,61 @@ class FrozenOptions(dict):
         return hash(tuple(sorted((k, repr(v)) for k, v in self.items())))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SolverOptions:
     """How to integrate: the method, its tolerances or step, the step budget and the solver's options.
 
     Checked once, on construction, with errors that name the argument: tolerances belong to adaptive methods and
     ``step_size`` to fixed-step ones (``alf`` is either, by whether ``step_size`` is given); ``jumps`` tells an
-    adaptive method where time-varying parameters jump (torchdiffeq's ``jump_t``); ``options`` are the method's
-    further torchdiffeq options (unknown keys raise). ``rtol``/``atol`` default to 1e-6/1e-8.
+    adaptive method where time-varying parameters jump (torchdiffeq's ``jump_t``, default on); ``options`` are
+    the method's further torchdiffeq options (unknown keys raise). ``rtol``/``atol`` default to 1e-6/1e-8.
     """
 
-    method: str = "dopri5"
-    rtol: float | None = None
-    atol: float | None = None
-    step_size: float | None = None
-    max_steps: int = 100_000
-    jumps: bool | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    method: str
+    rtol: float
+    atol: float
+    step_size: float | None
+    max_steps: int
+    jumps: bool
+    options: Mapping[str, Any]
 
-    def __post_init__(self) -> None:
-        method = check_method(self.method)
-        adaptive = is_adaptive(method, self.step_size)
-        set_ = object.__setattr__  # frozen: normalised once here
-        set_(self, "options", FrozenOptions(check_options(method, self.options)))
-        if not adaptive and (self.rtol is not None or self.atol is not None):
+    def __init__(
+        self,
+        method: str = "dopri5",
+        rtol: float | None = None,
+        atol: float | None = None,
+        step_size: float | None = None,
+        max_steps: int = 100_000,
+        jumps: bool | None = None,
+        options: Mapping[str, Any] | None = None,
+    ):
+        set_ = object.__setattr__  # frozen: every field is set once, here
+        set_(self, "method", check_method(method))
+        adaptive = is_adaptive(method, step_size)
+        set_(self, "options", FrozenOptions(check_options(method, options)))
+        if not adaptive and (rtol is not None or atol is not None):
             raise ValueError(
                 f"`rtol`/`atol` control adaptive methods; the fixed-step {method!r} would ignore them. "
                 "Drop them (set the step with `step_size`), or use an adaptive method such as 'dopri5'."
             )
-        rtol, atol = validate_tolerances(
-            1e-6 if self.rtol is None else self.rtol, 1e-8 if self.atol is None else self.atol
-        )
+        rtol, atol = validate_tolerances(1e-6 if rtol is None else rtol, 1e-8 if atol is None else atol)
         set_(self, "rtol", rtol)
         set_(self, "atol", atol)
-        if self.step_size is not None:
+        if step_size is not None:
             if adaptive:
                 raise ValueError(
                     f"`step_size` applies to fixed-step methods {sorted(FIXED_METHODS)}, not {method!r}; "
                     "use `rtol`/`atol` (or options={'first_step': ...}) for adaptive methods."
                 )
-            set_(
-                self,
-                "step_size",
-                check_positive("step_size", self.step_size, "It is the largest fixed step; it must be > 0."),
-            )
-        if self.jumps is not None and not adaptive:
+            step_size = check_positive("step_size", step_size, "It is the largest fixed step; it must be > 0.")
+        set_(self, "step_size", step_size)
+        if jumps is not None and not adaptive:
             raise ValueError(
                 f"`jumps` tells adaptive solvers where the parameters jump; the fixed-step {method!r} "
                 "always steps on every piece boundary. Drop `jumps`."
             )
-        set_(self, "jumps", True if self.jumps is None else bool(self.jumps))
-        check_positive_int("max_steps", self.max_steps)
+        set_(self, "jumps", True if jumps is None else bool(jumps))
+        set_(self, "max_steps", check_positive_int("max_steps", max_steps))
 
     @property
     def adaptive(self) -> bool:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from cde_nets.solvers.errors import check_positive_int
+
 from .base import Field
 
 __all__ = ["BoundField", "ModuleField", "as_field"]
@@ -72,8 +74,7 @@ def as_field(module: nn.Module, T: float | None, steps: int | None) -> Field:
             f"{type(module).__name__} is a plain module with no time grid: pass `T=` (end time) and `steps=` "
             "(the number of steps, i.e. layers, of size T / steps)."
         )
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"`steps` must be a positive integer (the number of layers), got {steps!r}.")
+    check_positive_int("steps", steps, "the number of layers")
     return ModuleField(module, T, steps)
 
 

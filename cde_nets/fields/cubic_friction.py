@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cde_nets.solvers.errors import check_init_std
+from cde_nets.solvers.errors import check_init_std, check_positive_int
 
 from ..pieces import Pieces
 from .base import Field, Shared
@@ -84,8 +84,7 @@ class CubicFriction(Field):
         generator: torch.Generator | None = None,
     ):
         super().__init__(T=T, layers=layers)
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"`dim` must be a positive integer, got {dim!r}.")
+        check_positive_int("dim", dim)
         self.dim = dim
         self.state_shape = (dim,)
         init_std = check_init_std(init_std)
@@ -143,8 +142,7 @@ class CubicFrictionConv(Field):
         generator: torch.Generator | None = None,
     ):
         super().__init__(T=T, layers=layers)
-        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
-            raise ValueError(f"`channels` must be a positive integer, got {channels!r}.")
+        check_positive_int("channels", channels)
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"`kernel_size` must be a positive odd integer (same-size padding), got {kernel_size!r}.")
         self.channels = channels

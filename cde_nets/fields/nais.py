@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from cde_nets.solvers.errors import check_init_std, check_positive
+from cde_nets.solvers.errors import check_init_std, check_positive, check_positive_int
 
 from ..pieces import Pieces
 from .activations import DERIVATIVES, resolve_activation
@@ -61,8 +61,7 @@ class NAIS(_Input):
     ):
         super().__init__(T=T, layers=layers)
         for name, v in (("dim", dim), ("input_dim", input_dim)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {v!r}.")
+            check_positive_int(name, v)
         if not 0 < eps < 0.5:
             raise ValueError(f"`eps` must lie in (0, 0.5) (Alg. N1: δ = 1 − 2ε), got {eps!r}.")
         delta = 1.0 - 2.0 * eps if delta is None else float(delta)
@@ -171,8 +170,7 @@ class NAISConv(_Input):
         generator: torch.Generator | None = None,
     ):
         super().__init__(T=T, layers=layers)
-        if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
-            raise ValueError(f"`channels` must be a positive integer, got {channels!r}.")
+        check_positive_int("channels", channels)
         if not 0 < eps < eta < 1:
             raise ValueError(f"Alg. N2 needs 0 < eps < eta < 1, got eps={eps!r}, eta={eta!r}.")
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:

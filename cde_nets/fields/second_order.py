@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cde_nets.solvers.errors import check_init_std
+from cde_nets.solvers.errors import check_init_std, check_positive_int
 
 from ..pieces import Pieces, TimeGrid
 from .base import Field
@@ -93,12 +93,10 @@ class SecondOrder(Field):
         generator: torch.Generator | None = None,
     ):
         super().__init__(T=T, layers=layers)
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
-            raise ValueError(f"`dim` must be a positive integer, got {dim!r}.")
-        if not isinstance(order, int) or isinstance(order, bool) or order < 1:
-            raise ValueError(f"`order` must be a positive integer (1 = first order), got {order!r}.")
-        if hidden is not None and (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1):
-            raise ValueError(f"`hidden` must be a positive integer (width of the default f), got {hidden!r}.")
+        check_positive_int("dim", dim)
+        check_positive_int("order", order, "1 = first order")
+        if hidden is not None:
+            check_positive_int("hidden", hidden, "width of the default f")
         for name, v in (("gamma", gamma), ("eta", eta)):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"`{name}` must be a finite number > 0 (kept positive by a softplus), got {v!r}.")

@@ -20,7 +20,7 @@ __all__ = ["Adjoint"]
 PIECEWISE = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Adjoint(GradientMethod):
     """Solve the adjoint ODE backwards (Chen et al. 2018): ``a' = −aᵀ ∂F/∂y``, parameter gradients as integrals
     along it. Its backward solve has its own settings: ``rtol``, ``atol``, ``method`` (default: the forward

@@ -14,7 +14,7 @@ from .base import GradientMethod, Run
 __all__ = ["Backprop"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Backprop(GradientMethod):
     """Differentiate through every operation of the forward solve (memory grows with the steps taken); exact for
     the solver's map. Serves every method, and the SDE block."""

@@ -15,7 +15,7 @@ from .base import GradientMethod, Run
 __all__ = ["Checkpoint"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Checkpoint(GradientMethod):
     """Keep the state at the start of every accepted step; the backward pass recomputes each step from it and
     backpropagates through that step alone (:mod:`solvers.replay`). Exact for the solver's map, memory of one
@@ -30,10 +30,11 @@ class Checkpoint(GradientMethod):
     def refusal(self, method: str) -> str:
         if method in REVERSIBLE_METHODS:
             return super().refusal(method)
+        replayable = sorted(m for m, tab in TABLEAUX.items() if tab.continuous)
         return (
             f"gradient={self.name!r} replays the solver's steps with its tableau; method={method!r} has none here "
             f"(it reuses a stage that is not at the step's end, or is not transcribed). Use one of "
-            f"{sorted(m for m, tab in TABLEAUX.items() if tab.continuous)}, or gradient='backprop'/'adjoint' with {method!r}."
+            f"{replayable}, or gradient='backprop'/'adjoint' with {method!r}."
         )
 
     def solve(self, run: Run) -> torch.Tensor:

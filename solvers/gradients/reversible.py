@@ -13,7 +13,7 @@ from .base import GradientMethod, Run
 __all__ = ["Reversible"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Reversible(GradientMethod):
     """States rebuilt backwards by the integrator's exact inverse (:mod:`solvers.alf`): the gradient of the
     integrator's map in memory constant in the number of steps. Needs an invertible method (``alf``)."""

@@ -12,7 +12,7 @@ from .checkpoint import Checkpoint
 __all__ = ["Symplectic"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Symplectic(Checkpoint):
     """Replay each accepted step's stages and integrate the adjoint with the partitioned Runge-Kutta method paired
     with the forward tableau, so ``λᵀ δy`` is conserved exactly: the gradient of the solver's map, with memory of

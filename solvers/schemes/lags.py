@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import check_positive_int
 from .base import Scheme, axpy, dense_matrix
 
 __all__ = ["CK", "Dense", "LM2"]
@@ -12,8 +13,7 @@ __all__ = ["CK", "Dense", "LM2"]
 def _check_k(k: int | None, default: int, name: str) -> int:
     if k is None:
         return default
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"`k` must be a positive integer (the lags of {name!r}), got {k!r}.")
+    check_positive_int("k", k, "the lags of {name!r}")
     return k
 
 
