@@ -2,12 +2,13 @@
 rules. Imports nothing from cde_nets."""
 
 from .adapter import integrate
-from .architectures import ARCHITECTURES, architecture
+from .architectures import ARCHITECTURES
 from .counting import SolverStats
 from .errors import Reason, SolverError
 from .gradients import GRADIENTS, Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic, as_gradient
 from .options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
 from .schemes import SCHEMES, Scheme, Tableau, get_scheme
+from .schemes.registry import architecture
 
 __all__ = [
     "ADAPTIVE_METHODS",

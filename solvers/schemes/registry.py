@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from .. import architectures
 from .base import Scheme
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
@@ -9,7 +12,7 @@ from .momentum import Momentum
 from .runge_kutta import RK4, Euler, Midpoint, RK4Classical
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
 
-__all__ = ["SCHEME_CLASSES", "SCHEMES", "get_scheme"]
+__all__ = ["SCHEME_CLASSES", "SCHEMES", "architecture", "get_scheme"]
 
 SCHEME_CLASSES: dict[str, type[Scheme]] = {
     c.name: c
@@ -56,3 +59,12 @@ def get_scheme(
     if scheme == "momentum":
         return Momentum(momentum, tie_eta)
     return SCHEMES[scheme]
+
+
+def architecture(scheme: str | Scheme, field_kind: Any = "any", variant: str | None = None) -> tuple[str, str]:
+    """:func:`~solvers.architectures.architecture`, a scheme name resolved to its scheme first, so that on a field
+    the row is the variant the scheme has there (e.g. ``"non-separable"`` for ``symplectic_euler`` on
+    ``Hamiltonian(K="full")``)."""
+    if isinstance(scheme, str) and not isinstance(field_kind, str) and variant is None and scheme in SCHEME_CLASSES:
+        scheme = get_scheme(scheme)
+    return architectures.architecture(scheme, field_kind, variant)
