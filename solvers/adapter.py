@@ -22,6 +22,7 @@ from .fast_rk import fast_applies, odeint_fast
 from .piecewise_adjoint import PiecewiseParam, lands_on_boundaries, piecewise_adjoint
 from .replay import replay_gradient
 from .tableaux import method_tableau
+from .torchdiffeq_methods import torchdiffeq_method
 
 __all__ = [
     "ADAPTIVE_METHODS",
@@ -361,7 +362,7 @@ def integrate(
 
     options.update(_jump_options(method, jump_t, grid))
 
-    kwargs = dict(rtol=rtol, atol=atol, method=method, options=options)
+    kwargs = dict(rtol=rtol, atol=atol, method=torchdiffeq_method(method), options=options)
     try:
         if fast_applies(method, gradient, y0, t, params, options):
             ys = odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=options, gradient=gradient)
@@ -382,11 +383,11 @@ def integrate(
                     tuple(pieces or ()),
                     rtol=rtol,
                     atol=atol,
-                    method=method,
+                    method=torchdiffeq_method(method),
                     options=options,
                     adjoint_rtol=adj_rtol,
                     adjoint_atol=adj_atol,
-                    adjoint_method=adj_method,
+                    adjoint_method=torchdiffeq_method(adj_method),
                     adjoint_options=adj_options,
                     stats=stats,
                     adjoint_adaptive=adj_method in ADAPTIVE_METHODS,
@@ -397,7 +398,7 @@ def integrate(
                     y0,
                     t,
                     adjoint_params=tuple(params or ()),
-                    adjoint_method=adj_method,
+                    adjoint_method=torchdiffeq_method(adj_method),
                     adjoint_rtol=adj_rtol,
                     adjoint_atol=adj_atol,
                     adjoint_options=adj_options,

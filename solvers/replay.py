@@ -54,6 +54,7 @@ from .errors import SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .piecewise_adjoint import PiecewiseParam, piece_slots
 from .tableaux import MethodTableau
+from .torchdiffeq_methods import torchdiffeq_method
 
 __all__ = ["Steps", "record_steps", "replay", "replay_gradient"]
 
@@ -215,7 +216,7 @@ def record_steps(
             if fast_applies(method, "backprop", y0, t, (), options):  # the same steps, fewer operations
                 ys = odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=options)
             else:
-                ys = odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=options)
+                ys = odeint(func, y0, t, rtol=rtol, atol=atol, method=torchdiffeq_method(method), options=options)
     finally:
         func.recorder = None
     return ys, rec.steps(t, adaptive)
