@@ -12,6 +12,7 @@ from torch import nn
 
 from cde_nets.solvers.adapter import (
     FIXED_METHODS,
+    REVERSIBLE_METHODS,
     PiecewiseParam,
     SolverStats,
     aligned_grid,
@@ -456,8 +457,15 @@ class ODEBlock(Block):
         else:  # adaptive: segments of about _SEGMENT_STEPS of the last segment's mean step
 
             def plan(t: float) -> list[float]:
-                seg = min(_SEGMENT_STEPS * est["dt"], T - t) if "dt" in est else T / 16
+                seg = min(per_segment * est["dt"], T - t) if "dt" in est else T / 16
                 return [t + seg * k / _SUBPOINTS for k in range(1, _SUBPOINTS)] + [min(t + seg, T)]
+
+        # alf has no dense output: it steps *to* every sub-point, so a segment takes at least _SUBPOINTS steps
+        # however long the controller would step, and the mean step (segment / steps) would shrink the next
+        # segment every time until the sub-points coincide. Its sub-points are spaced about one step apart
+        # instead, and a segment in which no sub-interval needed a second step grows the next one twofold.
+        steps_to_points = self.method in REVERSIBLE_METHODS
+        per_segment = _SUBPOINTS if steps_to_points else _SEGMENT_STEPS
 
         def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             g = None if grid is None else grid[(grid >= times[0]) & (grid <= times[-1])]
@@ -466,7 +474,11 @@ class ODEBlock(Block):
                 options = {**self.options, "first_step": est["dt"]}  # no fresh initial-step search per segment
             before = self._stats.steps_forward
             ys = self._integrate(bound_rows(idx), y, times, jump_t, g, options)
-            est["dt"] = float(times[-1] - times[0]) / max(1, self._stats.steps_forward - before)
+            span, steps, intervals = float(times[-1] - times[0]), self._stats.steps_forward - before, len(times) - 1
+            if steps_to_points and steps <= intervals:
+                est["dt"] = 2 * span / intervals
+            else:
+                est["dt"] = span / max(1, steps)
             return ys
 
         def field(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
