@@ -281,6 +281,7 @@ class ODEBlock(Block):
         rule is the event ``‖F(t, y)‖ − eps``.
         """
         bound = self.bind(y0, u)
+        self._check_resolution(y0)
         self._stats = SolverStats()
         per_sample = self.stop is not None or event is not None or t_end is not None
         if event is not None and not callable(event):
@@ -329,6 +330,33 @@ class ODEBlock(Block):
         if start:
             ys, tt = ys[1:], tt[1:]
         return Solution(y=ys[-1], ts=tt, ys=ys, stats=self._stats)
+
+    def _check_resolution(self, y0: torch.Tensor) -> None:
+        """Refuse half precision for adaptive methods, and a relative tolerance finer than the state's dtype
+        resolves: no step is more accurate than a rounding of ``y``, so the controller would shrink the steps
+        until they underflow (or overflow its norms), and the failure would surface far from its cause."""
+        if not is_adaptive(self.method, self.step_size) or not y0.is_floating_point():
+            return
+        if y0.dtype in (torch.float16, torch.bfloat16):
+            raise ValueError(
+                f"the adaptive method={self.method!r} does not support {str(y0.dtype).removeprefix('torch.')} "
+                "states: its error norms and step times are computed in the state's dtype, where they overflow "
+                "or cannot resolve a step. Use a float32/float64 state, or a fixed-step method (e.g. "
+                "method='rk4' with `step_size`), which runs in half precision."
+            )
+        eps = torch.finfo(y0.dtype).eps
+        for name, rtol in (("rtol", self.rtol), ("adjoint_rtol", self.adjoint_rtol)):
+            if rtol is not None and rtol < eps:
+                wider = (
+                    ""
+                    if y0.dtype == torch.float64
+                    else f", or a float64 state (eps = {torch.finfo(torch.float64).eps:.3g})"
+                )
+                raise ValueError(
+                    f"`{name}`={rtol:g} is below the resolution of the {str(y0.dtype).removeprefix('torch.')} "
+                    f"state (eps = {eps:.3g}): no step is accurate to less than a rounding of y. Use "
+                    f"{name} >= {eps:.3g}{wider}."
+                )
 
     def _check_t_end(self, t_end, y0: torch.Tensor) -> torch.Tensor:
         te = t_end if isinstance(t_end, torch.Tensor) else torch.as_tensor(t_end, dtype=torch.float64)
