@@ -331,7 +331,7 @@ def _warn_if_unstable(field: nn.Module, x: torch.Tensor, u: torch.Tensor | None,
     with torch.no_grad():
         if margin(x, u.detach(), h=h, l=l) < 1:
             return
-    # one text for every call: Python shows it once per process
+    # a fixed text: the default warning filter shows it once per calling line, not on every solve
     warnings.warn(
         "a stopping net ran samples to `max_depth` without converging, and its weights break the stability "
         f"condition: `{type(field).__name__}.stability_margin(x, u)` >= 1 where they stopped (it must be < 1, "

@@ -160,6 +160,11 @@ def _float(x: float | torch.Tensor) -> float:
     return x if isinstance(x, float) else float(torch.as_tensor(x).detach())
 
 
+def _finite(y) -> bool:
+    """Whether a state (a tensor, or the adjoint's tuple of tensors) holds only finite values."""
+    return all(bool(torch.isfinite(v).all()) for v in ((y,) if isinstance(y, torch.Tensor) else y))
+
+
 class _Counted(nn.Module):
     """Wraps a field: counts evaluations and steps, enforces ``max_steps``, turns failures into SolverError."""
 
@@ -183,6 +188,7 @@ class _Counted(nn.Module):
         self.field_error: BaseException | None = None
         self.recorder = None  # a solvers.replay.Recorder while a replayed forward solve runs
         self.vjp_probes: deque = deque(maxlen=32)  # (t, finite) of the backward solve's last products
+        self.backward_start_finite: bool | None = None
 
     def __call__(self, t, y):
         # a private wrapper nobody hooks: straight to forward (nn.Module's hook dispatch costs ~1 µs an evaluation)
@@ -231,6 +237,8 @@ class _Counted(nn.Module):
                 nfe=nfe,
             )
         t0f, dtf = _float(t0), _float(dt)
+        if backward and self.backward_start_finite is None:  # once: did the backward solve start finite?
+            self.backward_start_finite = _finite(y0)
         if backward and self.backward_jumps:
             self._clip_on_jump(t0f, dtf, dt)
         moved = (t0f - dtf != t0f) if backward else (t0f + dtf != t0f)
@@ -249,17 +257,20 @@ class _Counted(nn.Module):
             self._check_finite(y0, t0f, nfe, where, backward)
 
     def _check_finite(self, y0, t0f: float, nfe: int, where: str, backward: bool) -> None:
-        """Raise if the backward solve's vector-Jacobian products or the state went non-finite, naming which."""
+        """Raise if the state or the backward solve's vector-Jacobian products went non-finite, naming the cause:
+        the products when the backward solve started from a finite state, else the state."""
+        state_finite = _finite(y0)
         bad = [t for t, finite in (self.vjp_probes if backward else ()) if not bool(finite)]
-        if bad:
+        if bad and (state_finite or self.backward_start_finite):
             raise SolverError(
                 f"the adjoint's backward solve turned non-finite: the vector-Jacobian product aᵀ ∂F/∂y of "
                 f"the field was NaN/inf at t={_float(bad[0]):.6g} (after {nfe} backward field evaluations), "
-                "though the forward solve was finite. Check the field's derivatives there (a sqrt or log at "
-                "0, a custom backward), or use gradient='backprop' to see which operation.",
+                "though the forward solve and the gradient it started from were finite. Check the field's "
+                "derivatives there (a sqrt or log at 0, a custom backward), or use gradient='backprop' to see "
+                "which operation.",
                 nfe=nfe,
             )
-        if not all(bool(torch.isfinite(v).all()) for v in ((y0,) if isinstance(y0, torch.Tensor) else y0)):
+        if not state_finite:
             raise SolverError(
                 f"the state became non-finite (NaN/inf) in the {where} at t={t0f:.6g} after {nfe} field "
                 "evaluations; lower the learning rate, tighten the tolerance, or check the inputs.",

@@ -58,6 +58,17 @@ def test_nan_only_in_the_backward_solve_is_named(method, seminorm):
     assert "underflow" not in str(err.value)
 
 
+@pytest.mark.parametrize("seminorm", [True, False])
+def test_a_non_finite_incoming_gradient_is_named_as_the_state(seminorm):
+    """A NaN loss gradient makes the adjoint state non-finite from the start: its products are NaN too, but the
+    field's derivatives are not to blame."""
+    block = ODEBlock(_Decay(), T=1.0, gradient="adjoint", seminorm=seminorm)
+    y = block(torch.ones(2, 1, dtype=torch.float64, requires_grad=True))
+    with pytest.raises(SolverError, match=r"the state became non-finite \(NaN/inf\) in the adjoint") as err:
+        (y * math.nan).sum().backward()
+    assert "vector-Jacobian" not in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("dtype", "rtol", "eps"),
     [(torch.float64, 1e-20, "2.22e-16"), (torch.float32, 1e-9, "1.19e-07"), (torch.float32, 1e-20, "1.19e-07")],
