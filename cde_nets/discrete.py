@@ -9,6 +9,7 @@ with ``forward(t, y)`` runs too: ``discretize(module, scheme, T=..., steps=N)`` 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -242,10 +243,23 @@ class DiscreteNet(Block):
                 rows["idx"], rows["f"] = idx, f.rows(idx)
             return scheme.step(rows["f"], min(i, L - 1), st, h, coef, i * h)
 
-        final, depths = _unroll(step, state, eps=stop.eps, max_depth=stop.max_depth or L, readout=scheme.readout)
+        max_depth = stop.max_depth or L
+        converged = torch.ones(state[0].shape[0], dtype=torch.bool, device=state[0].device)
+        final, depths = _unroll(
+            step, state, eps=stop.eps, max_depth=max_depth, readout=scheme.readout, converged=converged
+        )
         taken = int(depths.max()) if depths.numel() else 0
+        y = scheme.readout(final)
+        unconverged = int((~converged).sum())
+        if unconverged:
+            u = None if f.u is None else f.u[~converged]
+            _warn_if_unstable(self.field, y[~converged].detach(), u, min(max_depth, L) - 1, h)
         return Solution(
-            y=scheme.readout(final), stats=self._stats(taken), depths=depths, stop_times=depths.to(torch.float64) * h
+            y=y,
+            stats=self._stats(taken),
+            depths=depths,
+            stop_times=depths.to(torch.float64) * h,
+            unconverged=unconverged,
         )
 
     def _solve_event(self, f: BoundField, y0: torch.Tensor, event: Callable) -> Solution:
@@ -307,6 +321,26 @@ class DiscreteNet(Block):
     def extra_repr(self) -> str:
         name, eq = self.architecture
         return f"scheme={self.scheme!r}, layers={self.field.grid.L}, h={self.h:.4g} ({name}, {eq})"
+
+
+def _warn_if_unstable(field: nn.Module, x: torch.Tensor, u: torch.Tensor | None, l: int, h: float) -> None:
+    """Samples ran out of layers: if the field has a stability condition (NAIS, Condition N1: the Euler block
+    contracts where ``stability_margin < 1``) and it fails where they stopped, say so."""
+    margin = getattr(field, "stability_margin", None)
+    if margin is None or u is None or x.dim() != 2:
+        return
+    with torch.no_grad():
+        if margin(x, u.detach(), h=h, l=l) < 1:
+            return
+    # a fixed text: the default warning filter shows it once per calling line, not on every solve
+    warnings.warn(
+        "a stopping net ran samples to `max_depth` without converging, and its weights break the stability "
+        f"condition: `{type(field).__name__}.stability_margin(x, u)` >= 1 where they stopped (it must be < 1, "
+        "Condition N1). Call `field.project_()` after every optimiser step (Alg. N1); `Solution.unconverged` "
+        "counts the samples.",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def discretize(

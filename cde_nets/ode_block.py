@@ -13,9 +13,9 @@ from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.errors import Reason, SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
-from cde_nets.solvers.gradients import Backprop, GradientMethod, as_gradient
+from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient
 from cde_nets.solvers.grids import aligned_grid
-from cde_nets.solvers.options import SolverOptions
+from cde_nets.solvers.options import REVERSIBLE_METHODS, SolverOptions
 from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.times import check_times
 
@@ -228,6 +228,7 @@ class ODEBlock(Block):
         rule is the event ``‖F(t, y)‖ − eps``.
         """
         bound = self.bind(y0, u)
+        self._check_resolution(y0)
         self._stats = SolverStats()
         per_sample = self.stop is not None or event is not None or t_end is not None
         self._check_events(event, t, t_end, dense)
@@ -285,6 +286,35 @@ class ODEBlock(Block):
         if start:
             ys, tt = ys[1:], tt[1:]
         return Solution(y=ys[-1], ts=tt, ys=ys, stats=self._stats)
+
+    def _check_resolution(self, y0: torch.Tensor) -> None:
+        """Refuse half precision for adaptive methods, and a relative tolerance finer than the state's dtype
+        resolves: no step is more accurate than a rounding of ``y``, so the controller would shrink the steps
+        until they underflow (or overflow its norms), and the failure would surface far from its cause."""
+        if not self.solver.adaptive or not y0.is_floating_point():
+            return
+        if y0.dtype in (torch.float16, torch.bfloat16):
+            raise ValueError(
+                f"the adaptive method={self.method!r} does not support {str(y0.dtype).removeprefix('torch.')} "
+                "states: its error norms and step times are computed in the state's dtype, where they overflow "
+                "or cannot resolve a step. Use a float32/float64 state, or a fixed-step method (e.g. "
+                "method='rk4' with `step_size`), which runs in half precision."
+            )
+        # the unit roundoff: torchdiffeq's default rtol = 1e-7 on a float32 state (u = 6e-8) stays allowed
+        eps = torch.finfo(y0.dtype).eps / 2
+        adjoint_rtol = self.gradient.rtol if isinstance(self.gradient, Adjoint) else None
+        for name, rtol in (("rtol", self.rtol), ("Adjoint(rtol=)", adjoint_rtol)):
+            if rtol is not None and rtol < eps:
+                wider = (
+                    ""
+                    if y0.dtype == torch.float64
+                    else f", or a float64 state (unit roundoff {torch.finfo(torch.float64).eps / 2:.3g})"
+                )
+                raise ValueError(
+                    f"`{name}`={rtol:g} is below the resolution of the {str(y0.dtype).removeprefix('torch.')} "
+                    f"state (unit roundoff {eps:.3g}): no step is accurate to less than a rounding of y. Use "
+                    f"{name} >= {eps:.3g}{wider}."
+                )
 
     def _check_t_end(self, t_end, y0: torch.Tensor) -> torch.Tensor:
         te = t_end if isinstance(t_end, torch.Tensor) else torch.as_tensor(t_end, dtype=torch.float64)
@@ -393,8 +423,15 @@ class ODEBlock(Block):
         else:  # adaptive: segments of about _SEGMENT_STEPS of the last segment's mean step
 
             def plan(t: float) -> list[float]:
-                seg = min(_SEGMENT_STEPS * est["dt"], T - t) if "dt" in est else T / 16
+                seg = min(per_segment * est["dt"], T - t) if "dt" in est else T / 16
                 return [t + seg * k / _SUBPOINTS for k in range(1, _SUBPOINTS)] + [min(t + seg, T)]
+
+        # alf has no dense output: it steps *to* every sub-point, so a segment takes at least _SUBPOINTS steps
+        # however long the controller would step, and the mean step (segment / steps) would shrink the next
+        # segment every time until the sub-points coincide. Its sub-points are spaced about one step apart
+        # instead, and a segment in which no sub-interval needed a second step grows the next one twofold.
+        steps_to_points = self.method in REVERSIBLE_METHODS
+        per_segment = _SUBPOINTS if steps_to_points else _SEGMENT_STEPS
 
         def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             g = None if grid is None else grid[(grid >= times[0]) & (grid <= times[-1])]
@@ -404,7 +441,11 @@ class ODEBlock(Block):
                 solver = self.solver.replace(options={**self.options, "first_step": est["dt"]})
             before = self._stats.steps_forward
             ys = self._integrate(bound_rows(idx), y, times, jump_t, g, solver)
-            est["dt"] = float(times[-1] - times[0]) / max(1, self._stats.steps_forward - before)
+            span, steps, intervals = float(times[-1] - times[0]), self._stats.steps_forward - before, len(times) - 1
+            if steps_to_points and steps <= intervals:
+                est["dt"] = 2 * span / intervals
+            else:
+                est["dt"] = span / max(1, steps)
             return ys
 
         def field(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,9 @@ class Solution:
         fired: ``(batch,)`` bool with per-sample events (``event=``, ``t_end=``, ``stop=``): True where the sample
             stopped on its event, False where it ran to the end of the span; else ``None``. ``stop_times`` then
             holds the event times, differentiable (implicit function theorem).
+        unconverged: discrete mode with ``stop=``: how many samples took ``max_depth`` layers without meeting
+            the stopping test (depth ``max_depth`` by the limit, not by convergence; a NAIS net whose weights
+            break its stability condition never converges), else ``None``.
         interpolant: the dense output of a ``solve(..., dense=True)`` (anything with ``evaluate(t)``), read
             through :meth:`evaluate`; else ``None``.
     """
@@ -48,6 +51,7 @@ class Solution:
     depths: torch.Tensor | None = None
     fired: torch.Tensor | None = None
     interpolant: Any = None
+    unconverged: int | None = None
 
     def evaluate(self, t: float | Sequence[float] | torch.Tensor) -> torch.Tensor:
         """States at any times ``t`` within the solved span, from the solver's interpolant: ``(batch, ...)`` for

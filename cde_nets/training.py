@@ -186,6 +186,16 @@ class Checkpoints:
 
     def __post_init__(self) -> None:
         check_positive_int("every", self.every, "epochs between checkpoints")
+        self.check_path()
+
+    def check_path(self) -> None:
+        """Refuse a ``path`` that is an existing directory (the checkpoint is a file renamed over it), before any
+        training is spent."""
+        if Path(self.path).is_dir():
+            raise ValueError(
+                f"checkpoint `path` {str(self.path)!r} is an existing directory; name a file in it, e.g. "
+                f"{str(Path(self.path) / 'checkpoint.pt')!r}."
+            )
 
 
 @dataclass(frozen=True)
@@ -330,6 +340,8 @@ class Trainer:
         block = _CHECKPOINTING.get()
         if policy is None and block is not None:
             policy = Checkpoints(block.next_path(self.desc), resume=block.resume)
+        if policy is not None:
+            policy.check_path()  # the directory may have appeared since the policy was made
         opt = self._make_optimizer(model)
         sched = None if self.scheduler is None else self.scheduler(opt)
         config = self._configuration(model, opt, sched, batch_size, x_tr, y_tr)

@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             "   (the main job; `all` alone runs the full setting)\nmore:     cde-nets experiments --help"
         )
         return 0
+    if not 0 <= args.seed < 2**32:  # numpy's and torch's generators both take it
+        parser.error(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be a positive integer (torch intra-op threads), got {args.threads}")
     if args.threads:

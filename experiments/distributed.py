@@ -307,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results", help="directory for distributed.json")
     args = parser.parse_args(argv)
     size = args.size or "full"
+    if not 0 <= args.seed < 2**32:
+        parser.error(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.mode == "ddp-worker":
         if "RANK" not in os.environ:
             parser.error("`--mode ddp-worker` runs under torchrun: " + torchrun_line(args.nodes, size, args.seed))

@@ -120,7 +120,7 @@ def _run(
     while k < len(stops):
         target = stops[k]
         h_try = min(h, opts["max_step"], target - tc) if adaptive else target - tc
-        lands = h_try >= target - tc
+        lands = h_try >= target - tc or tc + h_try >= target  # a step that rounds onto the target lands on it
         func.callback_step(tc, z, h_try)
         z1, v1 = alf_step(func, z, v, tc, h_try, eta)
         if adaptive:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -65,6 +67,11 @@ def count_evaluation(stats: SolverStats, out: torch.Tensor, backward: bool, coun
             out.register_hook(stats.count_vjp)
 
 
+def _finite(y) -> bool:
+    """Whether a state (a tensor, or the adjoint's tuple of tensors) holds only finite values."""
+    return all(bool(torch.isfinite(v).all()) for v in ((y,) if isinstance(y, torch.Tensor) else y))
+
+
 def _float(x: float | torch.Tensor) -> float:
     """A time or step size as a Python float (the fast path passes floats; torchdiffeq passes 0-d tensors)."""
     return x if isinstance(x, float) else float(torch.as_tensor(x).detach())
@@ -92,6 +99,8 @@ class Counted(nn.Module):
         self.backward_jumps: list[float] = []  # jump_t of an adaptive backward solve, increasing
         self.field_error: BaseException | None = None
         self.recorder = None  # a solvers.replay.Recorder while a replayed forward solve runs
+        self.vjp_probes: deque = deque(maxlen=32)  # (t, finite) of the backward solve's last products
+        self.backward_start_finite: bool | None = None
 
     def __call__(self, t, y):
         # a private wrapper nobody hooks: straight to forward (nn.Module's hook dispatch costs ~1 µs an evaluation)
@@ -104,9 +113,17 @@ class Counted(nn.Module):
             self.field_error = exc  # the field's own exception passes through unchanged
             raise
         count_evaluation(self.stats, out, self.backward_phase, self.count_vjp)
-        if self.recorder is not None and not self.backward_phase:
+        if self.backward_phase:
+            if isinstance(y, torch.Tensor) and y.requires_grad:  # the adjoint's vector-Jacobian product at t
+                y.register_hook(partial(self._probe_vjp, t))
+        elif self.recorder is not None:
             self.recorder.evaluated()
         return out
+
+    def _probe_vjp(self, t, grad):
+        # kept lazily (no host sync per evaluation) for the last few evaluations; read only when the backward
+        # solve fails, which it does within a step of the first non-finite product
+        self.vjp_probes.append((t, torch.isfinite(grad).all()))
 
     # torchdiffeq calls these at the start of every step (before its own assertions) and on accept/reject.
     def _check_step(self, t0, y0, dt, backward: bool):
@@ -126,10 +143,14 @@ class Counted(nn.Module):
                 reason=Reason.MAX_STEPS,
             )
         t0f, dtf = _float(t0), _float(dt)
+        if backward and self.backward_start_finite is None:  # once: did the backward solve start finite?
+            self.backward_start_finite = _finite(y0)
         if backward and self.backward_jumps:
             self._clip_on_jump(t0f, dtf, dt)
         moved = (t0f - dtf != t0f) if backward else (t0f + dtf != t0f)
-        if not moved or dtf <= 0:
+        if not moved or not dtf > 0:
+            # a NaN/inf state or slope makes the error estimate NaN and the step collapse: name the cause
+            self._check_finite(y0, t0f, nfe, where, backward)
             raise SolverError(
                 f"step size underflow (dt={dtf:.3g}) in the {where} at t={t0f:.6g} after {nfe} field evaluations; "
                 "the solution is blowing up or the field is stiff: loosen `rtol`/`atol`, use float64, "
@@ -139,7 +160,25 @@ class Counted(nn.Module):
             )
         # torchdiffeq asserts finiteness itself in the forward solve (caught in `integrate`); the adjoint solve's
         # state is a tuple whose failure would surface as a bare AssertionError from `backward()`, so check here.
-        if backward and self.scan_backward and not all(bool(torch.isfinite(v).all()) for v in y0):
+        if backward and self.scan_backward:
+            self._check_finite(y0, t0f, nfe, where, backward)
+
+    def _check_finite(self, y0, t0f: float, nfe: int, where: str, backward: bool) -> None:
+        """Raise if the state or the backward solve's vector-Jacobian products went non-finite, naming the cause:
+        the products when the backward solve started from a finite state, else the state."""
+        state_finite = _finite(y0)
+        bad = [t for t, finite in (self.vjp_probes if backward else ()) if not bool(finite)]
+        if bad and (state_finite or self.backward_start_finite):
+            raise SolverError(
+                f"the adjoint's backward solve turned non-finite: the vector-Jacobian product aᵀ ∂F/∂y of "
+                f"the field was NaN/inf at t={_float(bad[0]):.6g} (after {nfe} backward field evaluations), "
+                "though the forward solve and the gradient it started from were finite. Check the field's "
+                "derivatives there (a sqrt or log at 0, a custom backward), or use gradient='backprop' to see "
+                "which operation.",
+                nfe=nfe,
+                reason=Reason.NONFINITE_GRADIENT,
+            )
+        if not state_finite:
             raise SolverError(
                 f"the state became non-finite (NaN/inf) in the {where} at t={t0f:.6g} after {nfe} field "
                 "evaluations; lower the learning rate, tighten the tolerance, or check the inputs.",

@@ -55,6 +55,7 @@ from .fast_rk import fast_applies, odeint_fast
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
 from .tableaux import MethodTableau
+from .torchdiffeq_methods import torchdiffeq_method
 
 __all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
 
@@ -220,7 +221,7 @@ def record_steps(
             if fast_applies(method, True, y0, t, (), options):  # the same steps, fewer operations
                 ys = odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=options)
             else:
-                ys = odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=options)
+                ys = odeint(func, y0, t, rtol=rtol, atol=atol, method=torchdiffeq_method(method), options=options)
     finally:
         func.recorder = None
     return ys, rec.steps(t, adaptive)

@@ -61,6 +61,7 @@ def unroll(
     readout: Callable[[StateLike], torch.Tensor] | None = None,
     norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
     done: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    converged: torch.Tensor | None = None,
 ) -> tuple[StateLike, torch.Tensor]:
     """Iterate ``state ← step(i, state, idx)`` per sample until the read-out stops moving:
     ``norm(readout(x(i)) − readout(x(i−1))) < eps``.
@@ -78,6 +79,8 @@ def unroll(
         norm: per-sample norm, ``(n, ...) -> (n,)``; default Euclidean over all non-batch dimensions.
         done: instead of the ``eps`` rule, ``done(i, readout before, readout after, idx) -> (n_active,)`` bool:
             which of the active rows stop after step ``i`` (per-sample events on the layer index).
+        converged: a ``(batch,)`` bool tensor, filled in place: True where the sample met the test, False where
+            it took ``max_depth`` steps without (a depth of ``max_depth`` alone does not tell them apart).
 
     Returns:
         ``(final, depths)``: the final states in batch order (same form as ``state0``) and the per-sample
@@ -125,6 +128,9 @@ def unroll(
             idx, cur, before = idx[keep], tuple(t[keep] for t in cur), before[keep]
             if idx.numel() == 0:
                 break
+    if converged is not None:
+        converged.fill_(True)
+        converged[idx] = False  # the rows still running when max_depth ran out
     if idx.numel():
         parts.append((idx, cur))
     return as_user(_assemble(parts, batch)), depths

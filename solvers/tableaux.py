@@ -10,11 +10,16 @@ weights ``m`` of the state at the step's midpoint, ``y_{1/2} = y_0 + h Σ_i m_i 
 (a quartic through ``y_0, y_{1/2}, y_1`` with slopes ``k_first, k_last``) is built.
 
 The coefficients are those torchdiffeq 0.2.5 steps with (the same rational numbers, evaluated to the same
-doubles), so that :mod:`solvers.replay` reproduces its accepted steps to rounding:
+doubles; bosh3's midpoint weights excepted, below), so that :mod:`solvers.replay` reproduces its accepted steps to
+rounding:
 
 - ``dopri5``: Dormand & Prince (1980), "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6;
   midpoint weights from Shampine (1986), "Some practical Runge-Kutta formulas", Math. Comp. 46.
-- ``bosh3``: Bogacki & Shampine (1989), "A 3(2) pair of Runge-Kutta formulas", Appl. Math. Lett. 2.
+- ``bosh3``: Bogacki & Shampine (1989), "A 3(2) pair of Runge-Kutta formulas", Appl. Math. Lett. 2. Its dense
+  output is the cubic Hermite interpolant that they note comes free (from ``y_0, y_1`` and the slopes
+  ``k_1, k_4`` the method has anyway), third order like the method. Here cde_nets deliberately differs from
+  torchdiffeq, whose midpoint ``y_0 + h k_2 / 2`` makes every interpolated output (and so ``y(T)``, read off the
+  last step's interpolant) only second order: wrong by O(1) on ``y' = t/2 + 1``, which the steps integrate exactly.
 - ``rk4``: Kutta's 3/8 rule (torchdiffeq's ``rk4`` is this one, not the classical tableau), in both modes;
   ``rk4_classical``: the classical tableau (Kutta 1901), a discrete-mode scheme (torchdiffeq has no such method).
 - ``euler``, ``midpoint``, ``heun2`` (explicit trapezoid), ``heun3`` (Heun's third-order method).
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MethodTableau", "TABLEAUX", "Tableau"]
+__all__ = ["MethodTableau", "TABLEAUX", "Tableau", "hermite_mid"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,17 @@ class MethodTableau:
         return t.c[-1] == 1.0 and t.b[-1] == 0.0 and tuple(t.a[-1]) == tuple(t.b[:-1])
 
 
+def hermite_mid(b: tuple[float, ...]) -> tuple[float, ...]:
+    """Midpoint weights of the cubic Hermite interpolant through ``y_0, y_1`` with slopes ``k_1, k_s``:
+    ``p(1/2) = y_0 + h (Σ_i b_i k_i / 2 + (k_1 − k_s) / 8)``. The quartic dense output through this midpoint is
+    that cubic; its error within a step is ``O(h^4)`` plus the step's own, so it keeps the order of a method of
+    order ≤ 3 whose ``k_s`` is ``F(t_1, ·)`` at a state within ``O(h^2)`` of ``y_1``."""
+    m = [bi / 2 for bi in b]
+    m[0] += 1 / 8
+    m[-1] -= 1 / 8
+    return tuple(m)
+
+
 def _tab(a, b, c) -> Tableau:
     return Tableau(a=tuple(tuple(r) for r in a), b=tuple(b), c=tuple(c))
 
@@ -143,7 +159,7 @@ _BOSH3 = MethodTableau(
     order=3,
     tableau=_tab(a=[[], [1 / 2], [0.0, 3 / 4], list(_BOSH3_B[:-1])], b=_BOSH3_B, c=[0.0, 1 / 2, 3 / 4, 1.0]),
     error=(2 / 9 - 7 / 24, 1 / 3 - 1 / 4, 4 / 9 - 1 / 3, -1 / 8),
-    mid=(0.0, 0.5, 0.0, 0.0),
+    mid=hermite_mid(_BOSH3_B),  # not torchdiffeq's second-order y_0 + h k_2 / 2 (module docstring)
 )
 
 TABLEAUX: dict[str, MethodTableau] = {

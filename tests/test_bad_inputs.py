@@ -597,6 +597,9 @@ CLI: list[tuple[str, list[str], str]] = [
     ),
     ("quick-and-tiny", ["blog", "--tiny", "--quick"], r"not allowed with argument"),
     ("seed-not-int", ["blog", "--seed", "x"], r"argument --seed: invalid int value"),
+    ("seed-negative", ["blog", "--tiny", "--seed", "-1"], r"--seed must be an integer in \[0, 2\*\*32\), got -1"),
+    ("seed-too-large", ["blog", "--tiny", "--seed", str(2**32)], r"--seed must be an integer in \[0, 2\*\*32\)"),
+    ("distributed-seed-negative", ["distributed", "--tiny", "--seed", "-1"], r"--seed must be an integer in"),
     ("out-is-a-file", ["blog", "--tiny", "--out", "{file}"], r"`--out` .* is a file; name a folder"),
     ("out-in-use", ["blog", "--tiny", "--out", "{busy}"], r"is in use by another run \(process \d+\)"),
 ]

@@ -12,6 +12,7 @@ from ..errors import check_positive
 from ..grids import adjoint_options
 from ..options import ADAPTIVE_METHODS, check_method
 from ..piecewise_adjoint import lands_on_boundaries, piecewise_adjoint
+from ..torchdiffeq_methods import torchdiffeq_method
 from .base import GradientMethod, Run
 
 __all__ = ["Adjoint"]
@@ -78,11 +79,11 @@ class Adjoint(GradientMethod):
                 run.pieces,
                 rtol=s.rtol,
                 atol=s.atol,
-                method=s.method,
+                method=torchdiffeq_method(s.method),
                 options=run.options,
                 adjoint_rtol=adj_rtol,
                 adjoint_atol=adj_atol,
-                adjoint_method=adj_method,
+                adjoint_method=torchdiffeq_method(adj_method),
                 adjoint_options=adj_options,
                 stats=run.stats,
                 adjoint_adaptive=adj_method in ADAPTIVE_METHODS,
@@ -93,10 +94,10 @@ class Adjoint(GradientMethod):
             run.t,
             rtol=s.rtol,
             atol=s.atol,
-            method=s.method,
+            method=torchdiffeq_method(s.method),
             options=run.options,
             adjoint_params=run.params,
-            adjoint_method=adj_method,
+            adjoint_method=torchdiffeq_method(adj_method),
             adjoint_rtol=adj_rtol,
             adjoint_atol=adj_atol,
             adjoint_options=adj_options,

@@ -9,6 +9,7 @@ from torchdiffeq import odeint
 
 from ..alf import integrate_alf
 from ..options import REVERSIBLE_METHODS
+from ..torchdiffeq_methods import torchdiffeq_method
 from .base import GradientMethod, Run
 
 __all__ = ["Backprop"]
@@ -41,4 +42,5 @@ class Backprop(GradientMethod):
                 jump_t=run.jump_t,
                 grid=run.grid,
             )
-        return odeint(run.func, run.y0, run.t, rtol=s.rtol, atol=s.atol, method=s.method, options=run.options)
+        method = torchdiffeq_method(s.method)
+        return odeint(run.func, run.y0, run.t, rtol=s.rtol, atol=s.atol, method=method, options=run.options)

@@ -1,0 +1,50 @@
+r"""The name under which torchdiffeq runs a method for cde_nets: its own, save where its numbers are wrong.
+
+An adaptive torchdiffeq step overshoots the output times and reads them (``y(T)`` included) off a quartic dense
+output through ``y_0``, a midpoint ``y_{1/2} = y_0 + h Σ_i m_i k_i`` and ``y_1``. For three methods torchdiffeq's
+midpoint is a lower-order value, which caps every output below the method's order:
+
+- ``bosh3`` (Bogacki & Shampine 1989, "A 3(2) pair of Runge-Kutta formulas", Appl. Math. Lett. 2, order 3):
+  ``y_0 + h k_2 / 2``, second order. On ``y' = t/2 + 1``, which its steps integrate exactly, ``y(4)`` comes out
+  12.22 instead of 8 at ``rtol = atol = 1e-8``.
+- ``fehlberg2`` and ``adaptive_heun`` (order 2): an Euler-like half step, first order.
+
+cde_nets uses instead the midpoint of the cubic Hermite interpolant through ``y_0, y_1`` with the slopes
+``k_1, k_s`` every step has (:func:`solvers.tableaux.hermite_mid`), so that the quartic is that cubic and the
+outputs keep the method's order (tests/test_dense_output.py fits the slopes). The fast path
+(:mod:`solvers.fast_rk`) and the replays use it from :mod:`solvers.tableaux`; the solves that run inside
+torchdiffeq (the continuous adjoint, inputs the fast path does not take) get it from solvers with those midpoint
+weights, added to torchdiffeq's table of solvers under their own names, so torchdiffeq's ``"bosh3"`` and the
+others stay as they are for anyone calling torchdiffeq directly.
+
+torchdiffeq has no public way to add a solver; this reads its solver table (``torchdiffeq._impl.odeint``),
+which has kept its shape since 0.2.0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchdiffeq._impl.odeint import SOLVERS
+
+from .tableaux import hermite_mid
+
+__all__ = ["HERMITE_METHODS", "torchdiffeq_method"]
+
+HERMITE_METHODS = ("bosh3", "fehlberg2", "adaptive_heun")
+
+
+def _hermite(method: str) -> str:
+    base = SOLVERS[method]
+    key = f"cde_nets_{method}"
+    if key not in SOLVERS:
+        mid = hermite_mid(tuple(base.tableau.c_sol.tolist()))
+        SOLVERS[key] = type(f"Hermite{base.__name__}", (base,), {"mid": torch.tensor(mid, dtype=torch.float64)})
+    return key
+
+
+_NAMES = {m: _hermite(m) for m in HERMITE_METHODS}
+
+
+def torchdiffeq_method(method: str) -> str:
+    """The key to pass torchdiffeq as ``method`` (or ``adjoint_method``) for cde_nets' ``method``."""
+    return _NAMES.get(method, method)

@@ -1,0 +1,121 @@
+"""The dense output of every adaptive method keeps the method's order, in every path that solves with it.
+
+An adaptive step overshoots the output times and reads them (``y(T)`` too) off its interpolant, so an
+interpolant of lower order than the method caps every output. torchdiffeq's ``bosh3`` (order 3) interpolates
+through a second-order midpoint, its ``fehlberg2`` and ``adaptive_heun`` (order 2) through a first-order one;
+cde_nets uses the cubic Hermite midpoint for all three (solvers/torchdiffeq_methods.py).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from cde_nets import ODEBlock
+from cde_nets.solvers.adapter import ADAPTIVE_METHODS, integrate
+
+# the order of each method's dense output (global): the error at mid-step of one step is O(h^(order + 1))
+INTERPOLANT_ORDER = {"dopri8": 4, "dopri5": 4, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
+# step sizes whose mid-step errors stay well above rounding and in the asymptotic range
+STEPS = {"dopri8": (0.4, 0.2, 0.1), "dopri5": (0.2, 0.1, 0.05, 0.025)}
+
+
+def _growth(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.cos(t) * y  # y(t) = y(0) exp(sin t)
+
+
+def test_the_table_covers_every_adaptive_method():
+    assert set(INTERPOLANT_ORDER) == set(ADAPTIVE_METHODS)
+
+
+@pytest.mark.parametrize("path", ["fast", "torchdiffeq"])
+@pytest.mark.parametrize("method", sorted(ADAPTIVE_METHODS))
+def test_interpolant_order_by_fitted_slope(method, path):
+    """One step of size h (tolerances so loose it is accepted), the state read at h/2: the error against
+    ``exp(sin(h/2))`` falls as ``h^(order + 1)``. ``"torchdiffeq"`` asks for the adjoint, whose forward solve
+    runs inside torchdiffeq."""
+    hs = STEPS.get(method, (0.2, 0.1, 0.05, 0.025))
+    errors = []
+    for h in hs:
+        y0 = torch.ones(1, dtype=torch.float64, requires_grad=path == "torchdiffeq")
+        t = torch.tensor([0.0, h / 2, h], dtype=torch.float64)
+        gradient = "adjoint" if path == "torchdiffeq" else "backprop"
+        with torch.set_grad_enabled(path == "torchdiffeq"):
+            ys, stats = integrate(
+                _growth, y0, t, method=method, rtol=1e3, atol=1e3, gradient=gradient, params=[y0],
+                options={"first_step": h},
+            )  # fmt: skip
+        assert stats.steps_forward == 1
+        errors.append(abs(float(ys[1, 0].detach()) - math.exp(math.sin(h / 2))))
+    slope = np.polyfit(np.log(hs), np.log(errors), 1)[0]
+    assert slope > INTERPOLANT_ORDER[method] + 1 - 0.3, (slope, errors)
+
+
+class _Ramp(nn.Module):
+    """``y' = t/2 + 1``: ``y(t) = y(0) + t + t²/4``, integrated exactly by any third-order step."""
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (t / 2 + 1) * torch.ones_like(y)
+
+
+@pytest.mark.parametrize("gradient", ["adjoint", "backprop", "checkpoint", "symplectic"])
+def test_bosh3_is_exact_where_its_steps_are(f64, gradient):
+    """bosh3's steps integrate a quadratic solution exactly, and so must its outputs: ``y(T)``, states at output
+    times, the event ``y = 3`` (at ``t = 2``) and the dense output. torchdiffeq's interpolant gave ``y(4)`` =
+    12.22 for 8, event times off by 0.2."""
+    block = ODEBlock(_Ramp(), T=4.0, method="bosh3", rtol=1e-8, atol=1e-8, gradient=gradient)
+    y0 = torch.tensor([[0.0], [1.0]], requires_grad=True)
+    exact = lambda t: y0.detach() + t + t**2 / 4  # noqa: E731
+    assert torch.allclose(block(y0), exact(4.0), rtol=0, atol=1e-12)
+    t = torch.tensor([0.0, 0.3, 1.7, 2.5, 4.0])
+    sol = block.solve(y0, t=t)
+    assert sol.ys is not None
+    for j, tj in enumerate(t.tolist()):
+        assert torch.allclose(sol.ys[j], exact(tj), rtol=0, atol=1e-12)
+    ev = block.solve(y0, event=lambda s, y: y[:, 0] - 3.0, event_tol=1e-12)
+    assert ev.stop_times is not None
+    # y(0) = 0 reaches 3 at t = 2; y(0) = 1 at t = 2√3 − 2
+    want = torch.tensor([2.0, 2 * math.sqrt(3) - 2])
+    assert torch.allclose(ev.stop_times.detach(), want, rtol=0, atol=1e-9)
+    dense = block.solve(y0, dense=True)
+    for tj in (0.1, 1.3, 3.9):
+        assert torch.allclose(dense.evaluate(tj).detach(), exact(tj), rtol=0, atol=1e-10)
+
+
+def _sine(t, y):
+    return 2 * y / t + t**4 * torch.sin(2 * t) - t**2 + 4 * t**3
+
+
+def _sine_exact(t):
+    c, s = torch.cos(2 * t), torch.sin(2 * t)
+    return -0.5 * t**4 * c + 0.5 * t**3 * s + 0.25 * t**2 * c - t**3 + 2 * t**4 + (math.pi - 0.25) * t**2
+
+
+def _linear_problem():
+    g = torch.Generator().manual_seed(0)
+    M = 0.3 * torch.randn(10, 10, generator=g, dtype=torch.float64)
+    A = M - M.T  # skew: a rotation, y(t) = expm(A t) y0
+    y0 = torch.randn(1, 10, generator=g, dtype=torch.float64)
+    t = torch.linspace(0, 4, 9, dtype=torch.float64)
+    exact = torch.stack([y0 @ torch.linalg.matrix_exp(A * float(s)).T for s in t])
+    return (lambda s, y: y @ A.T), y0, t, exact
+
+
+@pytest.mark.parametrize("path", ["fast", "torchdiffeq"])
+@pytest.mark.parametrize("problem", ["sine", "linear"])
+def test_bosh3_meets_its_tolerance_on_classic_problems(problem, path):
+    """torchdiffeq's sine problem from t = 1 and a 10x10 rotation: every output within 50 (atol + rtol |y|)
+    at rtol = atol = 1e-6 (4.5 and 21 measured; torchdiffeq's interpolant gave 171 and 168)."""
+    if problem == "sine":
+        t = torch.linspace(1, 8, 15, dtype=torch.float64)
+        f, y0, exact = _sine, _sine_exact(t[:1])[:, None], _sine_exact(t)[:, None, None]
+    else:
+        f, y0, t, exact = _linear_problem()
+    y0 = y0.clone().requires_grad_(path == "torchdiffeq")
+    gradient = "adjoint" if path == "torchdiffeq" else "backprop"
+    with torch.set_grad_enabled(path == "torchdiffeq"):
+        ys, _ = integrate(f, y0, t, method="bosh3", rtol=1e-6, atol=1e-6, gradient=gradient, params=[y0])
+    ratio = ((ys.detach() - exact).abs() / (1e-6 + 1e-6 * exact.abs())).max()
+    assert float(ratio) < 50, float(ratio)
