@@ -299,12 +299,10 @@ class DiscreteNet(Block):
 
     def _stats(self, steps: int) -> SolverStats:
         L = self.field.grid.L
-        stats = {
-            "nfe_forward": sum(self.scheme.evaluations(min(i, L - 1)) for i in range(steps)),
-            "steps_forward": steps,
-        }
-        self._last_stats = stats
-        return SolverStats(**stats)
+        stats = SolverStats(nfe_forward=sum(self.scheme.evaluations(min(i, L - 1)) for i in range(steps)))
+        stats.steps_forward = steps
+        self._last_stats = stats.as_dict()
+        return stats
 
     def _layer_indices(self, t: Sequence[float] | torch.Tensor, device: torch.device) -> tuple[torch.Tensor, list]:
         tt = self.check_times(t, self.T)
