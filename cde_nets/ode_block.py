@@ -26,6 +26,7 @@ from cde_nets.solvers.errors import SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
 
 from .block import Block
+from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField
 from .nonfinite import Watch, check_result, nonfinite_parameter
@@ -242,7 +243,7 @@ class ODEBlock(Block):
     # torchdiffeq's and torchsde's step loops are data-dependent control flow with host synchronisation on every
     # step: under torch.compile the solve runs eagerly and everything around it is compiled (under inductor
     # the adaptive loop failed outright with a view+inplace error).
-    @torch.compiler.disable
+    @eager_under_compile
     def solve(
         self,
         y0: torch.Tensor,

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
-from torchdiffeq import odeint, odeint_adjoint
 
 from .errors import SolverError, check_positive
 from .fast_rk import fast_applies, odeint_fast
@@ -332,6 +331,8 @@ def integrate(
 
     Returns the solution at ``t``, ``(len(t), *y0.shape)``, and the call's :class:`SolverStats`.
     """
+    from torchdiffeq import odeint, odeint_adjoint  # here, not at import: torchdiffeq loads scipy
+
     check_method(method)
     options = check_options(method, options)
     check_gradient(method, gradient)
