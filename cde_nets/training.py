@@ -40,6 +40,7 @@ from torch import nn
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .distributed import data_parallel as dp
 from .pieces import smoothness
+from .progress import progress
 
 __all__ = [
     "Trainer",
@@ -225,7 +226,8 @@ class Trainer:
         checkpoints: a :class:`Checkpoints` policy (or a path: every epoch, no resume). Inside
             :func:`checkpointing`, ``None`` means the block's next file.
         hooks: :class:`Hooks` into the run.
-        progress: show a tqdm bar (rank 0 only); ``desc`` labels it and names the run's checkpoint in a block.
+        progress: show a tqdm bar on a terminal, one line per epoch when stderr is a file or a pipe (rank 0
+            only); ``desc`` labels it and names the run's checkpoint in a block.
     """
 
     def __init__(
@@ -370,9 +372,7 @@ class Trainer:
         net = dp.wrap(model)
         bar = None
         if self.progress and start < epochs and dp.is_main():
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=epochs, initial=start, desc=self.desc, leave=False, dynamic_ncols=True)
+            bar = progress(epochs, start, self.desc)
         for epoch in range(start, epochs):
             t0 = time.perf_counter()
             step_sched = sched if self.scheduler_interval == "batch" else None
@@ -410,7 +410,6 @@ class Trainer:
                 dp.barrier()
                 last_good = Path(policy.path)
             if bar is not None:
-                bar.update(1)
                 bar.set_postfix(
                     {
                         k.replace("accuracy", "acc"): f"{v:.4g}"
@@ -418,6 +417,7 @@ class Trainer:
                         if k in ("train_loss", "train_accuracy", "test_accuracy")
                     }
                 )
+                bar.update(1)
         if bar is not None:
             bar.close()
         return history
