@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cde_nets.cli import did_you_mean
+
 Headline = list[tuple[str, str]]
 
 
@@ -238,10 +240,16 @@ def listing() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+_DESCRIPTION = """\
+Runs every benchmark (or those named with --only), writes each one's JSON to benchmarks/results/ (with --tiny to a
+temporary folder) and prints one summary table. A full run compares each headline with its goal; --tiny runs
+check that every benchmark works in seconds and measure no speed."""
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.benchmarks") -> int:
     p = argparse.ArgumentParser(
-        prog="python -m cde_nets.benchmarks",
-        description=__doc__,
+        prog=prog,
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"benchmarks (seconds on 2 CPU cores; — where never timed):\n{listing()}",
     )
@@ -257,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n, _, _ in BENCHMARKS]
     unknown = set(a.only or ()) - set(names)
     if unknown:
-        p.error(f"unknown benchmark(s) {sorted(unknown)}; choose from {names}")
+        p.error(f"unknown benchmark(s) {sorted(unknown)}{did_you_mean(sorted(unknown)[0], names)}; choose from {names}")
     lines = ["| benchmark | measure | value | goal |", "|---|---|---|---|"]
     for name, headline, goal in BENCHMARKS:
         if a.only and name not in a.only:

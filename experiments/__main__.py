@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from cde_nets.checkpoint import RunInUseError, RunLock
+from cde_nets.cli import did_you_mean
 from cde_nets.training import checkpointing
 
 from .registry import ALL_QUICK_S, REPRODUCTIONS, runner, times
@@ -55,15 +56,22 @@ def _epilog() -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+_DESCRIPTION = """\
+Reproduces the papers' tables and figures. With no name it lists the reproductions and their running times; `all`
+runs every one. Every training writes a per-epoch checkpoint under OUT/checkpoints/<name>-<size>-seed<N>/; after
+a crash or a kill, the same command with --resume continues where each training stopped and ends with the results
+of an uninterrupted run."""
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experiments") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
         from .distributed import main as distributed
 
         return distributed(argv[1:])
     parser = argparse.ArgumentParser(
-        prog="python -m cde_nets.experiments",
-        description=__doc__,
+        prog=prog,
+        description=_DESCRIPTION,
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -103,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
     for name in names:
         if name not in REPRODUCTIONS:  # fail on an unknown name before any work starts
-            parser.error(f"unknown reproduction {name!r}; choose one of: {', '.join(REPRODUCTIONS)} or 'all'")
+            hint = did_you_mean(name, [*REPRODUCTIONS, "all"])
+            parser.error(f"unknown reproduction {name!r}{hint}; choose one of: {', '.join(REPRODUCTIONS)} or 'all'")
     if args.resume and not args.checkpoints:
         parser.error("--resume needs the checkpoints: drop --no-checkpoints")
     try:
