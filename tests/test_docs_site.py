@@ -158,3 +158,28 @@ def test_api_pages_show_the_true_defaults(site):
                     if value != param.default:
                         wrong.append((head.group(1), name, f"shown {shown}, default {param.default!r}"))
     assert checked > 50 and wrong == []
+
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _python_blocks(text: str) -> list[list[str]]:
+    return [b.split("\n")[1:] for b in re.findall(r"^```python\n(?:.*\n)*?(?=```)", text, re.M)]
+
+
+def test_code_blocks_fit_a_1280_px_page():
+    """Material's content column at 1280 px shows about 90 characters of code before a comment is clipped."""
+    long = [
+        (p.name, line) for p in PAGES for block in _python_blocks(p.read_text()) for line in block if len(line) > 90
+    ]
+    assert long == []
+
+
+def test_readme_opens_with_a_quick_start_then_the_set_up_then_the_jobs():
+    readme = (ROOT / "README.md").read_text()
+    first = _python_blocks(readme)[0]
+    code = [line for line in first if line.strip() and not line.startswith(("import", "from"))]
+    assert len(code) <= 5 and any("ODEBlock(" in line for line in code)  # a field, a block, a solve
+    order = [readme.index(s) for s in ("```python", "## Set up", "all --quick", "## The three jobs")]
+    assert order == sorted(order)
