@@ -183,3 +183,14 @@ def test_readme_opens_with_a_quick_start_then_the_set_up_then_the_jobs():
     assert len(code) <= 5 and any("ODEBlock(" in line for line in code)  # a field, a block, a solve
     order = [readme.index(s) for s in ("```python", "## Set up", "all --quick", "## The three jobs")]
     assert order == sorted(order)
+
+
+def test_every_table_column_has_a_header():
+    empty = []
+    for p in PAGES:
+        lines = p.read_text().splitlines()
+        for above, line in zip(lines, lines[1:]):
+            if re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", line.strip()):  # the separator: the line above is the header
+                cells = [c.strip() for c in above.strip().strip("|").split("|")]
+                empty += [(p.name, above)] if "" in cells else []
+    assert empty == []
