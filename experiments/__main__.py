@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
     if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
         from .distributed import main as distributed
 
-        return distributed(argv[1:])
+        return distributed(argv[1:], prog=f"{prog} distributed")
     parser = argparse.ArgumentParser(
         prog=prog,
         description=_DESCRIPTION,

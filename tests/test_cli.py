@@ -81,10 +81,10 @@ def test_benchmarks_reject_an_unknown_name(capsys):
         benchmarks_main(["--only", "nope"])
 
 
-@pytest.mark.parametrize("command", ["experiments", "benchmarks"])
+@pytest.mark.parametrize("command", ["experiments", "benchmarks", "experiments distributed"])
 def test_help_names_the_command_typed_and_shows_no_markup(command, capsys):
     with pytest.raises(SystemExit):
-        cli([command, "--help"])
+        cli([*command.split(), "--help"])
     out = capsys.readouterr().out
     assert out.startswith(f"usage: cde-nets {command} ")
     for markup in ("``", ":data:", ":func:", ":mod:", "tests/"):  # reST roles, notes for contributors
