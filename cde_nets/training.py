@@ -469,9 +469,10 @@ class Trainer:
                         f"the last good checkpoint is {str(last_good)!r}" if last_good else "no checkpoint was written"
                     )
                     raise NonFiniteError(
-                        f"the {what} became non-finite in epoch {epoch}, batch {b} (the loss was {float(total):.6g}); "
-                        f"the parameters were not updated with it and {where}. Lower the learning rate, tighten the "
-                        "solver tolerance, or train with nonfinite='skip' to skip such steps.",
+                        f"the {what} became non-finite in epoch {epoch}, batch {b} (the loss was "
+                        f"{float(total.detach()):.6g}); the parameters were not updated with it and {where}. Lower "
+                        "the learning rate, tighten the solver tolerance, or train with nonfinite='skip' to skip "
+                        "such steps.",
                         last_good,
                     )
                 opt.zero_grad(set_to_none=True)
