@@ -16,40 +16,49 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-Headline = list[tuple[str, str]]
+from cde_nets.cli import did_you_mean
+
+from .summary import Row, at_least, at_most, below, info, table
+
+Headline = list[Row]
 
 
-def _max(rows: list[dict], key: str, **where) -> float:
+def _max(rows: list[dict], key: str, **where) -> float | None:
     vals = [r[key] for r in rows if key in r and all(r.get(k) == v for k, v in where.items())]
-    return max(vals) if vals else float("nan")
+    return max(vals) if vals else None
 
 
 def _discrete(res: dict) -> Headline:
     rows = res["rows"]
     out = [
-        (f"ours / hand loop, {mode}, worst", f"{_max(rows, 'ratio_hand', mode=mode):.3f}")
+        at_most(f"ours / hand loop, {mode}, worst", _max(rows, "ratio_hand", mode=mode), 1.1)
         for mode in ("forward", "forward+backward")
     ]
-    return out + [("torchdiffeq euler / hand loop, worst", f"{_max(rows, 'ratio_torchdiffeq_to_hand'):.3f}")]
+    return out + [info("torchdiffeq euler / hand loop, worst", _max(rows, "ratio_torchdiffeq_to_hand"))]
 
 
 def _continuous(res: dict) -> Headline:
     rows = res["rows"]
     same = all(r["nfe_ours"] == r["nfe_torchdiffeq"] for r in rows)
-    return [("ODEBlock / odeint, worst", f"{_max(rows, 'ratio'):.3f}"), ("same NFE", str(same))]
+    return [
+        at_most("ODEBlock / odeint, worst", _max(rows, "ratio"), 1.05),
+        Row("same NFE", same, goal="True", met=same),
+    ]
 
 
 def _memory(res: dict) -> Headline:
     s = res["summary"]
     d = res["discrete_summary"]
     return [
-        ("adjoint memory, most / fewest steps", f"{s['adjoint']['ratio_max_to_min_steps']:.2f}"),
-        ("backprop KiB per step", f"{s['backprop']['bytes_per_step'] / 1024:.1f}"),
-        (
+        at_most("adjoint memory, most / fewest steps", s["adjoint"]["ratio_max_to_min_steps"], 1.2, ".2f"),
+        info("backprop KiB per step", s["backprop"]["bytes_per_step"] / 1024, ".1f"),
+        at_most(
             "memory-free discrete memory, most / fewest layers, worst",
-            f"{max(v['memory_ratio'] for v in d.values()):.2f}",
+            max(v["memory_ratio"] for v in d.values()),
+            1.2,
+            ".2f",
         ),
-        ("memory-free H2-DNN time / stored activations", f"{d['H2-DNN']['time_ratio_to_stored']:.2f}"),
+        at_most("memory-free H2-DNN time / stored activations", d["H2-DNN"]["time_ratio_to_stored"], 2.0, ".2f"),
     ]
 
 
@@ -57,7 +66,7 @@ def _jump(res: dict) -> Headline:
     rows = res["rows"]
     with_j = sum(r["nfe_forward"] for r in rows if r["jumps"])
     without = sum(r["nfe_forward"] for r in rows if not r["jumps"])
-    return [("forward NFE with / without jump_t", f"{with_j / max(without, 1):.3f}")]
+    return [below("forward NFE with / without jump_t", with_j / without if without else None, 1.0)]
 
 
 def _adjoint_study(res: dict) -> Headline:
@@ -68,47 +77,41 @@ def _adjoint_study(res: dict) -> Headline:
         return next(r for r in rows if r["mode"] == mode and r["rtol"] == tight)
 
     a, b = pick("adjoint"), pick("backprop")
+    memory = a["peak_saved_bytes"] / b["peak_saved_bytes"] if b["peak_saved_bytes"] else None
     return [
-        (f"adjoint / backprop time, dopri5 rtol {tight:g}", f"{a['time_s'] / b['time_s']:.2f}"),
-        (
-            f"adjoint / backprop memory, dopri5 rtol {tight:g}",
-            f"{a['peak_saved_bytes'] / max(b['peak_saved_bytes'], 1):.3f}",
-        ),
+        info(f"adjoint / backprop time, dopri5 rtol {tight:g}", a["time_s"] / b["time_s"], ".2f"),
+        below(f"adjoint / backprop memory, dopri5 rtol {tight:g}", memory, 1.0),
     ]
 
 
 def _stopping(res: dict) -> Headline:
     return [
-        (f"max deviation from c·Σdepths + t0, {mode}", f"{f['max_rel_deviation']:.1%}")
+        at_most(f"max deviation from c·Σdepths + t0, {mode}", f["max_rel_deviation"], 0.2, ".1%")
         for mode, f in res["fit"].items()
     ]
 
 
 def _stopping_saving(res: dict) -> Headline:
-    out = [(f"per-sample stop / whole-batch time, {r['mode']}", f"{r['time_ratio']:.3f}") for r in res["timings"]]
-    return out + [("field rows, per-sample stop / whole batch", f"{res['rows_ratio']:.3f}")]
+    out = [below(f"per-sample stop / whole-batch time, {r['mode']}", r["time_ratio"], 1.0) for r in res["timings"]]
+    return out + [below("field rows, per-sample stop / whole batch", res["rows_ratio"], 1.0)]
 
 
 def _peer(res: dict) -> Headline:
     if "skipped" in res:
-        return [("momentumnet", res["skipped"])]
+        return [info("momentumnet", f"not measured ({res['skipped']})")]
     out = []
     for r in res["rows"]:
         kind = "memory-free" if r["memory_free"] else "stored"
-        out.append(
-            (
-                f"ours / momentumnet time, memory, depth {r['depth']}, {kind}",
-                f"{r['time_ratio']:.2f}, {r['memory_ratio']:.2f}",
-            )
-        )
+        out.append(info(f"ours / momentumnet time, depth {r['depth']}, {kind}", r["time_ratio"], ".2f"))
+        out.append(info(f"ours / momentumnet memory, depth {r['depth']}, {kind}", r["memory_ratio"], ".2f"))
     worst = max(r["max_abs_diff_output"] for r in res["rows"])
-    return out + [("max |Δ output| vs momentumnet (float64)", f"{worst:.1e}")]
+    return out + [below("max abs. output difference from momentumnet (float64)", worst, 1e-10, ".1e")]
 
 
 def _training(res: dict) -> Headline:
     return [
-        ("64-layer H1 swiss roll: wall time / reference's 36 s", f"{res['time_ratio_to_reference']:.2f}"),
-        ("64-layer H1 swiss roll: test accuracy", f"{100 * res['test_accuracy']:.2f} %"),
+        at_most("64-layer H1 swiss roll: wall time / reference's 36 s", res["time_ratio_to_reference"], 1.0, ".2f"),
+        at_least("64-layer H1 swiss roll: test accuracy", res["test_accuracy"], 0.99, ".2%"),
     ]
 
 
@@ -118,8 +121,8 @@ def _adjoint_pieces(res: dict) -> Headline:
         rows = [r for r in res["rows"] if f"dim={r['dim']} batch={r['batch']}" == case]
         top = max(rows, key=lambda r: r["pieces"])
         out += [
-            (f"adjoint / backprop, {top['pieces']} pieces, {case}", f"{top['new_over_backprop']:.2f}"),
-            (f"adjoint time per piece, most / fewest pieces, {case}", f"{growth['new_adjoint']:.2f}"),
+            at_most(f"adjoint / backprop, {top['pieces']} pieces, {case}", top["new_over_backprop"], 3.0, ".2f"),
+            at_most(f"adjoint time per piece, most / fewest pieces, {case}", growth["new_adjoint"], 1.2, ".2f"),
         ]
     return out
 
@@ -130,44 +133,47 @@ def _gradient_modes(res: dict) -> Headline:
     worst = max(
         v["value"] for t in res["targets"].values() for k, v in t.items() if k == "exact_vs_backprop_same_steps"
     )
-    return [("targets met", f"{len(met)} / {total}"), ("checkpoint/symplectic vs backprop, same steps", f"{worst:.1e}")]
+    return [
+        Row("targets of the study met", f"{len(met)} of {total}", goal=f"{total} of {total}", met=len(met) == total),
+        at_most("checkpoint/symplectic vs backprop, same steps", worst, 1e-10, ".1e"),
+    ]
 
 
 def _compiled(res: dict) -> Headline:
     rows = res["rows"]
     return [
-        (f"compiled / eager speed-up, {mode}, worst", f"{min(r['speedup'] for r in rows if r['mode'] == mode):.2f}")
+        info(f"compiled / eager speed-up, {mode}, worst", min(r["speedup"] for r in rows if r["mode"] == mode), ".2f")
         for mode in ("forward", "forward+backward")
-    ] + [("max relative difference from eager", f"{max(r['max_rel_diff'] for r in rows):.1e}")]
+    ] + [at_most("max relative difference from eager", max(r["max_rel_diff"] for r in rows), 1e-5, ".1e")]
 
 
 def _forward_grid(res: dict) -> Headline:
     rows = res["rows"]
-    wide = max(r["ours_over_fe"] for r in rows if r["dim"] >= 64) if any(r["dim"] >= 64 for r in rows) else float("nan")
+    wide = [r["ours_over_fe"] for r in rows if r["dim"] >= 64]
     out = [
-        ("forward / field evaluations alone, dim >= 64, worst", f"{wide:.2f}"),
-        ("forward / field evaluations alone, dim 4, worst", f"{_max(rows, 'ours_over_fe', dim=4):.2f}"),
+        at_most("forward / field evaluations alone, dim >= 64, worst", max(wide) if wide else None, 1.5, ".2f"),
+        at_most("forward / field evaluations alone, dim 4, worst", _max(rows, "ours_over_fe", dim=4), 2.5, ".2f"),
     ]
     fwd = [r["torchode_over_ours"] for r in rows if r.get("torchode_over_ours") is not None]
     fb = [r["torchode_autodiff_over_ours_backprop"] for r in rows if r.get("torchode_autodiff_over_ours_backprop")]
     if not fwd:
-        return out + [("torchode", "not installed")]
-    out.append(("torchode / ours, forward, slowest margin", f"{min(fwd):.2f}"))
+        return out + [info("torchode / ours", "not measured (torchode not installed)")]
+    out.append(below("ours / torchode, forward, worst", 1 / min(fwd), 1.0, ".2f"))
     if fb:
-        out.append(("torchode / ours, forward+backward, slowest margin", f"{min(fb):.2f}"))
+        out.append(below("ours / torchode, forward+backward, worst", 1 / min(fb), 1.0, ".2f"))
     return out
 
 
 def _events(res: dict) -> Headline:
     r = res["rows"][0]
     return [
-        ("per-sample events / ideal compacted cost", f"{r['ratio_to_ideal']:.2f}"),
-        ("odeint_event sample by sample / ours", f"{r['ratio_per_sample_to_ours']:.1f}"),
+        at_most("per-sample events / ideal compacted cost", r["ratio_to_ideal"], 1.2, ".2f"),
+        info("odeint_event sample by sample / ours", r["ratio_per_sample_to_ours"], ".1f"),
     ]
 
 
 def _finiteness(res: dict) -> Headline:
-    return [("finiteness check / forward call, worst", f"{100 * res['worst_overhead']:+.1f} %")]
+    return [at_most("finiteness check / forward call, worst", res["worst_overhead"], 0.03, "+.1%")]
 
 
 # (module, headline of its result, goal): every benchmark module of this package.
@@ -238,10 +244,16 @@ def listing() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+_DESCRIPTION = """\
+Runs every benchmark (or those named with --only), writes each one's JSON to benchmarks/results/ (with --tiny to a
+temporary folder) and prints one summary table. A full run compares each headline with its goal; --tiny runs
+check that every benchmark works in seconds and measure no speed."""
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.benchmarks") -> int:
     p = argparse.ArgumentParser(
-        prog="python -m cde_nets.benchmarks",
-        description=__doc__,
+        prog=prog,
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"benchmarks (seconds on 2 CPU cores; — where never timed):\n{listing()}",
     )
@@ -257,16 +269,16 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n, _, _ in BENCHMARKS]
     unknown = set(a.only or ()) - set(names)
     if unknown:
-        p.error(f"unknown benchmark(s) {sorted(unknown)}; choose from {names}")
-    lines = ["| benchmark | measure | value | goal |", "|---|---|---|---|"]
-    for name, headline, goal in BENCHMARKS:
+        p.error(f"unknown benchmark(s) {sorted(unknown)}{did_you_mean(sorted(unknown)[0], names)}; choose from {names}")
+    rows: list[tuple[str, Row]] = []
+    for name, headline, _ in BENCHMARKS:
         if a.only and name not in a.only:
             continue
         t0 = time.perf_counter()
         res = importlib.import_module(f"cde_nets.benchmarks.{name}").run(tiny=a.tiny, out_dir=out)
         print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
-        lines += [f"| {name} | {measure} | {value} | {goal} |" for measure, value in headline(res)]
-    print("\n".join(lines))
+        rows += [(name, row) for row in headline(res)]
+    print("\n" + table(rows, tiny=a.tiny))
     print(f"results in {out or 'benchmarks/results'}")
     return 0
 

@@ -5,12 +5,20 @@ The same programs run as ``python -m cde_nets.experiments`` and ``python -m cde_
 
 from __future__ import annotations
 
+import difflib
 import sys
+from collections.abc import Iterable
 
 _COMMANDS = {
     "experiments": "reproductions of the papers' tables and figures (no name: list them with their times)",
     "benchmarks": "speed and memory against torchdiffeq, hand-written loops and momentumnet",
 }
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,14 +32,15 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark."
         )
         if argv and argv[0] not in ("-h", "--help"):
-            print(f"\ncde-nets: unknown command {argv[0]!r}; use one of {', '.join(_COMMANDS)}.", file=sys.stderr)
+            hint = did_you_mean(argv[0], _COMMANDS)
+            print(f"\ncde-nets: unknown command {argv[0]!r}{hint}; use one of {', '.join(_COMMANDS)}.", file=sys.stderr)
             return 2
         return 0
     if argv[0] == "experiments":
         from cde_nets.experiments.__main__ import main as run
     else:
         from cde_nets.benchmarks.__main__ import main as run
-    return run(argv[1:])
+    return run(argv[1:], prog=f"cde-nets {argv[0]}")
 
 
 if __name__ == "__main__":

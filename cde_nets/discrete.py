@@ -21,6 +21,7 @@ from cde_nets.solvers.schemes import Scheme, get_scheme
 from cde_nets.solvers.stopping import unroll
 
 from .block import Block
+from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField, as_field
 from .nonfinite import check_result, nonfinite_parameter
@@ -31,7 +32,7 @@ from .stop import Stop, as_stop
 # Per-sample stopping and events shrink the batch as samples finish and branch on the data every layer: under
 # torch.compile each layer would be a graph of its own, recompiled for every layer index and batch size (70 s of CPU
 # for a 30-layer NAIS net). The loop runs eagerly inside a compiled model, as the continuous solvers' loops do.
-_unroll = torch.compiler.disable(unroll)
+_unroll = eager_under_compile(unroll)
 
 __all__ = ["discretize", "DiscreteNet"]
 

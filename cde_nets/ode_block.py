@@ -20,6 +20,7 @@ from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.times import check_times
 
 from .block import Block
+from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField
 from .nonfinite import Watch, check_result, nonfinite_parameter
@@ -190,7 +191,7 @@ class ODEBlock(Block):
     # torchdiffeq's and torchsde's step loops are data-dependent control flow with host synchronisation on every
     # step: under torch.compile the solve runs eagerly and everything around it is compiled (under inductor
     # the adaptive loop failed outright with a view+inplace error).
-    @torch.compiler.disable
+    @eager_under_compile
     def solve(
         self,
         y0: torch.Tensor,

@@ -21,7 +21,6 @@ import warnings
 import numpy as np
 import torch
 import torch.nn.functional as nnf
-import torchsde
 from torch import nn
 
 from cde_nets.solvers.counting import SolverStats, count_evaluation
@@ -30,6 +29,7 @@ from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.grids import aligned_grid
 
 from .block import Block
+from .compile_boundary import eager_under_compile
 from .fields.bound import BoundField
 from .nonfinite import check_result, nonfinite_parameter
 from .solution import Solution
@@ -357,10 +357,12 @@ class SDEBlock(Block):
     # torchdiffeq's and torchsde's step loops are data-dependent control flow with host synchronisation on every
     # step: under torch.compile the solve runs eagerly and everything around it is compiled (under inductor
     # the adaptive loop failed outright with a view+inplace error).
-    @torch.compiler.disable
+    @eager_under_compile
     def solve(self, y0: torch.Tensor, u: torch.Tensor | None = None, t=None, bm=None) -> Solution:
         """As calling the block, and the (path-averaged) states at times ``t``, which must be points of the step
         grid :attr:`times` (the block never interpolates a Brownian path)."""
+        import torchsde  # imported by the first solve, not by `import cde_nets`
+
         bound = self.bind(y0, u)
         if self.rho is not None and (y0.dim() < 2 or y0.shape[1] != self.rho.shape[0]):
             raise ValueError(
@@ -474,6 +476,8 @@ class SDEBlock(Block):
     def _integrate(
         self, sdes: list[_SDE], y: torch.Tensor, grid: torch.Tensor, bm, extra_params: list
     ) -> list[torch.Tensor]:
+        import torchsde
+
         # One torchsde call per step with dt >= the step: torchsde clamps the step to the end of `ts`, so every
         # step (forward and the adjoint's reverse) lands exactly on the grid and each piece keeps its parameters.
         # The solver's extra state (reversible_heun's stored f, g) is carried across the steps of one piece and

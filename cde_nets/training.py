@@ -42,6 +42,7 @@ from cde_nets.solvers.errors import check_positive_int
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .distributed import data_parallel as dp
 from .pieces import smoothness
+from .progress import progress
 
 __all__ = [
     "Trainer",
@@ -236,7 +237,8 @@ class Trainer:
         checkpoints: a :class:`Checkpoints` policy (or a path: every epoch, no resume). Inside
             :func:`checkpointing`, ``None`` means the block's next file.
         hooks: :class:`Hooks` into the run.
-        progress: show a tqdm bar (rank 0 only); ``desc`` labels it and names the run's checkpoint in a block.
+        progress: show a tqdm bar on a terminal, one line per epoch when stderr is a file or a pipe (rank 0
+            only); ``desc`` labels it and names the run's checkpoint in a block.
     """
 
     def __init__(
@@ -381,9 +383,7 @@ class Trainer:
         net = dp.wrap(model)
         bar = None
         if self.progress and start < epochs and dp.is_main():
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=epochs, initial=start, desc=self.desc, leave=False, dynamic_ncols=True)
+            bar = progress(epochs, start, self.desc)
         for epoch in range(start, epochs):
             t0 = time.perf_counter()
             step_sched = sched if self.scheduler_interval == "batch" else None
@@ -421,7 +421,6 @@ class Trainer:
                 dp.barrier()
                 last_good = Path(policy.path)
             if bar is not None:
-                bar.update(1)
                 bar.set_postfix(
                     {
                         k.replace("accuracy", "acc"): f"{v:.4g}"
@@ -429,6 +428,7 @@ class Trainer:
                         if k in ("train_loss", "train_accuracy", "test_accuracy")
                     }
                 )
+                bar.update(1)
         if bar is not None:
             bar.close()
         return history
@@ -480,9 +480,10 @@ class Trainer:
                         f"the last good checkpoint is {str(last_good)!r}" if last_good else "no checkpoint was written"
                     )
                     raise NonFiniteError(
-                        f"the {what} became non-finite in epoch {epoch}, batch {b} (the loss was {float(total):.6g}); "
-                        f"the parameters were not updated with it and {where}. Lower the learning rate, tighten the "
-                        "solver tolerance, or train with nonfinite='skip' to skip such steps.",
+                        f"the {what} became non-finite in epoch {epoch}, batch {b} (the loss was "
+                        f"{float(total.detach()):.6g}); the parameters were not updated with it and {where}. Lower "
+                        "the learning rate, tighten the solver tolerance, or train with nonfinite='skip' to skip "
+                        "such steps.",
                         last_good,
                     )
                 opt.zero_grad(set_to_none=True)

@@ -8,6 +8,10 @@ lives and attaches that folder, read statically, as the member ``solvers``.
 
 ``SphinxRoles`` shows the Sphinx cross-reference roles some docstrings use (``:class:`~cde_nets.ODEBlock```) as
 code (``ODEBlock``) instead of literal role markup; the docstrings themselves are left as they are.
+
+``SharedArguments`` gives each parameter of a shared entry (``rtol, atol: tolerances ...``) an entry of its own
+with the same text. Griffe reads such an entry as one parameter named ``rtol, atol``, which no signature has, and
+the parameter table would show its default as "required" (these default to ``None``).
 """
 
 from __future__ import annotations
@@ -51,3 +55,53 @@ class SphinxRoles(griffe.Extension):
     def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None and ":" in obj.docstring.value:
             obj.docstring.value = _ROLE.sub(_role_as_code, obj.docstring.value)
+
+
+# An entry of a Google-style "Args:" section that documents several parameters at once: "    a, b, c: text".
+_ARGS = re.compile(r"^\s*(Args|Arguments|Parameters|Other Parameters):\s*$")
+_SHARED = re.compile(r"^(?P<indent>[ \t]+)(?P<names>\w+(?:, \w+)+): (?P<text>.*)$")
+
+
+def _split_shared(doc: str) -> str:
+    lines = doc.split("\n")
+    out: list[str] = []
+    section: int | None = None  # indent of the "Args:" header while inside that section
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        indent_of = len(line) - len(line.lstrip())
+        if line.strip() and section is not None and indent_of <= section:
+            section = None
+        if _ARGS.match(line):
+            section = indent_of
+        m = _SHARED.match(line) if section is not None else None
+        if m is None:
+            out.append(line)
+            i += 1
+            continue
+        indent = m.group("indent")
+        j = i + 1  # the entry's continuation lines are indented deeper than its first line
+        while j < len(lines) and lines[j].strip() and len(lines[j]) - len(lines[j].lstrip()) > len(indent):
+            j += 1
+        for name in m.group("names").split(", "):
+            out.append(f"{indent}{name}: {m.group('text')}")
+            out.extend(lines[i + 1 : j])
+        i = j
+    return "\n".join(out)
+
+
+class SharedArguments(griffe.Extension):
+    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is not None and ", " in obj.docstring.value:
+            obj.docstring.value = _split_shared(obj.docstring.value)
+
+
+# A docstring's pointer to a documentation page, ``docs/guides/gradients.md``: on the site it becomes a link. API
+# pages live in docs/api/, so the page is one folder up; mkdocs resolves (and with --strict checks) the link.
+_DOCS_PAGE = re.compile(r"``docs/([\w/]+)\.md``")
+
+
+class DocsLinks(griffe.Extension):
+    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is not None and "docs/" in obj.docstring.value:
+            obj.docstring.value = _DOCS_PAGE.sub(r"[\1](../\1.md)", obj.docstring.value)

@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 
 from cde_nets.checkpoint import RunInUseError, RunLock
+from cde_nets.cli import did_you_mean
 from cde_nets.training import checkpointing
 
-from .registry import ALL_QUICK_S, REPRODUCTIONS, runner, times
-from .report import SIZES, format_table, write_result
+from .registry import REPRODUCTIONS, recorded_only, runner, times, total
+from .report import format_table, write_result
 
 
 def _seconds(s: float | None) -> str:
@@ -32,20 +33,32 @@ def _seconds(s: float | None) -> str:
 
 
 def listing() -> str:
-    """The reproductions, one a line: name, seconds at each setting (— where never timed), description."""
-    lines = [f"  {'name':18s} {'tiny':>7s} {'quick':>7s} {'full':>7s}  what"]
+    """The reproductions, one a line: name, seconds at each setting (— where never timed), description; the
+    ``all`` row sums each column."""
+    lines = [f"  {'name':18s} {'tiny':>7s} {'quick':>7s} {'full':>8s}  what"]
     for name, (_, desc) in REPRODUCTIONS.items():
         t = times(name)
-        lines.append(f"  {name:18s} " + " ".join(f"{_seconds(t.get(size)):>7s}" for size in SIZES) + f"  {desc}")
-    lines.append(f"  {'all':18s} {'':>7s} {_seconds(ALL_QUICK_S):>7s} {'':>7s}  every one of them, in this order")
-    return "\n".join(lines)
+        full = _seconds(t.get("full")) + ("*" if recorded_only(name) else " ")
+        cells = f"{_seconds(t.get('tiny')):>7s} {_seconds(t.get('quick')):>7s} {full:>8s}"
+        lines.append(f"  {name:18s} {cells}  {desc}")
+    recorded = any(recorded_only(name) for name in REPRODUCTIONS)
+    full = _seconds(total("full")) + ("*" if recorded and total("full") is not None else " ")
+    sums = " ".join(f"{_seconds(total(size)):>7s}" for size in ("tiny", "quick")) + f" {full:>8s}"
+    lines.append(f"  {'all':18s} {sums}  every one of them, in this order (the sum of each column)")
+    notes = [
+        "  Measured by `python -m cde_nets.experiments.timings` (a fresh process each, one torch thread);",
+        "  the dates and the machine's load at each measurement are in experiments/timings.json.",
+    ]
+    if recorded:
+        notes.append("  * the recorded full run's own time (not yet measured by the timing script).")
+    return "\n".join(lines + notes)
 
 
 def _epilog() -> str:
     from cde_nets.benchmarks.__main__ import listing as benchmark_listing
 
     return (
-        f"reproductions (seconds at each setting on 2 CPU cores; full times are the recorded runs'):\n"
+        f"reproductions (seconds at each setting on 2 CPU cores):\n"
         f"{listing()}\n\n"
         "  distributed        the scale-out launcher, not a reproduction: `python -m cde_nets.experiments "
         "distributed --help`\n\n"
@@ -55,15 +68,22 @@ def _epilog() -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+_DESCRIPTION = """\
+Reproduces the papers' tables and figures. With no name it lists the reproductions and their running times; `all`
+runs every one. Every training writes a per-epoch checkpoint under OUT/checkpoints/<name>-<size>-seed<N>/; after
+a crash or a kill, the same command with --resume continues where each training stopped and ends with the results
+of an uninterrupted run."""
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experiments") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
         from .distributed import main as distributed
 
-        return distributed(argv[1:])
+        return distributed(argv[1:], prog=f"{prog} distributed")
     parser = argparse.ArgumentParser(
-        prog="python -m cde_nets.experiments",
-        description=__doc__,
+        prog=prog,
+        description=_DESCRIPTION,
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -88,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the reproductions and exit (as with no name)")
     args = parser.parse_args(argv)
     if args.list or args.name is None:
-        print("reproductions (seconds at each setting on 2 CPU cores; — where never timed):")
+        print("reproductions (seconds at each setting on 2 CPU cores; — where not measured):")
         print(listing())
         print(
             "\nrun one:  cde-nets experiments NAME [--quick|--tiny]\nrun all:  cde-nets experiments all --quick"
@@ -105,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
     for name in names:
         if name not in REPRODUCTIONS:  # fail on an unknown name before any work starts
-            parser.error(f"unknown reproduction {name!r}; choose one of: {', '.join(REPRODUCTIONS)} or 'all'")
+            hint = did_you_mean(name, [*REPRODUCTIONS, "all"])
+            parser.error(f"unknown reproduction {name!r}{hint}; choose one of: {', '.join(REPRODUCTIONS)} or 'all'")
     if args.resume and not args.checkpoints:
         parser.error("--resume needs the checkpoints: drop --no-checkpoints")
     try:

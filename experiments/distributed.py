@@ -292,10 +292,24 @@ def ddp_worker(size: str, seed: int) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+_DESCRIPTION = """\
+Scale-out launcher (not a reproduction: `all` does not run it; writes OUT/distributed.json).
+
+h2: the distributed H2-DNN, one process per node on a ring, against the centralised masked model in one process:
+outputs and every parameter gradient must agree to 1e-10 (float64); the table gives the median wall times, the
+bytes each rank sent per layer and each rank's neighbours.
+
+ddp: a discrete H1 Hamiltonian classifier on the swiss roll trained by --nodes processes (DDP, gloo on loopback)
+and by one process, same seed and global batch, plain SGD: the final parameters must agree to 1e-6 (float64).
+
+ddp-worker: one rank of the same training, for torchrun; rank 0 then repeats it in one process and prints the
+comparison (torchrun --standalone --nproc_per_node 8 -m cde_nets.experiments.distributed --mode ddp-worker)."""
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experiments distributed") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m cde_nets.experiments distributed",
-        description=__doc__,
+        prog=prog,
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--nodes", type=int, default=8, help="processes (H2 nodes / DDP ranks), default 8")

@@ -62,7 +62,7 @@ def margin_table(results_dir: Path) -> list[str]:
         "",
         "Full setting; `python -m cde_nets.experiments.margins` checks them.",
         "",
-        "| reproduction | setting | margin | published | ours | |",
+        "| reproduction | setting | margin | published | ours | status |",
         "|---|---|---|---|---|---|",
     ]
     for r in check(results_dir):

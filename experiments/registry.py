@@ -39,35 +39,46 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
 }
 
 
-# Seconds each reproduction took where no recorded result holds the time: one `all --tiny` run and one
-# `all --quick --threads 1` run (seed 0) on the 2-core development machine while other jobs shared it, so these are
-# upper bounds (two threads and a quiet machine take about half); the whole `all --quick` is ALL_QUICK_S.
-MEASURED_S: dict[str, dict[str, float]] = {
-    "hdnn_table1": {"tiny": 1.4, "quick": 142.0},
-    "hdnn_fig4": {"tiny": 0.7, "quick": 15.0},
-    "hdnn_table2": {"tiny": 74.4, "quick": 242.0},
-    "ruseckas_circles": {"tiny": 2.9, "quick": 52.0},
-    "hauser": {"tiny": 2.6, "quick": 57.0},
-    "blog": {"tiny": 2.2, "quick": 17.0},
-    "nais_digits": {"tiny": 50.7, "quick": 24.0},
-    "mnist5k": {"tiny": 2.2, "quick": 179.0},
-    "adjoint_study": {"tiny": 5.4, "quick": 116.0},
-    "conservation": {"tiny": 1.1, "quick": 30.0},
-    "noise_robustness": {"tiny": 0.1, "quick": 73.0},
-}
-ALL_QUICK_S = 285.0  # `all --quick` on the 2-core development machine after the install (the README's main job)
 RECORDED_RESULTS = Path(__file__).parent / "recorded_results"
+# Times measured by experiments/timings.py (one script, one torch thread, a fresh process per run), each with its
+# date, the machine's facts and the load before it.
+TIMINGS = Path(__file__).parent / "timings.json"
+SETTINGS = ("tiny", "quick", "full")
+
+
+def _timings() -> dict:
+    return json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
 
 
 def times(name: str) -> dict[str, float]:
-    """Seconds per setting (``tiny``, ``quick``, ``full``) that are known for ``name``: the recorded result's own
-    ``time_s`` for its setting, :data:`MEASURED_S` for the others; a setting never timed is absent."""
-    out = dict(MEASURED_S.get(name, {}))
-    path = RECORDED_RESULTS / f"{name}.json"
-    if path.exists():
-        res = json.loads(path.read_text())
-        out[res["size"]] = float(res["time_s"])
+    """Seconds per setting (``tiny``, ``quick``, ``full``) known for ``name``: those measured by
+    ``experiments/timings.py``; for ``full`` where it was never measured so, the recorded result's own ``time_s``
+    (see :func:`recorded_only`). A setting never timed is absent."""
+    measured = _timings()
+    out = {size: measured[size][name]["seconds"] for size in SETTINGS if name in measured.get(size, {})}
+    if "full" not in out:
+        path = RECORDED_RESULTS / f"{name}.json"
+        if path.exists():
+            res = json.loads(path.read_text())
+            if res["size"] == "full":
+                out["full"] = float(res["time_s"])
     return out
+
+
+def recorded_only(name: str) -> bool:
+    """Whether ``name``'s full time is the recorded run's own, not yet measured by ``experiments/timings.py``."""
+    return name not in _timings().get("full", {}) and "full" in times(name)
+
+
+def total(size: str) -> float | None:
+    """The sum of the column ``size`` over every reproduction (what ``all`` takes), None while one is missing."""
+    each = [times(name).get(size) for name in REPRODUCTIONS]
+    return None if any(t is None for t in each) else sum(each)  # type: ignore[arg-type]
+
+
+def main_job() -> dict | None:
+    """The README's main job timed from a fresh clone by ``experiments/timings.py --main-job``, if it was."""
+    return _timings().get("main_job")
 
 
 def runner(name: str) -> Callable:

@@ -93,7 +93,6 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     counts = {k: parameter_count(m) for k, m in models.items()}
     if counts != {"model 1": 601, "model 2": 240}:
         raise RuntimeError(f"parameter counts {counts} differ from R §5.1's 601 and 240.")
-    print(f"parameters: model 1 = {counts['model 1']}, model 2 = {counts['model 2']}")
     rows = [row("model 1 parameters", 601, counts["model 1"]), row("model 2 parameters", 240, counts["model 2"])]
     hist = {}
     for name, model in models.items():

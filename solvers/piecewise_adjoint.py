@@ -59,7 +59,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
-from torchdiffeq import odeint
 
 from .errors import Reason, SolverError
 from .piece_grads import piece_slots
@@ -223,6 +222,8 @@ class _PiecewiseAdjoint(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        from torchdiffeq import odeint
+
         with torch.no_grad():
             ys = odeint(
                 cfg["func"], y0, t, rtol=cfg["rtol"], atol=cfg["atol"], method=cfg["method"], options=cfg["options"]
@@ -271,6 +272,8 @@ class _PiecewiseAdjoint(torch.autograd.Function):
 
 def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, full: bool = False) -> tuple:
     """Solve the backward system from ``t[i]`` to ``t[i − 1]``; returns the state there."""
+    from torchdiffeq import odeint
+
     stats = cfg["stats"]
     t_hi, t_lo = float(t[i]), float(t[i - 1])
     dyn.full = full

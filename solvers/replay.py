@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torchdiffeq import odeint
 
 from .errors import Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
@@ -213,6 +212,8 @@ def record_steps(
 ) -> tuple[torch.Tensor, Steps]:
     """torchdiffeq's ``odeint`` without a graph, and its accepted steps. ``func`` is the adapter's counting
     wrapper, whose ``recorder`` receives the callbacks."""
+    from torchdiffeq import odeint
+
     jumps = options.get("jump_t")
     rec = Recorder([] if jumps is None else [float(j) for j in jumps.tolist()])
     func.recorder = rec

@@ -24,7 +24,6 @@ which has kept its shape since 0.2.0.
 from __future__ import annotations
 
 import torch
-from torchdiffeq._impl.odeint import SOLVERS
 
 from .tableaux import hermite_mid
 
@@ -34,6 +33,8 @@ HERMITE_METHODS = ("bosh3", "fehlberg2", "adaptive_heun")
 
 
 def _hermite(method: str) -> str:
+    from torchdiffeq._impl.odeint import SOLVERS  # here, not at import: torchdiffeq loads scipy
+
     base = SOLVERS[method]
     key = f"cde_nets_{method}"
     if key not in SOLVERS:
@@ -42,9 +43,6 @@ def _hermite(method: str) -> str:
     return key
 
 
-_NAMES = {m: _hermite(m) for m in HERMITE_METHODS}
-
-
 def torchdiffeq_method(method: str) -> str:
     """The key to pass torchdiffeq as ``method`` (or ``adjoint_method``) for cde_nets' ``method``."""
-    return _NAMES.get(method, method)
+    return _hermite(method) if method in HERMITE_METHODS else method

@@ -12,3 +12,28 @@ def f64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory):
+    """The documentation site, built once per test session with ``mkdocs build --strict``: ``(site folder,
+    finished process)``. Tests that read the site skip when the docs extra is not installed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
+    pytest.importorskip(
+        "mkdocstrings_handlers.python", reason="the docs extra is not installed: pip install -e '.[docs]'"
+    )
+    site = tmp_path_factory.mktemp("docs") / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return site, proc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -64,7 +65,7 @@ EXPECTED = {
 
 
 def test_every_benchmark_module_is_in_the_suite_table():
-    modules = {m.name for m in pkgutil.iter_modules(cde_nets.benchmarks.__path__)} - {"common", "__main__"}
+    modules = {m.name for m in pkgutil.iter_modules(cde_nets.benchmarks.__path__)} - {"common", "__main__", "summary"}
     assert modules == {name for name, _, _ in BENCHMARKS} == set(EXPECTED)
 
 
@@ -107,3 +108,47 @@ def test_momentum_peer_matches_and_memory_free_keeps_two_states(tmp_path):
         if r["memory_free"]:
             assert r["saved_bytes_ours"] == 2 * r["batch"] * r["dim"] * 4
             assert r["max_abs_diff_output_vs_peer_memory_free"] < 1e-5  # the peer keeps v in float32
+
+
+def _summary_lines(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+
+
+def test_tiny_summary_says_what_it_checks_and_shows_no_goal_nor_unmeasured_figures(capsys):
+    from cde_nets.benchmarks.__main__ import main
+
+    assert main(["--tiny", "--only", "training", "forward_grid", "finiteness"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny run: every benchmark ran at its smallest size to check that it works" in out
+    rows = _summary_lines(out)
+    assert rows[0] == ["benchmark", "measure", "value"]  # no goal column
+    values = [r[2] for r in rows[1:]]
+    assert values and not [v for v in values if v in ("nan", "0.00", "0.000") or v.startswith("nan")]
+    # the tiny swiss-roll run takes a fraction of a second against the reference's 36 s: no figure, no 0.00
+    assert ["training", "64-layer H1 swiss roll: wall time / reference's 36 s", "not measured"] in rows
+
+
+def test_full_summary_of_the_recorded_results_says_met_or_missed_for_every_goal():
+    from cde_nets.benchmarks.summary import table
+
+    rows = []
+    for name, headline, _ in BENCHMARKS:
+        recorded = Path(cde_nets.benchmarks.__path__[0]) / "results" / f"{name}.json"
+        rows += [(name, row) for row in headline(json.loads(recorded.read_text()))]
+    text = table(rows, tiny=False)
+    lines = _summary_lines(text)
+    assert lines[0] == ["benchmark", "measure", "value", "goal", "met"]
+    for name, measure, value, goal, met in lines[1:]:
+        assert value not in ("nan", "0.00", "0.000"), (name, measure)
+        assert (met in ("met", "MISSED")) == (goal != "—" and value != "not measured"), (name, measure, goal, met)
+    judged = [line[4] for line in lines[1:] if line[4]]
+    assert f"goals met: {judged.count('met')} of {len(judged)}" in text
+
+
+def test_value_text_never_prints_nan_or_a_zero_ratio():
+    from cde_nets.benchmarks.summary import at_most, value_text
+
+    assert value_text(float("nan"), ".2f") == value_text(None, ".2f") == value_text(0.0001, ".2f") == "not measured"
+    assert value_text(0.0, ".1e") == "0.0e+00" and value_text(0.004, "+.1%") == "+0.4%"
+    assert at_most("r", 1.2, 1.1).met is False and at_most("r", 1.0, 1.1).met is True
+    assert at_most("r", float("nan"), 1.1).met is None and at_most("p", 0.02, 0.03, "+.1%").goal == "<= 3%"

@@ -79,3 +79,24 @@ def test_tiny_run_writes_json_and_plot_with_mode_0644(tmp_path, capsys):
 def test_benchmarks_reject_an_unknown_name(capsys):
     with pytest.raises(SystemExit):
         benchmarks_main(["--only", "nope"])
+
+
+@pytest.mark.parametrize("command", ["experiments", "benchmarks", "experiments distributed"])
+def test_help_names_the_command_typed_and_shows_no_markup(command, capsys):
+    with pytest.raises(SystemExit):
+        cli([*command.split(), "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: cde-nets {command} ")
+    for markup in ("``", ":data:", ":func:", ":mod:", "tests/"):  # reST roles, notes for contributors
+        assert markup not in out, markup
+
+
+def test_a_mistyped_name_gets_a_suggestion(capsys):
+    assert cli(["benchmark"]) == 2
+    assert "unknown command 'benchmark' (did you mean 'benchmarks'?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["experiments", "hdnn_fig5", "--tiny"])
+    assert "unknown reproduction 'hdnn_fig5' (did you mean 'hdnn_fig4'?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["benchmarks", "--only", "jumpnfe"])
+    assert "['jumpnfe'] (did you mean 'jump_nfe'?)" in capsys.readouterr().err

@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from cde_nets import ODEBlock
-from cde_nets.solvers.adapter import ADAPTIVE_METHODS, integrate
+from cde_nets.solvers.adapter import integrate
+from cde_nets.solvers.gradients import as_gradient
+from cde_nets.solvers.options import ADAPTIVE_METHODS, SolverOptions
 
 # the order of each method's dense output (global): the error at mid-step of one step is O(h^(order + 1))
 INTERPOLANT_ORDER = {"dopri8": 4, "dopri5": 4, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
@@ -43,10 +45,8 @@ def test_interpolant_order_by_fitted_slope(method, path):
         t = torch.tensor([0.0, h / 2, h], dtype=torch.float64)
         gradient = "adjoint" if path == "torchdiffeq" else "backprop"
         with torch.set_grad_enabled(path == "torchdiffeq"):
-            ys, stats = integrate(
-                _growth, y0, t, method=method, rtol=1e3, atol=1e3, gradient=gradient, params=[y0],
-                options={"first_step": h},
-            )  # fmt: skip
+            solver = SolverOptions(method, rtol=1e3, atol=1e3, options={"first_step": h})
+            ys, stats = integrate(_growth, y0, t, solver=solver, gradient=as_gradient(gradient), params=[y0])
         assert stats.steps_forward == 1
         errors.append(abs(float(ys[1, 0].detach()) - math.exp(math.sin(h / 2))))
     slope = np.polyfit(np.log(hs), np.log(errors), 1)[0]
@@ -116,6 +116,7 @@ def test_bosh3_meets_its_tolerance_on_classic_problems(problem, path):
     y0 = y0.clone().requires_grad_(path == "torchdiffeq")
     gradient = "adjoint" if path == "torchdiffeq" else "backprop"
     with torch.set_grad_enabled(path == "torchdiffeq"):
-        ys, _ = integrate(f, y0, t, method="bosh3", rtol=1e-6, atol=1e-6, gradient=gradient, params=[y0])
+        solver = SolverOptions("bosh3", rtol=1e-6, atol=1e-6)
+        ys, _ = integrate(f, y0, t, solver=solver, gradient=as_gradient(gradient), params=[y0])
     ratio = ((ys.detach() - exact).abs() / (1e-6 + 1e-6 * exact.abs())).max()
     assert float(ratio) < 50, float(ratio)

@@ -4,9 +4,6 @@ found through the installed package)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,17 +14,8 @@ pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip insta
 pytest.importorskip("mkdocstrings_handlers.python", reason="the docs extra is not installed: pip install -e '.[docs]'")
 
 
-def test_mkdocs_build_strict(tmp_path):
-    site = tmp_path / "site"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_mkdocs_build_strict(built_site):
+    site, proc = built_site
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     api = (site / "api" / "discrete" / "index.html").read_text()
     assert 'id="cde_nets.solvers.schemes.Scheme"' in api  # the installed-only subpackage was found

@@ -93,7 +93,7 @@ def test_torchdiffeqs_default_tolerance_on_float32_is_allowed():
     """rtol = 1e-7 (torchdiffeq's default) lies above float32's unit roundoff 2^-24 ≈ 5.96e-8: not refused."""
     block = ODEBlock(_Decay().float(), T=1.0, rtol=1e-7, atol=1e-9)
     y = block(torch.ones(2, 1))
-    assert abs(float(y[0, 0]) - math.exp(-0.7)) < 1e-5
+    assert abs(y[0, 0].item() - math.exp(-0.7)) < 1e-5
 
 
 @pytest.mark.parametrize("method", ["dopri5", "bosh3", "alf"])

@@ -142,7 +142,7 @@ def test_ode_block_stopping_times_differ(f64):
     assert torch.equal(block(x0), y)
     assert times[0] < times[1] < times[2] < 20.0
     assert (y.norm(dim=1) < 1.5e-3).all()
-    ref = ODEBlock(Decay(T=float(times[2])), rtol=1e-8, atol=1e-10)(x0[2:])
+    ref = ODEBlock(Decay(T=times[2].item()), rtol=1e-8, atol=1e-10)(x0[2:])
     assert torch.allclose(y[2:], ref, atol=1e-7)
 
 

@@ -132,7 +132,24 @@ def test_scheduler_factory_steps_once_per_epoch(capsys):
     )
     hist = trainer.fit(torch.nn.Linear(2, 1), separable(), epochs=4, batch_size=50)
     assert [h["lr"] for h in hist] == [0.1, 0.1, 0.05, 0.05]
-    assert "sched" in capsys.readouterr().err  # the progress bar
+    err = capsys.readouterr().err  # not a terminal: one line per epoch, no bar redrawn with carriage returns
+    assert "\r" not in err
+    assert [line.split()[:2] for line in err.splitlines()] == [["sched", f"{k}/4"] for k in range(1, 5)]
+
+
+def test_progress_on_a_terminal_is_a_bar():
+    import io
+
+    from cde_nets.progress import LineProgress, progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert isinstance(progress(3, stream=io.StringIO()), LineProgress)
+    bar = progress(3, desc="t", stream=Terminal())
+    assert not isinstance(bar, LineProgress)
+    bar.close()
 
 
 def test_post_step_projects_nais_after_every_step():

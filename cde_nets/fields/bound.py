@@ -20,7 +20,7 @@ from cde_nets.solvers.errors import check_positive_int
 
 from .base import Field
 
-__all__ = ["BoundField", "ModuleField", "as_field"]
+__all__ = ["BoundField", "ModuleField", "as_field", "check_output"]
 
 
 class ModuleField(Field):
@@ -78,6 +78,24 @@ def as_field(module: nn.Module, T: float | None, steps: int | None) -> Field:
     return ModuleField(module, T, steps)
 
 
+def check_output(field: nn.Module, y: torch.Tensor, out: Any) -> None:
+    """Refuse a field whose output ``F(t, y)`` is not a tensor of ``y``'s shape, naming the field and both shapes.
+
+    ``y' = F(t, y)`` needs ``F(t, y)`` in the state's space; a wrong shape would otherwise fail deep inside a
+    solver's step arithmetic (or, worse, broadcast into a silently wrong answer). Called on a solve's first
+    evaluation only.
+    """
+    name = type(field.module if isinstance(field, ModuleField) else field).__name__
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the field {name} returned {type(out).__name__}; F(t, y) must return a tensor of y's shape.")
+    if out.shape != y.shape:
+        raise ValueError(
+            f"the field {name} returned shape {tuple(out.shape)} for a state y of shape {tuple(y.shape)}; "
+            f"F(t, y) must return y's shape {tuple(y.shape)} (dy/dt has one entry per entry of y): check the "
+            "field's last layer (e.g. its output features)."
+        )
+
+
 class BoundField:
     """``field`` with one call's input ``u`` fixed (``None`` for fields without input).
 
@@ -92,16 +110,26 @@ class BoundField:
         self.field = field
         self.u = u
         self.stage_times = isinstance(field, ModuleField)  # a plain module reads each stage's own time
+        self.checked = False  # the first evaluation's output shape is checked, later ones are not
 
     def __call__(self, t: torch.Tensor | float, y: torch.Tensor) -> torch.Tensor:
-        return self.field(t, y) if self.u is None else self.field(t, y, self.u)
+        out = self.field(t, y) if self.u is None else self.field(t, y, self.u)
+        if not self.checked:
+            check_output(self.field, y, out)
+            self.checked = True
+        return out
 
     def evaluate(self, l: int, y: torch.Tensor, t: float | None = None) -> torch.Tensor:
         """``F`` on piece ``l``; ``t`` is the stage's time, used only by fields that are not piecewise."""
         f = self.field
         if t is not None and self.stage_times:
-            return f.evaluate_at(t, y)
-        return f.evaluate(l, y) if self.u is None else f.evaluate(l, y, self.u)
+            out = f.evaluate_at(t, y)
+        else:
+            out = f.evaluate(l, y) if self.u is None else f.evaluate(l, y, self.u)
+        if not self.checked:
+            check_output(f, y, out)
+            self.checked = True
+        return out
 
     def evaluate_part(self, l: int, y: torch.Tensor, part: int) -> torch.Tensor:
         f = self.field
@@ -116,6 +144,6 @@ class BoundField:
         return BoundField(self.field, None if self.u is None else self.u[idx])
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("field", "u", "stage_times"):  # not yet set (copying): no fall-through, no recursion
+        if name in ("field", "u", "stage_times", "checked"):  # not yet set (copying): no fall-through, no recursion
             raise AttributeError(name)
         return getattr(self.field, name)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torchdiffeq import odeint_adjoint
 
 from ..errors import check_positive
 from ..grids import adjoint_options
@@ -62,6 +61,8 @@ class Adjoint(GradientMethod):
         self.check_ode()
 
     def solve(self, run: Run) -> torch.Tensor:
+        from torchdiffeq import odeint_adjoint  # here, not at import: torchdiffeq loads scipy
+
         s, func = run.solver, run.func
         adj_method = s.method if self.method is None else self.method
         adj_options = adjoint_options(adj_method, run.jump_t, run.grid, self.seminorm)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torchdiffeq import odeint
 
 from ..alf import integrate_alf
 from ..options import REVERSIBLE_METHODS
@@ -42,5 +41,7 @@ class Backprop(GradientMethod):
                 jump_t=run.jump_t,
                 grid=run.grid,
             )
+        from torchdiffeq import odeint  # here, not at import: torchdiffeq loads scipy
+
         method = torchdiffeq_method(s.method)
         return odeint(run.func, run.y0, run.t, rtol=s.rtol, atol=s.atol, method=method, options=run.options)
