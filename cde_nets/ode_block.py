@@ -24,6 +24,7 @@ from cde_nets.solvers.adapter import (
 )
 from cde_nets.solvers.errors import SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
+from cde_nets.solvers.output_times import with_output_times, with_start_time
 
 from .block import Block
 from .fields.base import Field
@@ -322,11 +323,17 @@ class ODEBlock(Block):
         tt = _check_times(t, self.T, y0.device)
         origin = 0.0 if float(tt[-1]) >= float(tt[0]) else self.T
         start = float(tt[0]) != origin
+        # the solve sees the times detached; their gradients ride around it (solvers.output_times), in every mode
+        tg = t.to(y0.device, torch.float64) if isinstance(t, torch.Tensor) and t.requires_grad else None
+        if tg is not None and torch.is_grad_enabled() and not start:  # t[0] is then the start time
+            y0 = with_start_time(bound, y0, tg[0])
         if start:  # integrate from the origin (0, or T backwards) to the first requested time as well
             tt = torch.cat([tt.new_full((1,), origin), tt])
         ys = self._solve(bound, y0, tt)
         if start:
             ys, tt = ys[1:], tt[1:]
+        if tg is not None and torch.is_grad_enabled():
+            ys = with_output_times(bound, ys, tg)
         return Solution(y=ys[-1], ts=tt, ys=ys, stats=self._stats)
 
     def _check_t_end(self, t_end, y0: torch.Tensor) -> torch.Tensor:
