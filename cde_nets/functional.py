@@ -1,0 +1,587 @@
+r"""torchdiffeq's functions on this library's engine: ``from cde_nets import odeint`` in place of
+``from torchdiffeq import odeint``.
+
+:func:`odeint`, :func:`odeint_adjoint` and :func:`odeint_event` take torchdiffeq's arguments, defaults
+(``rtol=1e-7``, ``atol=1e-9``, ``method="dopri5"``) and return types, and solve ``dy/dt = func(t, y)``,
+``y(t[0]) = y0`` (Chen et al. 2018, "Neural ordinary differential equations") for a state ``y0`` that is a tensor
+of any shape or a tuple of them, at times ``t`` increasing or decreasing from any start. Beneath them:
+
+- the state is flattened to one tensor and decreasing times are negated (``s = −t``, ``dy/ds = −func(−s, y)``), so
+  the engine always integrates one tensor forwards: the fast Runge-Kutta path (:mod:`solvers.fast_rk`) serves
+  every such call it implements, the piecewise seminorm adjoint (:mod:`solvers.piecewise_adjoint`) the adjoint,
+  and the replayed gradients (:mod:`solvers.replay`) ``gradient="checkpoint"``/``"symplectic"``;
+- gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
+- events are located by torchdiffeq's root finder and differentiated by the implicit function theorem here.
+
+Where the engine lacks a method or an option (``dopri8``, ``fehlberg2``, ``adaptive_heun``, the Adams methods,
+``scipy_solver``; a custom ``norm``, ``dtype``, ``interp="cubic"``, per-element tolerances) the flattened,
+forwards problem goes to torchdiffeq's own solver. Deliberate differences from torchdiffeq (unknown options raise,
+the adjoint's default norm, ...) are listed in ``docs/guides/from_torchdiffeq.md``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torchdiffeq
+from torch import nn
+
+from cde_nets.solvers.errors import SolverError
+from cde_nets.solvers.fast_rk import fast_applies, odeint_fast
+from cde_nets.solvers.output_times import with_output_times, with_start_time
+from cde_nets.solvers.piecewise_adjoint import piecewise_adjoint
+from cde_nets.solvers.replay import replay_gradient
+from cde_nets.solvers.tableaux import TABLEAUX
+
+__all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
+
+State = torch.Tensor | tuple[torch.Tensor, ...]
+
+_ADAPTIVE = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun")
+_FIXED = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams")
+METHODS = (*_ADAPTIVE, *_FIXED, "scipy_solver")
+_ADAPTIVE_OPTIONS = {
+    "first_step",
+    "min_step",
+    "max_step",
+    "safety",
+    "ifactor",
+    "dfactor",
+    "step_t",
+    "jump_t",
+    "max_num_steps",
+    "norm",
+    "dtype",
+}
+_FIXED_OPTIONS = {"step_size", "grid_constructor", "perturb", "interp", "max_num_steps", "norm"}
+_ADAMS_OPTIONS = _FIXED_OPTIONS | {"max_iters", "max_order"}
+_SCIPY_OPTIONS = {"solver", "min_step", "max_step", "norm"}
+_GRADIENTS = ("backprop", "adjoint", "checkpoint", "symplectic")
+# the options the fast path reads (after step_size became a grid constructor)
+_FAST_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb"}
+_FAST_OPTIONS |= {"grid_constructor"}
+_CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
+_ADJOINT_CALLBACKS = tuple(f"{c}_adjoint" for c in _CALLBACKS)
+
+
+def _valid_options(method: str) -> set[str]:
+    if method in _ADAPTIVE:
+        return _ADAPTIVE_OPTIONS
+    if method in ("implicit_adams", "fixed_adams"):
+        return _ADAMS_OPTIONS
+    return _SCIPY_OPTIONS if method == "scipy_solver" else _FIXED_OPTIONS
+
+
+def _check_method(method: str | None, name: str = "method") -> str:
+    method = "dopri5" if method is None else method
+    if method == "tsit5" or method not in METHODS:
+        served = "" if method != "tsit5" else " (tsit5 is not served yet: use 'dopri5', also order 5)"
+        raise ValueError(f"`{name}`={method!r} is unknown{served}; choose one of {sorted(METHODS)}.")
+    return method
+
+
+def _check_options(method: str, options: dict | None, name: str = "options") -> dict:
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(f"`{name}` must be a dict, got {type(options).__name__}.")
+    unknown = set(options) - _valid_options(method)
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {sorted(unknown)} in `{name}` for method {method!r} (torchdiffeq would only warn and "
+            f"ignore them); valid: {sorted(_valid_options(method))}."
+        )
+    return dict(options)
+
+
+def _check_state(y0: Any) -> tuple[torch.Tensor, list[torch.Size] | None]:
+    """The state as one flat tensor (a tuple's parts concatenated) and the parts' shapes (``None``: a tensor)."""
+    if isinstance(y0, torch.Tensor):
+        return y0, None
+    if not isinstance(y0, tuple) or not y0 or not all(isinstance(y, torch.Tensor) for y in y0):
+        raise TypeError(f"`y0` must be a tensor or a tuple of tensors, got {type(y0).__name__}.")
+    if len({y.dtype for y in y0}) > 1 or len({y.device for y in y0}) > 1:
+        raise ValueError("the tensors of a tuple `y0` must share one dtype and device; cast them first.")
+    return torch.cat([y.reshape(-1) for y in y0]), [y.shape for y in y0]
+
+
+def _unflatten(y: torch.Tensor, shapes: list[torch.Size] | None, lead: tuple[int, ...] = ()) -> State:
+    if shapes is None:
+        return y
+    parts, i = [], 0
+    for s in shapes:
+        n = s.numel()
+        parts.append(y[..., i : i + n].reshape(*lead, *s))
+        i += n
+    return tuple(parts)
+
+
+def _check_times(t: Any, y0: torch.Tensor) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or len(t) == 0 or not t.is_floating_point():
+        got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"`t` must be a 1-D floating-point tensor of at least one time, got {got}.")
+    d = t.detach()
+    if len(d) > 1 and not (bool((d[1:] > d[:-1]).all()) or bool((d[1:] < d[:-1]).all())):
+        raise ValueError("`t` must be strictly increasing or strictly decreasing.")
+    return t.to(y0.device)
+
+
+class _Problem(nn.Module):
+    """The user's ``func`` as the engine sees it: a flat state, time negated when ``t`` decreases (``sign = −1``),
+    torchdiffeq's callbacks forwarded in the user's time and shapes, and ``max_num_steps`` counted."""
+
+    def __init__(self, func: Callable, shapes: list[torch.Size] | None, sign: float, max_num_steps: int | None):
+        super().__init__()
+        self.func, self.shapes, self.sign = func, shapes, sign
+        self.max_num_steps, self.n_steps = max_num_steps, 0
+        for name in (*_CALLBACKS, *_ADJOINT_CALLBACKS):
+            user = getattr(func, name, None)
+            if user is not None:
+                setattr(self, name, self._forward_callback(user, name.endswith("_adjoint")))
+        if max_num_steps is not None and not hasattr(self, "callback_step"):
+            self.callback_step = self._count  # type: ignore[method-assign]
+
+    def _count(self, t0, y0, dt) -> None:
+        self.n_steps += 1
+        if self.n_steps > self.max_num_steps:
+            raise SolverError(
+                f"max_num_steps={self.max_num_steps} exceeded at t={float(t0) * self.sign:.6g}; raise "
+                "`options['max_num_steps']` or loosen `rtol`/`atol` (the field may be stiff)."
+            )
+
+    def _forward_callback(self, user: Callable, adjoint: bool) -> Callable:
+        def callback(t0, y0, dt):
+            if self.max_num_steps is not None and not adjoint and user is getattr(self.func, "callback_step", None):
+                self._count(t0, y0, dt)
+            # the adjoint's state is a tuple (y, a, ...): passed on as the solver gives it
+            y = y0 if adjoint or self.shapes is None else _unflatten(y0, self.shapes)
+            return user(t0 * self.sign if self.sign < 0 else t0, y, dt)
+
+        return callback
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = self.func(-t if self.sign < 0 else t, _unflatten(y, self.shapes))
+        if self.shapes is not None:
+            if not isinstance(out, tuple | list) or len(out) != len(self.shapes):
+                raise TypeError(f"`func` must return a tuple of {len(self.shapes)} tensors for a tuple state.")
+            out = torch.cat([o.reshape(-1) for o in out])
+        return -out if self.sign < 0 else out
+
+
+def _flip_options(options: dict, sign: float, shapes: list[torch.Size] | None) -> dict:
+    """Options in the engine's time and state: negated ``step_t``/``jump_t``/grid, a tuple state's ``norm``."""
+    options = dict(options)
+    if sign < 0:
+        for key in ("step_t", "jump_t"):
+            if options.get(key) is not None:
+                options[key] = -torch.as_tensor(options[key])
+        if "grid_constructor" in options:
+            user = options["grid_constructor"]
+            options["grid_constructor"] = lambda f, y0, t: -user(f, y0, -t)
+    if shapes is not None and callable(options.get("norm")):
+        norm = options["norm"]
+        options["norm"] = lambda y: norm(_unflatten(y, shapes))
+    return options
+
+
+def _step_grid(step_size: float) -> Callable:
+    """torchdiffeq's fixed-step grid: ``t_0 + k · step_size`` for ``k = 0, 1, …, ⌈(t_N − t_0)/step_size⌉``, the last
+    point moved onto ``t_N``."""
+
+    def construct(func, y0, t):
+        n = int(torch.ceil((t[-1] - t[0]) / step_size + 1).item())
+        grid = torch.arange(0, n, dtype=t.dtype, device=t.device) * step_size + t[0]
+        grid[-1] = t[-1]
+        return grid
+
+    return construct
+
+
+def _tolerance(tol: Any, shapes: list[torch.Size] | None, name: str) -> Any:
+    if isinstance(tol, torch.Tensor) and tol.requires_grad:
+        raise ValueError(f"`{name}` must not require grad.")
+    if shapes is not None and isinstance(tol, tuple | list):
+        if len(tol) != len(shapes):
+            raise ValueError(f"`{name}` as a tuple needs one tolerance per part of `y0` ({len(shapes)}).")
+        return torch.cat([torch.as_tensor(v, dtype=torch.float64).expand(s).reshape(-1) for v, s in zip(tol, shapes)])
+    return tol
+
+
+def _params(func: Callable, adjoint_params: Sequence[torch.Tensor] | None, gradient: str) -> tuple[torch.Tensor, ...]:
+    if adjoint_params is None:
+        if not isinstance(func, nn.Module):
+            raise ValueError(
+                f"gradient={gradient!r} differentiates the parameters it is given: `func` is not an nn.Module, so "
+                "pass them as `adjoint_params=(...)` (`adjoint_params=()` if there are none)."
+            )
+        adjoint_params = tuple(func.parameters())
+    return tuple(p for p in adjoint_params if p.requires_grad)
+
+
+def _engine(
+    func: _Problem,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    *,
+    rtol: Any,
+    atol: Any,
+    method: str,
+    options: dict,
+    gradient: str,
+    params: tuple[torch.Tensor, ...],
+    adjoint: dict,
+) -> torch.Tensor:
+    """Solve the flat, forwards problem (``t`` increasing, detached) with the engine: the one place the functional
+    API calls it, so that a change of the engine's entry point is a change here only."""
+    fast_options = dict(options)
+    if "step_size" in fast_options:
+        step = fast_options.pop("step_size")
+        if step is not None:
+            fast_options.setdefault("grid_constructor", _step_grid(step))
+    if fast_options.get("interp", "linear") == "linear":
+        fast_options.pop("interp", None)
+    fast = (
+        set(fast_options) <= _FAST_OPTIONS
+        and isinstance(rtol, float | int)
+        and isinstance(atol, float | int)
+        and fast_applies(method, gradient, y0, t, params, fast_options)
+    )
+    if fast:
+        return odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=fast_options, gradient=gradient)
+    if gradient == "adjoint":
+        adj_options = adjoint["options"]
+        if adj_options.get("norm", "seminorm") == "seminorm" and "norm" not in options and method != "scipy_solver":
+            adj_method = adjoint["method"]
+            return piecewise_adjoint(
+                func,
+                y0,
+                t,
+                params,
+                (),
+                rtol=rtol,
+                atol=atol,
+                method=method,
+                options=options,
+                adjoint_rtol=adjoint["rtol"],
+                adjoint_atol=adjoint["atol"],
+                adjoint_method=adj_method,
+                adjoint_options={k: v for k, v in adj_options.items() if k != "norm"},
+                stats=_NoStats(),
+                adjoint_adaptive=adj_method in _ADAPTIVE,
+            )
+        return torchdiffeq.odeint_adjoint(
+            func,
+            y0,
+            t,
+            rtol=rtol,
+            atol=atol,
+            method=method,
+            options=options,
+            adjoint_rtol=adjoint["rtol"],
+            adjoint_atol=adjoint["atol"],
+            adjoint_method=adjoint["method"],
+            adjoint_options=adj_options,
+            adjoint_params=params,
+        )
+    if gradient in ("checkpoint", "symplectic"):
+        if method not in TABLEAUX:
+            raise ValueError(
+                f"gradient={gradient!r} replays the steps of {sorted(TABLEAUX)}, not method={method!r}; use "
+                "gradient='backprop' or 'adjoint' with it."
+            )
+        return replay_gradient(
+            func,
+            y0,
+            t,
+            params,
+            (),
+            gradient=gradient,
+            tableau=TABLEAUX[method],
+            method=method,
+            rtol=rtol,
+            atol=atol,
+            options=options,
+            stats=_NoStats(),
+        )
+    return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=options)
+
+
+class _NoStats:
+    """The counters the engine's pieces update (the functional API reports none)."""
+
+    nfe_forward = nfe_backward = steps_forward = steps_backward = rejected_forward = rejected_backward = 0
+
+
+def _solve(
+    func: Callable,
+    y0: State,
+    t: torch.Tensor,
+    *,
+    rtol: Any,
+    atol: Any,
+    method: str | None,
+    options: dict | None,
+    gradient: str,
+    adjoint_params: Sequence[torch.Tensor] | None,
+    adjoint: dict | None,
+) -> State:
+    """The solution at ``t`` of the normalised problem, in the user's shapes, with the times' gradients."""
+    if not callable(func):
+        raise TypeError(f"`func` must be callable as func(t, y), got {type(func).__name__}.")
+    if gradient not in _GRADIENTS:
+        raise ValueError(f"`gradient` must be one of {_GRADIENTS}, got {gradient!r}.")
+    method = _check_method(method)
+    options = _check_options(method, options)
+    flat, shapes = _check_state(y0)
+    t = _check_times(t, flat)
+    _warn_callbacks(func, method)
+    params = _params(func, adjoint_params, gradient) if gradient != "backprop" else ()
+    rtol, atol = _tolerance(rtol, shapes, "rtol"), _tolerance(atol, shapes, "atol")
+    sign = -1.0 if len(t) > 1 and bool(t[0] > t[1]) else 1.0
+    max_num_steps = options.pop("max_num_steps", None)
+    problem = _Problem(func, shapes, sign, max_num_steps)
+    forward_func = _Problem(func, shapes, 1.0, None)  # for the times' gradients, in the user's time
+    t_grad = t.requires_grad and torch.is_grad_enabled()
+    if t_grad:
+        flat = with_start_time(forward_func, flat, t[0])
+    if len(t) == 1:
+        ys = flat.unsqueeze(0).clone()
+    else:
+        opts = _flip_options(options, sign, shapes)
+        adj = dict(adjoint or {})
+        if gradient == "adjoint":
+            adj["options"] = _flip_options(adj["options"], sign, shapes)
+        try:
+            ys = _engine(
+                problem,
+                flat,
+                t.detach() * sign,
+                rtol=rtol,
+                atol=atol,
+                method=method,
+                options=opts,
+                gradient=gradient,
+                params=params,
+                adjoint=adj,
+            )
+        except AssertionError as exc:
+            raise SolverError(f"the solver stopped: {str(exc)[:300]}. Loosen `rtol`/`atol` or use float64.") from exc
+    if t_grad:
+        ys = with_output_times(forward_func, ys, t)
+    return _unflatten(ys, shapes, (len(t),))
+
+
+def _warn_callbacks(func: Callable, method: str) -> None:
+    """torchdiffeq warns when ``func`` has callbacks the method never calls; so does this."""
+    names = {n for n in _CALLBACKS if getattr(func, n, None) is not None}
+    unused = names if method == "scipy_solver" else names - ({"callback_step"} if method in _FIXED else set(_CALLBACKS))
+    if unused:
+        warnings.warn(f"method {method!r} never calls {sorted(unused)} of `func`.", stacklevel=3)
+
+
+def odeint(
+    func: Callable,
+    y0: State,
+    t: torch.Tensor,
+    *,
+    rtol: Any = 1e-7,
+    atol: Any = 1e-9,
+    method: str | None = None,
+    options: dict | None = None,
+    event_fn: Callable | None = None,
+    gradient: str = "backprop",
+    adjoint_params: Sequence[torch.Tensor] | None = None,
+) -> Any:
+    """Solve ``dy/dt = func(t, y)``, ``y(t[0]) = y0`` at the times ``t``: torchdiffeq's ``odeint``.
+
+    Args:
+        func: ``func(t, y)``, ``t`` a 0-d tensor, ``y`` shaped like ``y0`` (a tuple for a tuple ``y0``).
+        y0: the initial state at ``t[0]``: a tensor of any shape, or a tuple of tensors.
+        t: 1-D tensor of times, strictly increasing or decreasing; ``t[0]`` is the start. May require grad.
+        rtol, atol: tolerances of adaptive methods (per part of a tuple state as tuples).
+        method: ``"dopri5"`` (default), ``"dopri8"``, ``"bosh3"``, ``"fehlberg2"``, ``"adaptive_heun"``,
+            ``"euler"``, ``"midpoint"``, ``"heun2"``, ``"heun3"``, ``"rk4"``, ``"explicit_adams"``,
+            ``"implicit_adams"``, ``"fixed_adams"``, ``"scipy_solver"``.
+        options: torchdiffeq's method options; unknown keys raise ``ValueError``.
+        event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
+            ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
+        gradient: this library's addition: ``"backprop"`` (default, torchdiffeq's), ``"adjoint"``,
+            ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low memory).
+        adjoint_params: the tensors differentiated by the gradients other than ``"backprop"`` (default: ``func``'s
+            parameters).
+
+    Returns:
+        ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
+    """
+    if gradient == "adjoint":
+        kw = dict(rtol=rtol, atol=atol, method=method, options=options, event_fn=event_fn)
+        return odeint_adjoint(func, y0, t, adjoint_params=adjoint_params, **kw)
+    if event_fn is not None:
+        return _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, None)
+    return _solve(
+        func,
+        y0,
+        t,
+        rtol=rtol,
+        atol=atol,
+        method=method,
+        options=options,
+        gradient=gradient,
+        adjoint_params=adjoint_params,
+        adjoint=None,
+    )
+
+
+def odeint_adjoint(
+    func: Callable,
+    y0: State,
+    t: torch.Tensor,
+    *,
+    rtol: Any = 1e-7,
+    atol: Any = 1e-9,
+    method: str | None = None,
+    options: dict | None = None,
+    event_fn: Callable | None = None,
+    adjoint_rtol: Any = None,
+    adjoint_atol: Any = None,
+    adjoint_method: str | None = None,
+    adjoint_options: dict | None = None,
+    adjoint_params: Sequence[torch.Tensor] | None = None,
+) -> Any:
+    """:func:`odeint` whose gradient is the continuous adjoint (Chen et al. 2018, eqs. 4-5): torchdiffeq's
+    ``odeint_adjoint``, memory constant in the number of steps.
+
+    ``adjoint_rtol``/``adjoint_atol``/``adjoint_method`` default to the forward ones; ``adjoint_options`` to the
+    forward ``options`` less ``norm`` (as torchdiffeq: a different ``adjoint_method`` with ``options`` needs
+    ``adjoint_options``). Only ``adjoint_params`` (default: ``func``'s parameters; required when ``func`` is not
+    an ``nn.Module``) receive gradients. The backward solve's error norm is the seminorm (Kidger et al. 2021)
+    unless ``adjoint_options["norm"]`` is a callable.
+    """
+    method = _check_method(method)
+    adj_method = method if adjoint_method is None else _check_method(adjoint_method, "adjoint_method")
+    if adj_method != method and options is not None and adjoint_options is None:
+        raise ValueError(
+            f"`adjoint_method`={adj_method!r} differs from `method`={method!r}, so `options` cannot serve the "
+            "backward solve: pass `adjoint_options` too."
+        )
+    if adjoint_options is None:
+        adj_options = {k: v for k, v in (options or {}).items() if k not in ("norm", "max_num_steps")}
+    else:
+        adj_options = _check_options(adj_method, adjoint_options, "adjoint_options")
+        if adj_options.get("norm") not in (None, "seminorm") and not callable(adj_options.get("norm")):
+            raise ValueError("`adjoint_options['norm']` must be 'seminorm' or a callable.")
+    adjoint = dict(
+        rtol=rtol if adjoint_rtol is None else adjoint_rtol,
+        atol=atol if adjoint_atol is None else adjoint_atol,
+        method=adj_method,
+        options=adj_options,
+    )
+    if event_fn is not None:
+        return _until_event(func, y0, t, event_fn, rtol, atol, method, options, "adjoint", adjoint_params, adjoint)
+    return _solve(
+        func,
+        y0,
+        t,
+        rtol=rtol,
+        atol=atol,
+        method=method,
+        options=options,
+        gradient="adjoint",
+        adjoint_params=adjoint_params,
+        adjoint=adjoint,
+    )
+
+
+def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint):
+    """``(event_t, solution)`` from ``t[0]`` until ``event_fn(t, y) = 0``.
+
+    The event is located by torchdiffeq's root finder on the flattened, forwards problem, without a graph; the
+    state there is then solved for at that fixed time in the chosen gradient mode, and the implicit function
+    theorem on ``g(t*, y(t*)) = 0`` gives the time's gradient,
+    ``dt*/dθ = −(∂g/∂θ + ∂g/∂y ∂y/∂θ) / (∂g/∂t + ∂g/∂y F)``, and the state's, ``dy(t*)/dθ = ∂y/∂θ + F dt*/dθ``.
+    """
+    if not callable(event_fn):
+        raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
+    method = _check_method(method)
+    opts = _check_options(method, options)
+    flat, shapes = _check_state(y0)
+    t = _check_times(t, flat)
+    if len(t) < 2:
+        raise ValueError("with `event_fn`, `t` needs two times: the start and any later (or earlier) time.")
+    sign = -1.0 if bool(t[0] > t[1]) else 1.0
+    problem = _Problem(func, shapes, sign, opts.pop("max_num_steps", None))
+
+    def event(s, y):
+        return event_fn(-s if sign < 0 else s, _unflatten(y, shapes))
+
+    with torch.no_grad():
+        try:
+            s_event, _ = torchdiffeq.odeint(
+                problem,
+                flat.detach(),
+                t.detach()[:2] * sign,
+                rtol=_tolerance(rtol, shapes, "rtol"),
+                atol=_tolerance(atol, shapes, "atol"),
+                method=method,
+                options=_flip_options(opts, sign, shapes),
+                event_fn=event,
+            )
+        except AssertionError as exc:
+            raise SolverError(f"the event search stopped: {str(exc)[:300]}.") from exc
+    t_star = (s_event.to(t.dtype) * sign).reshape(())
+    times = torch.stack([t[0], t_star])
+    kwargs: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options)
+    if gradient == "adjoint":
+        sol = odeint_adjoint(func, y0, times, adjoint_params=adjoint_params, **_adjoint_kwargs(adjoint), **kwargs)
+    else:
+        sol = odeint(func, y0, times, gradient=gradient, adjoint_params=adjoint_params, **kwargs)
+    y_sol = sol if shapes is None else torch.cat([s.reshape(2, -1) for s in sol], dim=1)
+    y_star = y_sol[-1]
+    if not torch.is_grad_enabled():
+        return t_star, sol
+    with torch.enable_grad():
+        tt = t_star.detach().requires_grad_(True)
+        g = event_fn(tt, _unflatten(y_star, shapes))
+        f = _Problem(func, shapes, 1.0, None)(tt.detach(), y_star.detach())
+        yd = y_star.detach().requires_grad_(True)
+        g_t, g_y = torch.autograd.grad(event_fn(tt, _unflatten(yd, shapes)), (tt, yd), allow_unused=True)
+    dg = torch.zeros((), dtype=t.dtype, device=t.device)
+    dg = dg + (0.0 if g_t is None else g_t.to(t.dtype)) + (0.0 if g_y is None else (g_y * f).sum().to(t.dtype))
+    event_t = t_star.detach() - (g - g.detach()).to(t.dtype) / dg.detach().to(t.dtype)
+    y_event = y_star + f * (event_t - event_t.detach()).to(y_star.dtype)
+    out = torch.cat([y_sol[:-1], y_event.unsqueeze(0)])
+    return event_t, _unflatten(out, shapes, (2,))
+
+
+def _adjoint_kwargs(adjoint: dict) -> dict:
+    return dict(
+        adjoint_rtol=adjoint["rtol"],
+        adjoint_atol=adjoint["atol"],
+        adjoint_method=adjoint["method"],
+        adjoint_options=adjoint["options"],
+    )
+
+
+def odeint_event(
+    func: Callable,
+    y0: State,
+    t0: torch.Tensor,
+    *,
+    event_fn: Callable,
+    reverse_time: bool = False,
+    odeint_interface: Callable = odeint,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, State]:
+    """Integrate from ``t0`` (forwards, or backwards with ``reverse_time``) until ``event_fn(t, y) = 0``, with no
+    end time: torchdiffeq's ``odeint_event``. Returns ``(event_t, solution)``, ``solution`` holding ``y0`` and the
+    state at the event; gradients reach both through ``t0``, ``y0``, the parameters and ``event_fn``'s own.
+    ``odeint_interface``: :func:`odeint` or :func:`odeint_adjoint`; ``kwargs`` go to it."""
+    t0 = torch.as_tensor(t0)
+    step = -1.0 if reverse_time else 1.0
+    t = torch.cat([t0.reshape(-1), t0.detach().reshape(-1) + step])
+    if odeint_interface not in (odeint, odeint_adjoint):
+        raise ValueError("`odeint_interface` must be cde_nets.odeint or cde_nets.odeint_adjoint.")
+    return odeint_interface(func, y0, t, event_fn=event_fn, **kwargs)
