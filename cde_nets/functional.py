@@ -114,7 +114,7 @@ def _unflatten(y: torch.Tensor, shapes: list[torch.Size] | None, lead: tuple[int
     parts, i = [], 0
     for s in shapes:
         n = s.numel()
-        parts.append(y[..., i : i + n].reshape(*lead, *s))
+        parts.append(y[..., i : i + n].reshape((*lead, *s)))
         i += n
     return tuple(parts)
 
@@ -131,44 +131,75 @@ def _check_times(t: Any, y0: torch.Tensor) -> torch.Tensor:
 
 class _Problem(nn.Module):
     """The user's ``func`` as the engine sees it: a flat state, time negated when ``t`` decreases (``sign = −1``),
-    torchdiffeq's callbacks forwarded in the user's time and shapes, and ``max_num_steps`` counted."""
+    torchdiffeq's callbacks forwarded in the user's time and shapes, ``max_num_steps`` counted, and the steps
+    reported to a replay's ``recorder`` (:mod:`solvers.replay`) while one listens.
 
-    def __init__(self, func: Callable, shapes: list[torch.Size] | None, sign: float, max_num_steps: int | None):
+    ``kind``: ``"adaptive"``, ``"fixed"`` or ``None`` (scipy, or a plain evaluation): the forward callbacks are
+    those the method calls, so that torchdiffeq, given this object, warns only about the user's own."""
+
+    def __init__(
+        self,
+        func: Callable,
+        shapes: list[torch.Size] | None,
+        sign: float = 1.0,
+        max_num_steps: int | None = None,
+        kind: str | None = None,
+    ):
         super().__init__()
-        self.func, self.shapes, self.sign = func, shapes, sign
+        self.func, self.shapes, self.sign, self.kind = func, shapes, sign, kind
         self.max_num_steps, self.n_steps = max_num_steps, 0
-        for name in (*_CALLBACKS, *_ADJOINT_CALLBACKS):
-            user = getattr(func, name, None)
-            if user is not None:
-                setattr(self, name, self._forward_callback(user, name.endswith("_adjoint")))
-        if max_num_steps is not None and not hasattr(self, "callback_step"):
-            self.callback_step = self._count  # type: ignore[method-assign]
+        self.recorder: Any = None
+        self.user = {n: getattr(func, n, None) for n in (*_CALLBACKS, *_ADJOINT_CALLBACKS)}
+        if kind is not None:
+            self.callback_step = self._step
+        if kind == "adaptive":
+            self.callback_accept_step = self._accept
+            self.callback_reject_step = self._reject
+        for name in _ADJOINT_CALLBACKS:
+            if self.user[name] is not None:
+                setattr(self, name, self.user[name])  # the adjoint's state is a tuple (y, a, ...): passed on as is
 
-    def _count(self, t0, y0, dt) -> None:
+    def _user(self, name: str, t0, y0, dt) -> None:
+        user = self.user[name]
+        if user is not None:
+            user(-t0 if self.sign < 0 else t0, _unflatten(y0, self.shapes), dt)
+
+    def _step(self, t0, y0, dt) -> None:
         self.n_steps += 1
-        if self.n_steps > self.max_num_steps:
+        if self.max_num_steps is not None and self.n_steps > self.max_num_steps:
+            at = float(torch.as_tensor(t0).detach()) * self.sign
             raise SolverError(
-                f"max_num_steps={self.max_num_steps} exceeded at t={float(t0) * self.sign:.6g}; raise "
+                f"max_num_steps={self.max_num_steps} exceeded at t={at:.6g}; raise "
                 "`options['max_num_steps']` or loosen `rtol`/`atol` (the field may be stiff)."
             )
+        if self.recorder is not None:
+            if self.kind == "fixed":
+                self.recorder.accept(t0, y0, dt)
+            else:
+                self.recorder.step()
+        self._user("callback_step", t0, y0, dt)
 
-    def _forward_callback(self, user: Callable, adjoint: bool) -> Callable:
-        def callback(t0, y0, dt):
-            if self.max_num_steps is not None and not adjoint and user is getattr(self.func, "callback_step", None):
-                self._count(t0, y0, dt)
-            # the adjoint's state is a tuple (y, a, ...): passed on as the solver gives it
-            y = y0 if adjoint or self.shapes is None else _unflatten(y0, self.shapes)
-            return user(t0 * self.sign if self.sign < 0 else t0, y, dt)
+    def _accept(self, t0, y0, dt) -> None:
+        if self.recorder is not None:
+            self.recorder.accept(t0, y0, dt)
+        self._user("callback_accept_step", t0, y0, dt)
 
-        return callback
+    def _reject(self, t0, y0, dt) -> None:
+        self._user("callback_reject_step", t0, y0, dt)
 
     def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = self.func(-t if self.sign < 0 else t, _unflatten(y, self.shapes))
+        if self.recorder is not None:
+            self.recorder.evaluated()
         if self.shapes is not None:
             if not isinstance(out, tuple | list) or len(out) != len(self.shapes):
                 raise TypeError(f"`func` must return a tuple of {len(self.shapes)} tensors for a tuple state.")
             out = torch.cat([o.reshape(-1) for o in out])
         return -out if self.sign < 0 else out
+
+
+def _kind(method: str) -> str | None:
+    return "adaptive" if method in _ADAPTIVE else ("fixed" if method in _FIXED else None)
 
 
 def _flip_options(options: dict, sign: float, shapes: list[torch.Size] | None) -> dict:
@@ -342,8 +373,8 @@ def _solve(
     rtol, atol = _tolerance(rtol, shapes, "rtol"), _tolerance(atol, shapes, "atol")
     sign = -1.0 if len(t) > 1 and bool(t[0] > t[1]) else 1.0
     max_num_steps = options.pop("max_num_steps", None)
-    problem = _Problem(func, shapes, sign, max_num_steps)
-    forward_func = _Problem(func, shapes, 1.0, None)  # for the times' gradients, in the user's time
+    problem = _Problem(func, shapes, sign, max_num_steps, _kind(method))
+    forward_func = _Problem(func, shapes)  # for the times' gradients, in the user's time
     t_grad = t.requires_grad and torch.is_grad_enabled()
     if t_grad:
         flat = with_start_time(forward_func, flat, t[0])
@@ -512,14 +543,14 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     if len(t) < 2:
         raise ValueError("with `event_fn`, `t` needs two times: the start and any later (or earlier) time.")
     sign = -1.0 if bool(t[0] > t[1]) else 1.0
-    problem = _Problem(func, shapes, sign, opts.pop("max_num_steps", None))
+    problem = _Problem(func, shapes, sign, opts.pop("max_num_steps", None), _kind(method))
 
     def event(s, y):
         return event_fn(-s if sign < 0 else s, _unflatten(y, shapes))
 
     with torch.no_grad():
         try:
-            s_event, _ = torchdiffeq.odeint(
+            s_event, found = torchdiffeq.odeint(
                 problem,
                 flat.detach(),
                 t.detach()[:2] * sign,
@@ -532,6 +563,9 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
         except AssertionError as exc:
             raise SolverError(f"the event search stopped: {str(exc)[:300]}.") from exc
     t_star = (s_event.to(t.dtype) * sign).reshape(())
+    if not torch.is_grad_enabled():
+        return t_star, _unflatten(found, shapes, (2,))
+    # the state at the fixed time t*, differentiable in the chosen mode; its value is the search's own
     times = torch.stack([t[0], t_star])
     kwargs: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options)
     if gradient == "adjoint":
@@ -539,13 +573,12 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     else:
         sol = odeint(func, y0, times, gradient=gradient, adjoint_params=adjoint_params, **kwargs)
     y_sol = sol if shapes is None else torch.cat([s.reshape(2, -1) for s in sol], dim=1)
+    y_sol = found + (y_sol - y_sol.detach())
     y_star = y_sol[-1]
-    if not torch.is_grad_enabled():
-        return t_star, sol
     with torch.enable_grad():
         tt = t_star.detach().requires_grad_(True)
         g = event_fn(tt, _unflatten(y_star, shapes))
-        f = _Problem(func, shapes, 1.0, None)(tt.detach(), y_star.detach())
+        f = _Problem(func, shapes)(tt.detach(), y_star.detach())
         yd = y_star.detach().requires_grad_(True)
         g_t, g_y = torch.autograd.grad(event_fn(tt, _unflatten(yd, shapes)), (tt, yd), allow_unused=True)
     dg = torch.zeros((), dtype=t.dtype, device=t.device)
