@@ -202,7 +202,7 @@ def _kind(method: str) -> str | None:
     return "adaptive" if method in _ADAPTIVE else ("fixed" if method in _FIXED else None)
 
 
-def _flip_options(options: dict, sign: float, shapes: list[torch.Size] | None) -> dict:
+def _flip_options(options: dict, sign: float, shapes: list[torch.Size] | None, adjoint: bool = False) -> dict:
     """Options in the engine's time and state: negated ``step_t``/``jump_t``/grid, a tuple state's ``norm``."""
     options = dict(options)
     if sign < 0:
@@ -214,7 +214,10 @@ def _flip_options(options: dict, sign: float, shapes: list[torch.Size] | None) -
             options["grid_constructor"] = lambda f, y0, t: -user(f, y0, -t)
     if shapes is not None and callable(options.get("norm")):
         norm = options["norm"]
-        options["norm"] = lambda y: norm(_unflatten(y, shapes))
+        if adjoint:  # the backward state (t, y, a, *parameter gradients): y and a in the user's parts
+            options["norm"] = lambda s: norm((s[0], *_unflatten(s[1], shapes), *_unflatten(s[2], shapes), *s[3:]))
+        else:
+            options["norm"] = lambda y: norm(_unflatten(y, shapes))
     return options
 
 
@@ -384,7 +387,7 @@ def _solve(
         opts = _flip_options(options, sign, shapes)
         adj = dict(adjoint or {})
         if gradient == "adjoint":
-            adj["options"] = _flip_options(adj["options"], sign, shapes)
+            adj["options"] = _flip_options(adj["options"], sign, shapes, adjoint=True)
         try:
             ys = _engine(
                 problem,
