@@ -10,6 +10,8 @@ of torchdiffeq's ``examples/ode_demo.py``.
   ``odeint``: total time and the two loss curves (their largest difference), in float32 (the example's) and
   float64. Both solve with the same steps; in float32 the stage sums' rounding (the fast path adds them in
   another order) differs by an ulp at the first iteration, and training amplifies it.
+- The same spiral ported to ``ODEBlock`` (its defaults: rtol 1e-6, atol 1e-8) with each gradient method: time,
+  memory saved for backward, losses — the measurement behind the block's default gradient.
 
 Goals: time ratio ours / torchdiffeq ≤ 0.8 forward and forward+backward; losses equal to 1e-5.
 ``python -m cde_nets.benchmarks.torchdiffeq_dropin [--tiny]`` writes ``benchmarks/results/torchdiffeq_dropin.json``.
@@ -18,6 +20,7 @@ Goals: time ratio ours / torchdiffeq ≤ 0.8 forward and forward+backward; losse
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -26,7 +29,8 @@ import torch
 import torchdiffeq
 from torch import nn
 
-from cde_nets import odeint
+from cde_nets import ODEBlock, odeint
+from cde_nets.diagnostics import SavedTensorMemory
 
 from .common import interleaved_medians, write
 
@@ -127,6 +131,43 @@ def _spiral(
     return dict(time_s=time.perf_counter() - start, losses=losses)
 
 
+def _block_port(gradient: str, iters: int, data_size: int = 1000, window: int = 10, batch: int = 20) -> dict:
+    """The spiral ported to ``ODEBlock`` at its own defaults (dopri5, rtol 1e-6, atol 1e-8) with ``gradient``:
+    training time, bytes saved for backward in one iteration, the last 20 losses' mean, and the whole
+    trajectory's error ``mean |pred − data|`` from ``y(0)`` after training (ode_demo's test loss)."""
+    t = torch.linspace(0.0, 25.0, data_size)
+    with torch.no_grad():
+        data = odeint(lambda t, y: (y**3) @ _A, torch.tensor([[2.0, 0.0]]), t)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = _SpiralModel()
+    block = ODEBlock(model, T=float(t[window - 1]), gradient=gradient)
+    opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+    losses, peak = [], 0
+    start = time.perf_counter()
+    for it in range(iters):
+        s = torch.from_numpy(rng.choice(np.arange(data_size - window), batch, replace=False))
+        y0, ys = data[s], torch.stack([data[s + i] for i in range(window)])
+        opt.zero_grad()
+        mem = SavedTensorMemory(exclude=[*model.parameters(), y0])
+        with mem if it == 0 else contextlib.nullcontext():
+            loss = (block.solve(y0, t=t[:window]).ys - ys).abs().mean()
+        peak = max(peak, mem.peak_bytes)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    elapsed = time.perf_counter() - start
+    with torch.no_grad():
+        test = (odeint(model, data[0], t) - data).abs().mean().item()
+    return dict(
+        gradient=gradient,
+        time_s=elapsed,
+        saved_bytes_first_iteration=peak,
+        last20_loss=float(np.mean(losses[-20:])),
+        trajectory_loss=test,
+    )
+
+
 def run(tiny: bool = False, out_dir=None) -> dict:
     torch.set_num_threads(1)
     rows = _grid(tiny)
@@ -146,7 +187,9 @@ def run(tiny: bool = False, out_dir=None) -> dict:
             final_loss_ours=ours["losses"][-1],
             final_loss_torchdiffeq=theirs["losses"][-1],
         )
+    port = [_block_port(g, iters) for g in ("adjoint", "backprop", "checkpoint", "symplectic")]
     res = dict(
+        block_port=port,
         setting="MLP width 64, dopri5 rtol 1e-7 atol 1e-9, float32, one thread; ode_demo spiral, 200 iterations",
         goal="ratio <= 0.8 forward and forward+backward; losses equal to 1e-5",
         rows=rows,
@@ -162,6 +205,12 @@ def main() -> None:
     res = run(tiny=parser.parse_args().tiny)
     for r in res["rows"]:
         print(f"dim {r['dim']:3d} batch {r['batch']:4d} {r['mode']:17s} ours/torchdiffeq {r['ratio']:.3f}")
+    for r in res["block_port"]:
+        print(
+            f"ODEBlock port, {r['gradient']:10s}: {r['time_s']:.1f} s, "
+            f"{r['saved_bytes_first_iteration'] / 1024:.0f} KiB, "
+            f"last-20 loss {r['last20_loss']:.4f}, trajectory loss {r['trajectory_loss']:.4f}"
+        )
     for dtype, s in res["spiral"].items():
         print(
             f"spiral {dtype} {s['iterations']} it: ours/torchdiffeq {s['ratio']:.3f}, "
