@@ -107,3 +107,14 @@ def test_against_finite_differences(method, gradient):
         e[i] = h
         fd.append((loss(t.detach() + e) - loss(t.detach() - e)) / (2 * h))
     torch.testing.assert_close(t.grad, torch.tensor(fd, dtype=torch.float64), atol=1e-6, rtol=1e-6)
+
+
+def test_sde_block_refuses_times_that_require_grad():
+    """The SDE block cannot differentiate its output times: a clear error instead of a silently dropped gradient."""
+    from cde_nets import SDEBlock
+
+    block = SDEBlock(Decay(), T=1.0, noise="additive", sigma=0.1, channels=1, method="euler", step_size=0.25, seed=0)
+    t = torch.tensor([0.5, 1.0], requires_grad=True)
+    with pytest.raises(ValueError, match="does not differentiate its output times"):
+        block.solve(torch.ones(2, 1), t=t)
+    assert block.solve(torch.ones(2, 1), t=t.detach()).ys.shape == (2, 2, 1)
