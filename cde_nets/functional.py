@@ -29,20 +29,25 @@ import torch
 import torchdiffeq
 from torch import nn
 
+from cde_nets.solvers.dropin import (
+    ADAPTIVE,
+    CALLBACKS,
+    FIXED,
+    Problem,
+    flip_options,
+    kind,
+    solve_flat,
+    tolerance,
+    unflatten,
+)
 from cde_nets.solvers.errors import SolverError
-from cde_nets.solvers.fast_rk import fast_applies, odeint_fast
 from cde_nets.solvers.output_times import with_output_times, with_start_time
-from cde_nets.solvers.piecewise_adjoint import piecewise_adjoint
-from cde_nets.solvers.replay import replay_gradient
-from cde_nets.solvers.tableaux import TABLEAUX
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
+METHODS = (*ADAPTIVE, *FIXED, "scipy_solver")
 
-_ADAPTIVE = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun")
-_FIXED = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams")
-METHODS = (*_ADAPTIVE, *_FIXED, "scipy_solver")
 _ADAPTIVE_OPTIONS = {
     "first_step",
     "min_step",
@@ -61,14 +66,10 @@ _ADAMS_OPTIONS = _FIXED_OPTIONS | {"max_iters", "max_order"}
 _SCIPY_OPTIONS = {"solver", "min_step", "max_step", "norm"}
 _GRADIENTS = ("backprop", "adjoint", "checkpoint", "symplectic")
 # the options the fast path reads (after step_size became a grid constructor)
-_FAST_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb"}
-_FAST_OPTIONS |= {"grid_constructor"}
-_CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
-_ADJOINT_CALLBACKS = tuple(f"{c}_adjoint" for c in _CALLBACKS)
 
 
 def _valid_options(method: str) -> set[str]:
-    if method in _ADAPTIVE:
+    if method in ADAPTIVE:
         return _ADAPTIVE_OPTIONS
     if method in ("implicit_adams", "fixed_adams"):
         return _ADAMS_OPTIONS
@@ -108,17 +109,6 @@ def _check_state(y0: Any) -> tuple[torch.Tensor, list[torch.Size] | None]:
     return torch.cat([y.reshape(-1) for y in y0]), [y.shape for y in y0]
 
 
-def _unflatten(y: torch.Tensor, shapes: list[torch.Size] | None, lead: tuple[int, ...] = ()) -> State:
-    if shapes is None:
-        return y
-    parts, i = [], 0
-    for s in shapes:
-        n = s.numel()
-        parts.append(y[..., i : i + n].reshape((*lead, *s)))
-        i += n
-    return tuple(parts)
-
-
 def _check_times(t: Any, y0: torch.Tensor) -> torch.Tensor:
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or len(t) == 0 or not t.is_floating_point():
         got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
@@ -127,125 +117,6 @@ def _check_times(t: Any, y0: torch.Tensor) -> torch.Tensor:
     if len(d) > 1 and not (bool((d[1:] > d[:-1]).all()) or bool((d[1:] < d[:-1]).all())):
         raise ValueError("`t` must be strictly increasing or strictly decreasing.")
     return t.to(y0.device)
-
-
-class _Problem(nn.Module):
-    """The user's ``func`` as the engine sees it: a flat state, time negated when ``t`` decreases (``sign = −1``),
-    torchdiffeq's callbacks forwarded in the user's time and shapes, ``max_num_steps`` counted, and the steps
-    reported to a replay's ``recorder`` (:mod:`solvers.replay`) while one listens.
-
-    ``kind``: ``"adaptive"``, ``"fixed"`` or ``None`` (scipy, or a plain evaluation): the forward callbacks are
-    those the method calls, so that torchdiffeq, given this object, warns only about the user's own."""
-
-    def __init__(
-        self,
-        func: Callable,
-        shapes: list[torch.Size] | None,
-        sign: float = 1.0,
-        max_num_steps: int | None = None,
-        kind: str | None = None,
-    ):
-        super().__init__()
-        self.func, self.shapes, self.sign, self.kind = func, shapes, sign, kind
-        self.max_num_steps, self.n_steps = max_num_steps, 0
-        self.recorder: Any = None
-        self.user = {n: getattr(func, n, None) for n in (*_CALLBACKS, *_ADJOINT_CALLBACKS)}
-        if kind is not None:
-            self.callback_step = self._step
-        if kind == "adaptive":
-            self.callback_accept_step = self._accept
-            self.callback_reject_step = self._reject
-        for name in _ADJOINT_CALLBACKS:
-            if self.user[name] is not None:
-                setattr(self, name, self.user[name])  # the adjoint's state is a tuple (y, a, ...): passed on as is
-
-    def __call__(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # a private wrapper nobody hooks: straight to forward (nn.Module's hook dispatch costs per evaluation)
-        return self.forward(t, y)
-
-    def _user(self, name: str, t0, y0, dt) -> None:
-        user = self.user[name]
-        if user is not None:
-            user(-t0 if self.sign < 0 else t0, _unflatten(y0, self.shapes), dt)
-
-    def _step(self, t0, y0, dt) -> None:
-        self.n_steps += 1
-        if self.max_num_steps is not None and self.n_steps > self.max_num_steps:
-            at = float(torch.as_tensor(t0).detach()) * self.sign
-            raise SolverError(
-                f"max_num_steps={self.max_num_steps} exceeded at t={at:.6g}; raise "
-                "`options['max_num_steps']` or loosen `rtol`/`atol` (the field may be stiff)."
-            )
-        if self.recorder is not None:
-            if self.kind == "fixed":
-                self.recorder.accept(t0, y0, dt)
-            else:
-                self.recorder.step()
-        self._user("callback_step", t0, y0, dt)
-
-    def _accept(self, t0, y0, dt) -> None:
-        if self.recorder is not None:
-            self.recorder.accept(t0, y0, dt)
-        self._user("callback_accept_step", t0, y0, dt)
-
-    def _reject(self, t0, y0, dt) -> None:
-        self._user("callback_reject_step", t0, y0, dt)
-
-    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = self.func(-t if self.sign < 0 else t, _unflatten(y, self.shapes))
-        if self.recorder is not None:
-            self.recorder.evaluated()
-        if self.shapes is not None:
-            if not isinstance(out, tuple | list) or len(out) != len(self.shapes):
-                raise TypeError(f"`func` must return a tuple of {len(self.shapes)} tensors for a tuple state.")
-            out = torch.cat([o.reshape(-1) for o in out])
-        return -out if self.sign < 0 else out
-
-
-def _kind(method: str) -> str | None:
-    return "adaptive" if method in _ADAPTIVE else ("fixed" if method in _FIXED else None)
-
-
-def _flip_options(options: dict, sign: float, shapes: list[torch.Size] | None, adjoint: bool = False) -> dict:
-    """Options in the engine's time and state: negated ``step_t``/``jump_t``/grid, a tuple state's ``norm``."""
-    options = dict(options)
-    if sign < 0:
-        for key in ("step_t", "jump_t"):
-            if options.get(key) is not None:
-                options[key] = -torch.as_tensor(options[key])
-        if "grid_constructor" in options:
-            user = options["grid_constructor"]
-            options["grid_constructor"] = lambda f, y0, t: -user(f, y0, -t)
-    if shapes is not None and callable(options.get("norm")):
-        norm = options["norm"]
-        if adjoint:  # the backward state (t, y, a, *parameter gradients): y and a in the user's parts
-            options["norm"] = lambda s: norm((s[0], *_unflatten(s[1], shapes), *_unflatten(s[2], shapes), *s[3:]))
-        else:
-            options["norm"] = lambda y: norm(_unflatten(y, shapes))
-    return options
-
-
-def _step_grid(step_size: float) -> Callable:
-    """torchdiffeq's fixed-step grid: ``t_0 + k · step_size`` for ``k = 0, 1, …, ⌈(t_N − t_0)/step_size⌉``, the last
-    point moved onto ``t_N``."""
-
-    def construct(func, y0, t):
-        n = int(torch.ceil((t[-1] - t[0]) / step_size + 1).item())
-        grid = torch.arange(0, n, dtype=t.dtype, device=t.device) * step_size + t[0]
-        grid[-1] = t[-1]
-        return grid
-
-    return construct
-
-
-def _tolerance(tol: Any, shapes: list[torch.Size] | None, name: str) -> Any:
-    if isinstance(tol, torch.Tensor) and tol.requires_grad:
-        raise ValueError(f"`{name}` must not require grad.")
-    if shapes is not None and isinstance(tol, tuple | list):
-        if len(tol) != len(shapes):
-            raise ValueError(f"`{name}` as a tuple needs one tolerance per part of `y0` ({len(shapes)}).")
-        return torch.cat([torch.as_tensor(v, dtype=torch.float64).expand(s).reshape(-1) for v, s in zip(tol, shapes)])
-    return tol
 
 
 def _params(func: Callable, adjoint_params: Sequence[torch.Tensor] | None, gradient: str) -> tuple[torch.Tensor, ...]:
@@ -257,100 +128,6 @@ def _params(func: Callable, adjoint_params: Sequence[torch.Tensor] | None, gradi
             )
         adjoint_params = tuple(func.parameters())
     return tuple(p for p in adjoint_params if p.requires_grad)
-
-
-def _engine(
-    func: _Problem,
-    y0: torch.Tensor,
-    t: torch.Tensor,
-    *,
-    rtol: Any,
-    atol: Any,
-    method: str,
-    options: dict,
-    gradient: str,
-    params: tuple[torch.Tensor, ...],
-    adjoint: dict,
-) -> torch.Tensor:
-    """Solve the flat, forwards problem (``t`` increasing, detached) with the engine: the one place the functional
-    API calls it, so that a change of the engine's entry point is a change here only."""
-    fast_options = dict(options)
-    if "step_size" in fast_options:
-        step = fast_options.pop("step_size")
-        if step is not None:
-            fast_options.setdefault("grid_constructor", _step_grid(step))
-    if fast_options.get("interp", "linear") == "linear":
-        fast_options.pop("interp", None)
-    fast = (
-        set(fast_options) <= _FAST_OPTIONS
-        and isinstance(rtol, float | int)
-        and isinstance(atol, float | int)
-        and fast_applies(method, gradient, y0, t, params, fast_options)
-    )
-    if fast:
-        return odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=fast_options, gradient=gradient)
-    if gradient == "adjoint":
-        adj_options = adjoint["options"]
-        if adj_options.get("norm", "seminorm") == "seminorm" and "norm" not in options and method != "scipy_solver":
-            adj_method = adjoint["method"]
-            return piecewise_adjoint(
-                func,
-                y0,
-                t,
-                params,
-                (),
-                rtol=rtol,
-                atol=atol,
-                method=method,
-                options=options,
-                adjoint_rtol=adjoint["rtol"],
-                adjoint_atol=adjoint["atol"],
-                adjoint_method=adj_method,
-                adjoint_options={k: v for k, v in adj_options.items() if k != "norm"},
-                stats=_NoStats(),
-                adjoint_adaptive=adj_method in _ADAPTIVE,
-            )
-        return torchdiffeq.odeint_adjoint(
-            func,
-            y0,
-            t,
-            rtol=rtol,
-            atol=atol,
-            method=method,
-            options=options,
-            adjoint_rtol=adjoint["rtol"],
-            adjoint_atol=adjoint["atol"],
-            adjoint_method=adjoint["method"],
-            adjoint_options=adj_options,
-            adjoint_params=params,
-        )
-    if gradient in ("checkpoint", "symplectic"):
-        if method not in TABLEAUX:
-            raise ValueError(
-                f"gradient={gradient!r} replays the steps of {sorted(TABLEAUX)}, not method={method!r}; use "
-                "gradient='backprop' or 'adjoint' with it."
-            )
-        return replay_gradient(
-            func,
-            y0,
-            t,
-            params,
-            (),
-            gradient=gradient,
-            tableau=TABLEAUX[method],
-            method=method,
-            rtol=rtol,
-            atol=atol,
-            options=options,
-            stats=_NoStats(),
-        )
-    return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=options)
-
-
-class _NoStats:
-    """The counters the engine's pieces update (the functional API reports none)."""
-
-    nfe_forward = nfe_backward = steps_forward = steps_backward = rejected_forward = rejected_backward = 0
 
 
 def _solve(
@@ -377,23 +154,23 @@ def _solve(
     t = _check_times(t, flat)
     _warn_callbacks(func, method)
     params = _params(func, adjoint_params, gradient) if gradient != "backprop" else ()
-    rtol, atol = _tolerance(rtol, shapes, "rtol"), _tolerance(atol, shapes, "atol")
+    rtol, atol = tolerance(rtol, shapes, "rtol"), tolerance(atol, shapes, "atol")
     sign = -1.0 if len(t) > 1 and bool(t[0] > t[1]) else 1.0
     max_num_steps = options.pop("max_num_steps", None)
-    problem = _Problem(func, shapes, sign, max_num_steps, _kind(method))
-    forward_func = _Problem(func, shapes)  # for the times' gradients, in the user's time
+    problem = Problem(func, shapes, sign, max_num_steps, kind(method))
+    forward_func = Problem(func, shapes)  # for the times' gradients, in the user's time
     t_grad = t.requires_grad and torch.is_grad_enabled()
     if t_grad:
         flat = with_start_time(forward_func, flat, t[0])
     if len(t) == 1:
         ys = flat.unsqueeze(0).clone()
     else:
-        opts = _flip_options(options, sign, shapes)
+        opts = flip_options(options, sign, shapes)
         adj = dict(adjoint or {})
         if gradient == "adjoint":
-            adj["options"] = _flip_options(adj["options"], sign, shapes, adjoint=True)
+            adj["options"] = flip_options(adj["options"], sign, shapes, adjoint=True)
         try:
-            ys = _engine(
+            ys = solve_flat(
                 problem,
                 flat,
                 t.detach() * sign,
@@ -409,13 +186,13 @@ def _solve(
             raise SolverError(f"the solver stopped: {str(exc)[:300]}. Loosen `rtol`/`atol` or use float64.") from exc
     if t_grad:
         ys = with_output_times(forward_func, ys, t)
-    return _unflatten(ys, shapes, (len(t),))
+    return unflatten(ys, shapes, (len(t),))
 
 
 def _warn_callbacks(func: Callable, method: str) -> None:
     """torchdiffeq warns when ``func`` has callbacks the method never calls; so does this."""
-    names = {n for n in _CALLBACKS if getattr(func, n, None) is not None}
-    unused = names if method == "scipy_solver" else names - ({"callback_step"} if method in _FIXED else set(_CALLBACKS))
+    names = {n for n in CALLBACKS if getattr(func, n, None) is not None}
+    unused = names if method == "scipy_solver" else names - ({"callback_step"} if method in FIXED else set(CALLBACKS))
     if unused:
         warnings.warn(f"method {method!r} never calls {sorted(unused)} of `func`.", stacklevel=3)
 
@@ -550,10 +327,10 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     if len(t) < 2:
         raise ValueError("with `event_fn`, `t` needs two times: the start and any later (or earlier) time.")
     sign = -1.0 if bool(t[0] > t[1]) else 1.0
-    problem = _Problem(func, shapes, sign, opts.pop("max_num_steps", None), _kind(method))
+    problem = Problem(func, shapes, sign, opts.pop("max_num_steps", None), kind(method))
 
     def event(s, y):
-        return event_fn(-s if sign < 0 else s, _unflatten(y, shapes))
+        return event_fn(-s if sign < 0 else s, unflatten(y, shapes))
 
     with torch.no_grad():
         try:
@@ -561,17 +338,17 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
                 problem,
                 flat.detach(),
                 t.detach()[:2] * sign,
-                rtol=_tolerance(rtol, shapes, "rtol"),
-                atol=_tolerance(atol, shapes, "atol"),
+                rtol=tolerance(rtol, shapes, "rtol"),
+                atol=tolerance(atol, shapes, "atol"),
                 method=method,
-                options=_flip_options(opts, sign, shapes),
+                options=flip_options(opts, sign, shapes),
                 event_fn=event,
             )
         except AssertionError as exc:
             raise SolverError(f"the event search stopped: {str(exc)[:300]}.") from exc
     t_star = (s_event.to(t.dtype) * sign).reshape(())
     if not torch.is_grad_enabled():
-        return t_star, _unflatten(found, shapes, (2,))
+        return t_star, unflatten(found, shapes, (2,))
     # the state at the fixed time t*, differentiable in the chosen mode; its value is the search's own
     times = torch.stack([t[0], t_star])
     kwargs: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options)
@@ -584,16 +361,16 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     y_star = y_sol[-1]
     with torch.enable_grad():
         tt = t_star.detach().requires_grad_(True)
-        g = event_fn(tt, _unflatten(y_star, shapes))
-        f = _Problem(func, shapes)(tt.detach(), y_star.detach())
+        g = event_fn(tt, unflatten(y_star, shapes))
+        f = Problem(func, shapes)(tt.detach(), y_star.detach())
         yd = y_star.detach().requires_grad_(True)
-        g_t, g_y = torch.autograd.grad(event_fn(tt, _unflatten(yd, shapes)), (tt, yd), allow_unused=True)
+        g_t, g_y = torch.autograd.grad(event_fn(tt, unflatten(yd, shapes)), (tt, yd), allow_unused=True)
     dg = torch.zeros((), dtype=t.dtype, device=t.device)
     dg = dg + (0.0 if g_t is None else g_t.to(t.dtype)) + (0.0 if g_y is None else (g_y * f).sum().to(t.dtype))
     event_t = t_star.detach() - (g - g.detach()).to(t.dtype) / dg.detach().to(t.dtype)
     y_event = y_star + f * (event_t - event_t.detach()).to(y_star.dtype)
     out = torch.cat([y_sol[:-1], y_event.unsqueeze(0)])
-    return event_t, _unflatten(out, shapes, (2,))
+    return event_t, unflatten(out, shapes, (2,))
 
 
 def _adjoint_kwargs(adjoint: dict) -> dict:
