@@ -261,7 +261,9 @@ class ODEBlock(Block):
         (within ``[0, T]``) start from ``y0`` at time 0; *decreasing* times start from ``y0`` at time ``T`` and
         integrate backwards (``solve(y_T, t=[T, ..., 0]).y`` inverts the block). Fixed-step methods step
         *through* every requested time (each is added to the step grid, so the values are the scheme's own, not
-        interpolated): times finer than ``step_size`` mean more, shorter steps.
+        interpolated): times finer than ``step_size`` mean more, shorter steps. ``t`` may require grad, in every
+        gradient mode: ``∂y(t_i)/∂t_i = F(t_i, y(t_i))``, and a first time at the origin is the start, whose
+        gradient is minus the sensitivity through ``y0`` (:mod:`~cde_nets.solvers.output_times`).
 
         Per-sample events (every sample on its own clock; finished samples leave the batch):
 
