@@ -176,6 +176,29 @@ def _finiteness(res: dict) -> Headline:
     return [at_most("finiteness check / forward call, worst", res["worst_overhead"], 0.03, "+.1%")]
 
 
+def _dropin(res: dict) -> Headline:
+    rows = res["rows"]
+    out = [
+        (f"cde_nets.odeint / torchdiffeq.odeint, {m}, worst", f"{_max(rows, 'ratio', mode=m):.3f}")
+        for m in ("forward", "forward+backward")
+    ]
+    for dtype, sp in res["spiral"].items():
+        out.append(
+            (f"ode_demo spiral, {dtype}: time ratio, max |Δ loss|", f"{sp['ratio']:.3f}, {sp['max_loss_diff']:.1e}")
+        )
+    return out
+
+
+def _suite(res: dict) -> Headline:
+    c = res["counts"]
+    return [
+        (
+            "torchdiffeq's suite: pass / fail / error / not served",
+            f"{c['pass']} / {c['fail']} / {c['error']} / {c['not_served']}",
+        )
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -193,6 +216,8 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("forward_grid", _forward_grid, "<= 1.5 (dim >= 64), <= 2.5 (dim 4); torchode / ours > 1"),
     ("compiled", _compiled, "<= 1e-5 from eager"),
     ("finiteness", _finiteness, "<= 3 %"),
+    ("torchdiffeq_dropin", _dropin, "<= 0.8; losses equal to 1e-5"),
+    ("torchdiffeq_suite", _suite, "every case but the unserved methods passes"),
 )
 
 
@@ -214,6 +239,8 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "forward_grid": {"tiny": 2.0},
     "compiled": {"tiny": 14.0},
     "finiteness": {"tiny": 1.0, "full": 60.0},
+    "torchdiffeq_dropin": {"tiny": 1.0},
+    "torchdiffeq_suite": {"tiny": 0.1, "full": 290.0},
 }
 
 

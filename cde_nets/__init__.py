@@ -3,6 +3,7 @@
 from . import diagnostics, fields
 from .block import Block
 from .discrete import DiscreteNet, discretize
+from .functional import odeint, odeint_adjoint, odeint_event
 from .ode_block import ODEBlock
 from .pieces import Pieces, TimeGrid, smoothness
 from .sde_block import SDEBlock
@@ -31,5 +32,8 @@ __all__ = [
     "Checkpoint",
     "Symplectic",
     "Reversible",
+    "odeint",
+    "odeint_adjoint",
+    "odeint_event",
 ]
 __version__ = "0.1.0"

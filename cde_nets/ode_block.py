@@ -16,6 +16,7 @@ from cde_nets.solvers.events import HermiteDense, integrate_events
 from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import REVERSIBLE_METHODS, SolverOptions
+from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.times import check_times
 
@@ -209,7 +210,9 @@ class ODEBlock(Block):
         (within ``[0, T]``) start from ``y0`` at time 0; *decreasing* times start from ``y0`` at time ``T`` and
         integrate backwards (``solve(y_T, t=[T, ..., 0]).y`` inverts the block). Fixed-step methods step
         *through* every requested time (each is added to the step grid, so the values are the scheme's own, not
-        interpolated): times finer than ``step_size`` mean more, shorter steps.
+        interpolated): times finer than ``step_size`` mean more, shorter steps. ``t`` may require grad, in every
+        gradient mode: ``∂y(t_i)/∂t_i = F(t_i, y(t_i))``, and a first time at the origin is the start, whose
+        gradient is minus the sensitivity through ``y0`` (:mod:`~cde_nets.solvers.output_times`).
 
         Per-sample events (every sample on its own clock; finished samples leave the batch):
 
@@ -281,11 +284,17 @@ class ODEBlock(Block):
         tt = _check_times(t, self.T, y0.device)
         origin = 0.0 if float(tt[-1]) >= float(tt[0]) else self.T
         start = float(tt[0]) != origin
+        # the solve sees the times detached; their gradients ride around it (solvers.output_times), in every mode
+        tg = t.to(y0.device, torch.float64) if isinstance(t, torch.Tensor) and t.requires_grad else None
+        if tg is not None and torch.is_grad_enabled() and not start:  # t[0] is then the start time
+            y0 = with_start_time(bound, y0, tg[0])
         if start:  # integrate from the origin (0, or T backwards) to the first requested time as well
             tt = torch.cat([tt.new_full((1,), origin), tt])
         ys = self._solve(bound, y0, tt)
         if start:
             ys, tt = ys[1:], tt[1:]
+        if tg is not None and torch.is_grad_enabled():
+            ys = with_output_times(bound, ys, tg)
         return Solution(y=ys[-1], ts=tt, ys=ys, stats=self._stats)
 
     def _check_resolution(self, y0: torch.Tensor) -> None:

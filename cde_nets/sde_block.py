@@ -369,6 +369,11 @@ class SDEBlock(Block):
                 f"`y0` has {y0.shape[1] if y0.dim() > 1 else 0} channels but `sigma` has {self.rho.shape[0]}; "
                 "build the block with matching `channels`."
             )
+        if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                "SDEBlock does not differentiate its output times `t` (points of its step grid, where the "
+                "Brownian path is sampled): pass `t.detach()`, or use ODEBlock for gradients in t."
+            )
         save = None if t is None else self._save_indices(t)
         if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to integrate, every parameter in the graph
             y = y0 + 0 * bound(torch.zeros((), dtype=torch.float64), y0)

@@ -392,6 +392,12 @@ def replay_gradient(
     differentiated piece by piece."""
     if t.requires_grad:
         raise ValueError(f"gradient={gradient!r} does not differentiate the output times `t`; detach them.")
+    if len(t) > 1 and float(t[0]) > float(t[-1]) and torch.is_grad_enabled():
+        # the recorded steps are read as t0 + dt, which is wrong for a solve backwards in time
+        raise ValueError(
+            f"gradient={gradient!r} replays steps forwards in time; for decreasing times `t` use "
+            "gradient='backprop' or 'adjoint' (or solve with the times increasing)."
+        )
     params, used, slot = piece_slots(params, pieces)
     cfg = dict(
         func=func,

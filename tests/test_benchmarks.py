@@ -61,6 +61,12 @@ EXPECTED = {
         {"setting", "goal", "rows"},
         {"net", "mode", "eager_s", "compiled_s", "speedup", "max_rel_diff", "graphs"},
     ),
+    "torchdiffeq_dropin": (
+        "torchdiffeq_dropin_tiny",
+        {"setting", "goal", "rows", "spiral"},
+        {"dim", "batch", "mode", "ours_s", "torchdiffeq_s", "ratio", "max_abs_diff"},
+    ),
+    "torchdiffeq_suite": ("torchdiffeq_suite_tiny", {"counts", "total", "by_reason", "rows"}, {"test", "outcome"}),
 }
 
 

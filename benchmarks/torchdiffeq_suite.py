@@ -1,0 +1,176 @@
+"""torchdiffeq's own test suite run against cde_nets' functions: ``python -m cde_nets.benchmarks.torchdiffeq_suite
+--suite PATH`` (``PATH``: torchdiffeq's ``tests/`` folder, e.g. of commit 657943a).
+
+``import torchdiffeq`` inside the suite resolves to a shim module that holds :func:`cde_nets.odeint`,
+:func:`cde_nets.odeint_adjoint` and :func:`cde_nets.odeint_event` and nothing else (no fallback to torchdiffeq's
+own functions; the engine's private use of torchdiffeq is bound before the shim goes in). Every case — every
+``subTest`` of every test — is counted: passed, failed (an assertion of the suite), not served (the method is one
+cde_nets refuses by name: the implicit methods and ``tsit5``), or an error (any other exception), with the
+reasons. Writes ``benchmarks/results/torchdiffeq_suite.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+import types
+import unittest
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from .common import write
+
+# torchdiffeq master's implicit methods (the conservation work of cde_nets will serve them) and tsit5
+_NOT_SERVED = (
+    "implicit_euler",
+    "implicit_midpoint",
+    "trapezoid",
+    "radauIIA3",
+    "gl4",
+    "radauIIA5",
+    "gl6",
+    "sdirk2",
+    "trbdf2",
+    "tsit5",
+)
+
+
+@contextlib.contextmanager
+def shim() -> Iterator[types.ModuleType]:
+    """``sys.modules["torchdiffeq"]`` is cde_nets' three functions while the context lasts."""
+    from cde_nets import functional
+
+    module = types.ModuleType("torchdiffeq", "cde_nets' torchdiffeq-compatible functions, and nothing else.")
+    module.odeint = functional.odeint  # type: ignore[attr-defined]
+    module.odeint_adjoint = functional.odeint_adjoint  # type: ignore[attr-defined]
+    module.odeint_event = functional.odeint_event  # type: ignore[attr-defined]
+    before = sys.modules.get("torchdiffeq")
+    sys.modules["torchdiffeq"] = module
+    try:
+        yield module
+    finally:
+        if before is None:
+            del sys.modules["torchdiffeq"]
+        else:
+            sys.modules["torchdiffeq"] = before
+
+
+class _Cases(unittest.TestResult):
+    """One row per case: a subTest, or a test without subtests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict] = []
+        self._with_sub: set[str] = set()
+
+    def _row(self, test: unittest.TestCase, params: str, err) -> None:
+        if err is None:
+            outcome, reason = "pass", ""
+        else:
+            exc = err[1]
+            text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+            if isinstance(exc, ValueError) and any(f"{m!r}" in str(exc) for m in _NOT_SERVED):
+                outcome = "not_served"
+            elif issubclass(err[0], test.failureException):
+                outcome = "fail"
+            else:
+                outcome = "error"
+            reason = text
+        self.rows.append({"test": test.id(), "params": params, "outcome": outcome, "reason": reason})
+
+    def addSubTest(self, test, subtest, err):  # noqa: N802 (unittest's name)
+        self._with_sub.add(test.id())
+        params = subtest._subDescription() if hasattr(subtest, "_subDescription") else str(subtest)
+        self._row(test, params, err)
+
+    def addSuccess(self, test):  # noqa: N802
+        if test.id() not in self._with_sub:
+            self._row(test, "", None)
+
+    def addFailure(self, test, err):  # noqa: N802
+        self._row(test, "", err)
+
+    def addError(self, test, err):  # noqa: N802
+        self._row(test, "", err)
+
+
+def run_suite(suite_dir: Path, pattern: str = "*_tests.py") -> dict:
+    """Run the unittest files of ``suite_dir`` against the shim; the per-case rows and their counts."""
+    suite_dir = Path(suite_dir).resolve()
+    sys.path.insert(0, str(suite_dir))
+    result = _Cases()
+    start = time.perf_counter()
+    try:
+        with shim():
+            tests = unittest.defaultTestLoader.discover(str(suite_dir), pattern=pattern, top_level_dir=str(suite_dir))
+            tests.run(result)
+    finally:
+        sys.path.remove(str(suite_dir))
+        for name in [n for n, m in sys.modules.items() if str(getattr(m, "__file__", "")).startswith(str(suite_dir))]:
+            del sys.modules[name]
+    rows = result.rows
+    counts = Counter(r["outcome"] for r in rows)
+    by_reason = Counter(f"{r['outcome']}: {r['reason']}" for r in rows if r["outcome"] != "pass")
+    by_file = Counter(f"{r['test'].split('.')[0]}: {r['outcome']}" for r in rows)
+    return {
+        "suite": str(suite_dir),
+        "seconds": round(time.perf_counter() - start, 1),
+        "counts": {k: counts.get(k, 0) for k in ("pass", "fail", "error", "not_served")},
+        "total": len(rows),
+        "by_reason": dict(by_reason.most_common()),
+        "by_file": dict(sorted(by_file.items())),
+        "rows": [r for r in rows if r["outcome"] != "pass"],
+    }
+
+
+def run(tiny: bool = False, out_dir: Path | None = None, suite: Path | None = None) -> dict:
+    """``tiny``: the shim and the counting on a two-case suite written here (torchdiffeq's suite is not part of
+    this repository); otherwise ``suite`` is torchdiffeq's ``tests/`` folder."""
+    if tiny or suite is None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "tiny_tests.py").write_text(_TINY)
+            res = run_suite(Path(tmp))
+        res["suite"] = "tiny"
+        write("torchdiffeq_suite_tiny", res, out_dir)
+        return res
+    res = run_suite(suite)
+    write("torchdiffeq_suite", res, out_dir)
+    return res
+
+
+_TINY = """
+import math, unittest, torch, torchdiffeq
+
+class Decay(unittest.TestCase):
+    def test_methods(self):
+        for method in ("dopri5", "rk4", "tsit5"):
+            with self.subTest(method=method):
+                t = torch.tensor([0.0, 1.0], dtype=torch.float64)
+                y = torchdiffeq.odeint(lambda t, y: -y, torch.ones(2, dtype=torch.float64), t, method=method,
+                                       options=dict(step_size=0.01) if method == "rk4" else None)
+                self.assertLess(float((y[-1] - math.exp(-1)).abs().max()), 1e-6)
+
+    def test_only_three_names(self):
+        self.assertEqual(sorted(n for n in dir(torchdiffeq) if not n.startswith("_")),
+                         ["odeint", "odeint_adjoint", "odeint_event"])
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", type=Path, help="torchdiffeq's tests/ folder")
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args()
+    res = run(tiny=args.tiny, suite=args.suite)
+    print(res["counts"], f"of {res['total']} cases in {res['seconds']} s")
+    for reason, n in res["by_reason"].items():
+        print(f"{n:5d}  {reason}")
+
+
+if __name__ == "__main__":
+    main()
