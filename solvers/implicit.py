@@ -1,0 +1,231 @@
+r"""Implicit Runge-Kutta steps, batched per sample, with gradients by the implicit function theorem.
+
+One step of the tableau ``(A, b, c)`` (:mod:`solvers.implicit_tableaux`) from ``y_0`` at ``t_0`` solves
+
+    ``G(Z) = Z − h (A ⊗ I) F(Y) = 0``,   ``Y_i = y_0 + Z_i``,   ``F(Y)_i = F(t_0 + c_i h, Y_i)``,
+
+and returns ``y_1 = y_0 + h Σ_i b_i F(Y_i)`` (Hairer & Wanner 1996, §IV.8).
+
+Newton. The stage equations are solved for every sample of the batch at once, each sample with its own
+``n × n`` Jacobian ``J = ∂F/∂y`` (rows of a batch are independent). ``Newton("simplified")`` (default) factors
+``M = I − h A ⊗ J(t_0, y_0)`` once per step and iterates ``Z ← Z − M^{−1} G(Z)`` (HW 1996, eq. IV.8.10);
+``Newton("full")`` rebuilds ``M = I − h (A ⊗ I) diag(J(Y_j))`` every iteration (for stiff fields whose Jacobian
+changes within a step). The first iterate is ``Z_i = h c_i F(t_0, y_0)``.
+
+Stopping rule: sample ``b`` has converged when its increment ``‖ΔZ_b‖_∞ ≤ tol_b``, with
+``tol_b = 4 ε max(‖y_b‖_∞, ‖Z_b‖_∞)`` (``ε``: the dtype's machine epsilon, i.e. to rounding) unless
+``Newton(tol=...)`` gives an absolute tolerance; or when the contraction has stopped (``‖ΔZ_k‖ ≥ ‖ΔZ_{k−1}‖ / 2``)
+within ``1000 tol_b``: the iteration sits on the rounding floor of ``G``. The step is accepted once every sample
+has; after ``max_iters`` iterations, or on a non-finite iterate, :class:`ImplicitSolveError` names the iteration
+count, the largest increment and the fix.
+
+Gradients. The converged stages are a function ``Z(y_0, θ)`` defined implicitly by ``G = 0``; differentiating
+``G`` (implicit function theorem) gives, for the cotangent ``g`` of ``y_1``, the cotangent ``v`` of the stage
+derivatives ``F(Y_j)`` as the solution of one linear system with the transposed stage Jacobian
+
+    ``v_j − h Σ_i a_ij J(Y_i)ᵀ v_i = h b_j g``,
+
+and then ``∂L/∂y_0 = g + Σ_j J(Y_j)ᵀ v_j``, ``∂L/∂θ = Σ_j (∂F(Y_j)/∂θ)ᵀ v_j``. In code, the stage derivatives are
+evaluated once more at the converged stages with the stages held fixed (so their graph carries only the partial
+derivatives in ``y_0`` and ``θ``), and :class:`_StageSensitivity` replaces their incoming cotangent by ``v``:
+autograd never sees the Newton iterations, and what a step saves for backward (the converged stages and one graph
+of ``s`` evaluations) does not depend on how many iterations it took. Any tensor the field closes over (its
+parameters, a block input ``u``) receives its gradient the ordinary way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import SolverError
+from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
+
+__all__ = ["Newton", "ImplicitSolveError", "implicit_step", "stage_jacobian", "get_tableau"]
+
+
+@dataclass(frozen=True)
+class Newton:
+    """How the stage equations are solved: ``kind`` ``"simplified"`` (one Jacobian per step) or ``"full"`` (one per
+    iteration and stage); at most ``max_iters`` iterations; ``tol`` an absolute tolerance on the increment
+    (default ``None``: to rounding, see :mod:`solvers.implicit`)."""
+
+    kind: str = "simplified"
+    max_iters: int = 50
+    tol: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("simplified", "full"):
+            raise ValueError(f"`Newton(kind=...)` must be 'simplified' or 'full', got {self.kind!r}.")
+        if isinstance(self.max_iters, bool) or not isinstance(self.max_iters, int) or self.max_iters < 1:
+            raise ValueError(f"`Newton(max_iters=...)` must be a positive integer, got {self.max_iters!r}.")
+        if self.tol is not None and not (isinstance(self.tol, (int, float)) and self.tol > 0):
+            raise ValueError(f"`Newton(tol=...)` must be a number > 0 or None (to rounding), got {self.tol!r}.")
+
+
+class ImplicitSolveError(SolverError):
+    """The stage equations of an implicit step did not converge. ``reason`` is ``"newton_diverged"`` or
+    ``"newton_max_iters"``; ``iterations`` and ``residual`` (the largest last increment) say how far it got."""
+
+    def __init__(self, message: str, reason: str, iterations: int, residual: float, nfe: int | None = None):
+        super().__init__(message, nfe=nfe)
+        self.reason = reason
+        self.iterations = iterations
+        self.residual = residual
+
+
+def get_tableau(method: str | ImplicitTableau) -> ImplicitTableau:
+    """The tableau of an implicit method name (or the tableau itself); a named error for an unknown name."""
+    if isinstance(method, ImplicitTableau):
+        return method
+    if method not in IMPLICIT_TABLEAUX:
+        raise ValueError(f"unknown implicit method {method!r}; valid: {', '.join(IMPLICIT_TABLEAUX)}.")
+    return IMPLICIT_TABLEAUX[method]
+
+
+def stage_jacobian(fun: Any, t: float, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(F, J)``: ``F = fun(t, y)`` ``(B, n)`` and each sample's Jacobian ``J[b] = ∂F[b]/∂y[b]`` ``(B, n, n)``, from
+    ``n`` batched vector-Jacobian products of one evaluation (rows of the batch are independent)."""
+    B, n = y.shape
+    with torch.enable_grad():
+        x = y.detach().requires_grad_(True)
+        F = fun(t, x)
+        if not F.requires_grad:  # a field that does not depend on y
+            return F.detach(), torch.zeros(B, n, n, dtype=y.dtype, device=y.device)
+        eye = torch.eye(n, dtype=y.dtype, device=y.device).unsqueeze(1).expand(n, B, n)
+        try:
+            (jac,) = torch.autograd.grad(F, x, eye, is_grads_batched=True, allow_unused=True)
+        except RuntimeError:  # an operation without a batching rule: one product per output coordinate
+            rows = [torch.autograd.grad(F, x, eye[k], retain_graph=True, allow_unused=True)[0] for k in range(n)]
+            jac = None if rows[0] is None else torch.stack(rows)
+    if jac is None:
+        return F.detach(), torch.zeros(B, n, n, dtype=y.dtype, device=y.device)
+    return F.detach(), jac.transpose(0, 1)
+
+
+def _kron(A: torch.Tensor, J: torch.Tensor, h: float) -> torch.Tensor:
+    """``I − h A ⊗ J`` per sample, ``(B, s n, s n)``; ``J`` is ``(B, n, n)`` (one for all stages) or
+    ``(s, B, n, n)`` (stage ``j``'s in column block ``j``)."""
+    s = A.shape[0]
+    if J.dim() == 3:
+        B, n, _ = J.shape
+        M = -h * torch.einsum("ij,bkl->bikjl", A, J)
+    else:
+        _, B, n, _ = J.shape
+        M = -h * torch.einsum("ij,jbkl->bikjl", A, J)
+    M = M.reshape(B, s * n, s * n)
+    return M + torch.eye(s * n, dtype=J.dtype, device=J.device)
+
+
+def _stages(fun: Any, times: list[float], y: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+    return torch.stack([fun(ti, y + Zi) for ti, Zi in zip(times, Z)])
+
+
+def solve_stages(
+    fun: Any, t0: float, times: list[float], y: torch.Tensor, h: float, tab: ImplicitTableau, newton: Newton
+) -> tuple[torch.Tensor, int]:
+    """The converged stage increments ``Z`` ``(s, B, n)`` of one step (no graph) and the iteration count."""
+    s, (B, n) = tab.stages, y.shape
+    A = torch.tensor(tab.a, dtype=y.dtype, device=y.device)
+    c = torch.tensor(tab.c, dtype=y.dtype, device=y.device)
+    eps = torch.finfo(y.dtype).eps
+    F0, J0 = stage_jacobian(fun, t0, y)
+    Z = (h * c).view(s, 1, 1) * F0
+    lu = torch.linalg.lu_factor(_kron(A, J0, h)) if newton.kind == "simplified" else None
+    ynorm = y.abs().amax(1)
+    prev: torch.Tensor | None = None
+    for k in range(1, newton.max_iters + 1):
+        if lu is None:
+            FJ = [stage_jacobian(fun, ti, y + Zi) for ti, Zi in zip(times, Z)]
+            F = torch.stack([f for f, _ in FJ])
+            step_lu = torch.linalg.lu_factor(_kron(A, torch.stack([j for _, j in FJ]), h))
+        else:
+            F, step_lu = _stages(fun, times, y, Z), lu
+        G = Z - h * torch.einsum("ij,jbn->ibn", A, F)
+        rhs = G.permute(1, 0, 2).reshape(B, s * n, 1)
+        dZ = torch.linalg.lu_solve(*step_lu, rhs).reshape(B, s, n).permute(1, 0, 2)
+        Z = Z - dZ
+        norm = dZ.abs().amax((0, 2))
+        if not bool(torch.isfinite(norm).all()):
+            raise ImplicitSolveError(
+                f"the Newton iteration of an implicit step at t={t0:.6g} (h={h:.3g}) went non-finite after {k} "
+                "iteration(s); take smaller steps (`step_size`), use Newton('full'), or float64.",
+                "newton_diverged",
+                k,
+                float("inf"),
+            )
+        if newton.tol is not None:
+            tol = torch.full_like(norm, newton.tol)
+        else:
+            tol = 4 * eps * torch.maximum(ynorm, Z.abs().amax((0, 2)))
+        done = norm <= tol
+        if prev is not None:
+            done |= (norm >= 0.5 * prev) & (norm <= 1000 * tol)
+        if bool(done.all()):
+            return Z, k
+        prev = norm
+    worst = float(norm.max())
+    raise ImplicitSolveError(
+        f"the Newton iteration of an implicit step at t={t0:.6g} (h={h:.3g}) did not converge in "
+        f"{newton.max_iters} iterations (largest increment {worst:.3g}, tolerance {float(tol.max()):.3g}); "
+        "take smaller steps (`step_size`), raise Newton(max_iters=...), or use Newton('full') for a stiff field.",
+        "newton_max_iters",
+        newton.max_iters,
+        worst,
+    )
+
+
+class _StageSensitivity(torch.autograd.Function):
+    """Identity on the stage derivatives ``F`` ``(s, B, n)`` in forward; in backward, the implicit function
+    theorem: the incoming cotangent ``g`` is replaced by the solution ``v`` of ``v_j − h Σ_i a_ij J_iᵀ v_i = g_j``
+    (one batched linear solve with the transposed stage Jacobian, see :mod:`solvers.implicit`)."""
+
+    @staticmethod
+    def forward(ctx: Any, F: torch.Tensor, Y: torch.Tensor, fun: Any, times: list[float], A: torch.Tensor, h: float):
+        ctx.fun, ctx.times, ctx.h = fun, times, h
+        ctx.save_for_backward(Y, A)
+        return F.view_as(F)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):
+        Y, A = ctx.saved_tensors
+        s, B, n = Y.shape
+        J = torch.stack([stage_jacobian(ctx.fun, ti, Yi)[1] for ti, Yi in zip(ctx.times, Y)])  # (s, B, n, n)
+        # Q = I − h (Aᵀ ⊗ I) diag(J_iᵀ): block (j, i) is δ_ij I − h a_ij J_iᵀ
+        Q = -ctx.h * torch.einsum("ij,ibml->bjlim", A, J).reshape(B, s * n, s * n)
+        Q = Q + torch.eye(s * n, dtype=Y.dtype, device=Y.device)
+        v = torch.linalg.solve(Q, g.permute(1, 0, 2).reshape(B, s * n, 1))
+        return v.reshape(B, s, n).permute(1, 0, 2), None, None, None, None, None
+
+
+def implicit_step(
+    fun: Any,
+    t0: float,
+    y: torch.Tensor,
+    h: float,
+    tab: ImplicitTableau,
+    newton: Newton = Newton(),
+    times: list[float] | None = None,
+) -> tuple[torch.Tensor, int]:
+    """One step ``(y_1, iterations)`` of ``tab`` from ``y`` ``(B, ...)`` at ``t0`` with step ``h`` (negative steps
+    backwards in time). ``fun(t, y)`` is the field on states of ``y``'s shape; ``times``: the
+    stage times to evaluate at (default ``t0 + c_i h``). Differentiable in ``y`` and in whatever ``fun`` closes over,
+    by the implicit function theorem (see the module)."""
+    shape, B = y.shape, y.shape[0]
+    flat = y.reshape(B, -1)
+
+    def f(t: float, x: torch.Tensor) -> torch.Tensor:
+        return fun(t, x.reshape(shape)).reshape(B, -1)
+
+    times = [t0 + ci * h for ci in tab.c] if times is None else times
+    with torch.no_grad():
+        Z, iters = solve_stages(f, t0, times, flat.detach(), h, tab, newton)
+    # graph in y and θ only: the stages are held fixed, _StageSensitivity supplies their dependence
+    F = _stages(f, times, flat, Z)
+    if F.requires_grad:
+        A = torch.tensor(tab.a, dtype=y.dtype, device=y.device)
+        F = _StageSensitivity.apply(F, flat.detach() + Z, f, times, A, h)
+    b = torch.tensor(tab.b, dtype=y.dtype, device=y.device)
+    return (flat + h * torch.einsum("i,ibn->bn", b, F)).reshape(shape), iters
