@@ -19,6 +19,7 @@ from torchdiffeq import odeint, odeint_adjoint
 
 from .errors import SolverError, check_positive
 from .fast_rk import fast_applies, odeint_fast
+from .implicit_ode import IMPLICIT_GRADIENTS, IMPLICIT_METHODS, IMPLICIT_OPTIONS, integrate_implicit
 from .piecewise_adjoint import PiecewiseParam, lands_on_boundaries, piecewise_adjoint
 from .replay import replay_gradient
 from .tableaux import method_tableau
@@ -26,6 +27,7 @@ from .tableaux import method_tableau
 __all__ = [
     "ADAPTIVE_METHODS",
     "FIXED_METHODS",
+    "IMPLICIT_METHODS",
     "GRADIENTS",
     "ODE_GRADIENTS",
     "REVERSIBLE_METHODS",
@@ -82,7 +84,8 @@ class SolverStats:
 
 
 def check_method(method: str, name: str = "method") -> str:
-    known = (*ADAPTIVE_METHODS, *FIXED_METHODS, *(REVERSIBLE_METHODS if name == "method" else ()))
+    own = (*REVERSIBLE_METHODS, *IMPLICIT_METHODS) if name == "method" else ()
+    known = (*ADAPTIVE_METHODS, *FIXED_METHODS, *own)
     if not isinstance(method, str) or method not in known:
         alf = (
             f", reversible (adaptive, or fixed with `step_size`): {sorted(REVERSIBLE_METHODS)}"
@@ -91,7 +94,8 @@ def check_method(method: str, name: str = "method") -> str:
         )
         raise ValueError(
             f"`{name}` {method!r} is unknown; adaptive: {sorted(ADAPTIVE_METHODS)}, "
-            f"fixed-step: {sorted(FIXED_METHODS)}{alf}."
+            f"fixed-step: {sorted(FIXED_METHODS)}{alf}"
+            + (f", implicit (fixed-step): {sorted(IMPLICIT_METHODS)}." if name == "method" else ".")
         )
     return method
 
@@ -105,7 +109,13 @@ def check_gradient(method: str, gradient: str) -> str:
     """Refuse a gradient mode ``method`` cannot give, naming what can."""
     if gradient not in ODE_GRADIENTS:
         raise ValueError(f"`gradient` must be one of {ODE_GRADIENTS}, got {gradient!r}.")
-    if method in REVERSIBLE_METHODS:
+    if method in IMPLICIT_METHODS:
+        if gradient not in IMPLICIT_GRADIENTS:
+            raise ValueError(
+                f"method={method!r} (implicit Runge-Kutta) takes gradient='backprop', 'checkpoint' or 'adjoint' "
+                f"(each step's gradient by the implicit function theorem); got {gradient!r}."
+            )
+    elif method in REVERSIBLE_METHODS:
         if gradient not in ("reversible", "backprop"):
             raise ValueError(
                 f"method={method!r} (asynchronous leapfrog) takes gradient='reversible' (its exact "
@@ -128,6 +138,8 @@ def check_options(method: str, options: dict | None) -> dict:
     options = dict(options or {})
     if method in REVERSIBLE_METHODS:
         valid = _ALF_OPTIONS
+    elif method in IMPLICIT_METHODS:
+        valid = IMPLICIT_OPTIONS
     else:
         valid = _ADAPTIVE_OPTIONS if method in ADAPTIVE_METHODS else _FIXED_OPTIONS
     unknown = set(options) - valid
@@ -349,6 +361,20 @@ def integrate(
             params=params,
             pieces=pieces,
             jump_t=jump_t,
+            grid=grid,
+            options=options,
+            max_steps=max_steps,
+            stats=stats,
+        )
+        return ys, stats
+    if method in IMPLICIT_METHODS:
+        ys = integrate_implicit(
+            field,
+            y0,
+            t,
+            method=method,
+            gradient=gradient,
+            params=params,
             grid=grid,
             options=options,
             max_steps=max_steps,

@@ -35,6 +35,7 @@ parameters, a block input ``u``) receives its gradient the ordinary way.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,15 @@ import torch
 from .errors import SolverError
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
-__all__ = ["Newton", "ImplicitSolveError", "implicit_step", "stage_jacobian", "get_tableau"]
+__all__ = ["Newton", "ImplicitSolveError", "implicit_step", "stage_jacobian", "get_tableau", "in_backward"]
+
+_phase = threading.local()
+
+
+def in_backward() -> bool:
+    """Whether a step's backward (the stage Jacobians of :class:`_StageSensitivity`) is evaluating the field now:
+    evaluation counters book those evaluations as backward ones."""
+    return getattr(_phase, "backward", False)
 
 
 @dataclass(frozen=True)
@@ -192,7 +201,11 @@ class _StageSensitivity(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor):
         Y, A = ctx.saved_tensors
         s, B, n = Y.shape
-        J = torch.stack([stage_jacobian(ctx.fun, ti, Yi)[1] for ti, Yi in zip(ctx.times, Y)])  # (s, B, n, n)
+        _phase.backward = True
+        try:
+            J = torch.stack([stage_jacobian(ctx.fun, ti, Yi)[1] for ti, Yi in zip(ctx.times, Y)])  # (s, B, n, n)
+        finally:
+            _phase.backward = False
         # Q = I − h (Aᵀ ⊗ I) diag(J_iᵀ): block (j, i) is δ_ij I − h a_ij J_iᵀ
         Q = -ctx.h * torch.einsum("ij,ibml->bjlim", A, J).reshape(B, s * n, s * n)
         Q = Q + torch.eye(s * n, dtype=Y.dtype, device=Y.device)
