@@ -180,8 +180,9 @@ class _Sweep(torch.autograd.Function):
                 grads = torch.autograd.grad(y1, (x, *params), a, allow_unused=True)
             a = grads[0] if grads[0] is not None else torch.zeros_like(a)
             for i, gp in enumerate(grads[1:]):
+                prev = g_params[i]
                 if gp is not None:
-                    g_params[i] = gp if g_params[i] is None else g_params[i] + gp
+                    g_params[i] = gp if prev is None else prev + gp
             if ctx.stats is not None:
                 ctx.stats.steps_backward += 1
         for i, w in enumerate(where):
