@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from .base import Scheme
+from .composition import Yoshida4, Yoshida6
+from .implicit import GL4, GL6, ImplicitMidpoint
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
@@ -12,7 +14,25 @@ from .split import SymplecticEuler, SymplecticEulerQP, Verlet
 __all__ = ["SCHEME_CLASSES", "SCHEMES", "get_scheme"]
 
 SCHEME_CLASSES: dict[str, type[Scheme]] = {
-    c.name: c for c in (Euler, Midpoint, RK4, SymplecticEuler, SymplecticEulerQP, Verlet, Momentum, CK, Dense, LM2, ALF)
+    c.name: c
+    for c in (
+        Euler,
+        Midpoint,
+        RK4,
+        SymplecticEuler,
+        SymplecticEulerQP,
+        Verlet,
+        Momentum,
+        CK,
+        Dense,
+        LM2,
+        ALF,
+        Yoshida4,
+        Yoshida6,
+        ImplicitMidpoint,
+        GL4,
+        GL6,
+    )
 }
 SCHEMES: dict[str, Scheme] = {name: cls() for name, cls in SCHEME_CLASSES.items()}
 
