@@ -14,8 +14,9 @@ changes within a step). The first iterate is ``Z_i = h c_i F(t_0, y_0)``.
 
 Stopping rule: sample ``b`` has converged when its increment ``‖ΔZ_b‖_∞ ≤ tol_b``, with
 ``tol_b = 4 ε max(‖y_b‖_∞, ‖Z_b‖_∞)`` (``ε``: the dtype's machine epsilon, i.e. to rounding) unless
-``Newton(tol=...)`` gives an absolute tolerance; or when the contraction has stopped (``‖ΔZ_k‖ ≥ ‖ΔZ_{k−1}‖ / 2``)
-within ``1000 tol_b``: the iteration sits on the rounding floor of ``G``. The step is accepted once every sample
+``Newton(tol=...)`` gives an absolute tolerance; or when the estimated remaining error ``θ/(1 − θ) ‖ΔZ_k‖`` with the
+observed rate ``θ = ‖ΔZ_k‖ / ‖ΔZ_{k−1}‖ < 1/2`` is (HW 1996, eq. IV.8.13); or when the contraction has stopped
+(``θ ≥ 1/2``) within ``1000 tol_b``: the iteration sits on the rounding floor of ``G``. The step is accepted once every sample
 has; after ``max_iters`` iterations, or on a non-finite iterate, :class:`ImplicitSolveError` names the iteration
 count, the largest increment and the fix.
 
@@ -171,7 +172,10 @@ def solve_stages(
             tol = 4 * eps * torch.maximum(ynorm, Z.abs().amax((0, 2)))
         done = norm <= tol
         if prev is not None:
-            done |= (norm >= 0.5 * prev) & (norm <= 1000 * tol)
+            theta = norm / prev
+            # linear convergence at rate θ leaves an error of about θ/(1 − θ)·‖ΔZ‖ (Hairer & Wanner, eq. IV.8.13)
+            done |= (theta < 0.5) & (theta / (1 - theta) * norm <= tol)
+            done |= (theta >= 0.5) & (norm <= 1000 * tol)
         if bool(done.all()):
             return Z, k
         prev = norm
