@@ -36,6 +36,10 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
         "Energy drift and Noether charge against solver and tolerance",
     ),
     "noise_robustness": ("cde_nets.experiments.noise_robustness", "SDE vs ODE blocks under input perturbations"),
+    "long_conservation": (
+        "cde_nets.experiments.long_conservation",
+        "Energy error over 10^5 steps: Gauss-Legendre, Yoshida, split vs explicit RK on H1/H2",
+    ),
 }
 
 
@@ -54,6 +58,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "adjoint_study": {"tiny": 5.4, "quick": 116.0},
     "conservation": {"tiny": 1.1, "quick": 30.0},
     "noise_robustness": {"tiny": 0.1, "quick": 73.0},
+    "long_conservation": {"tiny": 4.2},
 }
 ALL_QUICK_S = 285.0  # `all --quick` on the 2-core development machine after the install (the README's main job)
 RECORDED_RESULTS = Path(__file__).parent / "recorded_results"

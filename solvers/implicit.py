@@ -14,11 +14,11 @@ changes within a step). The first iterate is ``Z_i = h c_i F(t_0, y_0)``.
 
 Stopping rule: sample ``b`` has converged when its increment ``‖ΔZ_b‖_∞ ≤ tol_b``, with
 ``tol_b = 4 ε max(‖y_b‖_∞, ‖Z_b‖_∞)`` (``ε``: the dtype's machine epsilon, i.e. to rounding) unless
-``Newton(tol=...)`` gives an absolute tolerance; or when the estimated remaining error ``θ/(1 − θ) ‖ΔZ_k‖`` with the
-observed rate ``θ = ‖ΔZ_k‖ / ‖ΔZ_{k−1}‖ < 1/2`` is (HW 1996, eq. IV.8.13); or when the contraction has stopped
-(``θ ≥ 1/2``) within ``1000 tol_b``: the iteration sits on the rounding floor of ``G``. The step is accepted once every sample
-has; after ``max_iters`` iterations, or on a non-finite iterate, :class:`ImplicitSolveError` names the iteration
-count, the largest increment and the fix.
+``Newton(tol=...)`` gives an absolute tolerance; or when the estimated remaining error ``θ/(1 − θ) ‖ΔZ_k‖``, with
+the observed rate ``θ = ‖ΔZ_k‖ / ‖ΔZ_{k−1}‖ < 1/2``, is below ``tol_b`` (HW 1996, eq. IV.8.13); or when the
+contraction has stopped (``θ ≥ 1/2``) within ``1000 tol_b``: the iteration sits on the rounding floor of ``G``. The
+step is accepted once every sample has; after ``max_iters`` iterations, or on a non-finite iterate,
+:class:`ImplicitSolveError` names the iteration count, the largest increment and the fix.
 
 Gradients. The converged stages are a function ``Z(y_0, θ)`` defined implicitly by ``G = 0``; differentiating
 ``G`` (implicit function theorem) gives, for the cotangent ``g`` of ``y_1``, the cotangent ``v`` of the stage
