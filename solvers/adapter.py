@@ -22,6 +22,7 @@ from .fast_rk import fast_applies, odeint_fast
 from .implicit_ode import IMPLICIT_GRADIENTS, IMPLICIT_METHODS, IMPLICIT_OPTIONS, integrate_implicit
 from .piecewise_adjoint import PiecewiseParam, lands_on_boundaries, piecewise_adjoint
 from .replay import replay_gradient
+from .split_ode import SPLIT_GRADIENTS, SPLIT_METHODS, integrate_split
 from .tableaux import method_tableau
 
 __all__ = [
@@ -84,7 +85,7 @@ class SolverStats:
 
 
 def check_method(method: str, name: str = "method") -> str:
-    own = (*REVERSIBLE_METHODS, *IMPLICIT_METHODS) if name == "method" else ()
+    own = (*REVERSIBLE_METHODS, *IMPLICIT_METHODS, *SPLIT_METHODS) if name == "method" else ()
     known = (*ADAPTIVE_METHODS, *FIXED_METHODS, *own)
     if not isinstance(method, str) or method not in known:
         alf = (
@@ -95,7 +96,12 @@ def check_method(method: str, name: str = "method") -> str:
         raise ValueError(
             f"`{name}` {method!r} is unknown; adaptive: {sorted(ADAPTIVE_METHODS)}, "
             f"fixed-step: {sorted(FIXED_METHODS)}{alf}"
-            + (f", implicit (fixed-step): {sorted(IMPLICIT_METHODS)}." if name == "method" else ".")
+            + (
+                f", implicit (fixed-step): {sorted(IMPLICIT_METHODS)}, symplectic compositions (fixed-step, "
+                f"separable fields): {sorted(SPLIT_METHODS)}."
+                if name == "method"
+                else "."
+            )
         )
     return method
 
@@ -114,6 +120,12 @@ def check_gradient(method: str, gradient: str) -> str:
             raise ValueError(
                 f"method={method!r} (implicit Runge-Kutta) takes gradient='backprop', 'checkpoint' or 'adjoint' "
                 f"(each step's gradient by the implicit function theorem); got {gradient!r}."
+            )
+    elif method in SPLIT_METHODS:
+        if gradient not in SPLIT_GRADIENTS:
+            raise ValueError(
+                f"method={method!r} (a symplectic composition) takes gradient='backprop', 'checkpoint', or "
+                f"'adjoint'/'reversible' (states rebuilt by its exact inverse, constant memory); got {gradient!r}."
             )
     elif method in REVERSIBLE_METHODS:
         if gradient not in ("reversible", "backprop"):
@@ -140,6 +152,8 @@ def check_options(method: str, options: dict | None) -> dict:
         valid = _ALF_OPTIONS
     elif method in IMPLICIT_METHODS:
         valid = IMPLICIT_OPTIONS
+    elif method in SPLIT_METHODS:
+        valid = set()
     else:
         valid = _ADAPTIVE_OPTIONS if method in ADAPTIVE_METHODS else _FIXED_OPTIONS
     unknown = set(options) - valid
@@ -365,6 +379,11 @@ def integrate(
             options=options,
             max_steps=max_steps,
             stats=stats,
+        )
+        return ys, stats
+    if method in SPLIT_METHODS:
+        ys = integrate_split(
+            field, y0, t, method=method, gradient=gradient, params=params, grid=grid, max_steps=max_steps, stats=stats
         )
         return ys, stats
     if method in IMPLICIT_METHODS:

@@ -29,7 +29,14 @@ import torch
 from .implicit import Newton, get_tableau, implicit_step, in_backward
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
-__all__ = ["IMPLICIT_METHODS", "IMPLICIT_GRADIENTS", "IMPLICIT_OPTIONS", "integrate_implicit", "newton_options"]
+__all__ = [
+    "IMPLICIT_METHODS",
+    "IMPLICIT_GRADIENTS",
+    "IMPLICIT_OPTIONS",
+    "integrate_implicit",
+    "newton_options",
+    "sweep",
+]
 
 IMPLICIT_METHODS: dict[str, int] = {name: tab.order for name, tab in IMPLICIT_TABLEAUX.items()}
 IMPLICIT_GRADIENTS = ("backprop", "checkpoint", "adjoint")
@@ -86,6 +93,22 @@ def _points(t: torch.Tensor, grid: torch.Tensor | None) -> tuple[list[float], li
     return pts, [pts.index(v) for v in tt]
 
 
+class _ImplicitStepper:
+    """Steps of an implicit tableau; the rebuild of a step's start is the step with ``−h`` from its end."""
+
+    def __init__(self, fun: _Counter, tab: ImplicitTableau, newton: Newton, stats: Any):
+        self.fun, self.tab, self.newton, self.stats = fun, tab, newton, stats
+
+    def step(self, t0: float, t1: float, y: torch.Tensor) -> torch.Tensor:
+        y1, _ = implicit_step(self.fun, t0, y, t1 - t0, self.tab, self.newton, _stage_times(self.tab, t0, t1))
+        if self.stats is not None and not self.fun.backward:
+            self.stats.steps_forward += 1
+        return y1
+
+    def rebuild(self, t0: float, t1: float, y1: torch.Tensor) -> torch.Tensor:
+        return self.step(t1, t0, y1)
+
+
 def integrate_implicit(
     field: Any,
     y0: torch.Tensor,
@@ -106,87 +129,83 @@ def integrate_implicit(
         raise ValueError(
             f"method={method!r} (implicit Runge-Kutta) takes gradient={IMPLICIT_GRADIENTS}; got {gradient!r}."
         )
-    tab, newton = get_tableau(method), newton_options(options)
+    stepper = _ImplicitStepper(_Counter(field, stats), get_tableau(method), newton_options(options), stats)
+    return sweep(stepper, y0, t, grid, gradient, params, max_steps)
+
+
+def sweep(
+    stepper: Any,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    grid: torch.Tensor | None,
+    gradient: str,
+    params: Sequence[torch.Tensor] | None,
+    max_steps: int,
+) -> torch.Tensor:
+    """Fixed steps of ``stepper`` (``step(t0, t1, y)``; ``rebuild(t0, t1, y1)``: the start from the end) over the
+    grid and ``t``; ``gradient``: ``"backprop"``, ``"checkpoint"`` (states stored) or ``"adjoint"``/
+    ``"reversible"`` (states rebuilt backwards)."""
     pts, where = _points(t, grid)
     if len(pts) - 1 > max_steps:
         raise ValueError(f"{len(pts) - 1} steps exceed max_steps={max_steps}; raise `max_steps` or the step size.")
-    fun = _Counter(field, stats)
     if gradient == "backprop":
         y, ys = y0, [y0] if where[0] == 0 else []
         for k in range(len(pts) - 1):
-            y = _step(fun, tab, newton, pts[k], pts[k + 1], y, stats)
+            y = stepper.step(pts[k], pts[k + 1], y)
             if k + 1 in where:
                 ys.extend([y] * where.count(k + 1))
         return torch.stack(ys)
     leaves = tuple(p for p in (params or ()) if isinstance(p, torch.Tensor) and p.requires_grad)
-    return _Sweep.apply(fun, tab, newton, pts, where, gradient == "adjoint", stats, y0, *leaves)
-
-
-def _step(fun, tab, newton, t0: float, t1: float, y: torch.Tensor, stats) -> torch.Tensor:
-    y1, _ = implicit_step(fun, t0, y, t1 - t0, tab, newton, _stage_times(tab, t0, t1))
-    if stats is not None and not fun.backward:
-        stats.steps_forward += 1
-    return y1
+    return _Sweep.apply(stepper, pts, where, gradient != "checkpoint", y0, *leaves)
 
 
 class _Sweep(torch.autograd.Function):
-    """The whole fixed-step solve without a graph; backward walks the steps in reverse, re-solving each from its
-    stored (``checkpoint``) or rebuilt (``adjoint``) start and taking its vector-Jacobian product."""
+    """The whole fixed-step solve without a graph; backward walks the steps in reverse, re-running each from its
+    stored (``checkpoint``) or rebuilt start and taking its vector-Jacobian product."""
 
     @staticmethod
-    def forward(ctx, fun, tab, newton, pts, where, rebuild, stats, y0, *params):
+    def forward(ctx, stepper, pts, where, rebuild, y0, *params):
         with torch.no_grad():
             y, states, ys = y0, [y0], [y0] if where[0] == 0 else []
             for k in range(len(pts) - 1):
-                y = _step(fun, tab, newton, pts[k], pts[k + 1], y, stats)
+                y = stepper.step(pts[k], pts[k + 1], y)
                 if not rebuild:
                     states.append(y)
                 if k + 1 in where:
                     ys.extend([y] * where.count(k + 1))
-        ctx.fun, ctx.tab, ctx.newton, ctx.pts, ctx.where, ctx.rebuild, ctx.stats = (
-            fun,
-            tab,
-            newton,
-            pts,
-            where,
-            rebuild,
-            stats,
-        )
+        ctx.stepper, ctx.pts, ctx.where, ctx.rebuild = stepper, pts, where, rebuild
         ctx.states = [y] if rebuild else states
         ctx.params = params
         return torch.stack(ys)
 
     @staticmethod
     def backward(ctx, g_ys):
-        fun, tab, newton, pts, where = ctx.fun, ctx.tab, ctx.newton, ctx.pts, ctx.where
-        fun.backward = True
+        stepper, pts, where = ctx.stepper, ctx.pts, ctx.where
+        phase = getattr(stepper, "fun", stepper)  # what counts evaluations: backward ones from here on
+        phase.backward = True
         params = ctx.params
         g_params: list[torch.Tensor | None] = [None] * len(params)
-        n = len(pts) - 1
         a = torch.zeros_like(g_ys[0])
         y = ctx.states[-1]
-        for k in range(n, 0, -1):
+        for k in range(len(pts) - 1, 0, -1):
             for i, w in enumerate(where):
                 if w == k:
                     a = a + g_ys[i]
             with torch.no_grad():
-                if ctx.rebuild:
-                    y = _step(fun, tab, newton, pts[k], pts[k - 1], y, None)
-                else:
-                    y = ctx.states[k - 1]
+                y = stepper.rebuild(pts[k - 1], pts[k], y) if ctx.rebuild else ctx.states[k - 1]
             with torch.enable_grad():
                 x = y.detach().requires_grad_(True)
-                y1 = _step(fun, tab, newton, pts[k - 1], pts[k], x, None)
+                y1 = stepper.step(pts[k - 1], pts[k], x)
                 grads = torch.autograd.grad(y1, (x, *params), a, allow_unused=True)
             a = grads[0] if grads[0] is not None else torch.zeros_like(a)
             for i, gp in enumerate(grads[1:]):
                 prev = g_params[i]
                 if gp is not None:
                     g_params[i] = gp if prev is None else prev + gp
-            if ctx.stats is not None:
-                ctx.stats.steps_backward += 1
+            if stepper.stats is not None:
+                stepper.stats.steps_backward += 1
         for i, w in enumerate(where):
             if w == 0:
                 a = a + g_ys[i]
-        fun.backward = False
-        return (None,) * 7 + (a, *g_params)
+        phase.backward = False
+        return (None,) * 4 + (a, *g_params)
