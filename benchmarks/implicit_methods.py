@@ -23,7 +23,8 @@ from torch import nn
 from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.bound import BoundField
-from cde_nets.solvers.schemes import get_scheme
+from cde_nets.solvers.implicit import Newton
+from cde_nets.solvers.schemes import GL4, get_scheme
 
 from .common import median_time, write
 
@@ -107,11 +108,15 @@ def cost(tiny: bool) -> list[dict]:
         f = Hamiltonian(dim, generator=torch.Generator().manual_seed(0)).double()
         y0 = torch.randn(batch, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
         bound, times = BoundField(f), {}
-        for name in ("rk4", "gl4"):
-            sch = get_scheme(name).for_field(f)
+        for name, sch in (
+            ("rk4", get_scheme("rk4")),
+            ("gl4", get_scheme("gl4")),
+            ("gl4_fixed_point", GL4(Newton("fixed_point"))),
+        ):
+            sch = sch.for_field(f)
             times[name] = _time_step(sch, bound, y0, list(f.parameters()), tiny)
             times[name + "_nfe"] = sch.evaluations(0)
-        (rf, rfb), (gf, gfb) = times["rk4"], times["gl4"]
+        (rf, rfb), (gf, gfb), (pf, pfb) = times["rk4"], times["gl4"], times["gl4_fixed_point"]
         rows.append(
             {
                 "dim": dim,
@@ -123,6 +128,11 @@ def cost(tiny: bool) -> list[dict]:
                 "gl4_nfe_per_step": times["gl4_nfe"],
                 "gl4_over_rk4_forward": gf / rf,
                 "gl4_backward_over_forward": (gfb - gf) / gf,
+                "gl4_fixed_point_forward_s": pf,
+                "gl4_fixed_point_forward_backward_s": pfb,
+                "gl4_fixed_point_nfe_per_step": times["gl4_fixed_point_nfe"],
+                "gl4_fixed_point_over_rk4_forward": pf / rf,
+                "gl4_fixed_point_backward_over_forward": (pfb - pf) / pf,
             }
         )
     return rows
@@ -151,13 +161,15 @@ def main() -> None:
     for r in res["rows"]:
         setting = f"h = {r['step_size']:g}" if "step_size" in r else f"rtol {r['rtol']:.0e}"
         print(f"| {r['method']} | {setting} | {r['steps']} | {r['nfe']} | {r['time_s']:.3f} | {r['rel_error']:.1e} |")
-    print("\n| dim | rk4 fwd ms | gl4 fwd ms | gl4/rk4 fwd | gl4 bwd/fwd |")
-    print("|---|---|---|---|---|")
+    print("\n| dim | Newton | rk4 fwd ms | gl4 fwd ms | gl4 NFE | gl4/rk4 fwd | gl4 bwd/fwd |")
+    print("|---|---|---|---|---|---|---|")
     for r in res["cost"]:
-        print(
-            f"| {r['dim']} | {1e3 * r['rk4_forward_s']:.2f} | {1e3 * r['gl4_forward_s']:.2f} | "
-            f"{r['gl4_over_rk4_forward']:.2f} | {r['gl4_backward_over_forward']:.2f} |"
-        )
+        for kind, key in (("simplified", "gl4"), ("fixed_point", "gl4_fixed_point")):
+            print(
+                f"| {r['dim']} | {kind} | {1e3 * r['rk4_forward_s']:.2f} | {1e3 * r[key + '_forward_s']:.2f} | "
+                f"{r[key + '_nfe_per_step']} | {r[key + '_over_rk4_forward']:.2f} | "
+                f"{r[key + '_backward_over_forward']:.2f} |"
+            )
 
 
 if __name__ == "__main__":
