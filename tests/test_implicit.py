@@ -285,3 +285,24 @@ def test_fixed_point_kind_gives_the_newton_step_and_gradient_without_jacobians()
         assert float((a - r).detach().abs().max()) <= 1e-12
     with pytest.raises(ImplicitSolveError, match="did not converge"):  # h ‖A‖ ‖J‖ > 1: the iteration diverges
         implicit_step(lambda t, y: -30 * y, 0.0, y0.detach(), 1.0, get_tableau("gl4"), Newton("fixed_point"))
+
+
+@pytest.mark.parametrize("method", ["gl4", "gl6", "radauIIA3", "radauIIA5", "sdirk2"])
+def test_eigenbasis_newton_gives_the_dense_newton_step(method, monkeypatch):
+    """From s·n = 32 the simplified Newton matrix is factored in the eigenbasis of A (one complex n × n system per
+    conjugate pair); the converged step is the dense factorisation's to rounding. SDIRK's A is defective: dense."""
+    import cde_nets.solvers.implicit as implicit
+
+    g = torch.Generator().manual_seed(11)
+    W = torch.randn(16, 16, dtype=D, generator=g) / 4
+    y0 = torch.randn(5, 16, dtype=D, generator=g)
+
+    def fun(t, x):
+        return torch.tanh(x @ W.T) - 0.5 * x
+
+    tab = get_tableau(method)
+    assert (implicit.eigen_solver(tab, torch.zeros(1, 16, 16, dtype=D), 0.1) is None) == (method == "sdirk2")
+    eig, k_eig = implicit_step(fun, 0.0, y0, 0.3, tab)
+    monkeypatch.setattr(implicit, "_EIGEN_MIN_SIZE", 10**9)
+    dense, k_dense = implicit_step(fun, 0.0, y0, 0.3, tab)
+    assert float((eig - dense).abs().max()) <= 1e-14 and abs(k_eig - k_dense) <= 1
