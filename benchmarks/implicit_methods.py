@@ -26,7 +26,7 @@ from cde_nets.fields.bound import BoundField
 from cde_nets.solvers.implicit import Newton
 from cde_nets.solvers.schemes import GL4, get_scheme
 
-from .common import median_time, write
+from .common import interleaved_medians, write
 
 
 class VanDerPol(nn.Module):
@@ -85,8 +85,8 @@ def stiff(tiny: bool) -> list[dict]:
     return rows
 
 
-def _time_step(sch, bound, y0: torch.Tensor, params: list, tiny: bool) -> tuple[float, float]:
-    """Median seconds of one step forward (no graph) and forward + backward (to ``y0`` and ``params``)."""
+def _step_fns(sch, bound, y0: torch.Tensor, params: list):
+    """One step forward (no graph) and forward + backward (to ``y0`` and ``params``)."""
 
     def fwd():
         with torch.no_grad():
@@ -97,8 +97,7 @@ def _time_step(sch, bound, y0: torch.Tensor, params: list, tiny: bool) -> tuple[
         loss = sch.step(bound, 0, (y,), 0.1, None, 0.0)[0].square().sum()
         torch.autograd.grad(loss, [y, *params])
 
-    rep, warm = (3, 1) if tiny else (21, 3)
-    return median_time(fwd, repeat=rep, warmup=warm), median_time(fwd_bwd, repeat=rep, warmup=warm)
+    return [fwd, fwd_bwd]
 
 
 def cost(tiny: bool) -> list[dict]:
@@ -107,14 +106,15 @@ def cost(tiny: bool) -> list[dict]:
         batch = 16 if tiny else 256
         f = Hamiltonian(dim, generator=torch.Generator().manual_seed(0)).double()
         y0 = torch.randn(batch, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-        bound, times = BoundField(f), {}
-        for name, sch in (
-            ("rk4", get_scheme("rk4")),
-            ("gl4", get_scheme("gl4")),
-            ("gl4_fixed_point", GL4(Newton("fixed_point"))),
-        ):
-            sch = sch.for_field(f)
-            times[name] = _time_step(sch, bound, y0, list(f.parameters()), tiny)
+        bound, times, fns = BoundField(f), {}, []
+        schemes = {"rk4": get_scheme("rk4"), "gl4": get_scheme("gl4"), "gl4_fixed_point": GL4(Newton("fixed_point"))}
+        for name, sch in schemes.items():
+            schemes[name] = sch = sch.for_field(f)
+            fns += _step_fns(sch, bound, y0, list(f.parameters()))
+        # run alternately, so that the load of a shared machine hits every method alike
+        medians = interleaved_medians(fns, repeat=3 if tiny else 15, warmup=1 if tiny else 2)
+        for i, (name, sch) in enumerate(schemes.items()):
+            times[name] = (medians[2 * i], medians[2 * i + 1])
             times[name + "_nfe"] = sch.evaluations(0)
         (rf, rfb), (gf, gfb), (pf, pfb) = times["rk4"], times["gl4"], times["gl4_fixed_point"]
         rows.append(

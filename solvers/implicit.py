@@ -140,6 +140,18 @@ def _kron(A: torch.Tensor, J: torch.Tensor, h: float, transpose: bool = False) -
     return M
 
 
+def _factor(M: torch.Tensor) -> tuple:
+    """A batched factorisation to apply with :func:`_apply`: small matrices are inverted (one batched matmul per
+    Newton iteration beats per-matrix triangular solves), larger ones LU-factored."""
+    if M.shape[-1] <= 32:
+        return ("inv", torch.linalg.inv(M))
+    return ("lu", *torch.linalg.lu_factor(M))
+
+
+def _apply(fac: tuple, rhs: torch.Tensor) -> torch.Tensor:
+    return fac[1] @ rhs if fac[0] == "inv" else torch.linalg.lu_solve(fac[1], fac[2], rhs)
+
+
 class _EigenSolver:
     """``(I − h A ⊗ J)^{−1}`` in the eigenbasis of ``A = T Λ T^{−1}``: ``I − h Λ ⊗ J`` is block diagonal, so one
     ``n × n`` factorisation per eigenvalue (one complex one per conjugate pair) replaces the ``s n × s n`` one
@@ -156,9 +168,9 @@ class _EigenSolver:
                 self.partner[k] = int(np.argmin(np.abs(lam - lk.conjugate())))
                 continue
             if lk.imag == 0:
-                self.lus[k] = torch.linalg.lu_factor(eye - (h * lk.real) * J)
+                self.lus[k] = _factor(eye - (h * lk.real) * J)
             else:
-                self.lus[k] = torch.linalg.lu_factor(eye - (h * complex(lk)) * J.to(cdtype))
+                self.lus[k] = _factor(eye - (h * complex(lk)) * J.to(cdtype))
         self.real = J.dtype
 
     def solve(self, G: torch.Tensor) -> torch.Tensor:
@@ -166,7 +178,7 @@ class _EigenSolver:
         out = torch.empty_like(Gt)
         for k, lu in self.lus.items():
             rhs = Gt[k].unsqueeze(-1)
-            sol = torch.linalg.lu_solve(*lu, rhs.real if lu[0].dtype == self.real else rhs).squeeze(-1)
+            sol = _apply(lu, rhs.real if lu[1].dtype == self.real else rhs).squeeze(-1)
             out[k] = sol
         for k, j in self.partner.items():
             out[k] = out[j].conj()
@@ -203,21 +215,23 @@ def solve_stages(
     A = torch.tensor(tab.a, dtype=y.dtype, device=y.device)
     c = torch.tensor(tab.c, dtype=y.dtype, device=y.device)
     eps = torch.finfo(y.dtype).eps
-    lu, eig = None, None
+    lu: tuple | None = None
+    eig: _EigenSolver | None = None
     if newton.kind == "simplified":
         F0, J0 = stage_jacobian(fun, t0, y)
         eig = eigen_solver(tab, J0, h)
-        lu = torch.linalg.lu_factor(_kron(A, J0, h)) if eig is None else None
+        lu = _factor(_kron(A, J0, h)) if eig is None else None
     else:
         F0 = fun(t0, y)
     Z = (h * c).view(s, 1, 1) * F0
     ynorm = y.abs().amax(1)
     prev: torch.Tensor | None = None
+    step_lu: tuple | None
     for k in range(1, newton.max_iters + 1):
         if newton.kind == "full":
             FJ = [stage_jacobian(fun, ti, y + Zi) for ti, Zi in zip(times, Z)]
             F = torch.stack([f for f, _ in FJ])
-            step_lu = torch.linalg.lu_factor(_kron(A, torch.stack([j for _, j in FJ]), h))
+            step_lu = _factor(_kron(A, torch.stack([j for _, j in FJ]), h))
         else:
             F, step_lu = _stages(fun, times, y, Z), lu
         G = Z - h * torch.einsum("ij,jbn->ibn", A, F)
@@ -227,7 +241,7 @@ def solve_stages(
             dZ = G
         else:
             rhs = G.permute(1, 0, 2).reshape(B, s * n, 1)
-            dZ = torch.linalg.lu_solve(*step_lu, rhs).reshape(B, s, n).permute(1, 0, 2)
+            dZ = _apply(step_lu, rhs).reshape(B, s, n).permute(1, 0, 2)
         Z = Z - dZ
         norm = dZ.abs().amax((0, 2))
         if not bool(torch.isfinite(norm).all()):
