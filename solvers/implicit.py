@@ -7,7 +7,9 @@ One step of the tableau ``(A, b, c)`` (:mod:`solvers.implicit_tableaux`) from ``
 and returns ``y_1 = y_0 + h Σ_i b_i F(Y_i)`` (Hairer & Wanner 1996, §IV.8).
 
 Newton. The stage equations are solved for every sample of the batch at once, each sample with its own
-``n × n`` Jacobian ``J = ∂F/∂y`` (rows of a batch are independent). ``Newton("simplified")`` (default) factors
+``n × n`` Jacobian ``J = ∂F/∂y`` (rows of a batch are independent, as for every cde_nets field; a module that
+mixes samples, e.g. batch norm, needs ``Newton("fixed_point")``, whose backward uses exact vector-Jacobian products
+instead of per-sample Jacobians). ``Newton("simplified")`` (default) factors
 ``M = I − h A ⊗ J(t_0, y_0)`` once per step and iterates ``Z ← Z − M^{−1} G(Z)`` (HW 1996, eq. IV.8.10);
 ``Newton("full")`` rebuilds ``M = I − h (A ⊗ I) diag(J(Y_j))`` every iteration (for stiff fields whose Jacobian
 changes within a step). The first iterate is ``Z_i = h c_i F(t_0, y_0)``.
