@@ -308,3 +308,31 @@ def test_eigenbasis_newton_gives_the_dense_newton_step(method, monkeypatch):
     monkeypatch.setattr(implicit, "_EIGEN_MIN_SIZE", 10**9)
     dense, k_dense = implicit_step(fun, 0.0, y0, 0.3, tab)
     assert float((eig - dense).abs().max()) <= 1e-14 and abs(k_eig - k_dense) <= 1
+
+
+def _stability_exact(tab, z: int) -> float:
+    """``R(z) = 1 + z bᵀ(I − zA)^{−1} 1`` in exact rational arithmetic on the tableau's doubles."""
+    from fractions import Fraction
+
+    s = tab.stages
+    M = [[Fraction(int(i == j)) - z * Fraction(tab.a[i][j]) for j in range(s)] + [Fraction(1)] for i in range(s)]
+    for i in range(s):  # Gauss-Jordan elimination
+        p = next(r for r in range(i, s) if M[r][i] != 0)
+        M[i], M[p] = M[p], M[i]
+        M[i] = [v / M[i][i] for v in M[i]]
+        for r in range(s):
+            if r != i and M[r][i] != 0:
+                M[r] = [vr - M[r][i] * vi for vr, vi in zip(M[r], M[i])]
+    return float(1 + z * sum(Fraction(bi) * M[i][s] for i, bi in enumerate(tab.b)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_stiff_decay_follows_the_declared_stability(method):
+    """One step of ``y' = −10⁸ y`` with ``h = 1`` multiplies ``y`` by ``R(−10⁸)`` to rounding: ≈ 0 for the L-stable
+    methods, |R| ≤ 1 for the A-stable ones (Gauss and the trapezoid keep |R| ≈ 1). The output comes from the stages
+    (``y_0 + Σ d_i Z_i``): through ``h Σ b_i F(Y_i)`` the stages' rounding would be multiplied by 10⁸."""
+    tab = get_tableau(method)
+    y1, _ = implicit_step(lambda t, y: -1e8 * y, 0.0, torch.ones(1, 1, dtype=D), 1.0, tab)
+    R = _stability_exact(tab, -(10**8))
+    assert abs(float(y1) - R) <= 1e-13
+    assert abs(R) <= (1e-7 if "L-stable" in tab.properties else 1.0)
