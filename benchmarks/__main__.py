@@ -194,6 +194,14 @@ def _suite(res: dict) -> Headline:
     return [info("torchdiffeq's suite: pass / fail / error / not served", passed, "s")]
 
 
+def _implicit(res: dict) -> Headline:
+    cost = res["cost"]
+    return [
+        ("gl4 / rk4 forward, worst", f"{max(r['gl4_over_rk4_forward'] for r in cost):.2f}"),
+        ("gl4 backward / forward, worst", f"{max(r['gl4_backward_over_forward'] for r in cost):.2f}"),
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -213,6 +221,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("finiteness", _finiteness, "<= 3 %"),
     ("torchdiffeq_dropin", _dropin, "<= 0.8; losses equal to 1e-5"),
     ("torchdiffeq_suite", _suite, "every case but the unserved methods passes"),
+    ("implicit_methods", _implicit, "gl4 fwd <= 3x rk4; bwd <= 2x fwd; stiff: fewer NFE than dopri5"),
 )
 
 
@@ -236,6 +245,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "finiteness": {"tiny": 1.0, "full": 60.0},
     "torchdiffeq_dropin": {"tiny": 1.0},
     "torchdiffeq_suite": {"tiny": 0.1, "full": 290.0},
+    "implicit_methods": {"tiny": 0.4},
 }
 
 

@@ -93,7 +93,12 @@ class ODEBlock(Block):
             plain module).
         method: a torchdiffeq method — adaptive (``dopri5``, ``dopri8``, ``bosh3``, ``fehlberg2``,
             ``adaptive_heun``) or fixed-step (``euler``, ``midpoint``, ``heun2``, ``heun3``, ``rk4``), or ``alf``
-            (asynchronous leapfrog, :mod:`~cde_nets.solvers.alf`: adaptive, or fixed with ``step_size``).
+            (asynchronous leapfrog, :mod:`~cde_nets.solvers.alf`: adaptive, or fixed with ``step_size``), or
+            fixed-step implicit Runge-Kutta (``implicit_midpoint``, ``gl4``, ``gl6``: symplectic; ``trapezoid``,
+            ``radauIIA3``, ``radauIIA5``, ``sdirk2``, ``trbdf2``, ``implicit_euler``: for stiff fields;
+            :mod:`~cde_nets.solvers.implicit`, gradients ``backprop``/``checkpoint``/``adjoint``) or Yoshida's
+            symplectic compositions for separable fields (``yoshida4``, ``yoshida6``); see
+            ``docs/guides/symplectic.md``.
         rtol, atol: tolerances of adaptive methods (default 1e-6, 1e-8); refused for fixed-step methods.
         gradient: a gradient method (:mod:`~cde_nets.solvers.gradients`) or its short name:
             ``Adjoint()``/``"adjoint"`` (continuous adjoint, O(1) memory in the steps; its backward solve's own

@@ -36,6 +36,10 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
         "Energy drift and Noether charge against solver and tolerance",
     ),
     "noise_robustness": ("cde_nets.experiments.noise_robustness", "SDE vs ODE blocks under input perturbations"),
+    "long_conservation": (
+        "cde_nets.experiments.long_conservation",
+        "Energy error over 10^5 steps: Gauss-Legendre, Yoshida, split vs explicit RK on H1/H2",
+    ),
 }
 
 

@@ -54,6 +54,24 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         "verlet", "any", "explicit Verlet-type net, first order (not symplectic: the field is not separable)", "—", _NS
     ),
+    Architecture("yoshida4", "any", "Yoshida-4 net: triple jump of Störmer-Verlet, order 4", "Yoshida 1990"),
+    Architecture("yoshida4", "hamiltonian", "H2-DNN of order 4 (Yoshida triple jump of Verlet)", "eqs. H12-13"),
+    Architecture(
+        "yoshida4", "any", "Verlet-type composition, first order (not symplectic: the field is not separable)", "—", _NS
+    ),
+    Architecture("yoshida6", "any", "Yoshida-6 net: triple jump of Yoshida-4, order 6", "Yoshida 1990"),
+    Architecture("yoshida6", "hamiltonian", "H2-DNN of order 6 (triple jump of Yoshida-4)", "eqs. H12-13"),
+    Architecture(
+        "yoshida6", "any", "Verlet-type composition, first order (not symplectic: the field is not separable)", "—", _NS
+    ),
+    Architecture("implicit_midpoint", "any", "implicit-midpoint net y' = y + h F((y + y')/2), invertible", "GL1"),
+    Architecture(
+        "implicit_midpoint", "hamiltonian", "symplectic H-DNN by implicit midpoint (any J, K; H1 included)", "eq. H8"
+    ),
+    Architecture("gl4", "any", "Gauss-Legendre net, 2 stages, order 4, invertible", "GL2"),
+    Architecture("gl4", "hamiltonian", "symplectic H-DNN of order 4 by Gauss-Legendre (any J, K; H1)", "eq. H8"),
+    Architecture("gl6", "any", "Gauss-Legendre net, 3 stages, order 6, invertible", "GL3"),
+    Architecture("gl6", "hamiltonian", "symplectic H-DNN of order 6 by Gauss-Legendre (any J, K; H1)", "eq. H8"),
     Architecture("momentum", "any", "second-order residual / Momentum ResNet (heavy ball), own m_l, η_l", "B §8"),
     Architecture("momentum", "any", "heavy ball on the field's own velocity, m, η from the field", "B §8", _FV),
     Architecture(

@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import check_positive, check_positive_int
+from .implicit_ode import IMPLICIT_METHODS, IMPLICIT_OPTIONS
+from .split_ode import SPLIT_METHODS
 
 __all__ = [
     "ADAPTIVE_METHODS",
     "FIXED_METHODS",
+    "IMPLICIT_METHODS",
     "REVERSIBLE_METHODS",
+    "SPLIT_METHODS",
     "SolverOptions",
     "check_method",
     "check_options",
@@ -29,6 +33,9 @@ ADAPTIVE_METHODS: dict[str, int] = {"dopri8": 8, "dopri5": 5, "bosh3": 3, "fehlb
 FIXED_METHODS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
 # the alf integrator is cde_nets' own (solvers.alf), adaptive or on a fixed grid
 REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}
+# also cde_nets' own, fixed-step: implicit Runge-Kutta (solvers.implicit_ode) and, for separable fields, the
+# symplectic compositions of Verlet (solvers.split_ode)
+OWN_FIXED_METHODS: dict[str, int] = {**IMPLICIT_METHODS, **SPLIT_METHODS}
 
 _ALF_OPTIONS = {"eta", "first_step", "max_step", "safety", "ifactor", "dfactor"}
 _ADAPTIVE_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "step_t"}
@@ -37,10 +44,13 @@ _FIXED_OPTIONS: set[str] = set()
 
 def check_method(method: str, name: str = "method") -> str:
     """``method`` if it names a method (``name``: the argument, for the message), else a ``ValueError``."""
-    known = (*ADAPTIVE_METHODS, *FIXED_METHODS, *(REVERSIBLE_METHODS if name == "method" else ()))
+    own = (*REVERSIBLE_METHODS, *OWN_FIXED_METHODS) if name == "method" else ()
+    known = (*ADAPTIVE_METHODS, *FIXED_METHODS, *own)
     if not isinstance(method, str) or method not in known:
         alf = (
-            f", reversible (adaptive, or fixed with `step_size`): {sorted(REVERSIBLE_METHODS)}"
+            f", reversible (adaptive, or fixed with `step_size`): {sorted(REVERSIBLE_METHODS)}, implicit "
+            f"(fixed-step): {sorted(IMPLICIT_METHODS)}, symplectic compositions (fixed-step, separable fields): "
+            f"{sorted(SPLIT_METHODS)}"
             if name == "method"
             else ""
         )
@@ -63,11 +73,16 @@ def check_options(method: str, options: Mapping | None) -> dict:
     options = dict(options or {})
     if method in REVERSIBLE_METHODS:
         valid = _ALF_OPTIONS
+    elif method in IMPLICIT_METHODS:
+        valid = IMPLICIT_OPTIONS
+    elif method in SPLIT_METHODS:
+        valid = set()
     else:
         valid = _ADAPTIVE_OPTIONS if method in ADAPTIVE_METHODS else _FIXED_OPTIONS
     unknown = set(options) - valid
     if unknown:
-        hint = "use `step_size=` of the block for fixed-step methods; " if method in FIXED_METHODS else ""
+        fixed = method in FIXED_METHODS or method in OWN_FIXED_METHODS
+        hint = "use `step_size=` of the block for fixed-step methods; " if fixed else ""
         raise ValueError(
             f"unknown option(s) {sorted(unknown)} for method {method!r}; {hint}valid: {sorted(valid) or 'none'}."
         )

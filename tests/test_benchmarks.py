@@ -50,6 +50,11 @@ EXPECTED = {
         {"pieces", "new_adjoint_s", "old_adjoint_s", "backprop_s", "new_over_backprop"},
     ),
     "finiteness": ("finiteness", {"goal", "rows", "worst_overhead"}, {"case", "checked_s", "unchecked_s", "overhead"}),
+    "implicit_methods": (
+        "implicit_methods",
+        {"setting", "goal", "rows", "cost"},
+        {"method", "steps", "nfe", "rel_error"},
+    ),
     "events": ("events", {"setting", "goal", "rows"}, {"ratio_to_ideal", "ratio_per_sample_to_ours", "fired"}),
     "forward_grid": (
         "forward_grid",

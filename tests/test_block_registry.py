@@ -15,7 +15,13 @@ from torch import nn
 from cde_nets import ODEBlock
 from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.gradients import GRADIENTS, Backprop, as_gradient
-from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
+from cde_nets.solvers.options import (
+    ADAPTIVE_METHODS,
+    FIXED_METHODS,
+    IMPLICIT_METHODS,
+    REVERSIBLE_METHODS,
+    SolverOptions,
+)
 
 ODE_GRADIENTS = tuple(GRADIENTS)
 
@@ -29,11 +35,14 @@ def _accepted(method: str, gradient: str) -> bool:
 # (method, fixed): alf is adaptive by default and fixed-step with `step_size`
 _METHODS = [(m, False) for m in ADAPTIVE_METHODS] + [(m, True) for m in FIXED_METHODS]
 _METHODS += [(m, fixed) for m in REVERSIBLE_METHODS for fixed in (False, True)]
+# the implicit methods run on a fixed grid; the symplectic compositions need a separable field (not this one:
+# tests/test_symplectic_layers.py covers them)
+_METHODS += [(m, True) for m in IMPLICIT_METHODS]
 CASES = [(m, fixed, g) for m, fixed in _METHODS for g in ODE_GRADIENTS if _accepted(m, g)]
 
 
 def _order(method: str) -> int:
-    return {**ADAPTIVE_METHODS, **FIXED_METHODS, **REVERSIBLE_METHODS}[method]
+    return {**ADAPTIVE_METHODS, **FIXED_METHODS, **REVERSIBLE_METHODS, **IMPLICIT_METHODS}[method]
 
 
 def _rtol(method: str) -> float:
@@ -61,7 +70,7 @@ class _Decay(nn.Module):
 
 def test_every_method_and_gradient_is_covered():
     methods = {m for m, _, _ in CASES}
-    assert methods == {*ADAPTIVE_METHODS, *FIXED_METHODS, *REVERSIBLE_METHODS}
+    assert methods == {*ADAPTIVE_METHODS, *FIXED_METHODS, *REVERSIBLE_METHODS, *IMPLICIT_METHODS}
     assert {g for _, _, g in CASES} == set(ODE_GRADIENTS)
 
 

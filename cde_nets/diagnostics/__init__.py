@@ -4,6 +4,7 @@ bibliography)."""
 from .adjoint_state import adjoint_state, exact_trace, hutchinson_trace, log_density_change
 from .adjoint_study import adjoint_study, discrete_forward, markdown_table
 from .energy import discrete_energy, energy_trajectory, relative_drift
+from .long_run import energy_error_fit, long_run_energy, noether_drift, step_jacobians
 from .memory import SavedTensorMemory
 from .profiles import (
     cosine_profile,
@@ -28,6 +29,10 @@ __all__ = [
     "energy_trajectory",
     "relative_drift",
     "SavedTensorMemory",
+    "energy_error_fit",
+    "long_run_energy",
+    "noether_drift",
+    "step_jacobians",
     "cosine_profile",
     "depth_profile",
     "norm_profile",

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import check_positive
 from ..grids import adjoint_options
-from ..options import ADAPTIVE_METHODS, check_method
+from ..options import ADAPTIVE_METHODS, OWN_FIXED_METHODS, check_method
 from ..piecewise_adjoint import lands_on_boundaries, piecewise_adjoint
 from ..torchdiffeq_methods import torchdiffeq_method
 from .base import GradientMethod, Run
@@ -41,6 +41,7 @@ class Adjoint(GradientMethod):
     seminorm: bool = True
 
     name = "adjoint"
+    sweep = "adjoint"  # cde_nets' own fixed-step methods rebuild each step's start by the step with −h
     sde = True
 
     def __post_init__(self) -> None:
@@ -59,6 +60,11 @@ class Adjoint(GradientMethod):
     def check(self, method: str) -> None:
         super().check(method)
         self.check_ode()
+        if method in OWN_FIXED_METHODS and self != Adjoint():
+            raise ValueError(
+                f"method={method!r} has no backward ODE solve to set: its adjoint rebuilds each step's start by "
+                f"the step with -h. Use gradient='adjoint' (not {self!r})."
+            )
 
     def solve(self, run: Run) -> torch.Tensor:
         from torchdiffeq import odeint_adjoint  # here, not at import: torchdiffeq loads scipy

@@ -20,6 +20,7 @@ class Backprop(GradientMethod):
     the solver's map. Serves every method, and the SDE block."""
 
     name = "backprop"
+    sweep = "backprop"
     forward_graph = True
     counts_vjp = True
     sde = True

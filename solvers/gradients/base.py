@@ -9,14 +9,16 @@ object that owns its solve; the short strings (``gradient="adjoint"``) name the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 
 from ..counting import Counted, SolverStats
 from ..fast_rk import fast_applies, odeint_fast
-from ..options import REVERSIBLE_METHODS, SolverOptions
+from ..implicit_ode import integrate_implicit
+from ..options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS, SolverOptions
 from ..piecewise_adjoint import PiecewiseParam
+from ..split_ode import integrate_split
 
 __all__ = ["GradientMethod", "Run"]
 
@@ -60,12 +62,19 @@ class GradientMethod:
     """
 
     name: ClassVar[str] = ""
+    # how the fixed-step sweeps of cde_nets' own methods (implicit Runge-Kutta, symplectic compositions) give this
+    # gradient: "backprop", "checkpoint" (states stored), "adjoint"/"reversible" (states rebuilt by the inverse
+    # step), or None where they cannot (solvers.implicit_ode.sweep)
+    sweep: ClassVar[str | None] = None
     forward_graph: ClassVar[bool] = False  # the backward pass differentiates the forward solve's own operations
     counts_vjp: ClassVar[bool] = False  # nfe_backward counts vector-Jacobian products through recorded evaluations
     sde: ClassVar[bool] = False  # also served by the SDE block
 
     def supports(self, method: str) -> bool:
-        """Whether this gradient method can serve ``method`` (default: every method but the reversible ones)."""
+        """Whether this gradient method can serve ``method`` (default: every method but the reversible ones, and
+        the implicit and composition methods where it declares no :attr:`sweep`)."""
+        if method in OWN_FIXED_METHODS:
+            return self.sweep is not None and (self.sweep != "reversible" or method in SPLIT_METHODS)
         return method not in REVERSIBLE_METHODS
 
     def refusal(self, method: str) -> str:
@@ -74,6 +83,16 @@ class GradientMethod:
             return (
                 f"method={method!r} (asynchronous leapfrog) takes gradient='reversible' (its exact "
                 f"inverse, constant memory) or 'backprop'; got {self.name!r}."
+            )
+        if method in IMPLICIT_METHODS:
+            return (
+                f"method={method!r} (implicit Runge-Kutta) takes gradient='backprop', 'checkpoint' or 'adjoint' "
+                f"(each step's gradient by the implicit function theorem); got {self.name!r}."
+            )
+        if method in SPLIT_METHODS:
+            return (
+                f"method={method!r} (a symplectic composition) takes gradient='backprop', 'checkpoint', or "
+                f"'adjoint'/'reversible' (states rebuilt by its exact inverse, constant memory); got {self.name!r}."
             )
         return f"gradient={self.name!r} cannot serve method={method!r}; use gradient='backprop'."
 
@@ -84,6 +103,8 @@ class GradientMethod:
 
     def __call__(self, run: Run) -> torch.Tensor:
         """The states at ``run.t``, ``(len(t), *y0.shape)``, with this method's backward pass attached."""
+        if run.method in OWN_FIXED_METHODS:
+            return own_fixed_step(run, cast(str, self.sweep))
         graph = self.forward_graph
         if fast_applies(run.method, graph, run.y0, run.t, run.params, run.options):
             s = run.solver
@@ -103,3 +124,34 @@ class GradientMethod:
         fields = getattr(self, "__dataclass_fields__", {})
         args = ", ".join(f"{k}={getattr(self, k)!r}" for k in fields if getattr(self, k) != fields[k].default)
         return f"{type(self).__name__}({args})"
+
+
+def own_fixed_step(run: Run, sweep: str) -> torch.Tensor:
+    """A solve by one of cde_nets' own fixed-step methods: the implicit Runge-Kutta sweep (gradients of each step by
+    the implicit function theorem) or a symplectic composition, with the gradient ``sweep`` names. They count
+    their own evaluations, so they get the field itself, not the counting wrapper."""
+    s, field = run.solver, run.func.field
+    if s.method in SPLIT_METHODS:
+        return integrate_split(
+            field,
+            run.y0,
+            run.t,
+            method=s.method,
+            gradient=sweep,
+            params=run.params,
+            grid=run.grid,
+            max_steps=s.max_steps,
+            stats=run.stats,
+        )
+    return integrate_implicit(
+        field,
+        run.y0,
+        run.t,
+        method=s.method,
+        gradient=sweep,
+        params=run.params,
+        grid=run.grid,
+        options=dict(s.options),
+        max_steps=s.max_steps,
+        stats=run.stats,
+    )

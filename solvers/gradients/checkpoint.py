@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from ..options import REVERSIBLE_METHODS
+from ..options import OWN_FIXED_METHODS, REVERSIBLE_METHODS
 from ..replay import StepBack, checkpoint_step, replay_gradient
 from ..tableaux import TABLEAUX
 from .base import GradientMethod, Run
@@ -22,13 +22,16 @@ class Checkpoint(GradientMethod):
     state per step plus one step's stages. Needs the method's tableau (:data:`~solvers.tableaux.TABLEAUX`)."""
 
     name = "checkpoint"
+    sweep: ClassVar[str | None] = "checkpoint"
     step_back: ClassVar[StepBack] = staticmethod(checkpoint_step)
 
     def supports(self, method: str) -> bool:
+        if method in OWN_FIXED_METHODS:
+            return super().supports(method)
         return method in TABLEAUX and TABLEAUX[method].continuous
 
     def refusal(self, method: str) -> str:
-        if method in REVERSIBLE_METHODS:
+        if method in REVERSIBLE_METHODS or method in OWN_FIXED_METHODS:
             return super().refusal(method)
         replayable = sorted(m for m, tab in TABLEAUX.items() if tab.continuous)
         return (

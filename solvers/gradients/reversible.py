@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..alf import integrate_alf
-from ..options import REVERSIBLE_METHODS
+from ..options import REVERSIBLE_METHODS, SPLIT_METHODS
 from .base import GradientMethod, Run
 
 __all__ = ["Reversible"]
@@ -19,9 +19,10 @@ class Reversible(GradientMethod):
     integrator's map in memory constant in the number of steps. Needs an invertible method (``alf``)."""
 
     name = "reversible"
+    sweep = "reversible"  # the symplectic compositions are exactly invertible too
 
     def supports(self, method: str) -> bool:
-        return method in REVERSIBLE_METHODS
+        return method in REVERSIBLE_METHODS or method in SPLIT_METHODS
 
     def refusal(self, method: str) -> str:
         return (

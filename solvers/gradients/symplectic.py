@@ -19,4 +19,5 @@ class Symplectic(Checkpoint):
     one state per step and one stage at a time (:mod:`solvers.replay`)."""
 
     name = "symplectic"
+    sweep = None  # the implicit and composition methods have no partner scheme here
     step_back: ClassVar[StepBack] = staticmethod(symplectic_step)

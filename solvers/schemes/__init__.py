@@ -17,6 +17,8 @@ an H1 net). This module never imports ``cde_nets``.
 """
 
 from .base import Scheme, State, Tableau, dense_matrix
+from .composition import Composition, Yoshida4, Yoshida6
+from .implicit import GL4, GL6, ImplicitMidpoint, ImplicitRungeKutta
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
@@ -41,6 +43,13 @@ __all__ = [
     "Dense",
     "LM2",
     "ALF",
+    "Composition",
+    "Yoshida4",
+    "Yoshida6",
+    "ImplicitRungeKutta",
+    "ImplicitMidpoint",
+    "GL4",
+    "GL6",
     "SCHEME_CLASSES",
     "SCHEMES",
     "get_scheme",

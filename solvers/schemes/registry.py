@@ -6,6 +6,8 @@ from typing import Any
 
 from .. import architectures
 from .base import Scheme
+from .composition import Yoshida4, Yoshida6
+from .implicit import GL4, GL6, ImplicitMidpoint
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
@@ -29,6 +31,11 @@ SCHEME_CLASSES: dict[str, type[Scheme]] = {
         Dense,
         LM2,
         ALF,
+        Yoshida4,
+        Yoshida6,
+        ImplicitMidpoint,
+        GL4,
+        GL6,
     )
 }
 SCHEMES: dict[str, Scheme] = {name: cls() for name, cls in SCHEME_CLASSES.items()}
