@@ -196,9 +196,12 @@ def _suite(res: dict) -> Headline:
 
 def _implicit(res: dict) -> Headline:
     cost = res["cost"]
+    nfe = {r["method"]: r["nfe"] for r in res["rows"] if r.get("step_size", 1.0) == 1.0}
+    ratio = nfe["radauIIA5"] / nfe["dopri5"] if {"radauIIA5", "dopri5"} <= set(nfe) else None
     return [
-        ("gl4 / rk4 forward, worst", f"{max(r['gl4_over_rk4_forward'] for r in cost):.2f}"),
-        ("gl4 backward / forward, worst", f"{max(r['gl4_backward_over_forward'] for r in cost):.2f}"),
+        at_most("gl4 / rk4 forward step, worst", max(r["gl4_over_rk4_forward"] for r in cost), 3.0, ".2f"),
+        at_most("gl4 backward / its forward, worst", max(r["gl4_backward_over_forward"] for r in cost), 2.0, ".2f"),
+        below("stiff Van der Pol: radauIIA5 NFE / dopri5 NFE", ratio, 1.0, ".4f"),
     ]
 
 

@@ -52,20 +52,24 @@ A_SEP = torch.tensor(
 )
 
 
+# every explicit scheme whose order the two tests below fit
+ORDER_SCHEMES = [
+    "euler",
+    "midpoint",
+    "rk4",
+    "rk4_classical",
+    "symplectic_euler",
+    "symplectic_euler_qp",
+    "verlet",
+    "momentum",
+    "dense",
+    "lm2",
+]
+
+
 @pytest.mark.parametrize(
     "name",
-    [
-        "euler",
-        "midpoint",
-        "rk4",
-        "rk4_classical",
-        "symplectic_euler",
-        "symplectic_euler_qp",
-        "verlet",
-        "momentum",
-        "dense",
-        "lm2",
-    ],
+    ORDER_SCHEMES,
 )
 def test_order_on_linear_problem(f64, name):
     """Fitted slope of the error against expm within 0.2 of the declared order."""
@@ -93,18 +97,7 @@ def test_ck_order_on_second_order_problem(f64):
 
 @pytest.mark.parametrize(
     "name",
-    [
-        "euler",
-        "midpoint",
-        "rk4",
-        "rk4_classical",
-        "symplectic_euler",
-        "symplectic_euler_qp",
-        "verlet",
-        "momentum",
-        "dense",
-        "lm2",
-    ],
+    ORDER_SCHEMES,
 )
 def test_order_on_nonlinear_hamiltonian(f64, name):
     base = Hamiltonian(4, K="blockdiag", init_std=1.0, generator=torch.Generator().manual_seed(3))

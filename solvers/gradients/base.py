@@ -9,7 +9,7 @@ object that owns its solve; the short strings (``gradient="adjoint"``) name the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -131,27 +131,9 @@ def own_fixed_step(run: Run, sweep: str) -> torch.Tensor:
     the implicit function theorem) or a symplectic composition, with the gradient ``sweep`` names. They count
     their own evaluations, so they get the field itself, not the counting wrapper."""
     s, field = run.solver, run.func.field
-    if s.method in SPLIT_METHODS:
-        return integrate_split(
-            field,
-            run.y0,
-            run.t,
-            method=s.method,
-            gradient=sweep,
-            params=run.params,
-            grid=run.grid,
-            max_steps=s.max_steps,
-            stats=run.stats,
-        )
-    return integrate_implicit(
-        field,
-        run.y0,
-        run.t,
-        method=s.method,
-        gradient=sweep,
-        params=run.params,
-        grid=run.grid,
-        options=dict(s.options),
-        max_steps=s.max_steps,
-        stats=run.stats,
+    kw: dict[str, Any] = dict(
+        method=s.method, gradient=sweep, params=run.params, grid=run.grid, max_steps=s.max_steps, stats=run.stats
     )
+    if s.method in SPLIT_METHODS:
+        return integrate_split(field, run.y0, run.t, **kw)
+    return integrate_implicit(field, run.y0, run.t, options=dict(s.options), **kw)
