@@ -392,12 +392,10 @@ def replay_gradient(
     differentiated piece by piece."""
     if t.requires_grad:
         raise ValueError(f"gradient={gradient!r} does not differentiate the output times `t`; detach them.")
-    if len(t) > 1 and float(t[0]) > float(t[-1]) and torch.is_grad_enabled():
-        # the recorded steps are read as t0 + dt, which is wrong for a solve backwards in time
-        raise ValueError(
-            f"gradient={gradient!r} replays steps forwards in time; for decreasing times `t` use "
-            "gradient='backprop' or 'adjoint' (or solve with the times increasing)."
-        )
+    if len(t) > 1 and float(t[0]) > float(t[-1]):
+        # the recorded steps are read as t0 + dt: a solve backwards in time comes negated
+        # (gradients.checkpoint.backwards_in_time)
+        raise ValueError(f"gradient={gradient!r} replays a forwards solve; negate decreasing times `t` first.")
     params, used, slot = piece_slots(params, pieces)
     cfg = dict(
         func=func,

@@ -70,17 +70,23 @@ def test_decay_later_and_decreasing_times(method, gradient):
     torch.testing.assert_close(t.grad, expected, atol=1e-9, rtol=0)
 
 
+@pytest.mark.parametrize("method", ["dopri5", "rk4"])
 @pytest.mark.parametrize("gradient", ["checkpoint", "symplectic"])
-def test_replay_refuses_decreasing_times(gradient):
-    """Replayed steps are read forwards in time; backwards they gave ``∂ℒ/∂y0`` = 2.08 instead of
-    ``Σ e^{1 − t_i}`` = 4.77 for ``t = [1, 0.5, 0.25]``: a clear error instead."""
-    block = _block(Decay(), "dopri5", gradient)
+def test_replay_runs_backwards_in_time(method, gradient):
+    """Decreasing times start from ``y0`` at ``T = 1``: ``y(t) = y0 e^{1 − t}``, so for ``t = [1, 0.5, 0.25]``
+    ``∂Σy(t_i)/∂y0 = Σ e^{1 − t_i} = 4.77`` (the replay read its steps forwards and gave 2.08 before), and the
+    replayed gradient is backprop's through the same steps."""
     y0 = torch.ones(1, 1, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(ValueError, match="decreasing times"):
-        block.solve(y0, t=[1.0, 0.5, 0.25])
-    with torch.no_grad():  # no gradient asked: the forward solve is right
-        ys = block.solve(y0, t=[1.0, 0.5, 0.25]).ys
-    torch.testing.assert_close(ys.flatten(), torch.exp(torch.tensor([0.0, 0.5, 0.75], dtype=torch.float64)))
+    t = [1.0, 0.5, 0.25]
+    grads = {}
+    for g in (gradient, "backprop"):
+        block = ODEBlock(Decay(), T=1.0, method="rk4", gradient=g, step_size=0.05) if method == "rk4" else None
+        block = block or _block(Decay(), method, g)
+        (grads[g],) = torch.autograd.grad(block.solve(y0, t=t).ys.sum(), y0)
+    exact = sum(math.exp(1.0 - ti) for ti in t)
+    tol = 1e-6 if method == "dopri5" else 1e-5
+    assert abs(float(grads[gradient]) - exact) < tol
+    torch.testing.assert_close(grads[gradient], grads["backprop"], atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("method,gradient", MODES[:4])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
+from torch import nn
 
+from ..counting import Counted
 from ..options import OWN_FIXED_METHODS, REVERSIBLE_METHODS
 from ..replay import StepBack, checkpoint_step, replay_gradient
 from ..tableaux import TABLEAUX
@@ -41,6 +43,8 @@ class Checkpoint(GradientMethod):
         )
 
     def solve(self, run: Run) -> torch.Tensor:
+        if len(run.t) > 1 and float(run.t[0]) > float(run.t[-1]):
+            run = backwards_in_time(run)
         s = run.solver
         return replay_gradient(
             run.func,
@@ -57,3 +61,53 @@ class Checkpoint(GradientMethod):
             options=run.options,
             stats=run.stats,
         )
+
+
+class _Reversed(nn.Module):
+    """``func`` in the time ``s = −t``: ``dy/ds = −func(−s, y)``. The recorder, the statistics and the step
+    callbacks are the wrapped counter's (they see ``s``, in which the replay then runs forwards)."""
+
+    def __init__(self, inner: Counted):
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return -self.inner(-s, y)
+
+    @property
+    def recorder(self) -> Any:
+        return self.inner.recorder
+
+    @recorder.setter
+    def recorder(self, rec: Any) -> None:
+        self.inner.recorder = rec
+
+    @property
+    def stats(self) -> Any:
+        return self.inner.stats
+
+    def callback_step(self, s0, y0, ds) -> None:
+        self.inner.callback_step(s0, y0, ds)
+
+    def callback_accept_step(self, s0, y0, ds) -> None:
+        getattr(self.inner, "callback_accept_step", lambda *a: None)(s0, y0, ds)
+
+    def callback_reject_step(self, s0, y0, ds) -> None:
+        getattr(self.inner, "callback_reject_step", lambda *a: None)(s0, y0, ds)
+
+
+def backwards_in_time(run: Run) -> Run:
+    """A solve over decreasing times as the forwards solve in ``s = −t`` (as torchdiffeq runs it): the field,
+    the times and the options that hold times (``jump_t``, ``step_t``, the grid) negated. The replay's steps are
+    then read forwards, ``s_0 + c_i h``; the field still sees the true times."""
+    options = dict(run.options)
+    for key in ("jump_t", "step_t"):
+        if options.get(key) is not None:
+            options[key] = -torch.as_tensor(options[key])
+    if "grid_constructor" in options:
+        grid = options["grid_constructor"]
+        options["grid_constructor"] = lambda f, y0, s: -grid(f, y0, -s)
+    jump_t = None if run.jump_t is None else -run.jump_t
+    grid_t = None if run.grid is None else -run.grid.flip(0)
+    func = cast(Counted, _Reversed(run.func))
+    return Run(func, run.y0, -run.t, run.solver, options, run.params, run.pieces, jump_t, grid_t)
