@@ -13,7 +13,7 @@ from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.errors import Reason, SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
-from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient
+from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient, default_gradient
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import REVERSIBLE_METHODS, SolverOptions
 from cde_nets.solvers.output_times import with_output_times, with_start_time
@@ -107,7 +107,9 @@ class ODEBlock(Block):
             solver), or the exact gradient of the solver's steps at low memory: ``"checkpoint"`` (replay each step
             from a stored state), ``"symplectic"`` (the symplectic adjoint over the replayed stages),
             ``"reversible"`` (``method="alf"``: states rebuilt by the integrator's inverse, constant memory). See
-            the gradient methods guide.
+            the gradient methods guide. Default (``None``): ``Checkpoint()`` where the method's steps can be
+            replayed, ``Reversible()`` for ``alf``, else ``Adjoint()``
+            (:func:`~cde_nets.solvers.gradients.default_gradient`).
         step_size: fixed-step methods only; default one step per parameter piece (the discrete-mode grid). The
             grid always contains every piece boundary.
         jumps: adaptive methods only (default True): tell the solver where time-varying parameters jump
@@ -135,7 +137,7 @@ class ODEBlock(Block):
         method: str = "dopri5",
         rtol: float | None = None,
         atol: float | None = None,
-        gradient: str | GradientMethod = "adjoint",
+        gradient: str | GradientMethod | None = None,
         step_size: float | None = None,
         jumps: bool | None = None,
         max_steps: int = 100_000,
@@ -150,7 +152,7 @@ class ODEBlock(Block):
         elif not isinstance(solver, SolverOptions):
             raise TypeError(f"`solver` must be a SolverOptions, got {type(solver).__name__}.")
         self.solver = solver
-        self.gradient = as_gradient(gradient)
+        self.gradient = default_gradient(solver.method) if gradient is None else as_gradient(gradient)
         self.gradient.check(solver.method)
         if solver.step_size is not None:
             n = solver.steps_over(self._pieces())

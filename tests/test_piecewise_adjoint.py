@@ -92,7 +92,7 @@ def _gradients(name, L, method, piecewise, monkeypatch, times=None, **block_kw):
         if method not in ADAPTIVE_METHODS
         else ({"rtol": 1e-4, "atol": 1e-6} if method == "bosh3" else dict(ADAPTIVE))
     )
-    block = ODEBlock(field, method=method, **{**kw, **block_kw})
+    block = ODEBlock(field, method=method, **{"gradient": "adjoint", **kw, **block_kw})
     if times is None:
         loss = block(y0, u).pow(2).sum()
     else:
@@ -168,7 +168,7 @@ def test_central_finite_differences():
     g = torch.Generator().manual_seed(3)
     field = Hamiltonian(2, layers=3, J="learned", generator=g)
     y0 = torch.randn(2, 2, generator=g, requires_grad=True)
-    block = ODEBlock(field, method="rk4", step_size=1 / 48)
+    block = ODEBlock(field, method="rk4", step_size=1 / 48, gradient="adjoint")
     params = [y0, *field.parameters()]
     grads = torch.autograd.grad(block(y0).pow(3).sum(), params)
     eps = 1e-6
@@ -200,7 +200,7 @@ def test_backward_differentiates_one_piece_at_a_time(method, monkeypatch):
     g = torch.Generator().manual_seed(0)
     field = Hamiltonian(4, layers=L, width=16, generator=g)
     y0 = torch.randn(2, 4, generator=g)
-    block = ODEBlock(field, method=method, **(ADAPTIVE if method == "dopri5" else {}))
+    block = ODEBlock(field, method=method, gradient="adjoint", **(ADAPTIVE if method == "dopri5" else {}))
     y = block(y0)
     monkeypatch.setattr(torch.autograd, "grad", recording)
     y.sum().backward()
@@ -218,13 +218,14 @@ def test_seminorm_false_and_missing_jumps_fall_back(monkeypatch):
     g = torch.Generator().manual_seed(1)
     field = Hamiltonian(4, layers=4, generator=g)
     y0 = torch.randn(3, 4, generator=g)
-    ref = torch.autograd.grad(ODEBlock(field, **ADAPTIVE)(y0).sum(), list(field.parameters()))
+    ref = torch.autograd.grad(ODEBlock(field, gradient="adjoint", **ADAPTIVE)(y0).sum(), list(field.parameters()))
     assert calls == [1]
     for kw, rtol in (
         ({"gradient": Adjoint(seminorm=False)}, 1e-3),
         ({"jumps": False}, 1e-2),
     ):  # other steps, other errors
-        grads = torch.autograd.grad(ODEBlock(field, **ADAPTIVE, **kw)(y0).sum(), list(field.parameters()))
+        block = ODEBlock(field, **{"gradient": "adjoint", **ADAPTIVE, **kw})
+        grads = torch.autograd.grad(block(y0).sum(), list(field.parameters()))
         _assert_same(grads, ref, rtol=rtol)
     assert calls == [1]
 
@@ -233,7 +234,8 @@ def test_seminorm_false_and_missing_jumps_fall_back(monkeypatch):
 def test_non_finite_backward_state_names_the_adjoint_solve(method):
     g = torch.Generator().manual_seed(2)
     field = Hamiltonian(4, layers=3, generator=g)
-    y = ODEBlock(field, method=method, **(ADAPTIVE if method == "dopri5" else {}))(torch.randn(3, 4, generator=g))
+    block = ODEBlock(field, method=method, gradient="adjoint", **(ADAPTIVE if method == "dopri5" else {}))
+    y = block(torch.randn(3, 4, generator=g))
     # dopri5 fails on its first step: NaN makes torchdiffeq's step size underflow
     with pytest.raises(SolverError, match=r"(non-finite|underflow) .* adjoint \(backward\) solve"):
         (y * float("nan")).sum().backward()
@@ -284,7 +286,7 @@ class _Faulty(Field):
 @pytest.mark.parametrize("exc", [_Boom("mine"), AssertionError("also mine")])
 def test_a_field_error_in_the_backward_solve_propagates_unchanged(exc):
     field = _Faulty(exc)
-    y = ODEBlock(field, **ADAPTIVE)(torch.ones(1, 2))
+    y = ODEBlock(field, gradient="adjoint", **ADAPTIVE)(torch.ones(1, 2))
     with pytest.raises(type(exc)) as info:
         y.sum().backward()
     assert info.value is exc
@@ -292,6 +294,6 @@ def test_a_field_error_in_the_backward_solve_propagates_unchanged(exc):
 
 
 def test_reading_another_piece_is_refused():
-    y = ODEBlock(_Faulty(neighbour=True), method="euler")(torch.ones(1, 2))
+    y = ODEBlock(_Faulty(neighbour=True), method="euler", gradient="adjoint")(torch.ones(1, 2))
     with pytest.raises(RuntimeError, match=r"read piece 2 .* piece 3 is in force"):
         y.sum().backward()

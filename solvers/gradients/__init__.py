@@ -8,7 +8,7 @@ from .adjoint import Adjoint
 from .backprop import Backprop
 from .base import GradientMethod, Run
 from .checkpoint import Checkpoint
-from .registry import GRADIENTS, as_gradient, gradient_names
+from .registry import GRADIENTS, as_gradient, default_gradient, gradient_names
 from .reversible import Reversible
 from .symplectic import Symplectic
 
@@ -22,5 +22,6 @@ __all__ = [
     "Run",
     "Symplectic",
     "as_gradient",
+    "default_gradient",
     "gradient_names",
 ]
