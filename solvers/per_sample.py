@@ -127,6 +127,7 @@ class _Field:
 
     def __init__(self, func: Callable, shape: torch.Size, info: PerSampleInfo, rows: bool):
         self.func, self.shape, self.info, self.rows = func, shape, info, rows
+        self.flat = len(shape) == 1  # a (batch, N) state: no reshaping
         self.ids: torch.Tensor | None = None  # the batch rows running, passed to a field that asks for them
 
     def _call(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -135,7 +136,7 @@ class _Field:
     def __call__(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         m = y.shape[0]
         try:
-            k = self._call(t, y.view(m, *self.shape))
+            k = self._call(t, y if self.flat else y.view(m, *self.shape))
         except Exception as exc:
             note = getattr(exc, "add_note", None)  # Python 3.11+: the user's exception, unchanged but for a note
             if note is not None:
@@ -145,7 +146,7 @@ class _Field:
                     "with per-sample data must gather it for those rows (odeint_per_sample(..., rows=True))."
                 )
             raise
-        if not isinstance(k, torch.Tensor) or k.shape != (m, *self.shape):
+        if not isinstance(k, torch.Tensor) or k.shape != (y.shape if self.flat else (m, *self.shape)):
             got = tuple(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__
             raise ValueError(
                 f"the field returned {got} for a state of shape {(m, *self.shape)} and `t` of shape ({m},); "
@@ -155,7 +156,7 @@ class _Field:
             )
         self.info.nfe += 1
         self.info.rows += m
-        return k.reshape(m, -1)
+        return k if self.flat else k.reshape(m, -1)
 
 
 def odeint_per_sample(
@@ -218,6 +219,20 @@ def odeint_per_sample(
     return (out, info) if return_info else out
 
 
+class _Work:
+    """Buffers of a solve without a graph for ``m`` running rows: the stages ``K`` (``s × m × N``) and the views
+    of their combinations, made once per batch size."""
+
+    def __init__(self, s: int, m: int, N: int, dtype: torch.dtype, device: torch.device):
+        self.m = m
+        self.K = torch.empty((s, m, N), dtype=dtype, device=device)
+        self.flat = self.K.view(s, m * N)
+        self.KT = [self.flat[:i].t() for i in range(s + 1)]
+        self.rows = list(self.K.unbind(0))
+        self.buf = torch.empty(m * N, dtype=dtype, device=device)
+        self.bufv = self.buf.view(m, N)
+
+
 class _Loop:
     """The rounds of a per-sample solve. Per-row tensors (``y``, ``k0``, clocks, tolerances, output cursor) are
     kept for the running rows only; ``ids`` maps them to batch rows."""
@@ -238,10 +253,10 @@ class _Loop:
         kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
         s = tab.stages
         self.s = s
-        self.a = [torch.tensor(row, **kw) for row in tab.tableau.a]
         self.c = tab.tableau.c
         self.e = torch.tensor(tab.error, **kw)
         self.P = torch.tensor(_dense_weights(tab), **kw)  # (4, s)
+        self.one, self.dfactor_t = (torch.tensor(v, dtype=torch.float64, device=y0.device) for v in (1.0, self.dfactor))
 
     def _initial_step(self, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rtol, atol) -> torch.Tensor:
         """Hairer, Nørsett & Wanner's initial step (§II.4) for each row, in the state's dtype, as float64."""
@@ -259,122 +274,147 @@ class _Loop:
             return torch.minimum(100 * h0, h1.abs()).to(torch.float64)
 
     def _next_step(self, dt: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
-        """``h · min(ifactor, max(safety · r^(−1/p), dfactor))``, ``dfactor`` only where ``r ≥ 1``; ``ifactor``
-        where ``r = 0``."""
-        r = ratio.to(torch.float64)
-        lower = torch.where(r < 1, torch.ones_like(r), torch.full_like(r, self.dfactor))
-        # each ratio in a full SIMD vector of its own: a vectorised pow and the scalar one for a short tail differ
-        # in the last bit, which would make a sample's steps depend on its place in the batch
-        root = (r[:, None].expand(-1, _LANES).contiguous() ** (1.0 / self.order))[:, 0]
-        factor = torch.clamp(torch.maximum(self.safety / root, lower), max=self.ifactor)
-        factor = torch.where(r == 0, torch.full_like(r, self.ifactor), factor)
-        return (dt * factor).clamp(self.min_step, self.max_step)
+        """``h · min(ifactor, max(safety · r^(−1/p), dfactor))``, ``dfactor`` only where ``r ≥ 1`` (``r = 0``
+        gives ``ifactor``: ``safety / 0 = inf``)."""
+        ratio = ratio.to(torch.float64)  # the step in float64 whatever the state's dtype
+        m = ratio.shape[0]
+        # padded to whole SIMD vectors: a vectorised pow and the scalar one of a short tail differ in the last
+        # bit, which would make a sample's steps depend on its place in the batch
+        root = torch.nn.functional.pad(ratio, (0, -m % _LANES)).pow_(1.0 / self.order)[:m]
+        factor = torch.maximum(self.safety / root, torch.where(ratio < 1, self.one, self.dfactor_t))
+        factor.clamp_(max=self.ifactor)
+        return factor.mul_(dt).clamp_(self.min_step, self.max_step)
 
     def run(self, rtol: torch.Tensor, atol: torch.Tensor) -> torch.Tensor:
-        y0, times, info, F, s = self.y0, self.times, self.info, self.F, self.s
+        y0, times, info, F, s, dtype = self.y0, self.times, self.info, self.F, self.s, self.dtype
         B, n = times.shape
         device = y0.device
+        graph = torch.is_grad_enabled()
         y = y0.reshape(B, -1)
+        N = y.shape[1]
         ids = torch.arange(B, device=device)
         t0 = times[:, 0].clone()
-        tl, tt = times[:, -1].clone(), times
+        tl = times[:, -1].clone()
         F.ids = ids
-        k0 = F(t0.to(self.dtype), y)
+        k0 = F(t0.to(dtype), y)
         dt = (
             self._initial_step(t0, y, k0.detach(), rtol, atol)
             if self.first_step is None
             else torch.full((B,), float(self.first_step), dtype=torch.float64, device=device)
         ).clamp(self.min_step, self.max_step)
         cursor = torch.ones(B, dtype=torch.long, device=device)  # the next output each row owes
+        t_next = times[:, 1].clone()  # its time (inf once every output is given)
+        tt = torch.cat((times, times.new_full((B, 1), math.inf)), 1)
+        accepted = torch.zeros(B, dtype=torch.long, device=device)
         flat_pos: list[torch.Tensor] = [ids]  # position j * B + b of each value in the output
         values: list[torch.Tensor] = [y]
-        attempts = 0
+        c = torch.tensor(self.c, dtype=torch.float64, device=device)[:, None]
+        tail = self.c.index(1.0)  # the stages at c = 1 close the tableau (dopri5: the last two; bosh3: the last)
+        assert all(ci == 1.0 for ci in self.c[tail:])
+        neg_inf = torch.tensor(-math.inf, dtype=dtype, device=device)
+        a = [torch.tensor(row, dtype=dtype, device=device) for row in self.tab.tableau.a]
+        e = self.e
+        W: _Work | None = None
+        rounds, done_ids, done_rounds = 0, [], []
         while True:
-            attempts += 1
-            if attempts > self.max_steps:
+            rounds += 1
+            if rounds > self.max_steps:
                 raise SolverError(
                     f"per-sample control took max_steps={self.max_steps} rounds without finishing "
                     f"({len(ids)} samples still running); raise `max_steps` or loosen `rtol`/`atol`.",
                     nfe=info.nfe,
                     reason=Reason.MAX_STEPS,
                 )
+            m = len(ids)
             t1 = t0 + dt
-            h = dt.to(self.dtype)[:, None]
-            ks = [k0]
-            Y = y
-            for i in range(1, s):
-                w = h * self.a[i]  # (m, i): the weights h a_ij of each row, as the shared step forms them
+            ts = (t0 + c * dt).to(dtype)  # (s, m): the stage times of every row
+            ts[tail:] = torch.nextafter(t1.to(dtype), neg_inf)  # stages at c = 1: just before t_1, as the shared step
+            h = dt.to(dtype)[:, None]
+            tsr = ts.unbind(0)
+            if graph:  # every stage its own tensor, stacked for each combination
+                ks = [k0]
                 Y = y
-                for jj in range(i):
-                    Y = torch.addcmul(Y, w[:, jj : jj + 1], ks[jj])
-                ci = self.c[i]
-                if ci == 1.0:
-                    ti = torch.nextafter(t1.to(self.dtype), torch.tensor(-math.inf, dtype=self.dtype, device=device))
-                else:
-                    ti = (t0 + ci * dt).to(self.dtype)
-                ks.append(F(ti, Y))
-            K = torch.stack(ks)
+                for i in range(1, s):
+                    Y = torch.addcmul(y, h, torch.mv(torch.stack(ks).view(i, m * N).t(), a[i]).view(m, N))
+                    ks.append(F(tsr[i], Y))
+                K = torch.stack(ks)
+                flat = K.view(s, m * N)
+                k_last = ks[-1]
+            else:  # stages in a reused stage-major buffer, each combination one matrix-vector product
+                if W is None or W.m != m:
+                    W = _Work(s, m, N, dtype, device)
+                K, flat = W.K, W.flat
+                W.rows[0].copy_(k0)
+                Y = y
+                hN = h.expand(m, N).contiguous()  # same-shaped operands take the vectorised kernel
+                for i in range(1, s):
+                    torch.mv(W.KT[i], a[i], out=W.buf)
+                    Y = torch.addcmul(y, hN, W.bufv)
+                    W.rows[i].copy_(F(tsr[i], Y))
+                k_last = W.rows[s - 1]
             with torch.no_grad():
-                we = h * self.e  # (m, s)
-                err = torch.zeros_like(y)
-                for jj in range(s):
-                    err.addcmul_(we[:, jj : jj + 1], K[jj].detach())
-                tol = atol + rtol * torch.maximum(y.detach().abs(), Y.detach().abs())
-                ratio = torch.linalg.vector_norm(err / tol, dim=1) / math.sqrt(y.shape[1])
-                ok = (ratio <= 1) | (dt <= self.min_step)
-                finite = torch.isfinite(ratio)
-                info.steps[ids] += ok
-                info.rejected[ids] += ~ok
+                err = torch.mv(flat.detach().t(), e).view(m, N).mul_(h)
+                ay = Y.detach().abs()
+                tol = torch.maximum(y.detach().abs(), ay).mul_(rtol).add_(atol)
+                ratio = torch.linalg.vector_norm(err.div_(tol), dim=1).div_(math.sqrt(N))
+                ok = ratio <= 1
+                if self.min_step > 0:
+                    ok |= dt <= self.min_step
+                accepted += ok
                 t_new = torch.where(ok, t1, t0)
-                j = cursor.clamp(max=n - 1)
-                due = ok & (cursor < n) & (tt.gather(1, j[:, None])[:, 0] <= t1)
+                due = ok & (t_next <= t1)
                 alive = t_new < tl
                 dt_next = self._next_step(dt, ratio)
-                under = ~(t_new + dt_next > t_new) & alive
-                n_alive, n_bad, n_under, any_due = torch.stack(
-                    (alive.sum(), (~finite).sum(), under.sum(), due.any().long())
-                ).tolist()
-            info.rounds += 1
-            if n_bad or n_under:
-                b = int(ids[(~finite | under).nonzero()[0]])
+                bad = ~(t_new + dt_next > t_new) & alive  # NaN, or a step lost in rounding
+                n_alive, n_due, n_bad = torch.stack((alive, due, bad)).sum(1).tolist()
+            if n_bad:
+                row = int(bad.nonzero()[0])
+                b = int(ids[row])
+                nonfinite = not math.isfinite(float(ratio[row]))
                 what = (
                     "the state became non-finite (NaN/inf)"
-                    if n_bad
-                    else f"the step size underflowed (t={float(t0[b == ids][0]):g})"
+                    if nonfinite
+                    else f"the step size underflowed (t={float(t0[row]):g})"
                 )
                 raise SolverError(
                     f"per-sample control: {what} in sample {b} after {info.nfe} batched field evaluations; "
                     "tighten `rtol`/`atol`, use float64, or check that sample's input.",
                     nfe=info.nfe,
-                    reason=Reason.NONFINITE if n_bad else Reason.UNDERFLOW,
+                    reason=Reason.NONFINITE if nonfinite else Reason.UNDERFLOW,
                 )
-            while any_due:  # outputs within this round's accepted steps, from the dense output
-                rows = due.nonzero()[:, 0]
+            while n_due:  # outputs within this round's accepted steps, from the dense output
+                r = due.nonzero()[:, 0]
                 with torch.no_grad():
-                    tj = tt[rows].gather(1, cursor[rows, None])[:, 0]
-                    x = ((tj - t0[rows]) / (t1[rows] - t0[rows])).to(self.dtype)[:, None]
+                    x = ((t_next[r] - t0[r]) / (t1[r] - t0[r])).to(dtype)[:, None]
                     P = self.P
-                    w = x * (P[0] + x * (P[1] + x * (P[2] + x * P[3]))) * h[rows]  # (r, s)
-                val = y[rows] + torch.einsum("rs,srn->rn", w, K[:, rows])
-                flat_pos.append(cursor[rows] * B + ids[rows])
-                values.append(val)
-                cursor = cursor + due.long()
-                j = cursor.clamp(max=n - 1)
-                due = due & (cursor < n) & (tt.gather(1, j[:, None])[:, 0] <= t1)
-                any_due = bool(due.any())
+                    w = x * (P[0] + x * (P[1] + x * (P[2] + x * P[3]))) * h[r]  # (r, s)
+                values.append(y[r] + torch.einsum("rs,srn->rn", w, K[:, r]))
+                flat_pos.append(cursor[r] * B + ids[r])
+                cursor = cursor + due
+                t_next = tt.gather(1, cursor[:, None])[:, 0]
+                due = due & (t_next <= t1)
+                n_due = int(due.sum())
             okc = ok[:, None]
             y = torch.where(okc, Y, y)
-            k0 = torch.where(okc, ks[-1], k0)
+            k0 = torch.where(okc, k_last, k0)
             t0, dt = t_new, dt_next
-            if n_alive == 0:
-                break
-            if n_alive < len(ids):  # compaction: finished samples leave the batch
+            if n_alive < m:  # compaction: finished samples leave the batch
+                done = ~alive
+                done_ids.append(ids[done])
+                done_rounds.append(torch.full((m - n_alive,), rounds, dtype=torch.long, device=device))
+                if n_alive == 0:
+                    break
                 keep = alive.nonzero()[:, 0]
-                y, k0, t0, dt, tl, tt, cursor, ids = (
-                    v.index_select(0, keep) for v in (y, k0, t0, dt, tl, tt, cursor, ids)
+                y, k0, t0, dt, tl, tt, cursor, t_next, ids = (
+                    v.index_select(0, keep) for v in (y, k0, t0, dt, tl, tt, cursor, t_next, ids)
                 )
+                info.steps[done_ids[-1]] = accepted[done]
+                accepted = accepted.index_select(0, keep)
                 rtol, atol = rtol.index_select(0, keep), atol.index_select(0, keep)
                 F.ids = ids
-        N = y0[0].numel()
+        info.steps[done_ids[-1]] = accepted
+        info.rejected[torch.cat(done_ids)] = torch.cat(done_rounds)
+        info.rejected -= info.steps
+        info.rounds = rounds
         out = y0.new_zeros(n * B, N).index_put((torch.cat(flat_pos),), torch.cat(values))
         return out.view(n, *y0.shape)
