@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cde_nets.functional import odeint
-from cde_nets.solvers.errors import SolverError
+from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.fast_rk import odeint_fast
 from cde_nets.solvers.per_sample import odeint_per_sample
 
@@ -195,3 +195,27 @@ def test_nonfinite_sample_is_named():
 
     with pytest.raises(SolverError, match="sample 1"):
         odeint_per_sample(field, torch.ones(3, 1, dtype=torch.float64), torch.tensor([0.0, 1.0]), rows=True)
+
+
+def test_failed_backward_solve_names_the_exact_methods_that_do_not_integrate_backwards():
+    """Van der Pol's limit cycle attracts forwards, so the adjoint's time-reversed solve diverges and its step
+    underflows; the error says why and names ``checkpoint`` and ``backprop``, which gives the gradient."""
+
+    class Oscillator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mu = torch.nn.Parameter(torch.tensor(25.0, dtype=torch.float64))
+
+        def forward(self, t, y):
+            x, v = y[..., 0], y[..., 1]
+            return torch.stack((v, self.mu * (1 - x * x) * v - x), -1)
+
+    field, y0 = Oscillator(), torch.tensor([[2.0, 0.0]], dtype=torch.float64)
+    t = torch.tensor([0.0, 10.0], dtype=torch.float64)
+    out = odeint(field, y0, t, rtol=1e-5, atol=1e-7, gradient="adjoint")
+    with pytest.raises(SolverError, match="backwards in time.*gradient='checkpoint' or gradient='backprop'") as info:
+        out[-1].sum().backward()
+    assert info.value.reason is Reason.UNDERFLOW
+    out = odeint(field, y0, t, rtol=1e-5, atol=1e-7, gradient="checkpoint")
+    out[-1].sum().backward()
+    assert torch.isfinite(field.mu.grad)
