@@ -117,6 +117,14 @@ def _tolerance(name: str, value: Tol, B: int, y0: torch.Tensor) -> torch.Tensor:
     return torch.full((B, 1), v, dtype=y0.dtype, device=y0.device)
 
 
+def _root(x: torch.Tensor, p: int) -> torch.Tensor:
+    """``x^(1/p)`` of a vector, elementwise, independent of the vector's length: padded to whole SIMD vectors, as
+    a vectorised ``pow`` and the scalar one of a short tail differ in the last bit (which would make a sample's
+    steps depend on its place in the batch)."""
+    m = x.shape[0]
+    return torch.nn.functional.pad(x, (0, -m % _LANES)).pow_(1.0 / p)[:m]
+
+
 def _rms(x: torch.Tensor) -> torch.Tensor:
     return x.pow(2).mean(1).sqrt()
 
@@ -268,20 +276,14 @@ class _Loop:
         with torch.no_grad():
             d2 = _rms((f1.detach() - f0) / scale) / h0
             small = (d1 <= 1e-15) & (d2 <= 1e-15)
-            h1 = torch.where(
-                small, torch.clamp(h0 * 1e-3, min=1e-6), (0.01 / torch.maximum(d1, d2)) ** (1.0 / float(self.order))
-            )
+            h1 = torch.where(small, torch.clamp(h0 * 1e-3, min=1e-6), _root(0.01 / torch.maximum(d1, d2), self.order))
             return torch.minimum(100 * h0, h1.abs()).to(torch.float64)
 
     def _next_step(self, dt: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
         """``h · min(ifactor, max(safety · r^(−1/p), dfactor))``, ``dfactor`` only where ``r ≥ 1`` (``r = 0``
         gives ``ifactor``: ``safety / 0 = inf``)."""
         ratio = ratio.to(torch.float64)  # the step in float64 whatever the state's dtype
-        m = ratio.shape[0]
-        # padded to whole SIMD vectors: a vectorised pow and the scalar one of a short tail differ in the last
-        # bit, which would make a sample's steps depend on its place in the batch
-        root = torch.nn.functional.pad(ratio, (0, -m % _LANES)).pow_(1.0 / self.order)[:m]
-        factor = torch.maximum(self.safety / root, torch.where(ratio < 1, self.one, self.dfactor_t))
+        factor = torch.maximum(self.safety / _root(ratio, self.order), torch.where(ratio < 1, self.one, self.dfactor_t))
         factor.clamp_(max=self.ifactor)
         return factor.mul_(dt).clamp_(self.min_step, self.max_step)
 
