@@ -284,8 +284,8 @@ class _Loop:
         gives ``ifactor``: ``safety / 0 = inf``)."""
         ratio = ratio.to(torch.float64)  # the step in float64 whatever the state's dtype
         factor = torch.maximum(self.safety / _root(ratio, self.order), torch.where(ratio < 1, self.one, self.dfactor_t))
-        factor.clamp_(max=self.ifactor)
-        return factor.mul_(dt).clamp_(self.min_step, self.max_step)
+        factor.clamp_(max=self.ifactor).mul_(dt)
+        return factor.clamp_(self.min_step, self.max_step) if self.min_step > 0 or self.max_step < math.inf else factor
 
     def run(self, rtol: torch.Tensor, atol: torch.Tensor) -> torch.Tensor:
         y0, times, info, F, s, dtype = self.y0, self.times, self.info, self.F, self.s, self.dtype
@@ -304,6 +304,7 @@ class _Loop:
             if self.first_step is None
             else torch.full((B,), float(self.first_step), dtype=torch.float64, device=device)
         ).clamp(self.min_step, self.max_step)
+        ay_cur = y.detach().abs()  # |y|, carried from step to step
         cursor = torch.ones(B, dtype=torch.long, device=device)  # the next output each row owes
         t_next = times[:, 1].clone()  # its time (inf once every output is given)
         tt = torch.cat((times, times.new_full((B, 1), math.inf)), 1)
@@ -355,9 +356,9 @@ class _Loop:
                     W.rows[i].copy_(F(tsr[i], Y))
                 k_last = W.rows[s - 1]
             with torch.no_grad():
-                err = torch.mv(flat.detach().t(), e).view(m, N).mul_(h)
-                ay = Y.detach().abs()
-                tol = torch.maximum(y.detach().abs(), ay).mul_(rtol).add_(atol)
+                err = torch.mv((flat.detach() if graph else flat).t(), e).view(m, N).mul_(h)
+                ay = (Y.detach() if graph else Y).abs()
+                tol = torch.addcmul(atol, torch.maximum(ay_cur, ay), rtol)
                 ratio = torch.linalg.vector_norm(err.div_(tol), dim=1).div_(math.sqrt(N))
                 ok = ratio <= 1
                 if self.min_step > 0:
@@ -367,7 +368,7 @@ class _Loop:
                 due = ok & (t_next <= t1)
                 alive = t_new < tl
                 dt_next = self._next_step(dt, ratio)
-                bad = ~(t_new + dt_next > t_new) & alive  # NaN, or a step lost in rounding
+                bad = ~(t_new + dt_next > t_new)  # NaN, or a step lost in rounding
                 n_alive, n_due, n_bad = torch.stack((alive, due, bad)).sum(1).tolist()
             if n_bad:
                 row = int(bad.nonzero()[0])
@@ -398,6 +399,7 @@ class _Loop:
                 n_due = int(due.sum())
             okc = ok[:, None]
             y = torch.where(okc, Y, y)
+            ay_cur = torch.where(okc, ay, ay_cur)
             k0 = torch.where(okc, k_last, k0)
             t0, dt = t_new, dt_next
             if n_alive < m:  # compaction: finished samples leave the batch
@@ -407,8 +409,8 @@ class _Loop:
                 if n_alive == 0:
                     break
                 keep = alive.nonzero()[:, 0]
-                y, k0, t0, dt, tl, tt, cursor, t_next, ids = (
-                    v.index_select(0, keep) for v in (y, k0, t0, dt, tl, tt, cursor, t_next, ids)
+                y, ay_cur, k0, t0, dt, tl, tt, cursor, t_next, ids = (
+                    v.index_select(0, keep) for v in (y, ay_cur, k0, t0, dt, tl, tt, cursor, t_next, ids)
                 )
                 info.steps[done_ids[-1]] = accepted[done]
                 accepted = accepted.index_select(0, keep)
