@@ -12,8 +12,8 @@ components; the sample's step is accepted where ``r_b ≤ 1`` and its next step 
 ``h_b · min(ifactor, max(safety · r_b^(−1/p), dfactor))`` (``dfactor`` only after a rejection), the initial step
 that of Hairer, Nørsett & Wanner's algorithm on the sample alone. Acceptance, the step update and the state update
 are ``torch.where`` on the device. Every round makes one batched field evaluation per stage over the samples still
-running; a sample that passes its last output time leaves the batch (its rows are dropped), so late rounds cost
-less. One value is read back per round (how many samples still run, and whether any failed), plus one in a round
+running; samples that pass their last output time leave the batch (their rows are dropped once a quarter of the
+running rows have finished; until then they ride along, no longer counted), so late rounds cost less. One value is read back per round (how many samples still run, and whether any failed), plus one in a round
 that passes an output time. So every sample takes the steps it would take alone, and the field is called
 ``max_b(nfe_b)`` times: the count of the sample that needs the most.
 
@@ -309,6 +309,8 @@ class _Loop:
         t_next = times[:, 1].clone()  # its time (inf once every output is given)
         tt = torch.cat((times, times.new_full((B, 1), math.inf)), 1)
         accepted = torch.zeros(B, dtype=torch.long, device=device)
+        attempts = torch.zeros(B, dtype=torch.long, device=device)
+        live = torch.ones(B, dtype=torch.bool, device=device)  # rows not yet past their end
         flat_pos: list[torch.Tensor] = [ids]  # position j * B + b of each value in the output
         values: list[torch.Tensor] = [y]
         c = torch.tensor(self.c, dtype=torch.float64, device=device)[:, None]
@@ -318,7 +320,7 @@ class _Loop:
         a = [torch.tensor(row, dtype=dtype, device=device) for row in self.tab.tableau.a]
         e = self.e
         W: _Work | None = None
-        rounds, done_ids, done_rounds = 0, [], []
+        rounds = 0
         while True:
             rounds += 1
             if rounds > self.max_steps:
@@ -363,12 +365,13 @@ class _Loop:
                 ok = ratio <= 1
                 if self.min_step > 0:
                     ok |= dt <= self.min_step
-                accepted += ok
+                accepted += ok & live
+                attempts += live
                 t_new = torch.where(ok, t1, t0)
                 due = ok & (t_next <= t1)
                 alive = t_new < tl
                 dt_next = self._next_step(dt, ratio)
-                bad = ~(t_new + dt_next > t_new)  # NaN, or a step lost in rounding
+                bad = ~(t_new + dt_next > t_new) & live  # NaN, or a step lost in rounding
                 n_alive, n_due, n_bad = torch.stack((alive, due, bad)).sum(1).tolist()
             if n_bad:
                 row = int(bad.nonzero()[0])
@@ -402,23 +405,24 @@ class _Loop:
             ay_cur = torch.where(okc, ay, ay_cur)
             k0 = torch.where(okc, k_last, k0)
             t0, dt = t_new, dt_next
-            if n_alive < m:  # compaction: finished samples leave the batch
+            live = alive
+            if n_alive == 0:
+                break
+            # compaction: finished samples leave the batch once a quarter of it has finished (until then they
+            # ride along, counted and checked no more, their outputs given)
+            if n_alive <= m * 3 // 4:
                 done = ~alive
-                done_ids.append(ids[done])
-                done_rounds.append(torch.full((m - n_alive,), rounds, dtype=torch.long, device=device))
-                if n_alive == 0:
-                    break
+                info.steps[ids[done]] = accepted[done]
+                info.rejected[ids[done]] = attempts[done] - accepted[done]
                 keep = alive.nonzero()[:, 0]
-                y, ay_cur, k0, t0, dt, tl, tt, cursor, t_next, ids = (
-                    v.index_select(0, keep) for v in (y, ay_cur, k0, t0, dt, tl, tt, cursor, t_next, ids)
+                y, ay_cur, k0, t0, dt, tl, tt, cursor, t_next, ids, accepted, attempts, live = (
+                    v.index_select(0, keep)
+                    for v in (y, ay_cur, k0, t0, dt, tl, tt, cursor, t_next, ids, accepted, attempts, live)
                 )
-                info.steps[done_ids[-1]] = accepted[done]
-                accepted = accepted.index_select(0, keep)
                 rtol, atol = rtol.index_select(0, keep), atol.index_select(0, keep)
                 F.ids = ids
-        info.steps[done_ids[-1]] = accepted
-        info.rejected[torch.cat(done_ids)] = torch.cat(done_rounds)
-        info.rejected -= info.steps
+        info.steps[ids] = accepted
+        info.rejected[ids] = attempts - accepted
         info.rounds = rounds
         out = y0.new_zeros(n * B, N).index_put((torch.cat(flat_pos),), torch.cat(values))
         return out.view(n, *y0.shape)
