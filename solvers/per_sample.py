@@ -13,9 +13,10 @@ components; the sample's step is accepted where ``r_b ≤ 1`` and its next step 
 that of Hairer, Nørsett & Wanner's algorithm on the sample alone. Acceptance, the step update and the state update
 are ``torch.where`` on the device. Every round makes one batched field evaluation per stage over the samples still
 running; samples that pass their last output time leave the batch (their rows are dropped once a quarter of the
-running rows have finished; until then they ride along, no longer counted), so late rounds cost less. One value is read back per round (how many samples still run, and whether any failed), plus one in a round
-that passes an output time. So every sample takes the steps it would take alone, and the field is called
-``max_b(nfe_b)`` times: the count of the sample that needs the most.
+running rows have finished; until then they ride along, no longer counted), so late rounds cost less. One small
+tensor is read back per round (how many samples still run, whether any failed, whether an output time was
+passed), and one more per output time passed. So every sample takes the steps it would take alone, and the field
+is called ``max_b(nfe_b)`` times: the count of the sample that needs the most.
 
 Outputs are read off the accepted step that holds them, with the method's dense output (:mod:`solvers.fast_rk`):
 ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Methods: ``dopri5`` and ``bosh3`` (:mod:`solvers.tableaux`).
