@@ -13,7 +13,7 @@ components; the sample's step is accepted where ``r_b ≤ 1`` and its next step 
 that of Hairer, Nørsett & Wanner's algorithm on the sample alone. Acceptance, the step update and the state update
 are ``torch.where`` on the device. Every round makes one batched field evaluation per stage over the samples still
 running; samples that pass their last output time leave the batch (their rows are dropped once a quarter of the
-running rows have finished; until then they ride along, no longer counted), so late rounds cost less. One small
+running rows have finished; until then they ride along frozen at their end), so late rounds cost less. One small
 tensor is read back per round (how many samples still run, whether any failed, whether an output time was
 passed), and one more per output time passed. So every sample takes the steps it would take alone, and the field
 is called ``max_b(nfe_b)`` times: the count of the sample that needs the most.
@@ -265,7 +265,9 @@ class _Loop:
         self.c = tab.tableau.c
         self.e = torch.tensor(tab.error, **kw)
         self.P = torch.tensor(_dense_weights(tab), **kw)  # (4, s)
-        self.one, self.dfactor_t = (torch.tensor(v, dtype=torch.float64, device=y0.device) for v in (1.0, self.dfactor))
+        self.zero, self.one, self.dfactor_t = (
+            torch.tensor(v, dtype=torch.float64, device=y0.device) for v in (0.0, 1.0, self.dfactor)
+        )
 
     def _initial_step(self, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rtol, atol) -> torch.Tensor:
         """Hairer, Nørsett & Wanner's initial step (§II.4) for each row, in the state's dtype, as float64."""
@@ -371,8 +373,9 @@ class _Loop:
                 t_new = torch.where(ok, t1, t0)
                 due = ok & (t_next <= t1)
                 alive = t_new < tl
-                dt_next = self._next_step(dt, ratio)
-                bad = ~(t_new + dt_next > t_new) & live  # NaN, or a step lost in rounding
+                # a finished row rides along frozen (zero steps at its end), never evaluated past its end
+                dt_next = torch.where(alive, self._next_step(dt, ratio), self.zero)
+                bad = ~(t_new + dt_next > t_new) & alive  # NaN, or a step lost in rounding
                 n_alive, n_due, n_bad = torch.stack((alive, due, bad)).sum(1).tolist()
             if n_bad:
                 row = int(bad.nonzero()[0])
