@@ -205,6 +205,20 @@ def _implicit(res: dict) -> Headline:
     ]
 
 
+def _per_sample(res: dict) -> Headline:
+    rows = res["rows"]
+
+    def pick(case: str, mode: str) -> dict:
+        return next(r for r in rows if r["case"] == case and r["mode"] == mode)
+
+    mixed, equal = pick("mixed", "forward"), pick("equal", "forward")
+    out = [
+        below("per-sample / shared batched calls, mixed μ", mixed["per_sample_nfe"] / mixed["shared_nfe"], 1.0, ".2f"),
+        at_most("per-sample / shared time, equal μ, forward", equal["ratio"], 1.1, ".2f"),
+    ]
+    return out + [info(f"per-sample / shared time, {r['case']}, {r['mode']}", r["ratio"], ".2f") for r in rows]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -225,6 +239,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("torchdiffeq_dropin", _dropin, "<= 0.8; losses equal to 1e-5"),
     ("torchdiffeq_suite", _suite, "every case but the unserved methods passes"),
     ("implicit_methods", _implicit, "gl4 fwd <= 3x rk4; bwd <= 2x fwd; stiff: fewer NFE than dopri5"),
+    ("per_sample", _per_sample, "fewer batched calls on mixed μ; <= 1.1 on equal μ"),
 )
 
 
@@ -249,6 +264,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "torchdiffeq_dropin": {"tiny": 1.0},
     "torchdiffeq_suite": {"tiny": 0.1, "full": 290.0},
     "implicit_methods": {"tiny": 0.4},
+    "per_sample": {"tiny": 1.0},
 }
 
 

@@ -42,6 +42,7 @@ from cde_nets.solvers.dropin import (
 from cde_nets.solvers.errors import SolverError
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.output_times import with_output_times, with_start_time
+from cde_nets.solvers.per_sample import odeint_per_sample
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
 
@@ -209,6 +210,7 @@ def odeint(
     event_fn: Callable | None = None,
     gradient: str | GradientMethod = "backprop",
     adjoint_params: Sequence[torch.Tensor] | None = None,
+    controller: str = "batch",
 ) -> Any:
     """Solve ``dy/dt = func(t, y)``, ``y(t[0]) = y0`` at the times ``t``: torchdiffeq's ``odeint``.
 
@@ -228,10 +230,16 @@ def odeint(
             method object (``Adjoint(rtol=1e-9)`` sets the backward solve as ``odeint_adjoint``'s ``adjoint_*``).
         adjoint_params: the tensors differentiated by the gradients other than ``"backprop"`` (default: ``func``'s
             parameters).
+        controller: this library's addition: ``"batch"`` (default: one step size for the whole batch,
+            torchdiffeq's steps) or ``"per_sample"``: every sample of the batch (``y0``'s first axis) on its own
+            step size, ``func`` called with ``t`` of shape ``(batch,)``, ``t`` of shape ``(n,)`` or ``(batch, n)``
+            (:func:`~cde_nets.solvers.per_sample.odeint_per_sample`; ``dopri5``/``bosh3``, ``gradient="backprop"``).
 
     Returns:
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
+    if controller != "batch":
+        return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller)
     if isinstance(gradient, GradientMethod):
         if isinstance(gradient, Adjoint):
             if not gradient.seminorm:
@@ -271,6 +279,17 @@ def odeint(
         adjoint_params=adjoint_params,
         adjoint=None,
     )
+
+
+def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller) -> torch.Tensor:
+    if controller != "per_sample":
+        raise ValueError(f"`controller` must be 'batch' (one step for the batch) or 'per_sample'; got {controller!r}.")
+    if event_fn is not None:
+        raise ValueError("`event_fn` runs on the shared step; use controller='batch' with it.")
+    if not isinstance(y0, torch.Tensor):
+        raise ValueError("controller='per_sample' needs a tensor `y0` of shape (batch, *state), not a tuple.")
+    kw = dict(rtol=rtol, atol=atol, method=method or "dopri5", options=options, gradient=gradient)
+    return odeint_per_sample(func, y0, t, **kw)
 
 
 def odeint_adjoint(

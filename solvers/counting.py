@@ -19,7 +19,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from .errors import Reason, SolverError
+from .errors import BACKWARD_UNSTABLE, Reason, SolverError
 
 __all__ = ["Counted", "CountedAdaptive", "CountedFixed", "SolverStats", "count_evaluation", "counted"]
 
@@ -154,7 +154,7 @@ class Counted(nn.Module):
             raise SolverError(
                 f"step size underflow (dt={dtf:.3g}) in the {where} at t={t0f:.6g} after {nfe} field evaluations; "
                 "the solution is blowing up or the field is stiff: loosen `rtol`/`atol`, use float64, "
-                "shrink the weights, or try a fixed-step method.",
+                "shrink the weights, or try a fixed-step method." + (f" {BACKWARD_UNSTABLE}" if backward else ""),
                 nfe=nfe,
                 reason=Reason.UNDERFLOW,
             )

@@ -22,6 +22,15 @@ class Reason(enum.Enum):
     OTHER = "other"
 
 
+# What a failed time-reversed (adjoint) solve says: integrating backwards is unstable where the forward solution
+# is attracting, and the exact gradients of the steps need no backward integration.
+BACKWARD_UNSTABLE = (
+    "The adjoint integrates the state backwards in time, where a solution that attracts forwards (a stiff or "
+    "dissipative field, e.g. Van der Pol's limit cycle) diverges; gradient='checkpoint' or gradient='backprop' "
+    "give the exact gradient of the forward steps without integrating backwards."
+)
+
+
 class SolverError(RuntimeError):
     """The solver could not finish: step-size underflow, max steps reached, or a non-finite state.
 

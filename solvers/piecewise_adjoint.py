@@ -60,7 +60,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .errors import Reason, SolverError
+from .errors import BACKWARD_UNSTABLE, Reason, SolverError
 from .piece_grads import piece_slots
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
@@ -293,7 +293,8 @@ def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, 
     except AssertionError as exc:
         if exc is dyn.field_error:
             raise
-        raise SolverError(_failure(cfg, str(exc), t_lo, t_hi), nfe=stats.nfe_backward) from None
+        reason = Reason.UNDERFLOW if "underflow" in str(exc) else Reason.OTHER
+        raise SolverError(_failure(cfg, str(exc), t_lo, t_hi), nfe=stats.nfe_backward, reason=reason) from None
     state = tuple(s[1] for s in out)
     # one finiteness check per interval (adaptive solvers also assert it on every step)
     if not bool(torch.stack([torch.isfinite(s).all() for s in state]).all()):
@@ -313,7 +314,7 @@ def _failure(cfg: dict, what: str, t_lo: float, t_hi: float) -> str:
         )
     return (
         f"torchdiffeq stopped {where}: {what[:200]}. Loosen `adjoint_rtol`/`adjoint_atol`, raise `max_steps`, "
-        "or use float64."
+        f"or use float64. {BACKWARD_UNSTABLE}"
     )
 
 

@@ -72,6 +72,11 @@ EXPECTED = {
         {"dim", "batch", "mode", "ours_s", "torchdiffeq_s", "ratio", "max_abs_diff"},
     ),
     "torchdiffeq_suite": ("torchdiffeq_suite_tiny", {"counts", "total", "by_reason", "rows"}, {"test", "outcome"}),
+    "per_sample": (
+        "per_sample_tiny",
+        {"setting", "goal", "torchode", "rows"},
+        {"case", "mode", "shared_nfe", "per_sample_nfe", "shared_s", "per_sample_s", "ratio"},
+    ),
 }
 
 

@@ -1,0 +1,240 @@
+"""Per-sample step control (:mod:`cde_nets.solvers.per_sample`): every sample takes the steps it takes alone —
+torchdiffeq's steps for ``dopri5`` (through the fast path, which is pinned to torchdiffeq), and bit for bit the
+same numbers whatever batch it runs in; closed forms at per-sample times and end times; backprop gradients against
+closed forms; the refusals name the fix."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cde_nets.functional import odeint
+from cde_nets.solvers.errors import Reason, SolverError
+from cde_nets.solvers.fast_rk import odeint_fast
+from cde_nets.solvers.per_sample import odeint_per_sample
+
+TOL = dict(rtol=1e-5, atol=1e-7)
+
+
+class VanDerPol:
+    """``x' = v``, ``v' = μ (1 − x²) v − x`` with ``μ`` per sample; counts the steps the shared path reports."""
+
+    def __init__(self, mu: torch.Tensor):
+        self.mu, self.accepted, self.rejected, self.calls = mu, 0, 0, 0
+
+    def __call__(self, t: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        self.calls += 1
+        mu = self.mu if rows is None else self.mu[rows]
+        x, v = y[:, 0], y[:, 1]
+        return torch.stack((v, mu * (1 - x * x) * v - x), 1)
+
+    def callback_accept_step(self, *args) -> None:
+        self.accepted += 1
+
+    def callback_reject_step(self, *args) -> None:
+        self.rejected += 1
+
+
+def _mixed(B: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    mu = 1 + 24 * torch.rand(B, generator=g, dtype=torch.float64)
+    return mu, torch.tensor([[2.0, 0.0]], dtype=torch.float64).repeat(B, 1)
+
+
+def test_steps_equal_single_sample_solve_dopri5():
+    """On a mixed-stiffness batch each sample's accepted and rejected steps are those of its solve alone with the
+    shared step (torchdiffeq's steps), the values agree to rounding, and the field is called as often as the
+    sample that needs the most calls: one batched call per stage per round."""
+    mu, y0 = _mixed()
+    t = torch.tensor([0.0, 1.5, 4.0], dtype=torch.float64)
+    out, info = odeint_per_sample(VanDerPol(mu), y0, t, rows=True, return_info=True, **TOL)
+    calls = []
+    for b in range(len(mu)):
+        alone = VanDerPol(mu[b : b + 1])
+        ref = odeint_fast(alone, y0[b : b + 1], t, method="dopri5", options={}, graph=False, **TOL)
+        assert (int(info.steps[b]), int(info.rejected[b])) == (alone.accepted, alone.rejected)
+        torch.testing.assert_close(out[:, b], ref[:, 0], rtol=0, atol=1e-10)
+        calls.append(alone.calls)
+    assert info.nfe == max(calls)
+    assert info.rounds == int((info.steps + info.rejected).max())
+    assert max(calls) < sum(calls) / len(calls) * 1.6  # the spread the shared step would pay for on every row
+
+
+@pytest.mark.parametrize("method", ["dopri5", "bosh3"])
+def test_batch_does_not_change_a_sample(method):
+    """A sample's numbers do not depend on the batch it runs in: bit for bit those of its solve alone."""
+    mu, y0 = _mixed(B=6, seed=1)
+    t = torch.tensor([0.0, 0.7, 3.0], dtype=torch.float64)
+    out, info = odeint_per_sample(VanDerPol(mu), y0, t, method=method, rows=True, return_info=True, **TOL)
+    for b in range(len(mu)):
+        one, one_info = odeint_per_sample(
+            VanDerPol(mu[b : b + 1]), y0[b : b + 1], t, method=method, rows=True, return_info=True, **TOL
+        )
+        assert torch.equal(one[:, 0], out[:, b])
+        assert (int(one_info.steps), int(one_info.rejected)) == (int(info.steps[b]), int(info.rejected[b]))
+
+
+def test_per_sample_output_times_closed_form():
+    """``y' = cos t`` from per-sample starts: ``y(t) = y_0 + sin t − sin t_0`` at every sample's own times; the
+    field sees one time per running row."""
+    seen = []
+
+    def field(t, y):
+        seen.append(t.clone())
+        assert t.dim() == 0 or t.shape == (y.shape[0],)
+        return torch.cos(t).reshape(-1, 1).expand_as(y)
+
+    t = torch.tensor([[0.0, 0.5, 2.0], [1.0, 1.1, 1.2], [-2.0, 0.0, 3.0]], dtype=torch.float64)
+    y0 = torch.tensor([[1.0], [0.0], [2.0]], dtype=torch.float64)
+    out = odeint_per_sample(field, y0, t, rtol=1e-10, atol=1e-12)
+    assert torch.equal(seen[0], t[:, 0])  # each row's first evaluation at its own start
+    exact = y0[None, :, 0] + torch.sin(t.T) - torch.sin(t[:, :1].T)
+    torch.testing.assert_close(out[..., 0], exact, rtol=0, atol=1e-8)
+    for b in range(3):  # and the shared step's dense output at that sample's times, alone
+        ref = odeint_fast(field, y0[b : b + 1], t[b], method="dopri5", rtol=1e-10, atol=1e-12, options={}, graph=False)
+        torch.testing.assert_close(out[:, b], ref[:, 0], rtol=0, atol=1e-13)
+
+
+def test_t_end_and_compaction():
+    """``t_end``: each sample stops exactly at its own end (``y = y_0 e^{−k t_end}``); finished samples leave the
+    batch, so the field sees fewer rows in late rounds."""
+    rows_seen = []
+    k = torch.tensor([0.5, 1.0, 2.0, 3.0], dtype=torch.float64)
+
+    def field(t, y, rows):
+        rows_seen.append(len(rows))
+        return -k[rows, None] * y
+
+    t_end = torch.tensor([0.2, 3.0, 1.0, 0.5], dtype=torch.float64)
+    y0 = torch.ones(4, 1, dtype=torch.float64)
+    out, info = odeint_per_sample(field, y0, t_end=t_end, rows=True, rtol=1e-10, atol=1e-12, return_info=True)
+    assert out.shape == (2, 4, 1)
+    torch.testing.assert_close(out[-1, :, 0], torch.exp(-k * t_end), rtol=1e-8, atol=0)
+    assert rows_seen[0] == 4 and rows_seen[-1] == 1
+    assert info.rows == sum(rows_seen) < 4 * info.nfe
+
+
+def test_finished_sample_rides_along_frozen():
+    """A sample that finished while most still run stays in the batch until a quarter has finished, frozen at
+    the end of its last step: the field never sees it past that, and its result and counts are its own."""
+    k = torch.tensor([4.0] + [1.0] * 7, dtype=torch.float64)
+    t_end = torch.tensor([0.1] + [3.0] * 7, dtype=torch.float64)
+    latest = torch.zeros(8, dtype=torch.float64)
+
+    def field(t, y, rows):
+        latest[rows] = torch.maximum(latest[rows], t)
+        return -k[rows, None] * y
+
+    y0 = torch.ones(8, 1, dtype=torch.float64)
+    out, info = odeint_per_sample(field, y0, t_end=t_end, rows=True, rtol=1e-8, atol=1e-10, return_info=True)
+    assert 0.1 <= float(latest[0]) < 0.2  # its last step ends just past 0.1; never beyond
+    torch.testing.assert_close(out[-1, :, 0], torch.exp(-k * t_end), rtol=1e-6, atol=0)
+    _, alone = odeint_per_sample(field, y0[:1], t_end=t_end[:1], rows=True, rtol=1e-8, atol=1e-10, return_info=True)
+    assert (int(alone.steps), int(alone.rejected)) == (int(info.steps[0]), int(info.rejected[0]))
+
+
+def test_per_sample_tolerances():
+    """``rtol``/``atol`` of shape ``(batch,)``: each sample takes the steps of its solve alone at its tolerance."""
+    mu, y0 = torch.full((3,), 5.0, dtype=torch.float64), torch.tensor([[2.0, 0.0]] * 3, dtype=torch.float64)
+    rtol = torch.tensor([1e-3, 1e-5, 1e-7], dtype=torch.float64)
+    t = torch.tensor([0.0, 2.0], dtype=torch.float64)
+    _, info = odeint_per_sample(VanDerPol(mu), y0, t, rtol=rtol, atol=1e-8, rows=True, return_info=True)
+    for b in range(3):
+        alone = VanDerPol(mu[b : b + 1])
+        odeint_fast(alone, y0[b : b + 1], t, method="dopri5", rtol=float(rtol[b]), atol=1e-8, options={}, graph=False)
+        assert (int(info.steps[b]), int(info.rejected[b])) == (alone.accepted, alone.rejected)
+    assert info.steps[0] < info.steps[1] < info.steps[2]
+
+
+def test_backprop_gradient_closed_form():
+    """Backprop through per-sample steps: ``y(T_b) = y_0 e^{−k_b T_b}``, so ``∂y/∂k_b = −T_b y(T_b)`` and
+    ``∂y/∂y_0 = e^{−k_b T_b}``."""
+    k = torch.tensor([0.3, 1.0, 4.0], dtype=torch.float64, requires_grad=True)
+    y0 = torch.tensor([[1.0], [2.0], [-1.0]], dtype=torch.float64, requires_grad=True)
+    t_end = torch.tensor([2.0, 1.0, 0.5], dtype=torch.float64)
+    out = odeint_per_sample(lambda t, y, rows: -k[rows, None] * y, y0, t_end=t_end, rows=True, rtol=1e-10, atol=1e-12)
+    out[-1].sum().backward()
+    decay = torch.exp(-k.detach() * t_end)
+    torch.testing.assert_close(k.grad, -t_end * y0.detach()[:, 0] * decay, rtol=1e-7, atol=0)
+    torch.testing.assert_close(y0.grad[:, 0], decay, rtol=1e-7, atol=0)
+
+
+def test_functional_controller_and_dtype():
+    """``odeint(..., controller="per_sample")`` is this solver; a float32 state gives float32 results and times."""
+    mu, y0 = torch.tensor(5.0, dtype=torch.float64), _mixed(B=4)[1]
+    t = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    field = VanDerPol(mu)
+    a = odeint(lambda t, y: field(t, y), y0, t, controller="per_sample", **TOL)
+    b = odeint_per_sample(lambda t, y: field(t, y), y0, t, **TOL)
+    assert torch.equal(a, b)
+    times = []
+
+    def f32(t, y):
+        times.append(t.dtype)
+        return -y
+
+    out = odeint_per_sample(f32, y0.float(), t)
+    assert out.dtype == torch.float32 and set(times) == {torch.float32}
+    torch.testing.assert_close(out[-1], y0.float() * math.exp(-1.0), rtol=1e-5, atol=1e-6)
+
+
+def test_refusals_name_the_fix():
+    y0 = torch.ones(2, 1, dtype=torch.float64)
+    t = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    for gradient in ("checkpoint", "adjoint", "symplectic"):
+        with pytest.raises(ValueError, match="controller='batch'"):
+            odeint_per_sample(lambda t, y: -y, y0, t, gradient=gradient)
+    with pytest.raises(ValueError, match="serves methods"):
+        odeint_per_sample(lambda t, y: -y, y0, t, method="rk4")
+    with pytest.raises(ValueError, match="strictly increasing"):
+        odeint_per_sample(lambda t, y: -y, y0, torch.tensor([[0.0, 1.0], [1.0, 1.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"\(batch, n\)"):
+        odeint_per_sample(lambda t, y: -y, y0, torch.zeros(3, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="`rtol`"):
+        odeint_per_sample(lambda t, y: -y, y0, t, rtol=torch.ones(3))
+    with pytest.raises(ValueError, match="`controller`"):
+        odeint(lambda t, y: -y, y0, t, controller="sample")
+    # a field that reads a scalar time: its own exception, with a note naming the option
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        odeint_per_sample(lambda t, y: -y * float(t), y0, t)
+    assert any("controller='batch'" in note for note in getattr(info.value, "__notes__", ["controller='batch'"]))
+    with pytest.raises(ValueError, match="controller='batch'"):
+        odeint_per_sample(lambda t, y: -y.sum(0), y0, t)
+    # per-sample data without `rows`: refused once the batch shrinks, never broadcast silently
+    k = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="rows=True"):
+        odeint_per_sample(lambda t, y: -k * y, y0, t_end=torch.tensor([0.5, 1.0], dtype=torch.float64))
+
+
+def test_nonfinite_sample_is_named():
+    def field(t, y, rows):
+        return torch.where(rows[:, None] == 1, y / 0.0 * 0.0, -y)
+
+    with pytest.raises(SolverError, match="sample 1"):
+        odeint_per_sample(field, torch.ones(3, 1, dtype=torch.float64), torch.tensor([0.0, 1.0]), rows=True)
+
+
+def test_failed_backward_solve_names_the_exact_methods_that_do_not_integrate_backwards():
+    """Van der Pol's limit cycle attracts forwards, so the adjoint's time-reversed solve diverges and its step
+    underflows; the error says why and names ``checkpoint`` and ``backprop``, which gives the gradient."""
+
+    class Oscillator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mu = torch.nn.Parameter(torch.tensor(25.0, dtype=torch.float64))
+
+        def forward(self, t, y):
+            x, v = y[..., 0], y[..., 1]
+            return torch.stack((v, self.mu * (1 - x * x) * v - x), -1)
+
+    field, y0 = Oscillator(), torch.tensor([[2.0, 0.0]], dtype=torch.float64)
+    t = torch.tensor([0.0, 10.0], dtype=torch.float64)
+    out = odeint(field, y0, t, rtol=1e-5, atol=1e-7, gradient="adjoint")
+    with pytest.raises(SolverError, match="backwards in time.*gradient='checkpoint' or gradient='backprop'") as info:
+        out[-1].sum().backward()
+    assert info.value.reason is Reason.UNDERFLOW
+    out = odeint(field, y0, t, rtol=1e-5, atol=1e-7, gradient="checkpoint")
+    out[-1].sum().backward()
+    assert torch.isfinite(field.mu.grad)
