@@ -25,13 +25,19 @@ from .functional import odeint
 from .regularisers import AugmentedField, check_flow_settings, draw_probe, integrate_augmented, steer_time
 from .solvers.gradients import GradientMethod
 
-__all__ = ["ContinuousFlow", "standard_normal_log_prob"]
+__all__ = ["ContinuousFlow", "standard_normal_log_prob", "bits_per_dim"]
 
 
 def standard_normal_log_prob(z: torch.Tensor) -> torch.Tensor:
     """``log N(z; 0, I)`` per sample: ``−½‖z‖² − (d/2) log 2π``, ``z`` of shape ``(batch, *dims)``."""
     d = z[0].numel()
     return -0.5 * z.square().flatten(1).sum(1) - 0.5 * d * math.log(2 * math.pi)
+
+
+def bits_per_dim(log_prob: torch.Tensor, dim: int, levels: int) -> torch.Tensor:
+    """Bits per dimension of dequantised data ``y = (k + u)/L`` in ``[0, 1)^d`` (:func:`cde_nets.datasets.dequantize`):
+    ``(−log p(y)/d + log L)/log 2``, an upper bound on the discrete model's (Theis et al. 2016, eq. 10)."""
+    return (-log_prob / dim + math.log(levels)) / math.log(2)
 
 
 class ContinuousFlow(nn.Module):

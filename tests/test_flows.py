@@ -215,3 +215,10 @@ def test_a_field_of_the_wrong_shape_is_named():
     lambda_field.forward = lambda t, z: z[:, :1]  # type: ignore[method-assign]
     with pytest.raises(ValueError, match="shaped like z"):
         flow.log_prob(_x())
+
+
+def test_bits_per_dim_of_the_uniform_density_is_log2_levels():
+    """``p(y) = 1`` on ``[0, 1)^d`` gives the discrete uniform over ``L^d`` values: ``log₂ L`` bits per dimension."""
+    from cde_nets.flows import bits_per_dim
+
+    assert float(bits_per_dim(torch.zeros(3, dtype=torch.float64), 64, 17)[0]) == pytest.approx(math.log2(17), rel=1e-12)
