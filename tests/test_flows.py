@@ -222,3 +222,18 @@ def test_bits_per_dim_of_the_uniform_density_is_log2_levels():
     from cde_nets.flows import bits_per_dim
 
     assert float(bits_per_dim(torch.zeros(3, dtype=torch.float64), 64, 17)[0]) == pytest.approx(math.log2(17), rel=1e-12)
+
+
+def test_trainer_fits_a_flow_on_its_negative_log_likelihood_with_integrated_regularisers():
+    from cde_nets.training import Trainer, evaluate
+
+    x = _x(32)
+    flow = ContinuousFlow(TanhField(seed=7), 0.5, regularisers=("kinetic", "jacobian"), rtol=1e-6, atol=1e-6)
+    before = evaluate(flow, x, torch.zeros(32, dtype=torch.long), task="density")["loss"]
+    assert before == pytest.approx(float(-flow.log_prob(x).mean()), rel=1e-12)
+    regs = [kinetic_energy(0.01), jacobian_frobenius(0.01)]
+    hist = Trainer(task="density", lr=1e-2, regularisers=regs, progress=False).fit(
+        flow, (x, torch.zeros(32, dtype=torch.long), None, None), epochs=3, batch_size=32
+    )
+    assert hist[-1]["reg_kinetic"] > 0 and hist[-1]["reg_jacobian"] > 0
+    assert evaluate(flow, x, torch.zeros(32, dtype=torch.long), task="density")["loss"] < before
