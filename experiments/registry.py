@@ -36,6 +36,10 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
         "Energy drift and Noether charge against solver and tolerance",
     ),
     "noise_robustness": ("cde_nets.experiments.noise_robustness", "SDE vs ODE blocks under input perturbations"),
+    "flows_2d": (
+        "cde_nets.experiments.flows_2d",
+        "FFJORD vs RNODE: 2-D density flows, NLL/NFE/time unregularised vs kinetic + Jacobian",
+    ),
 }
 
 
