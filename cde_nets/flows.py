@@ -77,13 +77,17 @@ class ContinuousFlow(nn.Module):
         if trace not in ("exact", "hutchinson"):
             raise ValueError(f"`trace` must be 'exact' or 'hutchinson', got {trace!r}.")
         check_flow_settings(T, noise, steer)
-        self.field = field
         self.aug = AugmentedField(field, trace, regularisers)
         self.T, self.noise, self.steer = float(T), noise, float(steer)
         self.method, self.rtol, self.atol, self.options, self.gradient = method, rtol, atol, options, gradient
         self.regularisation: dict[str, torch.Tensor] = {}
         self.nfe = 0
         self.event_shape: tuple[int, ...] | None = None  # one sample's shape, from the last data seen
+
+    @property
+    def field(self) -> nn.Module:
+        """The vector field ``F(t, z)`` (held once, inside :attr:`aug`)."""
+        return self.aug.field
 
     @property
     def regularisers(self) -> tuple[str, ...]:

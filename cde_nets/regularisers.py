@@ -87,7 +87,7 @@ class AugmentedField(nn.Module):
     state is a tuple ``(z (batch, dim), ℓ (batch,), r (batch,) per regulariser)``; ``nfe`` counts field calls.
     """
 
-    def __init__(self, field: Callable, trace: str | None, regularisers: Sequence[str] = ()):
+    def __init__(self, field: nn.Module, trace: str | None, regularisers: Sequence[str] = ()):
         super().__init__()
         if trace not in TRACES:
             raise ValueError(f"`trace` must be one of {TRACES}, got {trace!r}.")
@@ -208,11 +208,15 @@ class RegularisedODE(nn.Module):
         super().__init__()
         check_flow_settings(T, noise, steer)
         self.aug = AugmentedField(field, None, regularisers)
-        self.field = field
         self.T, self.noise, self.steer = float(T), noise, float(steer)
         self.method, self.rtol, self.atol, self.options, self.gradient = method, rtol, atol, options, gradient
         self.regularisation: dict[str, torch.Tensor] = {}
         self.nfe = 0
+
+    @property
+    def field(self) -> nn.Module:
+        """The vector field ``F(t, z)`` (held once, inside :attr:`aug`)."""
+        return self.aug.field
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         zero = x.new_zeros(x.shape[0])
