@@ -32,6 +32,8 @@ CAPTIONS = {
     "(rk4), −1 (Euler, symplectic Euler), −2 (Verlet).",
     "nais_digits": "NAIS-Net against the shared-weight ResNets on scikit-learn's digits, and the per-class "
     "pattern-dependent depth.",
+    "flows_2d": "Data (left) and the densities learned by the unregularised (FFJORD) and kinetic + Jacobian "
+    "regularised (RNODE) flows, first seed.",
 }
 
 INTRO = """\
