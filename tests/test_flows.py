@@ -119,7 +119,7 @@ def test_hutchinson_is_unbiased_within_three_standard_errors(noise):
 
 def test_hutchinson_probe_is_fixed_per_solve_so_the_adjoint_matches_backprop():
     grads = {}
-    for gradient in ("backprop", "adjoint", "checkpoint"):
+    for gradient in ("backprop", "adjoint", "checkpoint", "symplectic"):
         field = TanhField(seed=2)
         flow = ContinuousFlow(
             field, 0.9, trace="hutchinson", noise="rademacher", regularisers=("kinetic", "jacobian", "taylor2"),
@@ -128,7 +128,7 @@ def test_hutchinson_probe_is_fixed_per_solve_so_the_adjoint_matches_backprop():
         lp = flow.log_prob(_x(3), generator=torch.Generator().manual_seed(5))
         loss = -lp.mean() + sum(flow.regularisation.values())
         grads[gradient] = torch.autograd.grad(loss, list(field.parameters()))
-    for gradient in ("adjoint", "checkpoint"):
+    for gradient in ("adjoint", "checkpoint", "symplectic"):
         for a, b in zip(grads[gradient], grads["backprop"]):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
 
@@ -238,3 +238,19 @@ def test_trainer_fits_a_flow_on_its_negative_log_likelihood_with_integrated_regu
     )
     assert hist[-1]["reg_kinetic"] > 0 and hist[-1]["reg_jacobian"] > 0
     assert evaluate(flow, x, torch.zeros(32, dtype=torch.long), task="density")["loss"] < before
+
+
+def test_image_shaped_states_take_hutchinson_and_exact_names_the_fix():
+    class Conv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 1, 3, padding=1)
+
+        def forward(self, t, z):
+            return torch.tanh(self.conv(z))
+
+    x = torch.rand(3, 1, 8, 8)
+    flow = ContinuousFlow(Conv(), trace="hutchinson", regularisers=("kinetic", "jacobian", "taylor2"))
+    assert flow.log_prob(x).shape == (3,) and flow.sample(2).shape == (2, 1, 8, 8)
+    with pytest.raises(ValueError, match="trace='exact' needs a \\(batch, dim\\) state.*use 'hutchinson'"):
+        ContinuousFlow(Conv()).log_prob(x)
