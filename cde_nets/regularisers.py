@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from .functional import odeint
+from .solvers.dropin import ADAPTIVE
 from .solvers.gradients import GradientMethod
 from .training import Regulariser
 
@@ -174,13 +175,30 @@ def integrate_augmented(
     gradient: str | GradientMethod,
     params: Sequence[torch.Tensor] | None,
 ) -> tuple[tuple[torch.Tensor, ...], int]:
-    """The augmented state at ``t[-1]`` and the number of forward field evaluations."""
+    """The augmented state at ``t[-1]`` and the number of forward field evaluations.
+
+    An adaptive method controls its steps on ``(z, ℓ)`` alone unless ``options`` names a ``norm``: the regularisers
+    are quadratures that feed nothing back, and letting their error steer the steps would make a regularised
+    solve take more steps than an unregularised one of the same field.
+    """
     aug.nfe = 0
+    if aug.regularisers and method in ADAPTIVE and "norm" not in (options or {}):
+        options = {**(options or {}), "norm": controlled_norm(len(state) - len(aug.regularisers))}
     kw: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options, gradient=gradient)
     if gradient not in ("backprop",) and params is not None:
         kw["adjoint_params"] = tuple(params)
     ys = odeint(aug, state, t, **kw)
     return tuple(y[-1] for y in ys), aug.nfe
+
+
+def controlled_norm(k: int) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
+    """The RMS norm of the first ``k`` parts of a tuple state's scaled error (torchdiffeq's default norm, over
+    those parts only)."""
+
+    def norm(parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return torch.cat([p.reshape(-1) for p in parts[:k]]).square().mean().sqrt()
+
+    return norm
 
 
 class RegularisedODE(nn.Module):
