@@ -13,7 +13,8 @@ For a field ``dz/dt = F(t, z)`` on ``[0, T]`` the state is augmented with, per s
 
 Each quantity is an ODE integrand solved with ``z`` by the same adaptive solver, so it is differentiated by the
 same gradient method (the adjoint sees the integrands as part of the dynamics), and Hutchinson's probe ``ε`` is
-drawn once per solve (FFJORD §3.1) so the forward and backward solves see one estimator.
+drawn once per solve (FFJORD §3.1) so the forward and backward solves see one estimator. Adaptive steps are
+controlled on ``(z, ℓ)`` only: the regularisers feed nothing back, and their error would only add steps.
 
 STEER (Ghosh et al. 2020) draws the end time from ``U(T − b, T + b)`` at every training forward pass.
 
