@@ -42,8 +42,8 @@ SETTINGS = {
     "full": dict(
         densities=("eight_gaussians", "checkerboard", "two_moons", "pinwheel", "rings"),
         seeds=(0, 1, 2),
-        epochs=6,
-        steps=50,
+        epochs=10,
+        steps=100,
         batch=256,
         hidden=32,
         tol=1e-5,
