@@ -3,9 +3,11 @@
 from . import diagnostics, fields
 from .block import Block
 from .discrete import DiscreteNet, discretize
+from .flows import ContinuousFlow
 from .functional import odeint, odeint_adjoint, odeint_event
 from .ode_block import ODEBlock
 from .pieces import Pieces, TimeGrid, smoothness
+from .regularisers import RegularisedODE
 from .sde_block import SDEBlock
 from .solution import Solution
 from .solvers.gradients import Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic
@@ -20,6 +22,8 @@ __all__ = [
     "SDEBlock",
     "discretize",
     "DiscreteNet",
+    "ContinuousFlow",
+    "RegularisedODE",
     "Solution",
     "Stop",
     "Pieces",

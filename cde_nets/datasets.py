@@ -26,6 +26,10 @@ __all__ = [
     "hauser_disk",
     "digits",
     "mnist_5k",
+    "DENSITIES_2D",
+    "density_2d",
+    "density_2d_log_prob",
+    "dequantize",
 ]
 
 Seed = int | torch.Generator
@@ -292,3 +296,100 @@ def _split_images(
         X = X.reshape(-1, 1, side, side)
     Y = torch.as_tensor(y, dtype=torch.long)
     return Split(X[tr], Y[tr], X[te], Y[te])
+
+
+DENSITIES_2D = ("eight_gaussians", "checkerboard", "two_moons", "pinwheel", "rings")
+_EIGHT_RADIUS, _EIGHT_STD = 2 * math.sqrt(2), 0.5 / math.sqrt(2)
+
+
+def _eight_gaussians(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    k = rng.integers(0, 8, n)
+    centres = _EIGHT_RADIUS * np.stack([np.cos(k * np.pi / 4), np.sin(k * np.pi / 4)], 1)
+    return centres + _EIGHT_STD * rng.standard_normal((n, 2)), k
+
+
+def _checkerboard(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    x1 = rng.uniform(-2, 2, n)
+    x2 = rng.uniform(0, 1, n) - 2 * rng.integers(0, 2, n) + np.floor(x1) % 2
+    pts = 2 * np.stack([x1, x2], 1)
+    cell = np.floor(pts / 2) + 2  # square indices 0..3 per axis
+    return pts, (4 * cell[:, 1] + cell[:, 0]).astype(np.int64) // 2
+
+
+def _two_moons(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    moon = rng.integers(0, 2, n)
+    th = rng.uniform(0, np.pi, n)
+    outer = np.stack([np.cos(th), np.sin(th)], 1)
+    inner = np.stack([1 - np.cos(th), 0.5 - np.sin(th)], 1)
+    pts = np.where(moon[:, None] == 0, outer, inner) + 0.1 * rng.standard_normal((n, 2))
+    return 2 * pts + [-1.0, -0.2], moon
+
+
+def _pinwheel(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    arm = rng.integers(0, 5, n)
+    f = np.stack([1 + 0.3 * rng.standard_normal(n), 0.1 * rng.standard_normal(n)], 1)
+    angle = 2 * np.pi * arm / 5 + 0.25 * np.exp(f[:, 0])
+    c, s = np.cos(angle), np.sin(angle)
+    return 2 * np.stack([c * f[:, 0] - s * f[:, 1], s * f[:, 0] + c * f[:, 1]], 1), arm
+
+
+def _rings(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    ring = rng.integers(0, 4, n)
+    r = 0.75 * (ring + 1) + 0.08 * rng.standard_normal(n)
+    th = rng.uniform(0, 2 * np.pi, n)
+    return np.stack([r * np.cos(th), r * np.sin(th)], 1), ring
+
+
+_DRAW = {
+    "eight_gaussians": _eight_gaussians,
+    "checkerboard": _checkerboard,
+    "two_moons": _two_moons,
+    "pinwheel": _pinwheel,
+    "rings": _rings,
+}
+
+
+def density_2d(name: str, n: int = 2000, seed: Seed = 0, dtype: torch.dtype = torch.float32) -> Split:
+    """Samples of a 2-D density for flows (the test densities of FFJORD, Grathwohl et al. 2019, §5.1), ``n/2``
+    train and ``n/2`` test points ``(·, 2)``, labels the mixture component (Gaussian, square, moon, arm, ring).
+
+    - ``"eight_gaussians"``: equal mixture of ``N(μ_k, σ²I)``, ``μ_k = 2√2 (cos kπ/4, sin kπ/4)``, ``σ = 1/(2√2)``;
+    - ``"checkerboard"``: uniform on the 8 dark squares (side 2) of a 4×4 board over ``[−4, 4]²``;
+    - ``"two_moons"``: arcs ``(cos θ, sin θ)`` and ``(1 − cos θ, ½ − sin θ)``, ``θ ~ U(0, π)``, noise
+      ``N(0, 0.1²)``, then ``2x + (−1, −0.2)``;
+    - ``"pinwheel"``: 5 arms: ``f = (1 + 0.3 n₁, 0.1 n₂)`` rotated by ``2πk/5 + 0.25 e^{f₁}``, times 2;
+    - ``"rings"``: radii ``0.75 (1, 2, 3, 4)`` with radial noise ``N(0, 0.08²)``, uniform angle.
+    """
+    if name not in _DRAW:
+        raise ValueError(f"`name` must be one of {DENSITIES_2D}, got {name!r}.")
+    _check_n(n, 2)
+    _check_dtype(dtype)
+    pts, labels = _DRAW[name](_rngs(seed, 1)[0], n)
+    x, y = torch.as_tensor(pts, dtype=dtype), torch.as_tensor(labels, dtype=torch.long)
+    return Split(x[0::2], y[0::2], x[1::2], y[1::2])
+
+
+def density_2d_log_prob(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The exact ``log p(x)`` per point where it has a closed form: ``"eight_gaussians"`` (the mixture) and
+    ``"checkerboard"`` (``−log 32`` on the dark squares, ``−∞`` elsewhere). Its negative mean over samples
+    estimates the density's entropy, the lowest NLL a model can reach."""
+    if name == "eight_gaussians":
+        k = torch.arange(8, dtype=x.dtype, device=x.device) * math.pi / 4
+        mu = _EIGHT_RADIUS * torch.stack([torch.cos(k), torch.sin(k)], 1)
+        sq = (x[:, None, :] - mu).square().sum(-1) / _EIGHT_STD**2
+        return torch.logsumexp(-0.5 * sq, 1) - math.log(8 * 2 * math.pi * _EIGHT_STD**2)
+    if name == "checkerboard":
+        cell = torch.floor(x / 2)
+        dark = ((cell[:, 0] + cell[:, 1]) % 2 == 0) & (x.abs() <= 4).all(1)
+        return torch.where(dark, -math.log(32.0), -math.inf).to(x.dtype)
+    raise ValueError(f"`name` has a closed-form density only for 'eight_gaussians' and 'checkerboard', got {name!r}.")
+
+
+def dequantize(x: torch.Tensor, levels: int, seed: Seed = 0) -> torch.Tensor:
+    """Uniform dequantisation of pixels ``x ∈ {0, 1/(L−1), …, 1}`` with ``L = levels``: ``(x (L−1) + u)/L``,
+    ``u ~ U[0, 1)`` (Theis et al. 2016), so a density on ``[0, 1)^d`` bounds the discrete likelihood (the
+    bits/dim of :func:`cde_nets.flows.bits_per_dim`). The digits have 17 levels, MNIST 256."""
+    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 2:
+        raise ValueError(f"`levels` must be an int >= 2 (17 for the digits, 256 for MNIST), got {levels!r}.")
+    u = torch.as_tensor(_rngs(seed, 1)[0].random(tuple(x.shape)), dtype=x.dtype, device=x.device)
+    return (torch.round(x * (levels - 1)) + u) / levels

@@ -130,7 +130,10 @@ def seeded(seed: int):
 
 
 def task_loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The loss :func:`fit` trains on: MSE (regression), BCE on one logit, cross-entropy on several."""
+    """The loss :func:`fit` trains on: MSE (regression), BCE on one logit, cross-entropy on several, the negative
+    mean log-likelihood of a density model whose output is ``log p(x)`` per sample (density)."""
+    if task == "density":
+        return -out.mean()
     if task == "regression":
         return F.mse_loss(out, y.to(out.dtype).reshape(out.shape))
     if out.shape[-1] == 1:
@@ -211,7 +214,7 @@ class Hooks:
     epoch: Callable[[int, nn.Module, dict], None] | None = None
 
 
-_TASKS = ("classification", "regression")
+_TASKS = ("classification", "regression", "density")
 _NONFINITE = ("raise", "skip")
 
 
@@ -221,7 +224,8 @@ class Trainer:
     Args:
         task: ``"classification"`` (labels ``(n,)`` integers; one logit trains binary cross-entropy on labels 0/1,
             ``C`` logits cross-entropy on labels ``0..C−1``) or ``"regression"`` (MSE against float targets of the
-            output's shape).
+            output's shape) or ``"density"`` (the model returns ``log p(x)`` per sample, e.g. a
+            :class:`~cde_nets.flows.ContinuousFlow`; the loss is its negative mean, labels are ignored).
         optimizer: a factory ``params -> Optimizer`` (e.g. ``lambda p: torch.optim.SGD(p, lr=0.1)``); default Adam
             with learning rate ``lr``.
         lr: the default Adam's learning rate (> 0); refused together with ``optimizer``, which sets its own.
@@ -258,7 +262,7 @@ class Trainer:
         desc: str = "train",
     ):
         if task not in _TASKS:
-            raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
+            raise ValueError(f"`task` must be one of {_TASKS}, got {task!r}.")
         if optimizer is not None and lr is not None:
             raise ValueError(
                 "`lr` sets the default Adam's learning rate; `optimizer` sets its own. Drop `lr` (put the "

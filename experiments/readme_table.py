@@ -35,6 +35,8 @@ CAPTIONS = {
     "methods (both fields) oscillate at O(h^p) with no trend.",
     "nais_digits": "NAIS-Net against the shared-weight ResNets on scikit-learn's digits, and the per-class "
     "pattern-dependent depth.",
+    "flows_2d": "Data (left) and the densities learned by the unregularised (FFJORD) and kinetic + Jacobian "
+    "regularised (RNODE) flows, first seed.",
 }
 
 INTRO = """\

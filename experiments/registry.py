@@ -40,6 +40,10 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
         "cde_nets.experiments.long_conservation",
         "Energy error over 10^5 steps: Gauss-Legendre, Yoshida, split vs explicit RK on H1/H2",
     ),
+    "flows_2d": (
+        "cde_nets.experiments.flows_2d",
+        "FFJORD vs RNODE: 2-D density flows, NLL/NFE/time unregularised vs kinetic + Jacobian",
+    ),
 }
 
 
