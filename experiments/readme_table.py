@@ -16,9 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from .margins import RECORDED, check
+from .margins import RECORDED, check, describe
+from .reference import attach, reference_cell
 from .registry import REPRODUCTIONS
-from .report import _fmt
+from .report import _fmt, seeds_label
+from .seeds import summary
 
 FOLD_ROWS = 40  # longer sections (the adjoint and conservation sweeps) fold into a collapsible block
 ARCH_START, ARCH_END = "<!-- architectures:start -->", "<!-- architectures:end -->"
@@ -60,13 +62,14 @@ def margin_table(results_dir: Path) -> list[str]:
     out = [
         "## Margins",
         "",
-        "Full setting; `python -m cde_nets.experiments.margins` checks them.",
+        "Full setting; `python -m cde_nets.experiments.margins` checks them. Over several seeds a margin is met "
+        "when our mean is on its side or the bound lies within our mean ± 2 sd (the interval shown).",
         "",
         "| reproduction | setting | margin | published | ours | status |",
         "|---|---|---|---|---|---|",
     ]
     for r in check(results_dir):
-        ours = "—" if r["ours"] is None else f"{r['ours']:.8g}"
+        ours = describe(r)
         out.append(
             f"| {r['reproduction']} | {r['setting']} | {r['margin']} | {r['published']} | {ours} | {r['status']} |"
         )
@@ -78,14 +81,26 @@ def _cell(text: str) -> str:
 
 
 def _section(name: str, res: dict, figures: Path) -> list[str]:
-    where = f"{res['size']} setting, seed {res['seed']}, {res['time_s']:.0f} s"
+    where = f"{res['size']} setting, {seeds_label(res)}, {res['time_s']:.0f} s"
     rows = res["rows"]
-    body = ["| setting | published | ours |", "|---|---|---|"]
+    with_ref = any(r.get("reference") for r in rows)
+    if with_ref:
+        body = ["| setting | published | reference code | ours |", "|---|---|---|---|"]
+    else:
+        body = ["| setting | published | ours |", "|---|---|---|"]
     body += [
         f"| {_cell(r['setting'])} | {_cell(_fmt(r['published'], r.get('unit', '')))} | "
-        f"{_cell(_fmt(r['ours'], r.get('unit', '')))} |"
+        + (f"{_cell(reference_cell(r))} | " if with_ref else "")
+        + f"{_cell(summary(r))} |"
         for r in rows
     ]
+    if with_ref:
+        ref = res["reference_code"]
+        body += [
+            "",
+            f"_Reference code: {ref['repository']} at {ref['commit'][:12]}, {ref['command']}; patches: "
+            f"{ref['patches']}._",
+        ]
     body += [""] + [f"_{n}_\n" for n in res.get("notes", [])]
     out = [f"## {name}", "", f"{REPRODUCTIONS[name][1]} ({where}).", ""]
     if len(rows) > FOLD_ROWS:
@@ -106,7 +121,7 @@ def reproductions_page(results_dir: Path, figures: Path) -> str:
         if not path.exists():
             out += [f"## {name}", "", "Not run in this setting.", ""]
             continue
-        out += _section(name, json.loads(path.read_text()), figures)
+        out += _section(name, attach(json.loads(path.read_text())), figures)
     return "\n".join(out).rstrip() + "\n"
 
 
