@@ -20,6 +20,7 @@ from .margins import RECORDED, check, describe
 from .reference import attach, reference_cell
 from .registry import REPRODUCTIONS
 from .report import _fmt, seeds_label
+from .seed_figure import seed_figure
 from .seeds import summary
 
 FOLD_ROWS = 40  # longer sections (the adjoint and conservation sweeps) fold into a collapsible block
@@ -51,6 +52,10 @@ stopped (finished ones are not retrained) and ends with the uninterrupted run's 
 The tables below come from the JSON in `experiments/recorded_results/` (full setting where it was run, otherwise
 the quick setting; each section says which). The first lists the margins the full setting must meet (as data in
 `experiments/margins.py`; `python -m cde_nets.experiments.margins` checks a results folder and exits 1 on a miss).
+A training reproduction at the full setting runs over seeds (`--seeds N`, 5 by default; `--workers N` runs them in
+parallel; each seed's JSON is kept and `--resume` reads finished seeds back): its rows read mean ± sample standard
+deviation (min–max, number of seeds), the per-seed numbers are in the JSON. Where the reference implementation was
+run here on the same seeds, a "reference code" column gives its mean ± sd (commit and command under the table).
 H-DNN runs use the reference's training protocol (`experiments/hdnn_protocol.py`: read-out refit from zero per
 batch and at the end, Adam bias correction counted in epochs). Paper letters (H, R, B, S, N) are defined in the
 [bibliography](bibliography.md).
@@ -108,6 +113,15 @@ def _section(name: str, res: dict, figures: Path) -> list[str]:
         out += [("    " + line) if line else "" for line in "\n".join(body).split("\n")]
     else:
         out += body
+    if (figures / f"{name}_seeds.png").exists():
+        seeds = len(res.get("seeds", [res["seed"]]))
+        out += [
+            "",
+            f"![{name} over seeds](figures/{name}_seeds.png)",
+            "",
+            f"_Test accuracies: ours (mean ± sd over {seeds} seed{'s' if seeds > 1 else ''}), the reference code's "
+            "runs where recorded (hatched), the published numbers as black markers._",
+        ]
     if (figures / f"{name}.png").exists():
         out += ["", f"![{name}](figures/{name}.png)", "", f"_{CAPTIONS.get(name, name)}_"]
     return out + [""]
@@ -170,7 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             else f"stale: {', '.join(stale)}; rerun `python -m cde_nets.experiments.readme_table`"
         )
         return 1 if stale else 0
-    for path, text in generated.items():
+    for name in REPRODUCTIONS:  # the figures first: the page links those that exist
+        src, png = Path(a.src) / f"{name}.json", Path(a.docs) / "figures" / f"{name}_seeds.png"
+        if src.exists() and seed_figure(attach(json.loads(src.read_text())), png):
+            print(f"wrote {png}")
+    for path, text in pages(Path(a.docs), Path(a.src)).items():
         path.write_text(text)
         print(f"wrote {path}")
     return 0
