@@ -35,6 +35,13 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
             "double moons, H2, 2 layers (test)": {0: 99.5, 1: 94.9},
         },
     ),
+    "hdnn_fig4": (
+        "examples/run_MLP.py with n_layers = L, torch.manual_seed(N) and numpy.random.seed(N) first, the plots "
+        "left out",
+        {
+            "tanh MLP, 8 layers: test accuracy": {0: 96.60, 1: 95.03, 2: 94.40, 3: 90.75, 4: 94.95},
+        },
+    ),
     "hdnn_table2": (
         "train_2d_example(dataset, 'H2', 16, n_layers=4, t_end=2.0, sparse='sparse' | 'full', seed=N) as "
         "examples/run_distributed.py calls it",
