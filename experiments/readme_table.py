@@ -22,6 +22,7 @@ from .registry import REPRODUCTIONS
 from .report import _fmt, seeds_label
 from .seed_figure import seed_figure
 from .seeds import summary
+from .verdicts import FOOTNOTES, verdict
 
 FOLD_ROWS = 40  # longer sections (the adjoint and conservation sweeps) fold into a collapsible block
 ARCH_START, ARCH_END = "<!-- architectures:start -->", "<!-- architectures:end -->"
@@ -89,16 +90,25 @@ def _section(name: str, res: dict, figures: Path) -> list[str]:
     where = f"{res['size']} setting, {seeds_label(res)}, {res['time_s']:.0f} s"
     rows = res["rows"]
     with_ref = any(r.get("reference") for r in rows)
+    notes: list[str] = []
     if with_ref:
-        body = ["| setting | published | reference code | ours |", "|---|---|---|---|"]
+        body = ["| setting | published | reference code | ours | verdict |", "|---|---|---|---|---|"]
     else:
         body = ["| setting | published | ours |", "|---|---|---|"]
-    body += [
-        f"| {_cell(r['setting'])} | {_cell(_fmt(r['published'], r.get('unit', '')))} | "
-        + (f"{_cell(reference_cell(r))} | " if with_ref else "")
-        + f"{_cell(summary(r))} |"
-        for r in rows
-    ]
+    for r in rows:
+        cells = [_cell(r["setting"]), _cell(_fmt(r["published"], r.get("unit", "")))]
+        if with_ref:
+            cells.append(_cell(reference_cell(r)))
+        cells.append(_cell(summary(r)))
+        if with_ref:
+            v = verdict(r) or "—"
+            note = FOOTNOTES.get((name, r["setting"]))
+            if note:
+                notes.append(note)
+                v += f" [{len(notes)}]"
+            cells.append(v)
+        body.append("| " + " | ".join(cells) + " |")
+    body += [""] + [f"[{i}] {note}\n" for i, note in enumerate(notes, 1)] if notes else []
     if with_ref:
         ref = res["reference_code"]
         body += [

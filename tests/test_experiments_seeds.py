@@ -68,3 +68,15 @@ def test_tiny_seed_loop_matches_single_runs_resumes_per_seed_and_shows_the_refer
     assert main([NAME, "--tiny", "--threads", "1", "--seeds", "2", "--resume", "--out", str(loop)]) == 0
     assert "finished before, read back" in capsys.readouterr().out  # neither seed trained again
     assert json.loads((loop / f"{NAME}.json").read_text())["rows"] == res["rows"]
+
+
+def test_verdicts_compare_with_the_reference_spread_then_with_published():
+    from cde_nets.experiments.verdicts import verdict
+
+    ref = {"values": [90.0, 94.0], "mean": 92.0, "sd": 2.0}
+    row = {"published": 100.0, "unit": "%", "sd": 1.0}
+    assert verdict({**row, "ours": 88.0, "reference": ref}) == "within reference"  # |88 − 92| = 2 sd
+    assert verdict({**row, "ours": 87.9, "reference": ref}) == "outside"
+    assert verdict({**row, "ours": 98.0}) == "within published"  # 100 within 98 ± 2
+    assert verdict({**row, "ours": 97.9}) == "outside"
+    assert verdict({**row, "ours": 100.0, "reference": ref}) == "within published"  # above the reference: at published

@@ -1,0 +1,42 @@
+"""Each row's verdict against the reference code's spread (or the published number), and the footnotes that give
+the cause of every row outside it, with what was tried.
+
+A row is *within reference* when our mean lies within two of the reference code's standard deviations of its mean
+(two or more reference seeds), else *within published* when the published number lies within our mean ± 2 sd or
+our mean is above it. Otherwise it is *outside* and needs a footnote (:data:`FOOTNOTES`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["FOOTNOTES", "verdict"]
+
+# (reproduction, row setting) -> the cause found, or what was tried where none was.
+FOOTNOTES: dict[tuple[str, str], str] = {
+    ("hdnn_fig4", "tanh MLP, 8 layers: test accuracy"): (
+        "The reference code (run_MLP.py) on seeds 0-4 gives 94.3 ± 2.2 %, where ours lies; its published 99.7 % "
+        "is not what it gives on these seeds. Checked against it: data (double moons in features 0 and 5 of R⁶), "
+        "N(0, 1) init, weight decay 1e-4 · ½ Σ_{j<N−1}(‖K_j‖² + ‖b_j‖²), per-batch read-out refits, epoch-counted "
+        "Adam bias correction. Tried its one remaining difference, the final read-out refit with the epoch-counted "
+        "bias correction: 93.14 ± 1.48 % against 93.12 ± 1.51 % (seeds 0-4), no change."
+    ),
+    ("hdnn_table2", "swiss roll, centralised, 4 layers (test)"): (
+        "Seed spread, in the reference code too: its run_distributed.py gives 73.9 / 85.9 % on seeds 0 / 1. The "
+        "centralised net has full 8×8 blocks K_p, K_q ~ N(0, 1) and h = 0.5, so ‖h K Kᵀ‖ ≈ 16 per layer at "
+        "initialisation: training lands in one of a few basins (per-seed numbers above). Tried the reference's "
+        "own update (q first, J = [[0, I], [−I, 0]] as its H2_sparse): 94.9 / 76.2 / 74.9 % on seeds 0-2, the "
+        "same spread. The protocol behind the published 100 % is not in the paper or the code."
+    ),
+}
+
+
+def verdict(row: dict) -> str | None:
+    """``within reference``, ``within published``, ``outside`` (footnoted), or None where nothing is compared."""
+    mean, ref, published = row.get("ours"), row.get("reference"), row.get("published")
+    if not isinstance(mean, (int, float)):
+        return None
+    if ref and len(ref["values"]) > 1 and abs(mean - ref["mean"]) <= 2 * ref["sd"]:
+        return "within reference"
+    if isinstance(published, (int, float)) and row.get("unit") == "%":
+        sd = row.get("sd", 0.0)
+        return "within published" if mean >= published or abs(mean - published) <= 2 * sd else "outside"
+    return "outside" if ref and len(ref["values"]) > 1 else None
