@@ -17,7 +17,10 @@ __all__ = ["REFERENCE", "attach", "reference_cell"]
 
 REPO = "DecodEPFL/HamiltonianNet"
 COMMIT = "288ffbef7e454f7d4f8f4e8cb7ba33bca6e50bae"
-PATCHES = "out-of-place state update; Adam's step as a tensor (both needed by torch >= 2)"
+PATCHES = (
+    "the H-DNN classes' in-place state update written out of place; Adam's step stored as a tensor (both needed by "
+    "torch >= 2)"
+)
 
 # reproduction -> (command, {row setting -> {seed: test accuracy %}})
 REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
