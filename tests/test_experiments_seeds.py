@@ -78,5 +78,6 @@ def test_verdicts_compare_with_the_reference_spread_then_with_published():
     assert verdict({**row, "ours": 88.0, "reference": ref}) == "within reference"  # |88 − 92| = 2 sd
     assert verdict({**row, "ours": 87.9, "reference": ref}) == "outside"
     assert verdict({**row, "ours": 98.0}) == "within published"  # 100 within 98 ± 2
-    assert verdict({**row, "ours": 97.9}) == "outside"
+    assert verdict({**row, "ours": 97.9, "n_seeds": 5}) == "outside"
+    assert verdict({"published": 100.0, "unit": "%", "ours": 97.9}) == "not judged (one seed)"
     assert verdict({**row, "ours": 100.0, "reference": ref}) == "within published"  # above the reference: at published
