@@ -46,11 +46,12 @@ def verdict(row: dict) -> str | None:
     mean, ref, published = row.get("ours"), row.get("reference"), row.get("published")
     if not isinstance(mean, (int, float)):
         return None
-    if ref and len(ref["values"]) > 1 and abs(mean - ref["mean"]) <= 2 * ref["sd"]:
+    spread = bool(ref) and len(ref["values"]) > 1
+    if spread and abs(mean - ref["mean"]) <= 2 * ref["sd"]:
         return "within reference"
-    if isinstance(published, (int, float)) and row.get("unit") == "%":
-        sd = row.get("sd", 0.0)
-        if mean >= published or abs(mean - published) <= 2 * sd:
-            return "within published"
-        return "outside" if row.get("n_seeds", 1) > 1 else "not judged (one seed)"
-    return "outside" if ref and len(ref["values"]) > 1 else None
+    judged = isinstance(published, (int, float)) and row.get("unit") == "%"
+    if judged and (mean >= published or abs(mean - published) <= 2 * row.get("sd", 0.0)):
+        return "within published"
+    if spread or (judged and row.get("n_seeds", 1) > 1):
+        return "outside"
+    return "not judged (one seed)" if judged else None
