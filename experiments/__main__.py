@@ -1,5 +1,9 @@
-"""``python -m cde_nets.experiments [<name>|all] [--quick|--tiny] [--seed N] [--out results] [--resume]``
-(also ``cde-nets experiments …``).
+"""``python -m cde_nets.experiments [<name>|all] [--quick|--tiny] [--seed N] [--seeds N] [--workers N] [--out results]
+[--resume]`` (also ``cde-nets experiments …``).
+
+A training reproduction at the full setting runs over 5 seeds (``--seed``, ``--seed + 1``, …; ``--seeds`` changes
+the count; quick and tiny keep one), in ``--workers`` parallel processes, and reports per row the mean ± standard
+deviation and the range, the per-seed numbers kept in the JSON (:mod:`experiments.seeds`).
 
 With no name it lists the reproductions and their running times; ``all`` runs every one. Every training writes an
 atomic per-epoch checkpoint under ``OUT/checkpoints/<name>-<size>-seed<N>/``; after a crash or a kill, the same
@@ -20,8 +24,10 @@ from cde_nets.checkpoint import RunInUseError, RunLock
 from cde_nets.cli import did_you_mean
 from cde_nets.training import checkpointing
 
+from .reference import attach
 from .registry import REPRODUCTIONS, recorded_only, runner, times, total
 from .report import format_table, write_result
+from .seeds import default_seeds, default_workers, run_seeds
 
 
 def _seconds(s: float | None) -> str:
@@ -93,7 +99,20 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="reduced setting (main job)")
     size.add_argument("--tiny", dest="size", action="store_const", const="tiny", help="seconds (test suite)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="seeds per reproduction: --seed, --seed + 1, ... (default: 5 for a training reproduction at the full "
+        "setting, 1 otherwise); each seed's result is kept in OUT/seeds/",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="seeds run in parallel processes (default: as many as the cores hold at 2 threads a run)",
+    )
     parser.add_argument("--out", default="results", help="directory for <name>.json and PNG plots")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument(
@@ -119,6 +138,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
         parser.error(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be a positive integer (torch intra-op threads), got {args.threads}")
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds must be a positive integer (how many seeds to run), got {args.seeds}")
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers must be a positive integer (parallel processes), got {args.workers}")
+    if args.seeds is not None and args.seed + args.seeds > 2**32:
+        parser.error(f"--seed + --seeds must stay within 2**32, got {args.seed} + {args.seeds}")
     if args.threads:
         torch.set_num_threads(args.threads)
     size = args.size or "full"
@@ -137,9 +162,23 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
     try:
         t0 = time.perf_counter()
         for name in names:
-            ckpt_dir = Path(args.out) / "checkpoints" / f"{name}-{size}-seed{args.seed}"
-            with checkpointing(ckpt_dir, resume=args.resume) if args.checkpoints else nullcontext():
-                res = runner(name)(size=size, seed=args.seed, out_dir=args.out)
+            n_seeds = args.seeds or default_seeds(name, size)
+            if n_seeds > 1:
+                res = run_seeds(
+                    name,
+                    size,
+                    list(range(args.seed, args.seed + n_seeds)),
+                    args.out,
+                    workers=args.workers or default_workers(n_seeds, args.threads),
+                    threads=args.threads,
+                    resume=args.resume,
+                    checkpoints=args.checkpoints,
+                )
+            else:
+                ckpt_dir = Path(args.out) / "checkpoints" / f"{name}-{size}-seed{args.seed}"
+                with checkpointing(ckpt_dir, resume=args.resume) if args.checkpoints else nullcontext():
+                    res = runner(name)(size=size, seed=args.seed, out_dir=args.out)
+            res = attach(res)
             path = write_result(res, args.out)
             print(format_table(res))
             print(f"\n(wrote {path})\n", flush=True)

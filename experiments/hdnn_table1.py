@@ -3,7 +3,8 @@
 Setting of the reference implementation: N = 8000 points (train = even, test = odd indices), the 2-D
 point in features 0 and 3 of R⁴ (zeros elsewhere), J = [[0, −I], [I, 0]], sigmoid(linear) read-out, BCE, Adam
 lr 0.05, batch 125, 50 epochs, smoothness penalty 5e-4 · R_K, and its read-out refits and epoch-counted Adam bias
-correction (:mod:`experiments.hdnn_protocol`).
+correction (:mod:`experiments.hdnn_protocol`). H2 updates ``q`` first, as the reference code does
+(:data:`experiments.common.HDNN_SCHEMES`).
 """
 
 from __future__ import annotations

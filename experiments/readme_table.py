@@ -16,9 +16,13 @@ import json
 import sys
 from pathlib import Path
 
-from .margins import RECORDED, check
+from .margins import RECORDED, check, describe
+from .reference import attach, reference_cell
 from .registry import REPRODUCTIONS
-from .report import _fmt
+from .report import _fmt, seeds_label
+from .seed_figure import seed_figure
+from .seeds import summary
+from .verdicts import FOOTNOTES, verdict
 
 FOLD_ROWS = 40  # longer sections (the adjoint and conservation sweeps) fold into a collapsible block
 ARCH_START, ARCH_END = "<!-- architectures:start -->", "<!-- architectures:end -->"
@@ -54,6 +58,10 @@ stopped (finished ones are not retrained) and ends with the uninterrupted run's 
 The tables below come from the JSON in `experiments/recorded_results/` (full setting where it was run, otherwise
 the quick setting; each section says which). The first lists the margins the full setting must meet (as data in
 `experiments/margins.py`; `python -m cde_nets.experiments.margins` checks a results folder and exits 1 on a miss).
+A training reproduction at the full setting runs over seeds (`--seeds N`, 5 by default; `--workers N` runs them in
+parallel; each seed's JSON is kept and `--resume` reads finished seeds back): its rows read mean ± sample standard
+deviation (min–max, number of seeds), the per-seed numbers are in the JSON. Where the reference implementation was
+run here on the same seeds, a "reference code" column gives its mean ± sd (commit and command under the table).
 H-DNN runs use the reference's training protocol (`experiments/hdnn_protocol.py`: read-out refit from zero per
 batch and at the end, Adam bias correction counted in epochs). Paper letters (H, R, B, S, N) are defined in the
 [bibliography](bibliography.md).
@@ -65,13 +73,14 @@ def margin_table(results_dir: Path) -> list[str]:
     out = [
         "## Margins",
         "",
-        "Full setting; `python -m cde_nets.experiments.margins` checks them.",
+        "Full setting; `python -m cde_nets.experiments.margins` checks them. Over several seeds a margin is met "
+        "when our mean is on its side or the bound lies within our mean ± 2 sd (the interval shown).",
         "",
         "| reproduction | setting | margin | published | ours | status |",
         "|---|---|---|---|---|---|",
     ]
     for r in check(results_dir):
-        ours = "—" if r["ours"] is None else f"{r['ours']:.8g}"
+        ours = describe(r)
         out.append(
             f"| {r['reproduction']} | {r['setting']} | {r['margin']} | {r['published']} | {ours} | {r['status']} |"
         )
@@ -83,14 +92,35 @@ def _cell(text: str) -> str:
 
 
 def _section(name: str, res: dict, figures: Path) -> list[str]:
-    where = f"{res['size']} setting, seed {res['seed']}, {res['time_s']:.0f} s"
+    where = f"{res['size']} setting, {seeds_label(res)}, {res['time_s']:.0f} s"
     rows = res["rows"]
-    body = ["| setting | published | ours |", "|---|---|---|"]
-    body += [
-        f"| {_cell(r['setting'])} | {_cell(_fmt(r['published'], r.get('unit', '')))} | "
-        f"{_cell(_fmt(r['ours'], r.get('unit', '')))} |"
-        for r in rows
-    ]
+    with_ref = any(r.get("reference") for r in rows)
+    notes: list[str] = []
+    if with_ref:
+        body = ["| setting | published | reference code | ours | verdict |", "|---|---|---|---|---|"]
+    else:
+        body = ["| setting | published | ours |", "|---|---|---|"]
+    for r in rows:
+        cells = [_cell(r["setting"]), _cell(_fmt(r["published"], r.get("unit", "")))]
+        if with_ref:
+            cells.append(_cell(reference_cell(r)))
+        cells.append(_cell(summary(r)))
+        if with_ref:
+            v = verdict(r) or "—"
+            note = FOOTNOTES.get((name, r["setting"]))
+            if note:
+                notes.append(note)
+                v += f" [{len(notes)}]"
+            cells.append(v)
+        body.append("| " + " | ".join(cells) + " |")
+    body += [""] + [f"[{i}] {note}\n" for i, note in enumerate(notes, 1)] if notes else []
+    if with_ref:
+        ref = res["reference_code"]
+        body += [
+            "",
+            f"_Reference code: {ref['repository']} at {ref['commit'][:12]}, {ref['command']}; patches: "
+            f"{ref['patches']}._",
+        ]
     body += [""] + [f"_{n}_\n" for n in res.get("notes", [])]
     out = [f"## {name}", "", f"{REPRODUCTIONS[name][1]} ({where}).", ""]
     if len(rows) > FOLD_ROWS:
@@ -98,6 +128,15 @@ def _section(name: str, res: dict, figures: Path) -> list[str]:
         out += [("    " + line) if line else "" for line in "\n".join(body).split("\n")]
     else:
         out += body
+    if (figures / f"{name}_seeds.png").exists():
+        seeds = len(res.get("seeds", [res["seed"]]))
+        out += [
+            "",
+            f"![{name} over seeds](figures/{name}_seeds.png)",
+            "",
+            f"_Test accuracies: ours (mean ± sd over {seeds} seed{'s' if seeds > 1 else ''}), the reference code's "
+            "runs where recorded (hatched), the published numbers as black markers._",
+        ]
     if (figures / f"{name}.png").exists():
         out += ["", f"![{name}](figures/{name}.png)", "", f"_{CAPTIONS.get(name, name)}_"]
     return out + [""]
@@ -111,7 +150,7 @@ def reproductions_page(results_dir: Path, figures: Path) -> str:
         if not path.exists():
             out += [f"## {name}", "", "Not run in this setting.", ""]
             continue
-        out += _section(name, json.loads(path.read_text()), figures)
+        out += _section(name, attach(json.loads(path.read_text())), figures)
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -160,7 +199,11 @@ def main(argv: list[str] | None = None) -> int:
             else f"stale: {', '.join(stale)}; rerun `python -m cde_nets.experiments.readme_table`"
         )
         return 1 if stale else 0
-    for path, text in generated.items():
+    for name in REPRODUCTIONS:  # the figures first: the page links those that exist
+        src, png = Path(a.src) / f"{name}.json", Path(a.docs) / "figures" / f"{name}_seeds.png"
+        if src.exists() and seed_figure(attach(json.loads(src.read_text())), png):
+            print(f"wrote {png}")
+    for path, text in pages(Path(a.docs), Path(a.src)).items():
         path.write_text(text)
         print(f"wrote {path}")
     return 0

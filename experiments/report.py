@@ -78,17 +78,29 @@ def _fmt(v: Any, unit: str) -> str:
     return f"{v}{(' ' + unit) if unit and not isinstance(v, str) else ''}"
 
 
+def seeds_label(res: dict) -> str:
+    """``seed 0`` or ``seeds 0–4`` (a result aggregated over seeds carries their list)."""
+    seeds = res.get("seeds", [res["seed"]])
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]}"
+
+
 def format_table(res: dict) -> str:
-    """A markdown table of the rows."""
+    """A markdown table of the rows: ``mean ± sd (min–max)`` where the result is over several seeds, and a
+    column for the reference code's runs where a row has them (:func:`experiments.reference.reference_cell`)."""
+    from .reference import reference_cell
+    from .seeds import summary
+
+    with_ref = any(r.get("reference") for r in res["rows"])
     lines = [
-        f"### {res['name']} ({res['size']}, seed {res['seed']}, {res['time_s']:.1f} s)",
+        f"### {res['name']} ({res['size']}, {seeds_label(res)}, {res['time_s']:.1f} s)",
         "",
-        "| setting | published | ours |",
-        "|---|---|---|",
+        "| setting | published | reference code | ours |" if with_ref else "| setting | published | ours |",
+        "|---|---|---|---|" if with_ref else "|---|---|---|",
     ]
     for r in res["rows"]:
         unit = r.get("unit", "")
-        lines.append(f"| {r['setting']} | {_fmt(r['published'], unit)} | {_fmt(r['ours'], unit)} |")
+        ref = f" {reference_cell(r)} |" if with_ref else ""
+        lines.append(f"| {r['setting']} | {_fmt(r['published'], unit)} |{ref} {summary(r)} |")
     for n in res.get("notes", []):
         lines.append(f"\n_{n}_")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ def test_table1_tiny_via_cli(tmp_path, capsys):
     h_rows = [r for r in res["rows"] if r["published"] is not None]
     assert len(h_rows) == 4 and all(0 <= r["ours"] <= 100 for r in h_rows)
     assert {r["published"] for r in h_rows} <= {v for pair in PUBLISHED.values() for v in pair}
-    assert "| setting | published | ours |" in capsys.readouterr().out
+    assert "| setting | published | reference code | ours |" in capsys.readouterr().out
 
 
 def test_margins_judge_only_full_runs_and_name_misses(tmp_path):

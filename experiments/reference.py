@@ -1,0 +1,90 @@
+"""The reference implementation's own numbers, run here, beside ours: per seed, with the commit and the command.
+
+HamiltonianNet (Galimberti et al.'s code) is a benchmark peer, run for comparison only: never imported, never
+shipped. Its runs were made on this project's 2-core machine under torch 2.13 with two mechanical patches that
+torch ≥ 2 needs (the state update written out of place; Adam's ``step`` stored as a tensor), and the seed passed to
+``train_2d_example(..., seed=N)`` (``torch.manual_seed`` and ``numpy.random.seed``).
+
+:func:`attach` adds them to a result's rows as ``row["reference"] = {"seeds", "values", "mean", "sd"}`` and the
+provenance as ``result["reference_code"]``; the tables then show published | reference code | ours.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["REFERENCE", "attach", "reference_cell"]
+
+REPO = "DecodEPFL/HamiltonianNet"
+COMMIT = "288ffbef7e454f7d4f8f4e8cb7ba33bca6e50bae"
+PATCHES = (
+    "the H-DNN classes' in-place state update written out of place; Adam's step stored as a tensor (both needed by "
+    "torch >= 2)"
+)
+
+# reproduction -> (command, {row setting -> {seed: test accuracy %}})
+REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
+    "hdnn_table1": (
+        "train_2d_example(dataset, net_type, nf=4, n_layers=L, t_end=1.2, seed=N) as examples/run.py calls it "
+        "(net_type H1_J1 for H1)",
+        {
+            "swiss roll, H1, 4 layers (test)": {0: 89.4, 1: 85.6},
+            "swiss roll, H1, 8 layers (test)": {0: 98.3, 1: 96.2},
+            "swiss roll, H2, 4 layers (test)": {0: 91.7, 1: 75.1},
+            "swiss roll, H2, 16 layers (test)": {0: 82.9, 1: 91.7},
+            "double moons, H1, 1 layers (test)": {0: 91.3, 1: 88.4},
+            "double moons, H1, 2 layers (test)": {0: 100.0, 1: 93.3},
+            "double moons, H2, 1 layers (test)": {0: 86.2, 1: 90.8},
+            "double moons, H2, 2 layers (test)": {0: 99.5, 1: 94.9},
+        },
+    ),
+    "hdnn_fig4": (
+        "examples/run_MLP.py with n_layers = L, torch.manual_seed(N) and numpy.random.seed(N) first, the plots "
+        "left out",
+        {
+            "tanh MLP, 8 layers: test accuracy": {0: 96.60, 1: 95.03, 2: 94.40, 3: 90.75, 4: 94.95},
+            "tanh MLP, 32 layers: test accuracy": {0: 49.83, 1: 49.90, 2: 49.80, 3: 48.53, 4: 49.88},
+        },
+    ),
+    "hdnn_table2": (
+        "train_2d_example(dataset, 'H2', 16, n_layers=4, t_end=2.0, sparse='sparse' | 'full', seed=N) as "
+        "examples/run_distributed.py calls it",
+        {
+            "swiss roll, distributed, 4 layers (test)": {0: 97.98, 1: 95.88},
+            "swiss roll, centralised, 4 layers (test)": {0: 73.88, 1: 85.90},
+            "double circles, distributed, 4 layers (test)": {0: 99.70, 1: 99.03},
+            "double circles, centralised, 4 layers (test)": {0: 99.93, 1: 95.18},
+        },
+    ),
+}
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, sd
+
+
+def attach(res: dict) -> dict:
+    """``res`` with the reference code's runs on its rows (those it has), and their provenance."""
+    if res["name"] not in REFERENCE:
+        return res
+    command, table = REFERENCE[res["name"]]
+    rows = []
+    for r in res["rows"]:
+        runs = table.get(r["setting"])
+        if runs:
+            mean, sd = _mean_sd(list(runs.values()))
+            r = {**r, "reference": {"seeds": list(runs), "values": list(runs.values()), "mean": mean, "sd": sd}}
+        rows.append(r)
+    provenance = {"repository": REPO, "commit": COMMIT, "command": command, "patches": PATCHES}
+    return {**res, "rows": rows, "reference_code": provenance}
+
+
+def reference_cell(row: dict) -> str:
+    """``mean ± sd (n seeds)`` of the reference code's runs on ``row``, ``—`` where it has none."""
+    ref = row.get("reference")
+    if not ref:
+        return "—"
+    unit = f" {row['unit']}" if row.get("unit") else ""
+    return f"{ref['mean']:.4g} ± {ref['sd']:.2g}{unit} ({len(ref['values'])} seeds)"

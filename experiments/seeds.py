@@ -1,0 +1,171 @@
+"""A reproduction over seeds: one run per seed (in parallel processes when the cores allow), each kept as its own
+JSON so that a killed run resumes seed by seed, and one result whose rows give the mean, the sample standard
+deviation and the range over the seeds, the per-seed numbers beside them.
+
+A row's ``ours`` becomes the mean over the seeds that measured it; ``sd`` is the sample standard deviation
+(``ddof = 1``; ``0`` for a single seed), ``min``/``max`` the range and ``per_seed`` the numbers in seed order. A
+non-numeric row (``"holds"``, ``"yes"``) keeps its value where every seed agrees and lists them where they do not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from .registry import runner
+from .report import _fmt, write_result
+
+__all__ = ["TRAINING", "default_seeds", "default_workers", "aggregate", "run_seeds", "seed_path", "summary"]
+
+# The reproductions that train a network: their numbers move with the seed. The others are deterministic sweeps.
+TRAINING = frozenset(
+    {
+        "hdnn_table1",
+        "hdnn_fig4",
+        "hdnn_table2",
+        "ruseckas_circles",
+        "hauser",
+        "blog",
+        "nais_digits",
+        "mnist5k",
+        "noise_robustness",
+    }
+)
+FULL_SEEDS = 5
+THREADS_PER_RUN = 2  # what experiments.common.threads() gives each run
+
+
+def default_seeds(name: str, size: str) -> int:
+    """Five seeds for a training reproduction at the full setting; one otherwise (quick and tiny keep one)."""
+    return FULL_SEEDS if size == "full" and name in TRAINING else 1
+
+
+def default_workers(n_seeds: int, threads: int | None = None) -> int:
+    """As many parallel seeds as the cores this process may use hold runs of ``threads`` threads each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n_seeds, cores // (threads or THREADS_PER_RUN)))
+
+
+def seed_path(out_dir: str | Path, name: str, size: str, seed: int) -> Path:
+    return Path(out_dir) / "seeds" / f"{name}-{size}-seed{seed}.json"
+
+
+def _one_seed(name: str, size: str, seed: int, out_dir: str, threads: int | None, resume: bool, ckpt: bool) -> None:
+    """Run one seed (in this process or a worker) and write its JSON; its figures go to a folder of its own."""
+    import torch
+
+    from cde_nets.training import checkpointing
+
+    if threads:
+        torch.set_num_threads(threads)
+    path = seed_path(out_dir, name, size, seed)
+    ckpt_dir = Path(out_dir) / "checkpoints" / f"{name}-{size}-seed{seed}"
+    with checkpointing(ckpt_dir, resume=resume) if ckpt else nullcontext():
+        res = runner(name)(size=size, seed=seed, out_dir=str(path.parent / f"seed{seed}"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(write_result(res, path.parent / f"seed{seed}"), path)
+
+
+def _finished(out_dir: str | Path, name: str, size: str, seed: int, log: Callable[[str], Any]) -> dict:
+    res = json.loads(seed_path(out_dir, name, size, seed).read_text())  # what the JSON holds, not live objects
+    log(f"{name} seed {seed}: {res['time_s']:.1f} s")
+    return res
+
+
+def _stats(values: list[Any]) -> dict:
+    present = [v for v in values if v is not None]
+    nums = [v for v in present if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    if not nums or len(nums) != len(present):
+        same = present and all(v == present[0] for v in present)
+        return {"ours": present[0] if same else " / ".join(map(str, values))}
+    mean = sum(nums) / len(nums)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in nums) / (len(nums) - 1)) if len(nums) > 1 else 0.0
+    return {"ours": mean, "sd": sd, "min": min(nums), "max": max(nums)}
+
+
+def aggregate(results: list[dict], time_s: float | None = None) -> dict:
+    """One result from the per-seed ``results`` (one reproduction at one setting; seed order kept).
+
+    ``time_s`` is the wall time to report; by default the sum of the seeds' own times."""
+    if not results:
+        raise ValueError("aggregate needs at least one per-seed result")
+    first = results[0]
+    if any(r["name"] != first["name"] or r["size"] != first["size"] for r in results):
+        raise ValueError("aggregate takes results of one reproduction at one setting")
+    settings: list[str] = []
+    for r in results:
+        settings += [row["setting"] for row in r["rows"] if row["setting"] not in settings]
+    rows = []
+    for setting in settings:
+        each = [next((row for row in r["rows"] if row["setting"] == setting), None) for r in results]
+        template = next(row for row in each if row is not None)
+        values = [None if row is None else row["ours"] for row in each]
+        rows.append({**template, **_stats(values), "per_seed": values, "n_seeds": sum(v is not None for v in values)})
+    return {
+        **first,
+        "seeds": [r["seed"] for r in results],
+        "seed_time_s": [r["time_s"] for r in results],
+        "time_s": round(sum(r["time_s"] for r in results) if time_s is None else time_s, 2),
+        "rows": rows,
+    }
+
+
+def run_seeds(
+    name: str,
+    size: str,
+    seeds: list[int],
+    out_dir: str | Path,
+    *,
+    workers: int = 1,
+    threads: int | None = None,
+    resume: bool = False,
+    checkpoints: bool = True,
+    log: Callable[[str], Any] = print,
+) -> dict:
+    """Run ``name`` at ``size`` once per seed and return :func:`aggregate` of the runs.
+
+    Every seed's result is written to ``OUT/seeds/<name>-<size>-seed<N>.json`` as it finishes; with ``resume`` a
+    seed whose file exists is read back instead of run again (an unfinished one continues from its training
+    checkpoints). ``workers > 1`` runs the seeds in that many spawned processes.
+    """
+    t0 = time.perf_counter()
+    done: dict[int, dict] = {}
+    todo = []
+    for seed in seeds:
+        if resume and seed_path(out_dir, name, size, seed).exists():
+            done[seed] = _finished(out_dir, name, size, seed, lambda m: log(m + " (finished before, read back)"))
+        else:
+            todo.append(seed)
+    args = [(name, size, seed, str(out_dir), threads, resume, checkpoints) for seed in todo]
+    if workers > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=get_context("spawn")) as pool:
+            futures = {seed: pool.submit(_one_seed, *a) for seed, a in zip(todo, args)}
+            for seed, fut in futures.items():
+                fut.result()  # a worker's exception is raised here, unchanged
+                done[seed] = _finished(out_dir, name, size, seed, log)
+    else:
+        for seed, a in zip(todo, args):
+            _one_seed(*a)
+            done[seed] = _finished(out_dir, name, size, seed, log)
+    # this invocation's wall time, unless some seeds ran before it: then the seeds' own times, summed
+    return aggregate([done[s] for s in seeds], time_s=None if len(todo) < len(seeds) else time.perf_counter() - t0)
+
+
+def summary(row: dict, digits: int = 4) -> str:
+    """``mean ± sd (min–max, n seeds)`` for a row aggregated over several seeds, the plain value otherwise."""
+    unit = row.get("unit", "")
+    if row.get("n_seeds", 1) < 2 or "sd" not in row:
+        return _fmt(row["ours"], unit)
+    g = f".{digits}g"
+    return (
+        f"{row['ours']:{g}} ± {row['sd']:.2g}{(' ' + unit) if unit else ''} "
+        f"({row['min']:{g}}–{row['max']:{g}}, {row['n_seeds']} seeds)"
+    )

@@ -1,0 +1,83 @@
+"""The seed loop (``--seeds``, ``--workers``, ``--resume`` per seed) and its statistics on the tiny setting, the
+statistical margins, and the reference code's column."""
+
+import json
+import math
+
+import pytest
+
+from cde_nets.experiments.__main__ import main
+from cde_nets.experiments.margins import check, met
+from cde_nets.experiments.seeds import aggregate, default_seeds, summary
+
+NAME = "hdnn_table1"
+
+
+def _result(seed, rows, size="full"):
+    return {"name": NAME, "size": size, "seed": seed, "time_s": 1.5, "rows": rows, "notes": [], "figures": []}
+
+
+def test_aggregate_gives_mean_sample_sd_range_and_keeps_each_seed():
+    rows = [[{"setting": "a", "ours": v, "published": 99.0, "unit": "%"}] for v in (90, 92, 97)]
+    runs = [_result(s, r) for s, r in enumerate(rows)]
+    (row,) = aggregate(runs)["rows"]
+    # mean 93, deviations −3, −1, 4: sample variance (9 + 1 + 16) / 2 = 13
+    assert row["ours"] == 93.0 and row["sd"] == math.sqrt(13.0)
+    assert (row["min"], row["max"], row["per_seed"], row["n_seeds"]) == (90, 97, [90, 92, 97], 3)
+    assert summary(row) == "93 ± 3.6 % (90–97, 3 seeds)"
+    same = aggregate([_result(s, [{"setting": "check", "ours": "holds"}]) for s in range(2)])["rows"][0]
+    assert same["ours"] == "holds"
+    mixed = aggregate([_result(s, [{"setting": "check", "ours": v}]) for s, v in enumerate(("yes", "no"))])
+    assert mixed["rows"][0]["ours"] == "yes / no"  # a disagreement is shown, never averaged away
+
+
+def test_only_training_reproductions_at_the_full_setting_default_to_five_seeds():
+    assert default_seeds("hdnn_table1", "full") == 5
+    assert default_seeds("hdnn_table1", "quick") == default_seeds("hdnn_table1", "tiny") == 1
+    assert default_seeds("conservation", "full") == 1  # a deterministic sweep
+
+
+def test_margins_are_met_within_two_standard_deviations(tmp_path):
+    assert met(">=", 99.0, 98.0, 0.5) and not met(">=", 99.0, 97.9, 0.5)  # 97.9 + 2 · 0.5 < 99
+    assert met("<=", 60.0, 61.0, 0.5) and not met("<=", 60.0, 61.1, 0.5)
+    rows = [{"setting": "swiss roll, H1, 64 layers (test)", "ours": 98.5, "sd": 0.4, "n_seeds": 5}]
+    (tmp_path / f"{NAME}.json").write_text(json.dumps(_result(0, rows)))
+    (r,) = [r for r in check(tmp_path) if r["setting"] == rows[0]["setting"]]
+    assert r["status"] == "met" and r["interval"] == pytest.approx((97.7, 99.3))
+
+
+def test_tiny_seed_loop_matches_single_runs_resumes_per_seed_and_shows_the_reference(tmp_path, capsys):
+    loop, single = tmp_path / "loop", tmp_path / "single"
+    args = [NAME, "--tiny", "--threads", "1", "--no-checkpoints"]
+    assert main([*args, "--seeds", "2", "--workers", "2", "--out", str(loop)]) == 0
+    res = json.loads((loop / f"{NAME}.json").read_text())
+    assert res["seeds"] == [0, 1] and len(res["seed_time_s"]) == 2
+    assert main([*args, "--seed", "1", "--out", str(single)]) == 0
+    one = {r["setting"]: r["ours"] for r in json.loads((single / f"{NAME}.json").read_text())["rows"]}
+    tested = [r for r in res["rows"] if r["published"] is not None]
+    assert len(tested) == 4
+    for r in tested:
+        a, b = r["per_seed"]
+        assert b == one[r["setting"]]  # a seed in the loop is the plain run with that seed, to the bit
+        assert r["ours"] == (a + b) / 2 and r["sd"] == pytest.approx(abs(a - b) / math.sqrt(2), rel=1e-12)
+    ref = {r["setting"]: r["reference"] for r in res["rows"] if "reference" in r}
+    assert ref["double moons, H2, 1 layers (test)"]["values"] == [86.2, 90.8]
+    assert res["reference_code"]["commit"] == "288ffbef7e454f7d4f8f4e8cb7ba33bca6e50bae"
+    assert "| setting | published | reference code | ours |" in capsys.readouterr().out
+
+    assert main([NAME, "--tiny", "--threads", "1", "--seeds", "2", "--resume", "--out", str(loop)]) == 0
+    assert "finished before, read back" in capsys.readouterr().out  # neither seed trained again
+    assert json.loads((loop / f"{NAME}.json").read_text())["rows"] == res["rows"]
+
+
+def test_verdicts_compare_with_the_reference_spread_then_with_published():
+    from cde_nets.experiments.verdicts import verdict
+
+    ref = {"values": [90.0, 94.0], "mean": 92.0, "sd": 2.0}
+    row = {"published": 100.0, "unit": "%", "sd": 1.0}
+    assert verdict({**row, "ours": 88.0, "reference": ref}) == "within reference"  # |88 − 92| = 2 sd
+    assert verdict({**row, "ours": 87.9, "reference": ref}) == "outside"
+    assert verdict({**row, "ours": 98.0}) == "within published"  # 100 within 98 ± 2
+    assert verdict({**row, "ours": 97.9, "n_seeds": 5}) == "outside"
+    assert verdict({"published": 100.0, "unit": "%", "ours": 97.9}) == "not judged (one seed)"
+    assert verdict({**row, "ours": 100.0, "reference": ref}) == "within published"  # above the reference: at published
