@@ -20,6 +20,7 @@ from torch import nn
 from .errors import SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .gradients import Adjoint, Checkpoint, GradientMethod
+from .grids import negated_time_options
 from .piecewise_adjoint import piecewise_adjoint
 from .replay import replay_gradient
 from .tableaux import TABLEAUX
@@ -127,14 +128,7 @@ def kind(method: str) -> str | None:
 
 def flip_options(options: dict, sign: float, shapes: list[torch.Size] | None, adjoint: bool = False) -> dict:
     """Options in the engine's time and state: negated ``step_t``/``jump_t``/grid, a tuple state's ``norm``."""
-    options = dict(options)
-    if sign < 0:
-        for key in ("step_t", "jump_t"):
-            if options.get(key) is not None:
-                options[key] = -torch.as_tensor(options[key])
-        if "grid_constructor" in options:
-            user = options["grid_constructor"]
-            options["grid_constructor"] = lambda f, y0, t: -user(f, y0, -t)
+    options = negated_time_options(options) if sign < 0 else dict(options)
     if shapes is not None and callable(options.get("norm")):
         norm = options["norm"]
         if adjoint:  # the backward state (t, y, a, *parameter gradients): y and a in the user's parts

@@ -10,7 +10,7 @@ import torch
 
 from .options import ADAPTIVE_METHODS
 
-__all__ = ["adjoint_options", "aligned_grid", "grid_constructor", "jump_options"]
+__all__ = ["adjoint_options", "aligned_grid", "grid_constructor", "jump_options", "negated_time_options"]
 
 
 def aligned_grid(boundaries: Sequence[float], step_size: float | None) -> torch.Tensor:
@@ -58,3 +58,16 @@ def adjoint_options(method: str, jump_t, grid, seminorm: bool) -> dict:
     if seminorm and method in ADAPTIVE_METHODS:
         opts["norm"] = "seminorm"
     return opts
+
+
+def negated_time_options(options: dict) -> dict:
+    """``options`` for the same solve in the time ``s = −t`` (how a solve over decreasing times runs forwards, as
+    torchdiffeq does it): ``step_t`` and ``jump_t`` negated, a grid constructor asked and answered in ``t``."""
+    options = dict(options)
+    for key in ("step_t", "jump_t"):
+        if options.get(key) is not None:
+            options[key] = -torch.as_tensor(options[key])
+    if "grid_constructor" in options:
+        grid = options["grid_constructor"]
+        options["grid_constructor"] = lambda f, y0, s: -grid(f, y0, -s)
+    return options

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..counting import Counted
+from ..grids import negated_time_options
 from ..options import OWN_FIXED_METHODS, REVERSIBLE_METHODS
 from ..replay import StepBack, checkpoint_step, replay_gradient
 from ..tableaux import TABLEAUX
@@ -100,13 +101,7 @@ def backwards_in_time(run: Run) -> Run:
     """A solve over decreasing times as the forwards solve in ``s = −t`` (as torchdiffeq runs it): the field,
     the times and the options that hold times (``jump_t``, ``step_t``, the grid) negated. The replay's steps are
     then read forwards, ``s_0 + c_i h``; the field still sees the true times."""
-    options = dict(run.options)
-    for key in ("jump_t", "step_t"):
-        if options.get(key) is not None:
-            options[key] = -torch.as_tensor(options[key])
-    if "grid_constructor" in options:
-        grid = options["grid_constructor"]
-        options["grid_constructor"] = lambda f, y0, s: -grid(f, y0, -s)
+    options = negated_time_options(run.options)
     jump_t = None if run.jump_t is None else -run.jump_t
     grid_t = None if run.grid is None else -run.grid.flip(0)
     func = cast(Counted, _Reversed(run.func))
