@@ -125,8 +125,11 @@ def _property_defect(prop: str, A: np.ndarray, b: np.ndarray) -> float:
     # A-stability: no pole of R in the left half-plane (eigenvalues of A with Re < 0) and |R(iy)| ≤ 1
     ev = np.linalg.eigvals(A)
     defect = max(0.0, float(-ev.real.min()))
-    for y in np.concatenate([-np.logspace(-3, 6, 200), np.logspace(-3, 6, 200)]):
-        defect = max(defect, abs(_stability(A, b, 1j * y)) - 1.0)
+    # |R(iy)| on 400 points of the imaginary axis, one batched solve (import time: this runs for every tableau)
+    z = 1j * np.concatenate([-np.logspace(-3, 6, 200), np.logspace(-3, 6, 200)])
+    s = len(b)
+    k = np.linalg.solve(np.eye(s)[None] - z[:, None, None] * A[None], np.ones((len(z), s, 1), dtype=complex))
+    defect = max(defect, float(np.abs(1 + z * (k[..., 0] @ b)).max()) - 1.0)
     if prop == "L-stable":
         defect = max(defect, abs(_stability(A, b, -1e9)) - 1e-6)
     return max(defect, 0.0) if prop in ("A-stable", "L-stable") else math.inf
