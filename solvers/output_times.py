@@ -35,26 +35,13 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum()
 
 
-class _StartTime(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, field: Field, y0: torch.Tensor, t0: torch.Tensor) -> torch.Tensor:
-        ctx.field = field
-        ctx.save_for_backward(y0, t0)
-        return y0.view_as(y0)
+class _TimeGradient(torch.autograd.Function):
+    """Identity on ``ys`` ``(n, ...)``; backward gives time ``i`` the gradient ``sign · ⟨∂ℒ/∂y_i, F(t_i, y_i)⟩``
+    (``+1``: an output time, ``−1``: the start time, whose state is the given ``y0``)."""
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        y0, t0 = ctx.saved_tensors
-        with torch.no_grad():
-            g_t0 = -_dot(grad, ctx.field(t0, y0)).to(t0.dtype)
-        return None, grad, g_t0
-
-
-class _OutputTimes(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, field: Field, ys: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        ctx.field = field
+    def forward(ctx, field: Field, ys: torch.Tensor, t: torch.Tensor, sign: float) -> torch.Tensor:
+        ctx.field, ctx.sign = field, sign
         ctx.save_for_backward(ys, t)
         return ys.view_as(ys)
 
@@ -64,14 +51,14 @@ class _OutputTimes(torch.autograd.Function):
         ys, t = ctx.saved_tensors
         with torch.no_grad():
             g_t = torch.stack([_dot(grad[i], ctx.field(t[i], ys[i])) for i in range(len(t))]).to(t.dtype)
-        return None, grad, g_t
+        return None, grad, ctx.sign * g_t, None
 
 
 def with_start_time(field: Field, y0: torch.Tensor, t0: torch.Tensor) -> torch.Tensor:
     """``y0`` itself, carrying ``∂ℒ/∂t_0 = −⟨∂ℒ/∂y_0, F(t_0, y_0)⟩`` (``t0``: a 0-d tensor that requires grad)."""
-    return _StartTime.apply(field, y0, t0)
+    return _TimeGradient.apply(field, y0.unsqueeze(0), t0.reshape(1), -1.0)[0]
 
 
 def with_output_times(field: Field, ys: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``ys`` (``(len(t), *state)``) itself, carrying ``∂ℒ/∂t_i = ⟨∂ℒ/∂y(t_i), F(t_i, y(t_i))⟩``."""
-    return _OutputTimes.apply(field, ys, t)
+    return _TimeGradient.apply(field, ys, t, 1.0)
