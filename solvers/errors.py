@@ -63,6 +63,13 @@ def check_positive_int(name: str, value: object, what: str = "") -> int:
     return value
 
 
+def check_odd_kernel_size(value: object) -> int:
+    """``kernel_size`` of a same-size (zero-padded) convolution: a positive odd integer (``bool`` is refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % 2 == 0:
+        raise ValueError(f"`kernel_size` must be a positive odd integer (same-size padding), got {value!r}.")
+    return value
+
+
 def check_init_std(value: float | None) -> float | None:
     """``init_std``: ``None`` (the field's default) or a finite number >= 0 (0 starts the weights at zero)."""
     if value is None:

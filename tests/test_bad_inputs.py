@@ -550,6 +550,18 @@ API: list[Case] = [
         "`kernel_size` must be a positive odd integer \\(sa",
     ),
     (
+        "nais-conv-kernel-bool",
+        lambda: NAISConv(2, kernel_size=True),
+        ValueError,
+        "`kernel_size` must be a positive odd integer \\(sa",
+    ),
+    (
+        "conv-friction-kernel-bool",
+        lambda: CubicFrictionConv(2, kernel_size=True),
+        ValueError,
+        "`kernel_size` must be a positive odd integer \\(sa",
+    ),
+    (
         "nais-delta-big",
         lambda: NAIS(3, 2, eps=0.1, delta=5.0),
         ValueError,

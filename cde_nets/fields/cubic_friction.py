@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cde_nets.solvers.errors import check_init_std, check_positive_int
+from cde_nets.solvers.errors import check_init_std, check_odd_kernel_size, check_positive_int
 
 from ..pieces import Pieces
 from .base import Field, Shared
@@ -143,8 +143,7 @@ class CubicFrictionConv(Field):
     ):
         super().__init__(T=T, layers=layers)
         check_positive_int("channels", channels)
-        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"`kernel_size` must be a positive odd integer (same-size padding), got {kernel_size!r}.")
+        check_odd_kernel_size(kernel_size)
         self.channels = channels
         self.state_shape = (channels, None, None)
         self.kernel_size = kernel_size

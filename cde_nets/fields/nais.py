@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from cde_nets.solvers.errors import check_init_std, check_positive, check_positive_int
+from cde_nets.solvers.errors import check_init_std, check_odd_kernel_size, check_positive, check_positive_int
 
 from ..pieces import Pieces
 from .activations import DERIVATIVES, resolve_activation
@@ -173,8 +173,7 @@ class NAISConv(_Input):
         check_positive_int("channels", channels)
         if not 0 < eps < eta < 1:
             raise ValueError(f"Alg. N2 needs 0 < eps < eta < 1, got eps={eps!r}, eta={eta!r}.")
-        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"`kernel_size` must be a positive odd integer (same-size padding), got {kernel_size!r}.")
+        check_odd_kernel_size(kernel_size)
         self.channels, self.k, self.eps, self.eta = channels, kernel_size, float(eps), float(eta)
         self.state_shape = self.input_shape = (channels, None, None)
         self.activation_name, self.sigma = resolve_activation(activation)
