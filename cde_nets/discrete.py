@@ -143,10 +143,12 @@ class DiscreteNet(Block):
         with gathered(self.field):
             coef = self._coef_views(y0.dim())
             state = self.scheme.init(y0)
-            states = [self.scheme.readout(state)]
-            for l in range(self.field.grid.L):
-                state = self.scheme.step(f, l, state, self.h, coef, l * self.h)
+            states = []
+            for l in range(self.field.grid.L + 1):
+                if l:
+                    state = self.scheme.step(f, l - 1, state, self.h, coef, (l - 1) * self.h)
                 states.append(self.scheme.readout(state))
+                state = self.scheme.with_readout(state, states[-1])
         return states
 
     # -- solving -------------------------------------------------------------------------------------------

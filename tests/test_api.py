@@ -160,3 +160,20 @@ def test_layer_states_are_separate_tensors_of_one_graph():
     assert torch.equal(torch.stack(states), net.solve(y0, t=net.times).ys)
     grads = torch.autograd.grad(states[-1].square().sum(), states)
     assert all(float(g.abs().sum()) > 0 for g in grads)
+
+
+@pytest.mark.parametrize("scheme", ["symplectic_euler", "verlet", "yoshida4"])
+def test_layer_states_of_split_schemes_are_on_the_graph(scheme):
+    """A split scheme carries (p, q) and reads out their concatenation: the next layer must read that readout, or
+    ∂ℒ/∂y_l is missing. ∂ℒ/∂y_0 equals ∂ℒ/∂(input) and ∂ℒ/∂y_L = 2 y_L for ℒ = Σ y_L² (float64, 1e-12)."""
+    from cde_nets import discretize
+
+    torch.manual_seed(0)
+    net = discretize(Hamiltonian(4, layers=5, K="blockdiag").double(), scheme)
+    y0 = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    states = net.layer_states(y0)
+    loss = states[-1].square().sum()
+    grads = torch.autograd.grad(loss, [y0, *states])
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(grads[-1], 2 * states[-1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.stack(states), net.solve(y0, t=net.times).ys, rtol=0, atol=1e-13)

@@ -112,6 +112,11 @@ class Scheme:
         """The field-shaped state of a scheme state."""
         return state[0]
 
+    def with_readout(self, state: State, y: torch.Tensor) -> State:
+        """``state`` with its field-shaped part taken from ``y`` (a :meth:`readout` of it): the next layer then
+        reads ``y``, so a loss is differentiable with respect to it."""
+        return (y,) + tuple(state[1:])
+
     # -- inversion (memory-free backward, :mod:`cde_nets.invertible`) ---------------------------------------
     def check_invertible(self, field: Any) -> None:
         """Raise ``ValueError`` naming the fix unless :meth:`inverse` is exact on ``field`` (this scheme resolved

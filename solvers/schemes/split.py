@@ -88,6 +88,9 @@ class _Split(Scheme):
     def readout(self, state):
         return torch.cat(state, 1)
 
+    def with_readout(self, state, y):
+        return (y[:, : self.n_p], y[:, self.n_p :])
+
     def stages(self, t: float, h: float) -> tuple[tuple[int, float, float], ...]:
         """The half steps of one layer in order: ``(part, c, time)`` for ``z_part ← z_part + c h F_part``."""
         raise NotImplementedError
