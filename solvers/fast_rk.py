@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .rk_stages import Buffered, Graph
 from .tableaux import TABLEAUX, MethodTableau
 from .times import HOST_TIME
 
@@ -145,12 +146,14 @@ class _Clock:
                 setattr(tensor, HOST_TIME, value)
         return ts
 
-    def adaptive_times(self, t0: Scalar, dt: Scalar, t1: Scalar, c: Sequence[float]) -> Sequence[torch.Tensor]:
-        """Stages ``1..s−1`` of an adaptive step: ``t_0 + c_i h`` in the state's dtype, ``c_i = 1`` just before
-        ``t_1``."""
-        if isinstance(t0, torch.Tensor) or isinstance(dt, torch.Tensor):
-            t0y, hy = self.y(t0), self.y(dt)
-            return [self.at(t1, _PREV) if ci == 1.0 else self.at(t0y + self.y(ci) * hy) for ci in c[1:]]
+    def adaptive_times(self, t0: Scalar, hy: Scalar, t1: Scalar, c: Sequence[float]) -> Sequence[torch.Tensor]:
+        """Stages ``1..s−1`` of an adaptive step of size ``hy`` (already in the state's dtype): ``t_0 + c_i h`` in
+        the state's dtype, ``c_i = 1`` just before ``t_1``. While the times carry a graph, ``t_0`` and ``t_1`` are
+        cast once each, as torchdiffeq casts them, so their gradients sum as its do."""
+        if isinstance(t0, torch.Tensor) or isinstance(hy, torch.Tensor) or isinstance(t1, torch.Tensor):
+            t0y, t1y = self.y(t0), self.y(t1)
+            end = self.at(t1y, _PREV)
+            return [end if ci == 1.0 else self.at(t0y + self.y(ci) * hy) for ci in c[1:]]
         t1v = self.nudge(self.y(t1), _PREV)
         if self.single:
             key = tuple(c)
@@ -160,10 +163,10 @@ class _Clock:
                     np.asarray(c[1:], dtype=np.float32),
                     [i for i, ci in enumerate(c[1:]) if ci == 1.0],
                 )
-            ts = np.float32(t0) + cs[0] * np.float32(dt)
+            ts = np.float32(t0) + cs[0] * np.float32(hy)
             ts[cs[1]] = t1v
             return torch.from_numpy(ts).to(self.device).unbind()  # no list round trip
-        return self.many([t1v if ci == 1.0 else t0 + ci * dt for ci in c[1:]])
+        return self.many([t1v if ci == 1.0 else t0 + ci * hy for ci in c[1:]])
 
 
 def _dense_weights(tab: MethodTableau) -> list[list[float]]:
@@ -186,147 +189,6 @@ def _dense_weights(tab: MethodTableau) -> list[list[float]]:
 
 def _f(x: Scalar) -> float:
     return float(x.detach()) if isinstance(x, torch.Tensor) else x
-
-
-class _Buffered:
-    """Stages without a graph: a stage-major buffer ``K`` (``s × N``) whose views are made once, each combination
-    ``y + Σ_j w_j k_j`` one ``addmv`` into a reused buffer, the weights of a step one product ``A · h``."""
-
-    graph = False
-
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float):
-        s, n = tab.stages, y0.numel()
-        self.s, self.n, self.shape = s, n, y0.shape
-        kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
-        self.K = torch.zeros((s, n), **kw)
-        self.rows = [self.K[i].view(y0.shape) for i in range(s)]
-        self.Kt = [self.K[:i].t() for i in range(s + 1)]
-        # rows of the combinations: a_1..a_{s-1}, then b or e (padded with zeros to s)
-        self.A = torch.tensor([list(r) + [0.0] * (s - len(r)) for r in rows], **kw)
-        self.W = torch.empty_like(self.A)
-        self.w = [self.W[i, : min(i + 1, s)] for i in range(len(rows))]
-        # flat buffers and their state-shaped views: y, the next y, a scratch stage input; the caller's y0
-        self.flat = [torch.empty(n, **kw) for _ in range(3)] + [y0.reshape(n)]
-        self.shaped = [f.view(y0.shape) for f in self.flat]
-        self.y0f = self.flat[3]
-        self.cur, self.nxt = 3, 3
-        self.rtol, self.atol = rtol, atol
-        self.err, self.tol = torch.empty(n, **kw), torch.empty(n, **kw)
-        self.absy = [torch.empty(n, **kw), torch.empty(n, **kw)]
-        self.a_cur = self.a_new = torch.abs(self.y0f, out=self.absy[0])
-        self.pair = torch.empty(2, **kw)
-        self.norm_out, self.top_out = self.pair[0], self.pair[1]
-
-    def set(self, i: int, k: torch.Tensor) -> None:
-        self.rows[i].copy_(k)
-
-    def get(self, i: int) -> torch.Tensor:
-        return self.rows[i]
-
-    def weights(self, hy: Scalar) -> None:
-        torch.mul(self.A, hy, out=self.W)
-
-    def run_stages(self, func, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
-        """Stages ``1..s−1`` from the current state; returns the new state (the last stage input when ``fsal``)."""
-        s, y = self.s, self.flat[self.cur]
-        nxt = 1 if self.cur == 0 else 0
-        for i in range(1, s):
-            j = nxt if fsal and i == s - 1 else 2
-            torch.addmv(y, self.Kt[i], self.w[i - 1], out=self.flat[j])
-            self.rows[i].copy_(func(times[i - 1], self.shaped[j]))
-        if not fsal:
-            torch.addmv(y, self.Kt[s], self.w[s - 1], out=self.flat[nxt])
-        self.nxt = nxt
-        return self.shaped[nxt]
-
-    def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
-        """``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` and whether ``y_1`` is finite: one read-back."""
-        err = torch.mv(self.Kt[self.s], self.w[-1], out=self.err)
-        a_new = self.absy[1] if self.a_cur is self.absy[0] else self.absy[0]
-        torch.abs(self.flat[self.nxt], out=a_new)
-        tol = torch.maximum(self.a_cur, a_new, out=self.tol)
-        tol.mul_(self.rtol).add_(self.atol)
-        err.div_(tol)
-        torch.linalg.vector_norm(err, out=self.norm_out)
-        torch.amax(a_new, out=self.top_out)
-        norm, top = self.pair.tolist()
-        self.a_new = a_new
-        return norm / math.sqrt(self.n), math.isfinite(top)
-
-    def accept(self, y_new: torch.Tensor) -> torch.Tensor:
-        self.cur = self.nxt
-        self.a_cur = self.a_new
-        return y_new
-
-    def output(self, y: torch.Tensor) -> torch.Tensor:
-        return y.clone()
-
-    def dense(self, y0: torch.Tensor, w: list[Scalar]) -> torch.Tensor:
-        wt = torch.tensor(w, dtype=self.K.dtype, device=self.K.device)
-        y0f = self.flat[self.cur] if y0 is self.shaped[self.cur] else y0.reshape(self.n)
-        return torch.addmv(y0f, self.Kt[self.s], wt).view(self.shape)
-
-
-class _Graph:
-    """Stages with a graph (``backprop``): the field's outputs kept as they are and stacked for each combination,
-    which is then the same ``addmv`` as without a graph, so both give the same numbers bit for bit. The weights may
-    carry a graph (a first step size that depends on ``y_0``)."""
-
-    graph = True
-
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float):
-        s = tab.stages
-        self.s, self.n, self.shape = s, y0.numel(), y0.shape
-        self.A = torch.tensor([list(r) + [0.0] * (s - len(r)) for r in rows], dtype=y0.dtype, device=y0.device)
-        self.W = self.A
-        self.rtol, self.atol = rtol, atol
-        self.ks: list[torch.Tensor] = [y0] * s
-        self.cur = y0
-
-    def set(self, i: int, k: torch.Tensor) -> None:
-        self.ks[i] = k
-
-    def get(self, i: int) -> torch.Tensor:
-        return self.ks[i]
-
-    def weights(self, hy: Scalar) -> None:
-        self.W = self.A * hy
-
-    def _stacked(self, i: int) -> torch.Tensor:
-        return torch.stack(self.ks[:i]).view(i, self.n).t()
-
-    def _combine(self, y: torch.Tensor, i: int, w: torch.Tensor) -> torch.Tensor:
-        return torch.addmv(y.reshape(self.n), self._stacked(i), w).view(self.shape)
-
-    def run_stages(self, func, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
-        s, Y = self.s, self.cur
-        for i in range(1, s):
-            Y = self._combine(self.cur, i, self.W[i - 1, :i])
-            self.ks[i] = func(times[i - 1], Y)
-        return Y if fsal else self._combine(self.cur, s, self.W[s - 1])
-
-    def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
-        with torch.no_grad():
-            err = torch.mv(self._stacked(self.s), self.W[-1])
-            tol = torch.maximum(self.cur.reshape(self.n).abs(), y_new.reshape(self.n).abs())
-            tol.mul_(self.rtol).add_(self.atol)
-            err.div_(tol)
-            norm, top = torch.stack((torch.linalg.vector_norm(err), y_new.abs().amax())).tolist()
-        return norm / math.sqrt(self.n), math.isfinite(top)
-
-    def accept(self, y_new: torch.Tensor) -> torch.Tensor:
-        self.cur = y_new
-        return y_new
-
-    def output(self, y: torch.Tensor) -> torch.Tensor:
-        return y
-
-    def dense(self, y0: torch.Tensor, w: list[Scalar]) -> torch.Tensor:
-        if any(isinstance(wj, torch.Tensor) for wj in w):
-            wt = torch.stack([wj if isinstance(wj, torch.Tensor) else self.A.new_tensor(wj) for wj in w])
-        else:
-            wt = self.A.new_tensor(w)
-        return self._combine(y0, self.s, wt)
 
 
 def _callback(func: Any, name: str) -> Callable[..., Any]:
@@ -356,11 +218,11 @@ def odeint_fast(
 
 
 def _engine(
-    func, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float
-) -> _Buffered | _Graph:
+    func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float
+) -> Buffered | Graph:
     # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers
     fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
-    return _Graph(y0, tab, rows, rtol, atol) if fresh else _Buffered(y0, tab, rows, rtol, atol)
+    return Graph(y0, tab, last, rtol, atol) if fresh else Buffered(y0, tab, last, rtol, atol)
 
 
 def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: str, options: dict) -> torch.Tensor:
@@ -387,7 +249,7 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
             for ci in c[1:]
         ]
     times = clock.many(values, host=True)
-    eng = _engine(func, y0, tab, [*tab.tableau.a[1:], tab.tableau.b], 0.0, 0.0)
+    eng = _engine(func, y0, tab, tab.tableau.b, 0.0, 0.0)
     step_cb = _callback(func, "callback_step")
     out: list[torch.Tensor] = [y0]
     j, y = 1, y0
@@ -395,7 +257,7 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
         dt = t1 - t0
         step_cb(t0, y, dt)
         eng.set(0, func(times[k * s], y))
-        eng.weights(clock.y(dt))
+        eng.weights(dt)
         y1 = eng.run_stages(func, times[k * s + 1 : (k + 1) * s], fsal=False)
         while j < len(tl) and t1 >= tl[j]:
             if tl[j] == t1:
@@ -431,7 +293,8 @@ class _Adaptive:
         t0 = float(t[0])
         self.jumps = sorted(v for v in ([] if jumps is None else torch.as_tensor(jumps).tolist()) if v >= t0)
         self.jump_index = min(bisect.bisect(self.jumps, t0), len(self.jumps) - 1)
-        self.dense = _dense_weights(tab)
+        self._fitted: tuple | None = None
+        self._coeffs: list[torch.Tensor] = []
         self.on_step = _callback(func, "callback_step")
         self.on_accept = _callback(func, "callback_accept_step")
         self.on_reject = _callback(func, "callback_reject_step")
@@ -471,17 +334,18 @@ class _Adaptive:
         h = torch.min(100 * h0, h1.abs()).to(torch.float64)
         return h if h.requires_grad else float(h)
 
-    def _interpolate(self, eng: _Buffered | _Graph, last: tuple, tj: float) -> torch.Tensor:
-        """The dense output of step ``last`` at ``tj``: ``y_0 + h Σ_i β_i(x) k_i``, ``x = (tj − t_0)/(t_1 − t_0)``."""
-        t0, t1, h, y0 = last
-        x = self.clock.y((tj - t0) / (t1 - t0))
-        hy = self.clock.y(h)
-        P = self.dense
-        w: list[Scalar] = []
-        for i in range(self.tab.stages):
-            wi = x * (P[0][i] + x * (P[1][i] + x * (P[2][i] + x * P[3][i]))) * hy  # Horner: floats and tensors alike
-            w.append(wi if isinstance(wi, torch.Tensor) else self.clock.y(wi))
-        return eng.dense(y0, w)
+    def _interpolate(self, eng: Buffered | Graph, last: tuple, tj: float) -> torch.Tensor:
+        """The dense output of step ``last`` at ``tj``, ``x = (tj − t_0)/(t_1 − t_0)`` in float64 then the state's
+        dtype, the quartic fitted once per step (torchdiffeq fits every accepted step; only these are read)."""
+        t0, t1, h, y0, y1 = last
+        if self._fitted is not last:
+            self._coeffs, self._fitted = eng.dense(y0, y1, h), last
+        if isinstance(t0, torch.Tensor) or isinstance(t1, torch.Tensor):
+            num = tj - t0 if isinstance(t0, torch.Tensor) else torch.tensor(tj - t0, dtype=torch.float64)
+            x: Scalar = (num / (t1 - t0)).to(self.y0.dtype)  # a tensor quotient, as torchdiffeq's
+        else:
+            x = self.clock.y((tj - t0) / (t1 - t0))
+        return eng.evaluate(self._coeffs, x)
 
     def run(self) -> torch.Tensor:
         tab, clock, func = self.tab, self.clock, self.func
@@ -492,7 +356,7 @@ class _Adaptive:
         f0 = func(clock.at(t_first), y0)
         dt: Scalar = self._initial_step(t_first, f0) if self.first_step is None else float(self.first_step)
         assert tab.error is not None
-        eng = _engine(func, y0, tab, [*tab.tableau.a[1:], tab.error], self.rtol, self.atol)
+        eng = _engine(func, y0, tab, tab.error, self.rtol, self.atol)
         eng.set(0, f0)
         t0: Scalar = t_all[0]
         y = y0
@@ -520,14 +384,14 @@ class _Adaptive:
                     jt = self.jumps[self.jump_index]
                     if tf < jt < tf + dtf:
                         on_jump, t1, dt = True, jt, jt - t0
-                eng.weights(clock.y(dt))
-                Y = eng.run_stages(func, clock.adaptive_times(t0, dt, t1, c), fsal=True)
+                hy = eng.weights(dt)
+                Y = eng.run_stages(func, clock.adaptive_times(t0, hy, t1, c), fsal=True)
                 ratio, finite = eng.ratio(Y)
                 dtf = _f(dt)
                 if (ratio <= 1 and not dtf > self.max_step) or dtf <= self.min_step:
                     self.on_accept(t0, y, dt)
                     check_state = not finite
-                    last = (t0, t1, dt, y)
+                    last = (t0, t1, dt, y, Y)
                     if on_jump:
                         if self.jump_index != len(self.jumps) - 1:
                             self.jump_index += 1

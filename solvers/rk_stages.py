@@ -1,0 +1,250 @@
+r"""The arithmetic of one explicit Runge-Kutta step rounded as torchdiffeq rounds it: stage sums, error ratio and
+dense output.
+
+torchdiffeq (the integrator of record, ``_runge_kutta_step`` and ``_interp_fit`` of its ``rk_common.py``) forms
+each stage input as ``Y_i = y_0 + Σ_j k_j (h a_ij)``: the weights ``h a_ij`` rounded to the state's dtype, the
+products rounded, summed over the stages' axis, added to ``y_0``; the error estimate ``Σ_j k_j (h e_j)`` alike;
+the error ratio is ``RMS(err / (atol + rtol max(|y_0|, |y_1|)))``; the dense output is the quartic through ``y_0``,
+``y_{1/2} = y_0 + Σ_j k_j (h m_j)`` and ``y_1`` with end slopes ``k_1``, ``k_s`` (Shampine 1986, "Some practical
+Runge-Kutta formulas", Math. Comp. 46), evaluated as ``e + x d + x² c + x³ b + x⁴ a``.
+
+Every other formulation of these sums rounds differently in the last bit. A reduction over a short last axis is
+not sequential (on CPU, seven terms add as ``x_0 + x_4 + x_5 + x_6 + x_1 + x_2 + x_3``), and a fused multiply-add
+(``addmv``, ``add(alpha=)``, ``addcmul``) rounds once where torchdiffeq rounds twice. In float32 such an ulp at
+the first iteration grows under training (RMSprop divides each update by the gradient's running scale). So the
+same kernels run here on the same operands in the same order, and the values, and the gradients of the graph they
+leave, are torchdiffeq's bit for bit, on any device. What is saved is the rest: the stages are not written through
+an autograd function per stage, the weights of a step are one host product ``fl(fl(h) fl(a_ij))`` (IEEE, as the
+device's), the error ratio is computed without a graph and read back once with a finiteness probe, and the dense
+output is fitted only for a step that holds an output time.
+
+:class:`Buffered` (no graph) keeps the stages in one ``(..., s)`` buffer and writes every result into reused
+buffers; :class:`Graph` (``backprop``) keeps the field's outputs as they are and stacks them for each sum, so both
+run the same kernels on the same values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .tableaux import MethodTableau
+
+__all__ = ["Buffered", "Graph", "Stages"]
+
+Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tensor while it carries a graph
+
+
+class Stages:
+    """What both engines share: the weight rows of a step (``a_1 … a_{s−1}``, then ``b`` or the error weights
+    ``e``, then the midpoint weights ``m`` when the method has them), each as long as torchdiffeq's, and the
+    rounding of ``h`` and ``x`` to the state's dtype on the host."""
+
+    graph = False
+
+    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
+        self.s, self.shape, self.n = tab.stages, y0.shape, y0.numel()
+        self.kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
+        self.np = np.float32 if y0.dtype == torch.float32 else np.float64
+        rows = [list(r) for r in (*tab.tableau.a[1:], last)] + ([list(tab.mid)] if tab.mid is not None else [])
+        self.widths = [len(r) for r in rows]
+        self.table = np.zeros((len(rows), self.s), dtype=self.np)
+        for i, r in enumerate(rows):
+            self.table[i, : len(r)] = r
+        self.rtol, self.atol = rtol, atol
+        self.host_h: float = math.nan  # h in the state's dtype, on the host
+
+    def round(self, x: float) -> float:
+        return float(self.np(x))
+
+    def mul(self, x: float, y: float) -> float:
+        """``x y`` rounded once to the state's dtype (``x``, ``y`` already in it)."""
+        return float(self.np(x) * self.np(y))
+
+    def host_weights(self, h: float) -> np.ndarray:
+        self.host_h = self.round(h)
+        return self.table * self.np(self.host_h)
+
+    def fit(self, y0: torch.Tensor, y1: torch.Tensor, ks: Sequence[torch.Tensor], h: Scalar, ymid: torch.Tensor):
+        """torchdiffeq's ``_interp_fit``: the coefficients ``[e, d, c, b, a]`` of the quartic, ``h`` in the state's
+        dtype (a float, or a tensor carrying a graph)."""
+        f0, f1 = ks[0], ks[-1]
+        a = 2 * h * (f1 - f0) - 8 * (y1 + y0) + 16 * ymid
+        b = h * (5 * f0 - 3 * f1) + 18 * y0 + 14 * y1 - 32 * ymid
+        c = h * (f1 - 4 * f0) - 11 * y0 - 5 * y1 + 16 * ymid
+        return [y0, h * f0, c, b, a]
+
+    def evaluate(self, coeffs: list[torch.Tensor], x: Scalar) -> torch.Tensor:
+        """torchdiffeq's ``_interp_evaluate`` at ``x`` in the state's dtype: ``e + x d``, then ``+ x^p`` times each
+        coefficient, the powers formed by repeated products."""
+        total = coeffs[0] + x * coeffs[1]
+        power = x
+        for coefficient in coeffs[2:]:
+            power = power * x if isinstance(power, torch.Tensor) else self.mul(power, x)  # type: ignore[arg-type]
+            total = total + power * coefficient
+        return total
+
+
+class Buffered(Stages):
+    """Stages without a graph, in one buffer ``K`` of shape ``(*y.shape, s)`` as torchdiffeq lays them out; each
+    sum's products go to a contiguous buffer of its width (so the reduction runs as torchdiffeq's does), every
+    result into a reused buffer."""
+
+    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
+        super().__init__(y0, tab, last, rtol, atol)
+        s, shape, kw = self.s, y0.shape, self.kw
+        self.K = torch.zeros((*shape, s), **kw)
+        self.cols = [self.K[..., i] for i in range(s)]
+        self.firsts = {m: self.K[..., :m] for m in set(self.widths)}
+        self.prods = {m: torch.empty((*shape, m), **kw) for m in set(self.widths)}
+        self.W = torch.zeros(self.table.shape, **kw)
+        self.w = [self.W[i, :m] for i, m in enumerate(self.widths)]
+        self.sum = torch.empty(shape, **kw)
+        # the state, the next state, a scratch stage input; the caller's y0 until the first step is accepted
+        self.ys = [torch.empty(shape, **kw) for _ in range(3)] + [y0]
+        self.cur, self.nxt = 3, 3
+        self.err, self.tol = torch.empty(shape, **kw), torch.empty(shape, **kw)
+        self.absy = [torch.empty(shape, **kw), torch.empty(shape, **kw)]
+        self.a_cur = self.a_new = torch.abs(y0, out=self.absy[0])
+        self.pair = torch.empty(2, **kw)
+
+    def set(self, i: int, k: torch.Tensor) -> None:
+        self.cols[i].copy_(k)
+
+    def get(self, i: int) -> torch.Tensor:
+        return self.cols[i]
+
+    def weights(self, h: Scalar) -> Scalar:
+        self.W.copy_(torch.from_numpy(self.host_weights(float(h))))
+        return self.host_h
+
+    def _combine(self, y: torch.Tensor, row: int, out: torch.Tensor) -> torch.Tensor:
+        m = self.widths[row]
+        prod = torch.mul(self.firsts[m], self.w[row], out=self.prods[m])
+        return torch.add(y, torch.sum(prod, -1, out=self.sum), out=out)
+
+    def run_stages(self, func: Callable, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
+        """Stages ``1..s−1`` from the current state; returns the new state (the last stage input when ``fsal``)."""
+        s, y = self.s, self.ys[self.cur]
+        nxt = 1 if self.cur == 0 else 0
+        for i in range(1, s):
+            Y = self._combine(y, i - 1, self.ys[nxt if fsal and i == s - 1 else 2])
+            self.cols[i].copy_(func(times[i - 1], Y))
+        if not fsal:
+            self._combine(y, s - 1, self.ys[nxt])
+        self.nxt = nxt
+        return self.ys[nxt]
+
+    def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
+        """``RMS(err / (atol + rtol max(|y_0|, |y_1|)))`` and whether ``y_1`` is finite: one read-back."""
+        err = self._error()
+        a_new = self.absy[1] if self.a_cur is self.absy[0] else self.absy[0]
+        torch.abs(y_new, out=a_new)
+        tol = torch.maximum(self.a_cur, a_new, out=self.tol)
+        tol.mul_(self.rtol).add_(self.atol)
+        err.div_(tol).mul_(err)
+        torch.mean(err.view(-1), 0, out=self.pair[0])
+        torch.amax(a_new, out=self.pair[1])
+        mean, top = self.pair.tolist()
+        self.a_new = a_new
+        return float(np.sqrt(self.np(mean))), math.isfinite(top)
+
+    def _error(self) -> torch.Tensor:
+        m = self.widths[self.s - 1]
+        prod = torch.mul(self.firsts[m], self.w[self.s - 1], out=self.prods[m])
+        return torch.sum(prod, -1, out=self.err)
+
+    def accept(self, y_new: torch.Tensor) -> torch.Tensor:
+        self.cur = self.nxt
+        self.a_cur = self.a_new
+        return y_new
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        return y.clone()
+
+    def dense(self, y0: torch.Tensor, y1: torch.Tensor, h: Scalar) -> list[torch.Tensor]:
+        m = self.widths[-1]
+        ymid = y0 + torch.sum(torch.mul(self.firsts[m], self.w[-1], out=self.prods[m]), -1)
+        return self.fit(y0, y1, self.cols, self.host_h, ymid)
+
+
+class Graph(Stages):
+    """Stages with a graph (``backprop``): the field's outputs kept as they are, stacked along a last axis for each
+    sum. The weights carry a graph in a step whose size does (torchdiffeq differentiates its first step size), as
+    torchdiffeq's ``a_i h`` per row."""
+
+    graph = True
+
+    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
+        super().__init__(y0, tab, last, rtol, atol)
+        self.rows = [torch.tensor(self.table[i, :m], **self.kw) for i, m in enumerate(self.widths)]
+        self.ks: list[torch.Tensor] = [y0] * self.s
+        self.w: list[torch.Tensor] = []
+        self.fsal: torch.Tensor | None = None  # the last stage through its own view, made where torchdiffeq does
+        self.cur = y0
+
+    def set(self, i: int, k: torch.Tensor) -> None:
+        self.ks[i] = k if k is self.fsal else _alias(k)
+
+    def get(self, i: int) -> torch.Tensor:
+        return self.fsal if i == self.s - 1 and self.fsal is not None else self.ks[i]
+
+    def weights(self, h: Scalar) -> Scalar:
+        if isinstance(h, torch.Tensor):
+            hy = h.to(self.kw["dtype"])
+            self.w = [row * hy for row in self.rows[: self.s]]
+            self.host_h = float(hy.detach())
+            return hy
+        W = torch.from_numpy(self.host_weights(h)).to(self.kw["device"])
+        self.w = [W[i, :m] for i, m in enumerate(self.widths)]
+        return self.host_h
+
+    def _combine(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return y + torch.sum(torch.stack(self.ks[: len(w)], -1) * w, -1)
+
+    def run_stages(self, func: Callable, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
+        s, Y = self.s, self.cur
+        for i in range(1, s):
+            Y = self._combine(self.cur, self.w[i - 1])
+            self.ks[i] = func(times[i - 1], Y)
+        if fsal:
+            self.fsal = _alias(self.ks[-1])
+            return Y
+        return self._combine(self.cur, self.w[s - 1])
+
+    def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
+        with torch.no_grad():
+            m = self.widths[self.s - 1]
+            e = torch.from_numpy(self.table[self.s - 1, :m] * self.np(self.host_h)).to(self.kw["device"])
+            err = torch.sum(torch.stack(self.ks[:m], -1) * e, -1)
+            tol = torch.maximum(self.cur.abs(), y_new.abs())
+            tol.mul_(self.rtol).add_(self.atol)
+            err.div_(tol).mul_(err)
+            mean, top = torch.stack((err.mean(), y_new.abs().amax())).tolist()
+        return float(np.sqrt(self.np(mean))), math.isfinite(top)
+
+    def accept(self, y_new: torch.Tensor) -> torch.Tensor:
+        self.cur = y_new
+        return y_new
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        return y
+
+    def dense(self, y0: torch.Tensor, y1: torch.Tensor, h: Scalar) -> list[torch.Tensor]:
+        if isinstance(h, torch.Tensor):  # torchdiffeq casts the step again for its fit
+            hy = h.to(self.kw["dtype"])
+            wmid = hy * self.rows[-1]
+        else:
+            hy, wmid = self.host_h, self.w[-1]
+        ymid = self._combine(y0, wmid)
+        return self.fit(y0, y1, [_alias(self.ks[0]), _alias(self.ks[-1])], hy, ymid)
+
+
+def _alias(k: torch.Tensor) -> torch.Tensor:
+    """``k`` through a view: one autograd node that sums the gradients of its uses before they reach ``k``, as
+    torchdiffeq's column of its stage buffer does (``k[..., i]``), so that the sums are associated as its are."""
+    return k.view(k.shape)
