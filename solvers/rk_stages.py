@@ -15,7 +15,8 @@ the first iteration grows under training (RMSprop divides each update by the gra
 same kernels run here on the same operands in the same order, and the values, and the gradients of the graph they
 leave, are torchdiffeq's bit for bit, on any device. What is saved is the rest: the stages are not written through
 an autograd function per stage, the weights of a step are one host product ``fl(fl(h) fl(a_ij))`` (IEEE, as the
-device's), the error ratio is computed without a graph and read back once with a finiteness probe, and the dense
+device's), the error ratio is computed without a graph (its square root by the device: torch's float32 ``sqrt`` is not
+always correctly rounded) and read back once with a finiteness probe, and the dense
 output is fitted only for a step that holds an output time.
 
 :class:`Buffered` (no graph) keeps the stages in one ``(..., s)`` buffer and writes every result into reused
@@ -147,11 +148,11 @@ class Buffered(Stages):
         tol = torch.maximum(self.a_cur, a_new, out=self.tol)
         tol.mul_(self.rtol).add_(self.atol)
         err.div_(tol).mul_(err)
-        torch.mean(err.view(-1), 0, out=self.pair[0])
+        torch.sqrt(torch.mean(err.view(-1), 0, keepdim=True, out=self.pair[:1]), out=self.pair[:1])
         torch.amax(a_new, out=self.pair[1])
-        mean, top = self.pair.tolist()
+        norm, top = self.pair.tolist()
         self.a_new = a_new
-        return float(np.sqrt(self.np(mean))), math.isfinite(top)
+        return norm, math.isfinite(top)
 
     def _error(self) -> torch.Tensor:
         m = self.widths[self.s - 1]
@@ -224,8 +225,8 @@ class Graph(Stages):
             tol = torch.maximum(self.cur.abs(), y_new.abs())
             tol.mul_(self.rtol).add_(self.atol)
             err.div_(tol).mul_(err)
-            mean, top = torch.stack((err.mean(), y_new.abs().amax())).tolist()
-        return float(np.sqrt(self.np(mean))), math.isfinite(top)
+            norm, top = torch.stack((err.mean().sqrt(), y_new.abs().amax())).tolist()
+        return norm, math.isfinite(top)
 
     def accept(self, y_new: torch.Tensor) -> torch.Tensor:
         self.cur = y_new
