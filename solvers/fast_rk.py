@@ -42,6 +42,7 @@ import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -153,7 +154,7 @@ class _Clock:
         if isinstance(t0, torch.Tensor) or isinstance(hy, torch.Tensor) or isinstance(t1, torch.Tensor):
             t0y, t1y = self.y(t0), self.y(t1)
             end = self.at(t1y, _PREV)
-            return [end if ci == 1.0 else self.at(t0y + self.y(ci) * hy) for ci in c[1:]]
+            return _Lazy([(lambda: end) if ci == 1.0 else partial(self.at, t0y + self.y(ci) * hy) for ci in c[1:]])
         t1v = self.nudge(self.y(t1), _PREV)
         if self.single:
             key = tuple(c)
@@ -167,6 +168,20 @@ class _Clock:
             ts[cs[1]] = t1v
             return torch.from_numpy(ts).to(self.device).unbind()  # no list round trip
         return self.many([t1v if ci == 1.0 else t0 + ci * hy for ci in c[1:]])
+
+
+class _Lazy(Sequence[torch.Tensor]):
+    """Times made when a stage first reads them: while they carry a graph, each stage's time and weights are made
+    in torchdiffeq's order, so that the gradient of the step size sums its parts as its does."""
+
+    def __init__(self, makers: list[Callable[[], torch.Tensor]]):
+        self.makers = makers
+
+    def __len__(self) -> int:
+        return len(self.makers)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.makers[i]()
 
 
 def _dense_weights(tab: MethodTableau) -> list[list[float]]:
@@ -325,7 +340,8 @@ class _Adaptive:
         d0, d1 = self._rms(y0 / scale).abs(), self._rms(f0 / scale).abs()
         h0 = torch.tensor(1e-6, dtype=dtype, device=y0.device) if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
         h0 = h0.abs()
-        f1 = self.func(self.clock.at(t0 + h0), y0 + h0 * f0)
+        y1 = y0 + h0 * f0  # before the time, as torchdiffeq: h0's gradient sums its parts in its order
+        f1 = self.func(self.clock.at(t0 + h0), y1)
         d2 = torch.abs(self._rms((f1 - f0) / scale) / h0)
         if d1 <= 1e-15 and d2 <= 1e-15:
             h1 = torch.max(torch.tensor(1e-6, dtype=dtype, device=y0.device), h0 * 1e-3)
@@ -353,6 +369,9 @@ class _Adaptive:
         y0 = self.y0
         t_all = self.t.tolist()
         t_first = self.t[0].to(torch.float64)
+        # the first output through its own node made first, as torchdiffeq's copy into its solution: y0's gradient
+        # then sums its parts in torchdiffeq's order
+        out: list[torch.Tensor] = [y0.view(y0.shape) if torch.is_grad_enabled() else y0]
         f0 = func(clock.at(t_first), y0)
         dt: Scalar = self._initial_step(t_first, f0) if self.first_step is None else float(self.first_step)
         assert tab.error is not None
@@ -363,7 +382,6 @@ class _Adaptive:
         last: tuple | None = None
         pending: torch.Tensor | None = None  # stage 0 of the next step, stored once the last step's stages are read
         check_state = True
-        out: list[torch.Tensor] = [y0]
         for tj in t_all[1:]:
             while tj > _f(t0):
                 if pending is not None:

@@ -185,6 +185,7 @@ class Graph(Stages):
         self.rows = [torch.tensor(self.table[i, :m], **self.kw) for i, m in enumerate(self.widths)]
         self.ks: list[torch.Tensor] = [y0] * self.s
         self.w: list[torch.Tensor] = []
+        self.hy: torch.Tensor | None = None  # the step in the state's dtype while it carries a graph
         self.fsal: torch.Tensor | None = None  # the last stage through its own view, made where torchdiffeq does
         self.cur = y0
 
@@ -195,11 +196,11 @@ class Graph(Stages):
         return self.fsal if i == self.s - 1 and self.fsal is not None else self.ks[i]
 
     def weights(self, h: Scalar) -> Scalar:
-        if isinstance(h, torch.Tensor):
-            hy = h.to(self.kw["dtype"])
-            self.w = [row * hy for row in self.rows[: self.s]]
-            self.host_h = float(hy.detach())
-            return hy
+        if isinstance(h, torch.Tensor):  # each row's weights made as its stage runs (run_stages)
+            self.hy = h.to(self.kw["dtype"])
+            self.host_h = float(self.hy.detach())
+            return self.hy
+        self.hy = None
         W = torch.from_numpy(self.host_weights(h)).to(self.kw["device"])
         self.w = [W[i, :m] for i, m in enumerate(self.widths)]
         return self.host_h
@@ -208,14 +209,15 @@ class Graph(Stages):
         return y + torch.sum(torch.stack(self.ks[: len(w)], -1) * w, -1)
 
     def run_stages(self, func: Callable, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
-        s, Y = self.s, self.cur
+        s, Y, hy = self.s, self.cur, self.hy
         for i in range(1, s):
-            Y = self._combine(self.cur, self.w[i - 1])
-            self.ks[i] = func(times[i - 1], Y)
+            t = times[i - 1]  # the time first, then the weights, as torchdiffeq makes them
+            Y = self._combine(self.cur, self.w[i - 1] if hy is None else self.rows[i - 1] * hy)
+            self.ks[i] = func(t, Y)
         if fsal:
             self.fsal = _alias(self.ks[-1])
             return Y
-        return self._combine(self.cur, self.w[s - 1])
+        return self._combine(self.cur, self.w[s - 1] if hy is None else self.rows[s - 1] * hy)
 
     def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
         with torch.no_grad():
