@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .rk_stages import Buffered, Graph
+from .rk_stages import Buffered, Graph, Rows, Stages, sum_order
 from .tableaux import TABLEAUX, MethodTableau
 from .times import HOST_TIME
 
@@ -180,7 +180,7 @@ class _Lazy(Sequence[torch.Tensor]):
     def __len__(self) -> int:
         return len(self.makers)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self.makers[i]()
 
 
@@ -232,12 +232,15 @@ def odeint_fast(
         return _fixed(func, y0, t, tab, method, dict(options))
 
 
-def _engine(
-    func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float
-) -> Buffered | Graph:
+def _engine(func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float) -> Stages:
     # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers
     fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
-    return Graph(y0, tab, last, rtol, atol) if fresh else Buffered(y0, tab, last, rtol, atol)
+    if fresh:
+        return Graph(y0, tab, last, rtol, atol)
+    # stage rows pay from a few hundred elements on (below, the fewer kernels of torchdiffeq's layout win)
+    big = y0.device.type == "cpu" and tab.stages <= 7 and y0.numel() >= 256
+    order = sum_order(y0.dtype, y0.numel()) if big else None
+    return Buffered(y0, tab, last, rtol, atol) if order is None else Rows(y0, tab, last, rtol, atol, order)
 
 
 def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: str, options: dict) -> torch.Tensor:

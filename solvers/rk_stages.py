@@ -26,6 +26,7 @@ run the same kernels on the same values.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,7 +36,7 @@ import torch
 
 from .tableaux import MethodTableau
 
-__all__ = ["Buffered", "Graph", "Stages"]
+__all__ = ["Buffered", "Graph", "Rows", "Stages", "sum_order"]
 
 Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tensor while it carries a graph
 
@@ -123,10 +124,12 @@ class Buffered(Stages):
         self.W.copy_(torch.from_numpy(self.host_weights(float(h))))
         return self.host_h
 
-    def _combine(self, y: torch.Tensor, row: int, out: torch.Tensor) -> torch.Tensor:
+    def _sum(self, row: int, out: torch.Tensor) -> torch.Tensor:
         m = self.widths[row]
-        prod = torch.mul(self.firsts[m], self.w[row], out=self.prods[m])
-        return torch.add(y, torch.sum(prod, -1, out=self.sum), out=out)
+        return torch.sum(torch.mul(self.firsts[m], self.w[row], out=self.prods[m]), -1, out=out)
+
+    def _combine(self, y: torch.Tensor, row: int, out: torch.Tensor) -> torch.Tensor:
+        return torch.add(y, self._sum(row, self.sum), out=out)
 
     def run_stages(self, func: Callable, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
         """Stages ``1..s−1`` from the current state; returns the new state (the last stage input when ``fsal``)."""
@@ -134,7 +137,7 @@ class Buffered(Stages):
         nxt = 1 if self.cur == 0 else 0
         for i in range(1, s):
             Y = self._combine(y, i - 1, self.ys[nxt if fsal and i == s - 1 else 2])
-            self.cols[i].copy_(func(times[i - 1], Y))
+            self.set(i, func(times[i - 1], Y))
         if not fsal:
             self._combine(y, s - 1, self.ys[nxt])
         self.nxt = nxt
@@ -155,9 +158,7 @@ class Buffered(Stages):
         return norm, math.isfinite(top)
 
     def _error(self) -> torch.Tensor:
-        m = self.widths[self.s - 1]
-        prod = torch.mul(self.firsts[m], self.w[self.s - 1], out=self.prods[m])
-        return torch.sum(prod, -1, out=self.err)
+        return self._sum(self.s - 1, self.err)
 
     def accept(self, y_new: torch.Tensor) -> torch.Tensor:
         self.cur = self.nxt
@@ -168,9 +169,106 @@ class Buffered(Stages):
         return y.clone()
 
     def dense(self, y0: torch.Tensor, y1: torch.Tensor, h: Scalar) -> list[torch.Tensor]:
-        m = self.widths[-1]
-        ymid = y0 + torch.sum(torch.mul(self.firsts[m], self.w[-1], out=self.prods[m]), -1)
-        return self.fit(y0, y1, self.cols, self.host_h, ymid)
+        ymid = y0 + self._sum(len(self.widths) - 1, self.sum)
+        return self.fit(y0, y1, [self.get(0), self.get(self.s - 1)], self.host_h, ymid)
+
+
+class Rows(Buffered):
+    """:class:`Buffered` with the stages stage-major, for the CPU: each sum's products one vectorised product
+    over stage rows and the sum one or two vectorised reductions over rows, which add in order from zero.
+
+    torch's CPU sum over a last axis of seven or fewer adds in one of two orders, by dtype and batch size: four
+    partial sums (``x_0 + x_4 + x_5 + x_6``, then ``x_1, x_2, x_3``: ``order="ilp"``) or the tail past a vector
+    of four first (``x_4 + x_5 + x_6``, then ``x_0 … x_3``: ``order="tail"``). For "ilp", ``k_0`` is stored
+    twice, in rows 0 and 4 (``[k_0, k_1, k_2, k_3, k_0, k_4, k_5, k_6]``); for "tail", row 0 is a slot
+    (``[·, k_0, …, k_6]``). A sum of more than four terms reduces the rows past the first four terms into row 0,
+    then row 0 and those four. :func:`sum_order` finds the order once per dtype and size on random data; where
+    neither matches (another reduction, another device), :class:`Buffered` runs."""
+
+    def __init__(
+        self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float, order: str
+    ):
+        super().__init__(y0, tab, last, rtol, atol)
+        s, n, kw = self.s, self.n, self.kw
+        self.order, self.pos = order, _positions(s, order)
+        self.K, self.P = torch.zeros((_rows(s, order), n), **kw), torch.empty((_rows(s, order), n), **kw)
+        self.krows = [self.K[p].view(self.shape) for p in self.pos]
+        self.table = _arranged(self.table, self.pos, order)
+        self.W = torch.zeros((*self.table.shape, 1), **kw)
+        self.flat = {id(b): b.view(-1) for b in (self.sum, self.err)}
+
+    def set(self, i: int, k: torch.Tensor) -> None:
+        self.krows[i].copy_(k)
+        if i == 0 and self.order == "ilp" and self.s > 4:
+            self.K[4].copy_(self.K[0])
+
+    def get(self, i: int) -> torch.Tensor:
+        return self.krows[i]
+
+    def weights(self, h: Scalar) -> Scalar:
+        self.W.view(self.table.shape).copy_(torch.from_numpy(self.host_weights(float(h))))
+        return self.host_h
+
+    def _sum(self, row: int, out: torch.Tensor) -> torch.Tensor:
+        _row_sum(self.K, self.W[row], self.P, self.flat[id(out)], self.widths[row], self.order)
+        return out
+
+
+def _rows(s: int, order: str) -> int:
+    return s + 1 if s > 4 or order == "tail" else s
+
+
+def _positions(s: int, order: str) -> list[int]:
+    """Row of stage ``j`` in :class:`Rows`' buffer."""
+    if order == "tail":
+        return [j + 1 for j in range(s)]
+    return [j if j < 4 else j + 1 for j in range(s)]
+
+
+def _arranged(table: np.ndarray, pos: list[int], order: str) -> np.ndarray:
+    out = np.zeros((table.shape[0], _rows(len(pos), order)), dtype=table.dtype)
+    out[:, pos] = table
+    if order == "ilp" and len(pos) > 4:
+        out[:, 4] = table[:, 0]
+    return out
+
+
+def _row_sum(K: torch.Tensor, w: torch.Tensor, P: torch.Tensor, out: torch.Tensor, m: int, order: str) -> None:
+    """``Σ_j k_j w_j`` over ``m`` stages into ``out`` (flat), adding as torch's CPU sum over a last axis does."""
+    lo, hi = (1, m + 1) if order == "tail" else (0, m + 1 if m > 4 else m)
+    torch.mul(K[lo:hi], w[lo:hi], out=P[lo:hi])
+    if m > 4:
+        torch.sum(P[lo + 4 : hi], 0, out=P[0])  # the terms past the first four (and, for "ilp", k_0 again)
+        torch.sum(P[: lo + 4], 0, out=out)
+    else:
+        torch.sum(P[lo:hi], 0, out=out)
+
+
+@functools.cache
+def sum_order(dtype: torch.dtype, n: int) -> str | None:
+    """The order in which torch's CPU sum over a last axis of at most seven adds, for ``n`` rows of ``dtype``:
+    "ilp", "tail", or ``None`` for neither. Probed on at least a thousand random rows of every width (terms of
+    both signs within a few binades of each other, so that another order rounds differently), with the very
+    kernels :class:`Rows` runs, against ``(x * w).sum(-1)``."""
+    g = torch.Generator().manual_seed(0)
+    for order in ("ilp", "tail"):
+        ok = True
+        for m in [*range(1, 8)] * max(1, 1024 // n):  # at least a thousand rows of every width
+            x = torch.randn(n, m, generator=g, dtype=torch.float64)
+            x = (x * 2.0 ** torch.randint(-4, 5, (n, m), generator=g)).to(dtype)
+            w = torch.randn(m, generator=g, dtype=torch.float64).to(dtype)
+            pos = _positions(m, order)
+            K = torch.zeros(_rows(m, order), n, dtype=dtype)
+            K[pos] = x.t()
+            if order == "ilp" and m > 4:
+                K[4] = x[:, 0]
+            W = torch.from_numpy(_arranged(w.numpy()[None], pos, order)[0]).view(-1, 1)
+            out = torch.empty(n, dtype=dtype)
+            _row_sum(K, W, torch.empty_like(K), out, m, order)
+            ok = ok and torch.equal(out, (x * w).sum(-1))
+        if ok:
+            return order
+    return None
 
 
 class Graph(Stages):
@@ -205,24 +303,24 @@ class Graph(Stages):
         self.w = [W[i, :m] for i, m in enumerate(self.widths)]
         return self.host_h
 
-    def _combine(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return y + torch.sum(torch.stack(self.ks[: len(w)], -1) * w, -1)
+    def _combine(self, y: torch.Tensor, w: torch.Tensor, m: int) -> torch.Tensor:
+        return y + torch.sum(torch.stack(self.ks[:m], -1) * w, -1)
 
     def run_stages(self, func: Callable, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
         s, Y, hy = self.s, self.cur, self.hy
         for i in range(1, s):
             t = times[i - 1]  # the time first, then the weights, as torchdiffeq makes them
-            Y = self._combine(self.cur, self.w[i - 1] if hy is None else self.rows[i - 1] * hy)
+            Y = self._combine(self.cur, self.w[i - 1] if hy is None else self.rows[i - 1] * hy, self.widths[i - 1])
             self.ks[i] = func(t, Y)
         if fsal:
             self.fsal = _alias(self.ks[-1])
             return Y
-        return self._combine(self.cur, self.w[s - 1] if hy is None else self.rows[s - 1] * hy)
+        return self._combine(self.cur, self.w[s - 1] if hy is None else self.rows[s - 1] * hy, self.widths[s - 1])
 
     def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
         with torch.no_grad():
             m = self.widths[self.s - 1]
-            e = torch.from_numpy(self.table[self.s - 1, :m] * self.np(self.host_h)).to(self.kw["device"])
+            e = self.w[self.s - 1] if self.hy is None else self.rows[self.s - 1] * self.hy
             err = torch.sum(torch.stack(self.ks[:m], -1) * e, -1)
             tol = torch.maximum(self.cur.abs(), y_new.abs())
             tol.mul_(self.rtol).add_(self.atol)
@@ -238,12 +336,13 @@ class Graph(Stages):
         return y
 
     def dense(self, y0: torch.Tensor, y1: torch.Tensor, h: Scalar) -> list[torch.Tensor]:
+        hy: Scalar
         if isinstance(h, torch.Tensor):  # torchdiffeq casts the step again for its fit
             hy = h.to(self.kw["dtype"])
             wmid = hy * self.rows[-1]
         else:
             hy, wmid = self.host_h, self.w[-1]
-        ymid = self._combine(y0, wmid)
+        ymid = self._combine(y0, wmid, self.widths[-1])
         return self.fit(y0, y1, [_alias(self.ks[0]), _alias(self.ks[-1])], hy, ymid)
 
 

@@ -109,3 +109,32 @@ def test_float32_training_losses_are_torchdiffeqs():
             opt.step()
             losses[name].append(loss.item())
     assert losses["ours"] == losses["torchdiffeq"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stage_rows_give_torchdiffeqs_bits(dtype, monkeypatch):
+    """From a few hundred elements on the CPU the stages are kept stage-major (``rk_stages.Rows``), their sums
+    reduced over rows in the order torch's last-axis sum adds; the values stay torchdiffeq's."""
+    from cde_nets.solvers import rk_stages
+
+    made = []
+    monkeypatch.setattr(rk_stages.Rows, "__init__", _spy(rk_stages.Rows.__init__, made))
+    torch.manual_seed(0)
+    field = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 4)).to(dtype)
+    y0 = torch.randn(128, 4, dtype=dtype)
+    t = torch.linspace(0.0, 2.0, 7, dtype=dtype)
+    with torch.no_grad():
+        ours = odeint(lambda t, y: field(y), y0, t)
+        theirs = torchdiffeq.odeint(lambda t, y: field(y), y0, t)
+    assert torch.equal(ours, theirs)
+    assert bool(made) == (rk_stages.sum_order(dtype, y0.numel()) is not None)
+    if dtype == torch.float32:
+        assert made  # torch's CPU sum adds seven terms as four partial sums: the row layout is used
+
+
+def _spy(init, made: list):
+    def wrapped(self, *args, **kwargs):
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    return wrapped
