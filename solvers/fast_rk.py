@@ -381,12 +381,13 @@ class _Adaptive:
         eng = _engine(func, y0, tab, tab.error, self.rtol, self.atol)
         eng.set(0, f0)
         t0: Scalar = t_all[0]
+        t0f = t_all[0]  # t0 on the host (t0 itself is a tensor while it carries a graph)
         y = y0
         last: tuple | None = None
         pending: torch.Tensor | None = None  # stage 0 of the next step, stored once the last step's stages are read
         check_state = True
         for tj in t_all[1:]:
-            while tj > _f(t0):
+            while tj > t0f:
                 if pending is not None:
                     eng.set(0, pending)
                     pending = None
@@ -396,19 +397,19 @@ class _Adaptive:
                     if not bool(torch.isfinite(y).all()):
                         raise AssertionError("non-finite values in state `y`")
                     check_state = False
-                tf, dtf = _f(t0), _f(dt)
-                if not tf + dtf > tf:
+                dtf = _f(dt)
+                if not t0f + dtf > t0f:
                     raise AssertionError(f"underflow in dt {dtf}")
                 t1: Scalar = t0 + dt
+                t1f = t0f + dtf
                 on_jump = False
                 if self.jumps:
                     jt = self.jumps[self.jump_index]
-                    if tf < jt < tf + dtf:
-                        on_jump, t1, dt = True, jt, jt - t0
+                    if t0f < jt < t1f:
+                        on_jump, t1, dt, t1f, dtf = True, jt, jt - t0, jt, jt - t0f
                 hy = eng.weights(dt)
                 Y = eng.run_stages(func, clock.adaptive_times(t0, hy, t1, c), fsal=True)
                 ratio, finite = eng.ratio(Y)
-                dtf = _f(dt)
                 if (ratio <= 1 and not dtf > self.max_step) or dtf <= self.min_step:
                     self.on_accept(t0, y, dt)
                     check_state = not finite
@@ -419,7 +420,7 @@ class _Adaptive:
                         pending = func(clock.at(t1, _NEXT), Y)  # the field on the jump's far side
                     else:
                         pending = eng.get(s - 1)
-                    t0, y = t1, eng.accept(Y)
+                    t0, t0f, y = t1, t1f, eng.accept(Y)
                 else:
                     self.on_reject(t0, y, dt)
                 dt = self._clamp(self._next_step(dtf, ratio))

@@ -52,11 +52,7 @@ class Stages:
         self.s, self.shape, self.n = tab.stages, y0.shape, y0.numel()
         self.kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
         self.np = np.float32 if y0.dtype == torch.float32 else np.float64
-        rows = [list(r) for r in (*tab.tableau.a[1:], last)] + ([list(tab.mid)] if tab.mid is not None else [])
-        self.widths = [len(r) for r in rows]
-        self.table = np.zeros((len(rows), self.s), dtype=self.np)
-        for i, r in enumerate(rows):
-            self.table[i, : len(r)] = r
+        self.widths, self.table = _table(tab, tuple(last), self.np)
         self.rtol, self.atol = rtol, atol
         self.host_h: float = math.nan  # h in the state's dtype, on the host
 
@@ -89,6 +85,17 @@ class Stages:
             power = power * x if isinstance(power, torch.Tensor) else self.mul(power, x)  # type: ignore[arg-type]
             total = total + power * coefficient
         return total
+
+
+@functools.cache
+def _table(tab: MethodTableau, last: tuple[float, ...], dtype: type) -> tuple[list[int], np.ndarray]:
+    """The widths of a step's weight rows and the rows, zero-padded to ``s``, in ``dtype`` (read-only)."""
+    rows = [list(r) for r in (*tab.tableau.a[1:], last)] + ([list(tab.mid)] if tab.mid is not None else [])
+    table = np.zeros((len(rows), tab.stages), dtype=dtype)
+    for i, r in enumerate(rows):
+        table[i, : len(r)] = r
+    table.flags.writeable = False
+    return [len(r) for r in rows], table
 
 
 class Buffered(Stages):
@@ -280,12 +287,13 @@ class Graph(Stages):
 
     def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
         super().__init__(y0, tab, last, rtol, atol)
-        self.rows = [torch.tensor(self.table[i, :m], **self.kw) for i, m in enumerate(self.widths)]
+        self.rows = _rows_on(tab, tuple(last), y0.dtype, y0.device)
         self.ks: list[torch.Tensor] = [y0] * self.s
         self.w: list[torch.Tensor] = []
         self.hy: torch.Tensor | None = None  # the step in the state's dtype while it carries a graph
         self.fsal: torch.Tensor | None = None  # the last stage through its own view, made where torchdiffeq does
         self.cur = y0
+        self.a_cur = self.a_new = y0.detach().abs()
 
     def set(self, i: int, k: torch.Tensor) -> None:
         self.ks[i] = k if k is self.fsal else _alias(k)
@@ -322,14 +330,16 @@ class Graph(Stages):
             m = self.widths[self.s - 1]
             e = self.w[self.s - 1] if self.hy is None else self.rows[self.s - 1] * self.hy
             err = torch.sum(torch.stack(self.ks[:m], -1) * e, -1)
-            tol = torch.maximum(self.cur.abs(), y_new.abs())
+            a_new = y_new.abs()
+            tol = torch.maximum(self.a_cur, a_new)
             tol.mul_(self.rtol).add_(self.atol)
             err.div_(tol).mul_(err)
-            norm, top = torch.stack((err.mean().sqrt(), y_new.abs().amax())).tolist()
+            norm, top = torch.stack((err.mean().sqrt(), a_new.amax())).tolist()
+        self.a_new = a_new
         return norm, math.isfinite(top)
 
     def accept(self, y_new: torch.Tensor) -> torch.Tensor:
-        self.cur = y_new
+        self.cur, self.a_cur = y_new, self.a_new
         return y_new
 
     def output(self, y: torch.Tensor) -> torch.Tensor:
@@ -344,6 +354,14 @@ class Graph(Stages):
             hy, wmid = self.host_h, self.w[-1]
         ymid = self._combine(y0, wmid, self.widths[-1])
         return self.fit(y0, y1, [_alias(self.ks[0]), _alias(self.ks[-1])], hy, ymid)
+
+
+@functools.lru_cache(maxsize=64)
+def _rows_on(tab: MethodTableau, last: tuple[float, ...], dtype: torch.dtype, device: torch.device):
+    """The weight rows as tensors (never written: a graph may hold them)."""
+    widths, table = _table(tab, last, np.float32 if dtype == torch.float32 else np.float64)
+    with torch.inference_mode(False):  # usable by every later call, made in whichever mode the first one ran
+        return [torch.tensor(table[i, :m], dtype=dtype, device=device) for i, m in enumerate(widths)]
 
 
 def _alias(k: torch.Tensor) -> torch.Tensor:
