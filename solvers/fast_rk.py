@@ -6,16 +6,15 @@ whether or not an output time lies in it, and controls the step size with a doze
 host synchronisations. A profile of its ``dopri5`` (Hamiltonian field, dim 64, batch 1024, one thread) spends
 about half its time in those products and reductions (``aten::mul``/``aten::sum``) and a third in the field.
 
-This module takes the same steps with the same arithmetic, organised for speed:
+This module takes the same steps with the same arithmetic (:mod:`solvers.rk_stages`: torchdiffeq's kernels in
+its order, so for ``dopri5`` the values and backprop gradients are its own bit for bit), and drops the rest:
 
-- the stages are stored stage-major in one buffer ``K`` (``s × N``), and each stage input
-  ``Y_i = y_0 + h Σ_j a_ij k_j`` is one matrix-vector product ``torch.addmv(y_0, Kᵀ, h a_i)``, as are the error
-  estimate ``h Σ_j e_j k_j`` and the solution;
-- the dense output is formed only for the step that holds an output time, as one product ``y_0 + h Σ_i β_i(x) k_i``
-  (the quartic through ``y_0``, ``y_{1/2}``, ``y_1`` with end slopes ``k_1``, ``k_s`` written in the stages);
-- the error norm ``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` is one fused reduction, read back once per step
-  with a finiteness probe of ``y_1``; step-size control runs on Python floats (IEEE doubles, as torchdiffeq's
-  float64 scalars).
+- the weights ``h a_ij`` of a step are one host product; without a graph every result goes to a reused buffer,
+  and from a few hundred elements on the CPU the stages are stage-major rows reduced in torch's own order;
+- the dense output is fitted only for the step that holds an output time;
+- the error norm ``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` is computed without a graph and read back once
+  per step with a finiteness probe of ``y_1``; step-size control runs on Python floats (IEEE doubles, as
+  torchdiffeq's float64 scalars), the times on the host beside the tensors that carry their graph.
 
 Methods: ``dopri5`` (Dormand & Prince 1980, "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6,
 with Shampine's 1986 dense output), ``bosh3`` (Bogacki & Shampine 1989, with the cubic Hermite dense output
@@ -28,11 +27,10 @@ implements it, including its ``jump_t`` handling (a step is clipped at a jump an
 side), its evaluation times (a stage with ``c = 1`` just before ``t_1``; the first stage of a fixed step just
 after ``t_0``) and, under ``backprop``, the dependence of the first step size on ``y_0``.
 
-So the accepted and rejected steps and the number of field evaluations are torchdiffeq's, and the results agree
-to rounding (the stage sums are accumulated in another order). Without a graph the state and stages live in
-reused buffers; with one (``gradient="backprop"``), every stage is its own tensor, combined by a chain of
-``torch.add``. :func:`fast_applies` says when this path is taken; the adapter falls back to torchdiffeq for the
-rest (adjoint gradients, ``step_t``, decreasing times, other methods).
+So the accepted and rejected steps and the number of field evaluations are torchdiffeq's; ``dopri5``'s numbers
+are its bits, the fixed-step methods other than ``euler`` and ``midpoint`` (which torchdiffeq writes as formulas,
+not tableaux) agree to rounding. :func:`fast_applies` says when this path is taken; the adapter falls back to
+torchdiffeq for the rest (adjoint gradients, ``step_t``, decreasing times, other methods).
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .rk_stages import Buffered, Graph, Rows, Stages, sum_order
+from .rk_stages import Buffered, Graph, Rows, sum_order
 from .tableaux import TABLEAUX, MethodTableau
 from .times import HOST_TIME
 
@@ -232,7 +230,9 @@ def odeint_fast(
         return _fixed(func, y0, t, tab, method, dict(options))
 
 
-def _engine(func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float) -> Stages:
+def _engine(
+    func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float
+) -> Buffered | Graph:
     # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers
     fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
     if fresh:

@@ -91,7 +91,7 @@ class Stages:
 def _table(tab: MethodTableau, last: tuple[float, ...], dtype: type) -> tuple[list[int], np.ndarray]:
     """The widths of a step's weight rows and the rows, zero-padded to ``s``, in ``dtype`` (read-only)."""
     rows = [list(r) for r in (*tab.tableau.a[1:], last)] + ([list(tab.mid)] if tab.mid is not None else [])
-    table = np.zeros((len(rows), tab.stages), dtype=dtype)
+    table: np.ndarray = np.zeros((len(rows), tab.stages), dtype=dtype)
     for i, r in enumerate(rows):
         table[i, : len(r)] = r
     table.flags.writeable = False
@@ -307,8 +307,9 @@ class Graph(Stages):
             self.host_h = float(self.hy.detach())
             return self.hy
         self.hy = None
-        W = torch.from_numpy(self.host_weights(h)).to(self.kw["device"])
-        self.w = [W[i, :m] for i, m in enumerate(self.widths)]
+        W = self.host_weights(h)
+        device = self.kw["device"]
+        self.w = [torch.from_numpy(W[i, :m]).to(device) for i, m in enumerate(self.widths)]
         return self.host_h
 
     def _combine(self, y: torch.Tensor, w: torch.Tensor, m: int) -> torch.Tensor:
