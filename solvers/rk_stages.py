@@ -221,6 +221,12 @@ class Rows(Buffered):
         return out
 
 
+def _perm(m: int, order: str) -> list[int]:
+    """The stages of an ``m``-term sum in :meth:`Graph._combine_rows`' rows: for "ilp", ``k_1, k_2, k_3`` first
+    (added last, to the sum of the rest), then ``k_0, k_4, …``; otherwise in order."""
+    return [1, 2, 3, 0, *range(4, m)] if order == "ilp" and m > 4 else list(range(m))
+
+
 def _rows(s: int, order: str) -> int:
     return s + 1 if s > 4 or order == "tail" else s
 
@@ -294,6 +300,12 @@ class Graph(Stages):
         self.fsal: torch.Tensor | None = None  # the last stage through its own view, made where torchdiffeq does
         self.cur = y0
         self.a_cur = self.a_new = y0.detach().abs()
+        # stage-major sums where they pay, in the order torch's last-axis sum adds (see Rows); not where the
+        # weights carry a graph, whose gradient torchdiffeq reduces over its own layout
+        big = y0.device.type == "cpu" and self.n >= 256 and self.s <= 7
+        self.order = sum_order(y0.dtype, self.n) if big else None
+        self.wr: list[torch.Tensor] = []
+        self.bcast = (-1, *([1] * y0.dim()))
 
     def set(self, i: int, k: torch.Tensor) -> None:
         self.ks[i] = k if k is self.fsal else _alias(k)
@@ -310,21 +322,44 @@ class Graph(Stages):
         W = self.host_weights(h)
         device = self.kw["device"]
         self.w = [torch.from_numpy(W[i, :m]).to(device) for i, m in enumerate(self.widths)]
+        if self.order is not None:
+            order = self.order
+            self.wr = [
+                torch.from_numpy(W[i, _perm(m, order)]).to(device).view(self.bcast) for i, m in enumerate(self.widths)
+            ]
         return self.host_h
 
     def _combine(self, y: torch.Tensor, w: torch.Tensor, m: int) -> torch.Tensor:
         return y + torch.sum(torch.stack(self.ks[:m], -1) * w, -1)
 
+    def _combine_rows(self, y: torch.Tensor, row: int) -> torch.Tensor:
+        """:meth:`_combine` over stage-major rows, the sum in the order torch's last-axis sum adds (:class:`Rows`):
+        the same values, and the same gradient for every stage (one product each)."""
+        m, order = self.widths[row], self.order
+        assert order is not None
+        P = torch.stack([self.ks[j] for j in _perm(m, order)]) * self.wr[row]
+        if m > 4:
+            split = 3 if order == "ilp" else 4
+            return y + torch.cat([P[split:].sum(0, keepdim=True), P[:split]]).sum(0)
+        return y + P.sum(0)
+
+    def _stage(self, row: int, hy: torch.Tensor | None) -> torch.Tensor:
+        if hy is not None:
+            return self._combine(self.cur, self.rows[row] * hy, self.widths[row])
+        if self.order is not None:
+            return self._combine_rows(self.cur, row)
+        return self._combine(self.cur, self.w[row], self.widths[row])
+
     def run_stages(self, func: Callable, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
         s, Y, hy = self.s, self.cur, self.hy
         for i in range(1, s):
             t = times[i - 1]  # the time first, then the weights, as torchdiffeq makes them
-            Y = self._combine(self.cur, self.w[i - 1] if hy is None else self.rows[i - 1] * hy, self.widths[i - 1])
+            Y = self._stage(i - 1, hy)
             self.ks[i] = func(t, Y)
         if fsal:
             self.fsal = _alias(self.ks[-1])
             return Y
-        return self._combine(self.cur, self.w[s - 1] if hy is None else self.rows[s - 1] * hy, self.widths[s - 1])
+        return self._stage(s - 1, hy)
 
     def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
         with torch.no_grad():
@@ -353,7 +388,10 @@ class Graph(Stages):
             wmid = hy * self.rows[-1]
         else:
             hy, wmid = self.host_h, self.w[-1]
-        ymid = self._combine(y0, wmid, self.widths[-1])
+        if self.order is not None and not isinstance(h, torch.Tensor):
+            ymid = self._combine_rows(y0, len(self.widths) - 1)
+        else:
+            ymid = self._combine(y0, wmid, self.widths[-1])
         return self.fit(y0, y1, [_alias(self.ks[0]), _alias(self.ks[-1])], hy, ymid)
 
 

@@ -130,6 +130,16 @@ def test_stage_rows_give_torchdiffeqs_bits(dtype, monkeypatch):
     assert bool(made) == (rk_stages.sum_order(dtype, y0.numel()) is not None)
     if dtype == torch.float32:
         assert made  # torch's CPU sum adds seven terms as four partial sums: the row layout is used
+    grads = []  # and under backprop, where the graph's sums use the rows too
+    for impl in (odeint, torchdiffeq.odeint):
+        field.zero_grad()
+        impl(lambda t, y: field(y), y0, t).square().mean().backward()
+        grads.append([p.grad for p in field.parameters()])
+    for a, b in zip(*grads):
+        if dtype == torch.float32:
+            assert torch.equal(a, b)
+        else:  # the field's own backward reductions see gradients laid out unlike torchdiffeq's stage buffer
+            assert (a - b).abs().max() <= 4 * torch.finfo(dtype).eps * b.abs().max()
 
 
 def _spy(init, made: list):
