@@ -74,7 +74,7 @@ def _grid(tiny: bool) -> list[dict]:
         y0 = torch.randn(batch, dim)
         t = torch.linspace(0.0, 1.0, 10)
 
-        repeat = 3 if tiny else 15
+        repeat = 3 if tiny else 31
         for mode, make in (("forward", _fwd), ("forward+backward", _fwd_bwd)):
             calls = [make(impl, f, y0, t) for impl in (odeint, torchdiffeq.odeint)]
             ours, theirs = interleaved_medians(calls, repeat=repeat, warmup=1)

@@ -302,7 +302,7 @@ class Graph(Stages):
         self.a_cur = self.a_new = y0.detach().abs()
         # stage-major sums where they pay, in the order torch's last-axis sum adds (see Rows); not where the
         # weights carry a graph, whose gradient torchdiffeq reduces over its own layout
-        big = y0.device.type == "cpu" and self.n >= 256 and self.s <= 7
+        big = y0.device.type == "cpu" and self.n >= 8192 and self.s <= 7  # it costs four more nodes a sum
         self.order = sum_order(y0.dtype, self.n) if big else None
         self.wr: list[torch.Tensor] = []
         self.bcast = (-1, *([1] * y0.dim()))
