@@ -12,16 +12,22 @@ Every other formulation of these sums rounds differently in the last bit. A redu
 not sequential (on CPU, seven terms add as ``x_0 + x_4 + x_5 + x_6 + x_1 + x_2 + x_3``), and a fused multiply-add
 (``addmv``, ``add(alpha=)``, ``addcmul``) rounds once where torchdiffeq rounds twice. In float32 such an ulp at
 the first iteration grows under training (RMSprop divides each update by the gradient's running scale). So the
-same kernels run here on the same operands in the same order, and the values, and the gradients of the graph they
-leave, are torchdiffeq's bit for bit, on any device. What is saved is the rest: the stages are not written through
-an autograd function per stage, the weights of a step are one host product ``fl(fl(h) fl(a_ij))`` (IEEE, as the
-device's), the error ratio is computed without a graph (its square root by the device: torch's float32 ``sqrt`` is not
-always correctly rounded) and read back once with a finiteness probe, and the dense
-output is fitted only for a step that holds an output time.
+same kernels run here on the same operands in the same order, and the values are torchdiffeq's bit for bit. The
+gradients are too where the autograd engine sums each tensor's parts as torchdiffeq's graph does: one view node
+(:func:`_alias`) stands where torchdiffeq's stage buffer gathers a stage's uses, and the nodes are made in its
+order. (At some sizes a field's own backward reductions see its gradient laid out otherwise than as a column of
+torchdiffeq's buffer and round the last bit otherwise: seen in float64 from 512 elements, and in float32 for a
+field that reads ``t`` at 32768.)
+
+What is saved is the rest: the stages are not written through an autograd function per stage, the weights of a
+step are one host product ``fl(fl(h) fl(a_ij))`` (IEEE, as the device's), the error ratio is computed without a
+graph (its square root by the device: torch's float32 ``sqrt`` is not always correctly rounded) and read back once
+with a finiteness probe, and the dense output is fitted only for a step that holds an output time.
 
 :class:`Buffered` (no graph) keeps the stages in one ``(..., s)`` buffer and writes every result into reused
-buffers; :class:`Graph` (``backprop``) keeps the field's outputs as they are and stacks them for each sum, so both
-run the same kernels on the same values.
+buffers, :class:`Rows` (no graph, from a few hundred elements on the CPU) keeps them stage-major and reduces over
+rows in torch's own order; :class:`Graph` (``backprop``) keeps the field's outputs as they are and stacks them for
+each sum (over rows, in that order, from 8192 elements on the CPU).
 """
 
 from __future__ import annotations
