@@ -159,9 +159,9 @@ def _solve(
     sign = -1.0 if len(t) > 1 and bool(t[0] > t[1]) else 1.0
     max_num_steps = options.pop("max_num_steps", None)
     problem = Problem(func, shapes, sign, max_num_steps, kind(method))
-    forward_func = Problem(func, shapes)  # for the times' gradients, in the user's time
     t_grad = t.requires_grad and torch.is_grad_enabled()
-    if t_grad:
+    forward_func = Problem(func, shapes) if t_grad else None  # for the times' gradients, in the user's time
+    if forward_func is not None:
         flat = with_start_time(forward_func, flat, t[0])
     if len(t) == 1:
         ys = flat.unsqueeze(0).clone()
@@ -185,7 +185,7 @@ def _solve(
             )
         except AssertionError as exc:
             raise SolverError(f"the solver stopped: {str(exc)[:300]}. Loosen `rtol`/`atol` or use float64.") from exc
-    if t_grad:
+    if forward_func is not None:
         ys = with_output_times(forward_func, ys, t)
     return unflatten(ys, shapes, (len(t),))
 

@@ -6,16 +6,15 @@ whether or not an output time lies in it, and controls the step size with a doze
 host synchronisations. A profile of its ``dopri5`` (Hamiltonian field, dim 64, batch 1024, one thread) spends
 about half its time in those products and reductions (``aten::mul``/``aten::sum``) and a third in the field.
 
-This module takes the same steps with the same arithmetic, organised for speed:
+This module takes the same steps with the same arithmetic (:mod:`solvers.rk_stages`: torchdiffeq's kernels in
+its order, so for ``dopri5`` the values and backprop gradients are its own bit for bit), and drops the rest:
 
-- the stages are stored stage-major in one buffer ``K`` (``s × N``), and each stage input
-  ``Y_i = y_0 + h Σ_j a_ij k_j`` is one matrix-vector product ``torch.addmv(y_0, Kᵀ, h a_i)``, as are the error
-  estimate ``h Σ_j e_j k_j`` and the solution;
-- the dense output is formed only for the step that holds an output time, as one product ``y_0 + h Σ_i β_i(x) k_i``
-  (the quartic through ``y_0``, ``y_{1/2}``, ``y_1`` with end slopes ``k_1``, ``k_s`` written in the stages);
-- the error norm ``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` is one fused reduction, read back once per step
-  with a finiteness probe of ``y_1``; step-size control runs on Python floats (IEEE doubles, as torchdiffeq's
-  float64 scalars).
+- the weights ``h a_ij`` of a step are one host product; without a graph every result goes to a reused buffer,
+  and from a few hundred elements on the CPU the stages are stage-major rows reduced in torch's own order;
+- the dense output is fitted only for the step that holds an output time;
+- the error norm ``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` is computed without a graph and read back once
+  per step with a finiteness probe of ``y_1``; step-size control runs on Python floats (IEEE doubles, as
+  torchdiffeq's float64 scalars), the times on the host beside the tensors that carry their graph.
 
 Methods: ``dopri5`` (Dormand & Prince 1980, "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6,
 with Shampine's 1986 dense output), ``bosh3`` (Bogacki & Shampine 1989, with the cubic Hermite dense output
@@ -28,11 +27,10 @@ implements it, including its ``jump_t`` handling (a step is clipped at a jump an
 side), its evaluation times (a stage with ``c = 1`` just before ``t_1``; the first stage of a fixed step just
 after ``t_0``) and, under ``backprop``, the dependence of the first step size on ``y_0``.
 
-So the accepted and rejected steps and the number of field evaluations are torchdiffeq's, and the results agree
-to rounding (the stage sums are accumulated in another order). Without a graph the state and stages live in
-reused buffers; with one (``gradient="backprop"``), every stage is its own tensor, combined by a chain of
-``torch.add``. :func:`fast_applies` says when this path is taken; the adapter falls back to torchdiffeq for the
-rest (adjoint gradients, ``step_t``, decreasing times, other methods).
+So the accepted and rejected steps and the number of field evaluations are torchdiffeq's; ``dopri5``'s numbers
+are its bits, the fixed-step methods other than ``euler`` and ``midpoint`` (which torchdiffeq writes as formulas,
+not tableaux) agree to rounding. :func:`fast_applies` says when this path is taken; the adapter falls back to
+torchdiffeq for the rest (adjoint gradients, ``step_t``, decreasing times, other methods).
 """
 
 from __future__ import annotations
@@ -42,11 +40,13 @@ import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from .rk_stages import Buffered, Graph, Rows, sum_order
 from .tableaux import TABLEAUX, MethodTableau
 from .times import HOST_TIME
 
@@ -145,12 +145,14 @@ class _Clock:
                 setattr(tensor, HOST_TIME, value)
         return ts
 
-    def adaptive_times(self, t0: Scalar, dt: Scalar, t1: Scalar, c: Sequence[float]) -> Sequence[torch.Tensor]:
-        """Stages ``1..s−1`` of an adaptive step: ``t_0 + c_i h`` in the state's dtype, ``c_i = 1`` just before
-        ``t_1``."""
-        if isinstance(t0, torch.Tensor) or isinstance(dt, torch.Tensor):
-            t0y, hy = self.y(t0), self.y(dt)
-            return [self.at(t1, _PREV) if ci == 1.0 else self.at(t0y + self.y(ci) * hy) for ci in c[1:]]
+    def adaptive_times(self, t0: Scalar, hy: Scalar, t1: Scalar, c: Sequence[float]) -> Sequence[torch.Tensor]:
+        """Stages ``1..s−1`` of an adaptive step of size ``hy`` (already in the state's dtype): ``t_0 + c_i h`` in
+        the state's dtype, ``c_i = 1`` just before ``t_1``. While the times carry a graph, ``t_0`` and ``t_1`` are
+        cast once each, as torchdiffeq casts them, so their gradients sum as its do."""
+        if isinstance(t0, torch.Tensor) or isinstance(hy, torch.Tensor) or isinstance(t1, torch.Tensor):
+            t0y, t1y = self.y(t0), self.y(t1)
+            end = self.at(t1y, _PREV)
+            return _Lazy([(lambda: end) if ci == 1.0 else partial(self.at, t0y + self.y(ci) * hy) for ci in c[1:]])
         t1v = self.nudge(self.y(t1), _PREV)
         if self.single:
             key = tuple(c)
@@ -160,10 +162,24 @@ class _Clock:
                     np.asarray(c[1:], dtype=np.float32),
                     [i for i, ci in enumerate(c[1:]) if ci == 1.0],
                 )
-            ts = np.float32(t0) + cs[0] * np.float32(dt)
+            ts = np.float32(t0) + cs[0] * np.float32(hy)
             ts[cs[1]] = t1v
             return torch.from_numpy(ts).to(self.device).unbind()  # no list round trip
-        return self.many([t1v if ci == 1.0 else t0 + ci * dt for ci in c[1:]])
+        return self.many([t1v if ci == 1.0 else t0 + ci * hy for ci in c[1:]])
+
+
+class _Lazy(Sequence[torch.Tensor]):
+    """Times made when a stage first reads them: while they carry a graph, each stage's time and weights are made
+    in torchdiffeq's order, so that the gradient of the step size sums its parts as its does."""
+
+    def __init__(self, makers: list[Callable[[], torch.Tensor]]):
+        self.makers = makers
+
+    def __len__(self) -> int:
+        return len(self.makers)
+
+    def __getitem__(self, i):
+        return self.makers[i]()
 
 
 def _dense_weights(tab: MethodTableau) -> list[list[float]]:
@@ -186,147 +202,6 @@ def _dense_weights(tab: MethodTableau) -> list[list[float]]:
 
 def _f(x: Scalar) -> float:
     return float(x.detach()) if isinstance(x, torch.Tensor) else x
-
-
-class _Buffered:
-    """Stages without a graph: a stage-major buffer ``K`` (``s × N``) whose views are made once, each combination
-    ``y + Σ_j w_j k_j`` one ``addmv`` into a reused buffer, the weights of a step one product ``A · h``."""
-
-    graph = False
-
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float):
-        s, n = tab.stages, y0.numel()
-        self.s, self.n, self.shape = s, n, y0.shape
-        kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
-        self.K = torch.zeros((s, n), **kw)
-        self.rows = [self.K[i].view(y0.shape) for i in range(s)]
-        self.Kt = [self.K[:i].t() for i in range(s + 1)]
-        # rows of the combinations: a_1..a_{s-1}, then b or e (padded with zeros to s)
-        self.A = torch.tensor([list(r) + [0.0] * (s - len(r)) for r in rows], **kw)
-        self.W = torch.empty_like(self.A)
-        self.w = [self.W[i, : min(i + 1, s)] for i in range(len(rows))]
-        # flat buffers and their state-shaped views: y, the next y, a scratch stage input; the caller's y0
-        self.flat = [torch.empty(n, **kw) for _ in range(3)] + [y0.reshape(n)]
-        self.shaped = [f.view(y0.shape) for f in self.flat]
-        self.y0f = self.flat[3]
-        self.cur, self.nxt = 3, 3
-        self.rtol, self.atol = rtol, atol
-        self.err, self.tol = torch.empty(n, **kw), torch.empty(n, **kw)
-        self.absy = [torch.empty(n, **kw), torch.empty(n, **kw)]
-        self.a_cur = self.a_new = torch.abs(self.y0f, out=self.absy[0])
-        self.pair = torch.empty(2, **kw)
-        self.norm_out, self.top_out = self.pair[0], self.pair[1]
-
-    def set(self, i: int, k: torch.Tensor) -> None:
-        self.rows[i].copy_(k)
-
-    def get(self, i: int) -> torch.Tensor:
-        return self.rows[i]
-
-    def weights(self, hy: Scalar) -> None:
-        torch.mul(self.A, hy, out=self.W)
-
-    def run_stages(self, func, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
-        """Stages ``1..s−1`` from the current state; returns the new state (the last stage input when ``fsal``)."""
-        s, y = self.s, self.flat[self.cur]
-        nxt = 1 if self.cur == 0 else 0
-        for i in range(1, s):
-            j = nxt if fsal and i == s - 1 else 2
-            torch.addmv(y, self.Kt[i], self.w[i - 1], out=self.flat[j])
-            self.rows[i].copy_(func(times[i - 1], self.shaped[j]))
-        if not fsal:
-            torch.addmv(y, self.Kt[s], self.w[s - 1], out=self.flat[nxt])
-        self.nxt = nxt
-        return self.shaped[nxt]
-
-    def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
-        """``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` and whether ``y_1`` is finite: one read-back."""
-        err = torch.mv(self.Kt[self.s], self.w[-1], out=self.err)
-        a_new = self.absy[1] if self.a_cur is self.absy[0] else self.absy[0]
-        torch.abs(self.flat[self.nxt], out=a_new)
-        tol = torch.maximum(self.a_cur, a_new, out=self.tol)
-        tol.mul_(self.rtol).add_(self.atol)
-        err.div_(tol)
-        torch.linalg.vector_norm(err, out=self.norm_out)
-        torch.amax(a_new, out=self.top_out)
-        norm, top = self.pair.tolist()
-        self.a_new = a_new
-        return norm / math.sqrt(self.n), math.isfinite(top)
-
-    def accept(self, y_new: torch.Tensor) -> torch.Tensor:
-        self.cur = self.nxt
-        self.a_cur = self.a_new
-        return y_new
-
-    def output(self, y: torch.Tensor) -> torch.Tensor:
-        return y.clone()
-
-    def dense(self, y0: torch.Tensor, w: list[Scalar]) -> torch.Tensor:
-        wt = torch.tensor(w, dtype=self.K.dtype, device=self.K.device)
-        y0f = self.flat[self.cur] if y0 is self.shaped[self.cur] else y0.reshape(self.n)
-        return torch.addmv(y0f, self.Kt[self.s], wt).view(self.shape)
-
-
-class _Graph:
-    """Stages with a graph (``backprop``): the field's outputs kept as they are and stacked for each combination,
-    which is then the same ``addmv`` as without a graph, so both give the same numbers bit for bit. The weights may
-    carry a graph (a first step size that depends on ``y_0``)."""
-
-    graph = True
-
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float):
-        s = tab.stages
-        self.s, self.n, self.shape = s, y0.numel(), y0.shape
-        self.A = torch.tensor([list(r) + [0.0] * (s - len(r)) for r in rows], dtype=y0.dtype, device=y0.device)
-        self.W = self.A
-        self.rtol, self.atol = rtol, atol
-        self.ks: list[torch.Tensor] = [y0] * s
-        self.cur = y0
-
-    def set(self, i: int, k: torch.Tensor) -> None:
-        self.ks[i] = k
-
-    def get(self, i: int) -> torch.Tensor:
-        return self.ks[i]
-
-    def weights(self, hy: Scalar) -> None:
-        self.W = self.A * hy
-
-    def _stacked(self, i: int) -> torch.Tensor:
-        return torch.stack(self.ks[:i]).view(i, self.n).t()
-
-    def _combine(self, y: torch.Tensor, i: int, w: torch.Tensor) -> torch.Tensor:
-        return torch.addmv(y.reshape(self.n), self._stacked(i), w).view(self.shape)
-
-    def run_stages(self, func, times: Sequence[torch.Tensor], fsal: bool) -> torch.Tensor:
-        s, Y = self.s, self.cur
-        for i in range(1, s):
-            Y = self._combine(self.cur, i, self.W[i - 1, :i])
-            self.ks[i] = func(times[i - 1], Y)
-        return Y if fsal else self._combine(self.cur, s, self.W[s - 1])
-
-    def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
-        with torch.no_grad():
-            err = torch.mv(self._stacked(self.s), self.W[-1])
-            tol = torch.maximum(self.cur.reshape(self.n).abs(), y_new.reshape(self.n).abs())
-            tol.mul_(self.rtol).add_(self.atol)
-            err.div_(tol)
-            norm, top = torch.stack((torch.linalg.vector_norm(err), y_new.abs().amax())).tolist()
-        return norm / math.sqrt(self.n), math.isfinite(top)
-
-    def accept(self, y_new: torch.Tensor) -> torch.Tensor:
-        self.cur = y_new
-        return y_new
-
-    def output(self, y: torch.Tensor) -> torch.Tensor:
-        return y
-
-    def dense(self, y0: torch.Tensor, w: list[Scalar]) -> torch.Tensor:
-        if any(isinstance(wj, torch.Tensor) for wj in w):
-            wt = torch.stack([wj if isinstance(wj, torch.Tensor) else self.A.new_tensor(wj) for wj in w])
-        else:
-            wt = self.A.new_tensor(w)
-        return self._combine(y0, self.s, wt)
 
 
 def _callback(func: Any, name: str) -> Callable[..., Any]:
@@ -356,11 +231,16 @@ def odeint_fast(
 
 
 def _engine(
-    func, y0: torch.Tensor, tab: MethodTableau, rows: list[Sequence[float]], rtol: float, atol: float
-) -> _Buffered | _Graph:
+    func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float
+) -> Buffered | Graph:
     # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers
     fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
-    return _Graph(y0, tab, rows, rtol, atol) if fresh else _Buffered(y0, tab, rows, rtol, atol)
+    if fresh:
+        return Graph(y0, tab, last, rtol, atol)
+    # stage rows pay from a few hundred elements on (below, the fewer kernels of torchdiffeq's layout win)
+    big = y0.device.type == "cpu" and tab.stages <= 7 and y0.numel() >= 256
+    order = sum_order(y0.dtype, y0.numel()) if big else None
+    return Buffered(y0, tab, last, rtol, atol) if order is None else Rows(y0, tab, last, rtol, atol, order)
 
 
 def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: str, options: dict) -> torch.Tensor:
@@ -387,7 +267,7 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
             for ci in c[1:]
         ]
     times = clock.many(values, host=True)
-    eng = _engine(func, y0, tab, [*tab.tableau.a[1:], tab.tableau.b], 0.0, 0.0)
+    eng = _engine(func, y0, tab, tab.tableau.b, 0.0, 0.0)
     step_cb = _callback(func, "callback_step")
     out: list[torch.Tensor] = [y0]
     j, y = 1, y0
@@ -395,7 +275,7 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
         dt = t1 - t0
         step_cb(t0, y, dt)
         eng.set(0, func(times[k * s], y))
-        eng.weights(clock.y(dt))
+        eng.weights(dt)
         y1 = eng.run_stages(func, times[k * s + 1 : (k + 1) * s], fsal=False)
         while j < len(tl) and t1 >= tl[j]:
             if tl[j] == t1:
@@ -431,7 +311,8 @@ class _Adaptive:
         t0 = float(t[0])
         self.jumps = sorted(v for v in ([] if jumps is None else torch.as_tensor(jumps).tolist()) if v >= t0)
         self.jump_index = min(bisect.bisect(self.jumps, t0), len(self.jumps) - 1)
-        self.dense = _dense_weights(tab)
+        self._fitted: tuple | None = None
+        self._coeffs: list[torch.Tensor] = []
         self.on_step = _callback(func, "callback_step")
         self.on_accept = _callback(func, "callback_accept_step")
         self.on_reject = _callback(func, "callback_reject_step")
@@ -462,7 +343,8 @@ class _Adaptive:
         d0, d1 = self._rms(y0 / scale).abs(), self._rms(f0 / scale).abs()
         h0 = torch.tensor(1e-6, dtype=dtype, device=y0.device) if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
         h0 = h0.abs()
-        f1 = self.func(self.clock.at(t0 + h0), y0 + h0 * f0)
+        y1 = y0 + h0 * f0  # before the time, as torchdiffeq: h0's gradient sums its parts in its order
+        f1 = self.func(self.clock.at(t0 + h0), y1)
         d2 = torch.abs(self._rms((f1 - f0) / scale) / h0)
         if d1 <= 1e-15 and d2 <= 1e-15:
             h1 = torch.max(torch.tensor(1e-6, dtype=dtype, device=y0.device), h0 * 1e-3)
@@ -471,17 +353,18 @@ class _Adaptive:
         h = torch.min(100 * h0, h1.abs()).to(torch.float64)
         return h if h.requires_grad else float(h)
 
-    def _interpolate(self, eng: _Buffered | _Graph, last: tuple, tj: float) -> torch.Tensor:
-        """The dense output of step ``last`` at ``tj``: ``y_0 + h Σ_i β_i(x) k_i``, ``x = (tj − t_0)/(t_1 − t_0)``."""
-        t0, t1, h, y0 = last
-        x = self.clock.y((tj - t0) / (t1 - t0))
-        hy = self.clock.y(h)
-        P = self.dense
-        w: list[Scalar] = []
-        for i in range(self.tab.stages):
-            wi = x * (P[0][i] + x * (P[1][i] + x * (P[2][i] + x * P[3][i]))) * hy  # Horner: floats and tensors alike
-            w.append(wi if isinstance(wi, torch.Tensor) else self.clock.y(wi))
-        return eng.dense(y0, w)
+    def _interpolate(self, eng: Buffered | Graph, last: tuple, tj: float) -> torch.Tensor:
+        """The dense output of step ``last`` at ``tj``, ``x = (tj − t_0)/(t_1 − t_0)`` in float64 then the state's
+        dtype, the quartic fitted once per step (torchdiffeq fits every accepted step; only these are read)."""
+        t0, t1, h, y0, y1 = last
+        if self._fitted is not last:
+            self._coeffs, self._fitted = eng.dense(y0, y1, h), last
+        if isinstance(t0, torch.Tensor) or isinstance(t1, torch.Tensor):
+            num = tj - t0 if isinstance(t0, torch.Tensor) else torch.tensor(tj - t0, dtype=torch.float64)
+            x: Scalar = (num / (t1 - t0)).to(self.y0.dtype)  # a tensor quotient, as torchdiffeq's
+        else:
+            x = self.clock.y((tj - t0) / (t1 - t0))
+        return eng.evaluate(self._coeffs, x)
 
     def run(self) -> torch.Tensor:
         tab, clock, func = self.tab, self.clock, self.func
@@ -489,19 +372,22 @@ class _Adaptive:
         y0 = self.y0
         t_all = self.t.tolist()
         t_first = self.t[0].to(torch.float64)
+        # the first output through its own node made first, as torchdiffeq's copy into its solution: y0's gradient
+        # then sums its parts in torchdiffeq's order
+        out: list[torch.Tensor] = [y0.view(y0.shape) if torch.is_grad_enabled() else y0]
         f0 = func(clock.at(t_first), y0)
         dt: Scalar = self._initial_step(t_first, f0) if self.first_step is None else float(self.first_step)
         assert tab.error is not None
-        eng = _engine(func, y0, tab, [*tab.tableau.a[1:], tab.error], self.rtol, self.atol)
+        eng = _engine(func, y0, tab, tab.error, self.rtol, self.atol)
         eng.set(0, f0)
         t0: Scalar = t_all[0]
+        t0f = t_all[0]  # t0 on the host (t0 itself is a tensor while it carries a graph)
         y = y0
         last: tuple | None = None
         pending: torch.Tensor | None = None  # stage 0 of the next step, stored once the last step's stages are read
         check_state = True
-        out: list[torch.Tensor] = [y0]
         for tj in t_all[1:]:
-            while tj > _f(t0):
+            while tj > t0f:
                 if pending is not None:
                     eng.set(0, pending)
                     pending = None
@@ -511,30 +397,30 @@ class _Adaptive:
                     if not bool(torch.isfinite(y).all()):
                         raise AssertionError("non-finite values in state `y`")
                     check_state = False
-                tf, dtf = _f(t0), _f(dt)
-                if not tf + dtf > tf:
+                dtf = _f(dt)
+                if not t0f + dtf > t0f:
                     raise AssertionError(f"underflow in dt {dtf}")
                 t1: Scalar = t0 + dt
+                t1f = t0f + dtf
                 on_jump = False
                 if self.jumps:
                     jt = self.jumps[self.jump_index]
-                    if tf < jt < tf + dtf:
-                        on_jump, t1, dt = True, jt, jt - t0
-                eng.weights(clock.y(dt))
-                Y = eng.run_stages(func, clock.adaptive_times(t0, dt, t1, c), fsal=True)
+                    if t0f < jt < t1f:
+                        on_jump, t1, dt, t1f, dtf = True, jt, jt - t0, jt, jt - t0f
+                hy = eng.weights(dt)
+                Y = eng.run_stages(func, clock.adaptive_times(t0, hy, t1, c), fsal=True)
                 ratio, finite = eng.ratio(Y)
-                dtf = _f(dt)
                 if (ratio <= 1 and not dtf > self.max_step) or dtf <= self.min_step:
                     self.on_accept(t0, y, dt)
                     check_state = not finite
-                    last = (t0, t1, dt, y)
+                    last = (t0, t1, dt, y, Y)
                     if on_jump:
                         if self.jump_index != len(self.jumps) - 1:
                             self.jump_index += 1
                         pending = func(clock.at(t1, _NEXT), Y)  # the field on the jump's far side
                     else:
                         pending = eng.get(s - 1)
-                    t0, y = t1, eng.accept(Y)
+                    t0, t0f, y = t1, t1f, eng.accept(Y)
                 else:
                     self.on_reject(t0, y, dt)
                 dt = self._clamp(self._next_step(dtf, ratio))

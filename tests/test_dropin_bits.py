@@ -1,0 +1,150 @@
+"""``cde_nets.odeint`` computes torchdiffeq's numbers bit for bit on its fast path (dopri5): the forward values
+(with rejected steps and many output times), the backprop gradients (parameters, ``y0``, a field that reads ``t``,
+the first step size's dependence on ``y0``), in float32 and float64, and so a float32 training run's losses, which
+RMSprop would drive apart from a one-ulp difference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchdiffeq
+from torch import nn
+
+from cde_nets import odeint
+from cde_nets.solvers import fast_rk
+
+DTYPES = [torch.float32, torch.float64]
+
+
+class _Cubic(nn.Module):
+    """torchdiffeq's ode_demo model: an MLP on ``y³``."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(2, 50), nn.Tanh(), nn.Linear(50, 2))
+        for m in self.net:
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.1)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, t, y):
+        return self.net(y**3)
+
+
+class _Timed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 2))
+
+    def forward(self, t, y):
+        return self.net(torch.cat([y, t.expand(y.shape[0], 1)], -1))
+
+
+def _spiral(dtype: torch.dtype, n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    A = torch.tensor([[-0.1, 2.0], [-2.0, -0.1]], dtype=dtype)
+    t = torch.linspace(0.0, 1.0, n, dtype=dtype)
+    with torch.no_grad():
+        return t, torchdiffeq.odeint(lambda t, y: (y**3) @ A, torch.tensor([[2.0, 0.0]], dtype=dtype), t)
+
+
+def _grads(impl, field: nn.Module, y0: torch.Tensor, t: torch.Tensor, target: torch.Tensor):
+    field.zero_grad()
+    y0 = y0.clone().requires_grad_()
+    loss = (impl(field, y0, t) - target).abs().mean()
+    loss.backward()
+    return [loss.detach(), y0.grad] + [p.grad for p in field.parameters()]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_values_are_torchdiffeqs_bit_for_bit(dtype):
+    """The spiral's reference data (40 outputs, rejected steps) without a graph."""
+    assert fast_rk.ENABLED
+    A = torch.tensor([[-0.1, 2.0], [-2.0, -0.1]], dtype=dtype)
+    counts = {"rejected": 0}
+
+    def field(t, y):
+        return (y**3) @ A
+
+    field.callback_reject_step = lambda *a: counts.__setitem__("rejected", counts["rejected"] + 1)  # type: ignore[attr-defined]
+    t = torch.linspace(0.0, 1.0, 40, dtype=dtype)
+    y0 = torch.tensor([[2.0, 0.0]], dtype=dtype)
+    with torch.no_grad():
+        ours = odeint(field, y0, t)
+        assert counts["rejected"] > 0  # the path through a rejection is exercised
+        theirs = torchdiffeq.odeint(field, y0, t)
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("model", [_Cubic, _Timed])
+def test_backprop_gradients_are_torchdiffeqs_bit_for_bit(dtype, model):
+    """One training step's loss and gradients (parameters and ``y0``; the first step size depends on both)."""
+    t, data = _spiral(dtype)
+    torch.manual_seed(0)
+    field = model().to(dtype)
+    idx = torch.tensor([0, 7, 19, 23])
+    y0, target = data[idx, 0], torch.stack([data[idx + i, 0] for i in range(10)])
+    ours = _grads(odeint, field, y0, t[:10], target)
+    theirs = _grads(torchdiffeq.odeint, field, y0, t[:10], target)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+
+
+def test_float32_training_losses_are_torchdiffeqs():
+    """ode_demo's loop in float32 (RMSprop, batches of windows): 15 iterations, the same losses exactly."""
+    t, data = _spiral(torch.float32, 100)
+    losses = {}
+    for name, impl in (("ours", odeint), ("torchdiffeq", torchdiffeq.odeint)):
+        torch.manual_seed(0)
+        field = _Cubic()
+        opt = torch.optim.RMSprop(field.parameters(), lr=1e-3)
+        gen = torch.Generator().manual_seed(0)
+        losses[name] = []
+        for _ in range(15):
+            idx = torch.randperm(90, generator=gen)[:8]
+            y0, target = data[idx, 0], torch.stack([data[idx + i, 0] for i in range(10)])
+            opt.zero_grad()
+            loss = (impl(field, y0, t[:10]) - target).abs().mean()
+            loss.backward()
+            opt.step()
+            losses[name].append(loss.item())
+    assert losses["ours"] == losses["torchdiffeq"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stage_rows_give_torchdiffeqs_bits(dtype, monkeypatch):
+    """From a few hundred elements on the CPU the stages are kept stage-major (``rk_stages.Rows``), their sums
+    reduced over rows in the order torch's last-axis sum adds; the values stay torchdiffeq's."""
+    from cde_nets.solvers import rk_stages
+
+    made = []
+    monkeypatch.setattr(rk_stages.Rows, "__init__", _spy(rk_stages.Rows.__init__, made))
+    torch.manual_seed(0)
+    field = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 4)).to(dtype)
+    y0 = torch.randn(2048, 4, dtype=dtype)  # 8192 elements: rows without a graph and with one
+    t = torch.linspace(0.0, 1.0, 4, dtype=dtype)
+    with torch.no_grad():
+        ours = odeint(lambda t, y: field(y), y0, t)
+        theirs = torchdiffeq.odeint(lambda t, y: field(y), y0, t)
+    assert torch.equal(ours, theirs)
+    assert bool(made) == (rk_stages.sum_order(dtype, y0.numel()) is not None)
+    if dtype == torch.float32:
+        assert made  # torch's CPU sum adds seven terms as four partial sums: the row layout is used
+    grads = []  # and under backprop
+    for impl in (odeint, torchdiffeq.odeint):
+        field.zero_grad()
+        impl(lambda t, y: field(y), y0, t).square().mean().backward()
+        grads.append([p.grad for p in field.parameters()])
+    for a, b in zip(*grads):
+        if dtype == torch.float32:
+            assert torch.equal(a, b)
+        else:  # the field's own backward reductions see gradients laid out unlike torchdiffeq's stage buffer
+            assert (a - b).abs().max() <= 4 * torch.finfo(dtype).eps * b.abs().max()
+
+
+def _spy(init, made: list):
+    def wrapped(self, *args, **kwargs):
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    return wrapped
