@@ -43,6 +43,7 @@ from cde_nets.solvers.errors import SolverError
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
 
@@ -79,9 +80,8 @@ def _valid_options(method: str) -> set[str]:
 
 def _check_method(method: str | None, name: str = "method") -> str:
     method = "dopri5" if method is None else method
-    if method == "tsit5" or method not in METHODS:
-        served = "" if method != "tsit5" else " (tsit5 is not served yet: use 'dopri5', also order 5)"
-        raise ValueError(f"`{name}`={method!r} is unknown{served}; choose one of {sorted(METHODS)}.")
+    if method not in METHODS:
+        raise ValueError(f"`{name}`={method!r} is unknown; choose one of {sorted(METHODS)}.")
     return method
 
 
@@ -384,7 +384,7 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
                 t.detach()[:2] * sign,
                 rtol=tolerance(rtol, shapes, "rtol"),
                 atol=tolerance(atol, shapes, "atol"),
-                method=method,
+                method=torchdiffeq_method(method),
                 options=flip_options(opts, sign, shapes),
                 event_fn=event,
             )

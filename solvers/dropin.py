@@ -30,7 +30,7 @@ __all__ = ["ADAPTIVE", "CALLBACKS", "FIXED", "Problem", "flip_options", "kind", 
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
 
-ADAPTIVE = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun")
+ADAPTIVE = ("dopri8", "dopri5", "tsit5", "bosh3", "fehlberg2", "adaptive_heun")
 FIXED = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams")
 _FAST_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb"}
 _FAST_OPTIONS |= {"grid_constructor"}
