@@ -32,6 +32,7 @@ from cde_nets.solvers.dropin import (
     ADAPTIVE,
     CALLBACKS,
     FIXED,
+    IMPLICIT,
     Problem,
     flip_options,
     kind,
@@ -41,6 +42,7 @@ from cde_nets.solvers.dropin import (
 )
 from cde_nets.solvers.errors import SolverError
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
+from cde_nets.solvers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample import odeint_per_sample
 from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
@@ -48,7 +50,7 @@ from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
-METHODS = (*ADAPTIVE, *FIXED, "scipy_solver")
+METHODS = (*ADAPTIVE, *FIXED, *IMPLICIT, "scipy_solver")
 
 _ADAPTIVE_OPTIONS = {
     "first_step",
@@ -75,6 +77,8 @@ def _valid_options(method: str) -> set[str]:
         return _ADAPTIVE_OPTIONS
     if method in ("implicit_adams", "fixed_adams"):
         return _ADAMS_OPTIONS
+    if method in IMPLICIT:
+        return set(IMPLICIT_GRID_OPTIONS)
     return _SCIPY_OPTIONS if method == "scipy_solver" else _FIXED_OPTIONS
 
 
@@ -193,7 +197,8 @@ def _solve(
 def _warn_callbacks(func: Callable, method: str) -> None:
     """torchdiffeq warns when ``func`` has callbacks the method never calls; so does this."""
     names = {n for n in CALLBACKS if getattr(func, n, None) is not None}
-    unused = names if method == "scipy_solver" else names - ({"callback_step"} if method in FIXED else set(CALLBACKS))
+    fixed = method in FIXED or method in IMPLICIT
+    unused = names if method == "scipy_solver" else names - ({"callback_step"} if fixed else set(CALLBACKS))
     if unused:
         warnings.warn(f"method {method!r} never calls {sorted(unused)} of `func`.", stacklevel=3)
 
@@ -324,6 +329,11 @@ def odeint_adjoint(
             f"`adjoint_method`={adj_method!r} differs from `method`={method!r}, so `options` cannot serve the "
             "backward solve: pass `adjoint_options` too."
         )
+    if method in IMPLICIT and (adj_method != method or adjoint_options not in (None, options)):
+        raise ValueError(
+            f"method={method!r} takes the discrete adjoint of its own steps (rebuilt backwards on the forward grid, "
+            "differentiated by the implicit function theorem): leave `adjoint_method` and `adjoint_options` unset."
+        )
     if adjoint_options is None:
         adj_options = {k: v for k, v in (options or {}).items() if k not in ("norm", "max_num_steps")}
     else:
@@ -355,7 +365,8 @@ def odeint_adjoint(
 def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint):
     """``(event_t, solution)`` from ``t[0]`` until ``event_fn(t, y) = 0``.
 
-    The event is located by torchdiffeq's root finder on the flattened, forwards problem, without a graph; the
+    The event is located by torchdiffeq's root finder on the flattened, forwards problem, without a graph (for the
+    implicit methods by :func:`~cde_nets.solvers.implicit_grid.implicit_until_event`, the same search); the
     state there is then solved for at that fixed time in the chosen gradient mode, and the implicit function
     theorem on ``g(t*, y(t*)) = 0`` gives the time's gradient,
     ``dt*/dθ = −(∂g/∂θ + ∂g/∂y ∂y/∂θ) / (∂g/∂t + ∂g/∂y F)``, and the state's, ``dy(t*)/dθ = ∂y/∂θ + F dt*/dθ``.
@@ -374,6 +385,22 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     def event(s, y):
         return event_fn(-s if sign < 0 else s, unflatten(y, shapes))
 
+    if method in IMPLICIT:
+        grid = ImplicitGrid(problem, method, flip_options(opts, sign, shapes))
+        tol = float(atol) if isinstance(atol, float | int) else float(torch.as_tensor(atol).min())
+        s_event, found = implicit_until_event(grid, flat.detach(), float(t[0].detach()) * sign, event, tol)
+    else:
+        s_event, found = _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, event)
+    t_star = (s_event.to(t.dtype) * sign).reshape(())
+    if not torch.is_grad_enabled():
+        return t_star, unflatten(found, shapes, (2,))
+    return _event_state(
+        func, y0, t, t_star, found, shapes, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint
+    )
+
+
+def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, event):
+    """torchdiffeq's event search on the flat, forwards problem, without a graph."""
     with torch.no_grad():
         try:
             from torchdiffeq import odeint as torchdiffeq_odeint  # here: torchdiffeq loads scipy
@@ -390,9 +417,13 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
             )
         except AssertionError as exc:
             raise SolverError(f"the event search stopped: {str(exc)[:300]}.") from exc
-    t_star = (s_event.to(t.dtype) * sign).reshape(())
-    if not torch.is_grad_enabled():
-        return t_star, unflatten(found, shapes, (2,))
+    return s_event, found
+
+
+def _event_state(
+    func, y0, t, t_star, found, shapes, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint
+):
+    """``(event_t, solution)`` differentiable by the implicit function theorem on ``g(t*, y(t*)) = 0``."""
     # the state at the fixed time t*, differentiable in the chosen mode; its value is the search's own
     times = torch.stack([t[0], t_star])
     kwargs: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options)
