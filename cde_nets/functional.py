@@ -9,7 +9,9 @@ of any shape or a tuple of them, at times ``t`` increasing or decreasing from an
 - the state is flattened to one tensor and decreasing times are negated (``s = −t``, ``dy/ds = −func(−s, y)``), so
   the engine always integrates one tensor forwards: the fast Runge-Kutta path (:mod:`solvers.fast_rk`) serves
   every such call it implements, the piecewise seminorm adjoint (:mod:`solvers.piecewise_adjoint`) the adjoint,
-  and the replayed gradients (:mod:`solvers.replay`) ``gradient="checkpoint"``/``"symplectic"``;
+  and the replayed gradients (:mod:`solvers.replay`) ``gradient="checkpoint"``/``"symplectic"``; the implicit
+  Runge-Kutta methods run on the library's Newton solver with torchdiffeq's fixed-grid semantics
+  (:mod:`solvers.implicit_grid`);
 - gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
 - events are located by torchdiffeq's root finder and differentiated by the implicit function theorem here.
 
@@ -224,14 +226,22 @@ def odeint(
         y0: the initial state at ``t[0]``: a tensor of any shape, or a tuple of tensors.
         t: 1-D tensor of times, strictly increasing or decreasing; ``t[0]`` is the start. May require grad.
         rtol, atol: tolerances of adaptive methods (per part of a tuple state as tuples).
-        method: ``"dopri5"`` (default), ``"dopri8"``, ``"bosh3"``, ``"fehlberg2"``, ``"adaptive_heun"``,
-            ``"euler"``, ``"midpoint"``, ``"heun2"``, ``"heun3"``, ``"rk4"``, ``"explicit_adams"``,
-            ``"implicit_adams"``, ``"fixed_adams"``, ``"scipy_solver"``.
-        options: torchdiffeq's method options; unknown keys raise ``ValueError``.
+        method: ``"dopri5"`` (default), ``"tsit5"``, ``"dopri8"``, ``"bosh3"``, ``"fehlberg2"``,
+            ``"adaptive_heun"``, ``"euler"``, ``"midpoint"``, ``"heun2"``, ``"heun3"``, ``"rk4"``,
+            ``"explicit_adams"``, ``"implicit_adams"``, ``"fixed_adams"``, ``"scipy_solver"``, or an implicit
+            Runge-Kutta method on a fixed grid (torchdiffeq master's): ``"implicit_euler"``,
+            ``"implicit_midpoint"``, ``"trapezoid"``, ``"gl4"``, ``"gl6"``, ``"radauIIA3"``, ``"radauIIA5"``,
+            ``"sdirk2"``, ``"trbdf2"`` (:mod:`~cde_nets.solvers.implicit_grid`).
+        options: torchdiffeq's method options; unknown keys raise ``ValueError``. The implicit methods take
+            ``step_size``/``grid_constructor``, ``perturb``, ``interp`` and their Newton solve's ``max_iters``
+            (default 50), ``newton`` (``"simplified"``, ``"full"``, ``"fixed_point"``) and ``newton_tol``
+            (default: to rounding).
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
         gradient: this library's addition: ``"backprop"`` (default, torchdiffeq's), ``"adjoint"``,
-            ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low memory), or the gradient
+            ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low memory; the implicit methods
+            take ``"backprop"``, ``"checkpoint"`` and ``"adjoint"``, each step by the implicit function theorem), or
+            the gradient
             method object (``Adjoint(rtol=1e-9)`` sets the backward solve as ``odeint_adjoint``'s ``adjoint_*``).
         adjoint_params: the tensors differentiated by the gradients other than ``"backprop"`` (default: ``func``'s
             parameters).
