@@ -126,6 +126,32 @@ def run_suite(suite_dir: Path, pattern: str = "*_tests.py") -> dict:
     }
 
 
+# The cases that do not pass on purpose or for a reason outside cde_nets, by test: why, precisely.
+EXPLAINED = {
+    "norm_tests.TestNorms.test_adjoint_norm": (
+        "reads and replaces `ys.grad_fn.adjoint_options['norm']`, the norm torchdiffeq's own autograd node builds over "
+        "its augmented backward state (t, y, a, ∂L/∂θ...); cde_nets' default adjoint (the piecewise seminorm "
+        "adjoint) integrates (y, a) only and sums the parameter gradients outside the adaptive solve, so it has no "
+        "such norm to expose, and 8 of the 12 cases expect torchdiffeq's default norm over the parameter gradients "
+        "where cde_nets defaults to the seminorm (Kidger et al. 2021; a callable adjoint norm is honoured, and those "
+        "cases pass)"
+    ),
+    "odeint_tests.TestMinMaxStep.test_min_max_step": (
+        "scipy_solver with LSODA and min_step=2 takes 191 evaluations where the test allows 50: torchdiffeq 0.2.5 "
+        "takes the same 191 (the installed scipy's LSODA does not honour min_step there)"
+    ),
+}
+
+
+def explain(res: dict) -> dict:
+    """Each case that did not pass gets the precise reason of :data:`EXPLAINED` where its test has one."""
+    for row in res["rows"]:
+        if row["test"] in EXPLAINED:
+            row["explained"] = EXPLAINED[row["test"]]
+    res["unexplained"] = sum(1 for r in res["rows"] if "explained" not in r)
+    return res
+
+
 def run(tiny: bool = False, out_dir: Path | None = None, suite: Path | None = None) -> dict:
     """``tiny``: the shim and the counting on a two-case suite written here (torchdiffeq's suite is not part of
     this repository); otherwise ``suite`` is torchdiffeq's ``tests/`` folder."""
@@ -134,11 +160,11 @@ def run(tiny: bool = False, out_dir: Path | None = None, suite: Path | None = No
 
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "tiny_tests.py").write_text(_TINY)
-            res = run_suite(Path(tmp))
+            res = explain(run_suite(Path(tmp)))
         res["suite"] = "tiny"
         write("torchdiffeq_suite_tiny", res, out_dir)
         return res
-    res = run_suite(suite)
+    res = explain(run_suite(suite))
     write("torchdiffeq_suite", res, out_dir)
     return res
 
@@ -158,6 +184,9 @@ class Decay(unittest.TestCase):
                                        options=dict(step_size=0.01) if fixed else None, **tol)
                 self.assertLess(float((y[-1] - math.exp(-1)).abs().max()), 1e-6)
 
+    def test_a_method_cde_nets_lacks(self):  # counted as not served: the counting's own check
+        torchdiffeq.odeint(lambda t, y: -y, torch.ones(2), torch.tensor([0.0, 1.0]), method="rk45")
+
     def test_only_three_names(self):
         self.assertEqual(sorted(n for n in dir(torchdiffeq) if not n.startswith("_")),
                          ["odeint", "odeint_adjoint", "odeint_event"])
@@ -170,7 +199,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
     res = run(tiny=args.tiny, suite=args.suite)
-    print(res["counts"], f"of {res['total']} cases in {res['seconds']} s")
+    print(res["counts"], f"of {res['total']} cases in {res['seconds']} s; {res['unexplained']} unexplained")
     for reason, n in res["by_reason"].items():
         print(f"{n:5d}  {reason}")
 
