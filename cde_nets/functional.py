@@ -339,10 +339,12 @@ def odeint_adjoint(
             f"`adjoint_method`={adj_method!r} differs from `method`={method!r}, so `options` cannot serve the "
             "backward solve: pass `adjoint_options` too."
         )
-    if method in IMPLICIT and (adj_method != method or adjoint_options not in (None, options)):
+    own = adjoint_rtol is None and adjoint_atol is None and adjoint_options in (None, options)
+    if method in IMPLICIT and (adj_method != method or not own):
         raise ValueError(
             f"method={method!r} takes the discrete adjoint of its own steps (rebuilt backwards on the forward grid, "
-            "differentiated by the implicit function theorem): leave `adjoint_method` and `adjoint_options` unset."
+            "differentiated by the implicit function theorem): leave `adjoint_method`, `adjoint_options`, "
+            "`adjoint_rtol` and `adjoint_atol` unset."
         )
     if adjoint_options is None:
         adj_options = {k: v for k, v in (options or {}).items() if k not in ("norm", "max_num_steps")}

@@ -48,9 +48,15 @@ class ImplicitGrid:
         self.interp = options.get("interp", "linear")
         if self.interp not in ("linear", "cubic"):
             raise ValueError(f"`options['interp']` must be 'linear' or 'cubic', got {self.interp!r}.")
-        self.newton = Newton(
-            options.get("newton", "simplified"), options.get("max_iters", 50), options.get("newton_tol")
-        )
+        try:
+            kind, iters, tol = (
+                options.get("newton", "simplified"),
+                options.get("max_iters", 50),
+                options.get("newton_tol"),
+            )
+            self.newton = Newton(kind, iters, tol)
+        except ValueError as exc:
+            raise ValueError(f"options 'newton', 'max_iters', 'newton_tol' of {method!r}: {exc}") from None
         step, construct = options.get("step_size"), options.get("grid_constructor")
         if step is not None and construct is not None:
             raise ValueError("`step_size` and `grid_constructor` are exclusive options: pass one.")

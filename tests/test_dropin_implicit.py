@@ -141,6 +141,10 @@ def test_callbacks_tuple_states_and_errors():
         odeint(lambda t, y: -y, y0, t, method="gl4", gradient="symplectic", adjoint_params=())
     with pytest.raises(ValueError, match="leave `adjoint_method`"):
         odeint_adjoint(lambda t, y: -y, y0, t, method="gl4", adjoint_method="dopri5", adjoint_params=())
+    with pytest.raises(ValueError, match="leave `adjoint_method`"):
+        odeint_adjoint(lambda t, y: -y, y0, t, method="gl4", adjoint_rtol=1e-9, adjoint_params=())
+    with pytest.raises(ValueError, match="'max_iters'.*positive integer"):
+        odeint(lambda t, y: -y, y0, t, method="gl4", options=dict(step_size=0.1, max_iters=0))
     with pytest.raises(ValueError, match="exclusive"):
         odeint(lambda t, y: -y, y0, t, method="gl4", options=dict(step_size=0.1, grid_constructor=lambda f, y, t: t))
 
