@@ -92,3 +92,27 @@ def test_torchdiffeqs_own_solves_take_the_same_steps():
     adj = odeint_adjoint(_field, y0, t, method="tsit5", adjoint_params=())
     exact = torch.tensor([_exact(float(s)) for s in t], dtype=F64)
     assert torch.allclose(adj, exact[:, None].expand(4, 3), atol=1e-6)
+
+
+@pytest.mark.parametrize("gradient", ["backprop", "adjoint", "checkpoint", "symplectic"])
+def test_the_block_serves_the_same_tsit5(gradient):
+    """One name, one method: ``ODEBlock(method="tsit5")`` on ``y' = a y``: ``y(1) = e^a y0``,
+    ``∂(Σ y(1))/∂a = e^a Σ y0``."""
+    from torch import nn
+
+    from cde_nets import ODEBlock
+
+    class Decay(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Parameter(torch.tensor(-1.0, dtype=F64))
+
+        def forward(self, t, y):
+            return self.a * y
+
+    field = Decay()
+    y0 = torch.ones(3, 2, dtype=F64)
+    y = ODEBlock(field, T=1.0, method="tsit5", gradient=gradient, rtol=1e-9, atol=1e-11)(y0)
+    y.sum().backward()
+    assert torch.allclose(y, torch.full_like(y, math.exp(-1)), atol=1e-9)
+    assert abs(float(field.a.grad) - 6 * math.exp(-1)) < 1e-8
