@@ -155,8 +155,9 @@ def _real(y: torch.Tensor) -> torch.dtype:
 def _callback(func: Any, name: str, t0: float, y: torch.Tensor | tuple[torch.Tensor, ...], dt: float) -> None:
     cb = getattr(func, name, None)
     if cb is not None:
-        dtype = _real(y if isinstance(y, torch.Tensor) else y[0])
-        cb(torch.tensor(t0, dtype=dtype), y, torch.tensor(dt, dtype=dtype))
+        ref = y if isinstance(y, torch.Tensor) else y[0]
+        dtype, device = _real(ref), ref.device
+        cb(torch.tensor(t0, dtype=dtype, device=device), y, torch.tensor(dt, dtype=dtype, device=device))
 
 
 class _Sweep(torch.autograd.Function):
@@ -225,6 +226,7 @@ def implicit_until_event(
                     same = bool(torch.sign(g(mid, grid_solver.read(t0, t1, y, y1, f0, mid))) == sign0)
                     lo, hi = (mid, hi) if same else (lo, mid)
                 te = (lo + hi) / 2
-                return torch.tensor(te, dtype=dtype), torch.stack([y0, grid_solver.read(t0, t1, y, y1, f0, te)])
+                found = torch.stack([y0, grid_solver.read(t0, t1, y, y1, f0, te)])
+                return torch.tensor(te, dtype=dtype, device=y0.device), found
             t0, y = t1, y1
     raise SolverError(f"no event in {_MAX_EVENT_STEPS} steps of {h}; check `event_fn` or the step size.")
