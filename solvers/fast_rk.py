@@ -18,8 +18,9 @@ This module takes the same steps with the same arithmetic, organised for speed:
   float64 scalars).
 
 Methods: ``dopri5`` (Dormand & Prince 1980, "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6,
-with Shampine's 1986 dense output), ``bosh3`` (Bogacki & Shampine 1989, with the cubic Hermite dense output
-rather than torchdiffeq's second-order one: :mod:`solvers.torchdiffeq_methods`), and the fixed-step ``euler``,
+with Shampine's 1986 dense output), ``tsit5`` (Tsitouras 2011, with his continuous extension), ``bosh3``
+(Bogacki & Shampine 1989, with the cubic Hermite dense output rather than torchdiffeq's second-order one:
+:mod:`solvers.torchdiffeq_methods`), and the fixed-step ``euler``,
 ``midpoint``, ``heun2``, ``heun3`` and ``rk4`` (the 3/8 rule), with their tableaux from :mod:`solvers.tableaux`.
 Step-size control is the standard one of Hairer, Nørsett & Wanner ("Solving Ordinary Differential Equations I",
 §II.4): the initial step of their algorithm, the step accepted when the error ratio is at most 1, and the next
