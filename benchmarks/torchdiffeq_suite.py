@@ -3,16 +3,18 @@
 
 ``import torchdiffeq`` inside the suite resolves to a shim module that holds :func:`cde_nets.odeint`,
 :func:`cde_nets.odeint_adjoint` and :func:`cde_nets.odeint_event` and nothing else (no fallback to torchdiffeq's
-own functions; the engine's private use of torchdiffeq is bound before the shim goes in). Every case — every
-``subTest`` of every test — is counted: passed, failed (an assertion of the suite), not served (the method is one
-cde_nets refuses by name: the implicit methods and ``tsit5``), or an error (any other exception), with the
-reasons. Writes ``benchmarks/results/torchdiffeq_suite.json``.
+own functions; the engine's private use of torchdiffeq, imported lazily, still reaches the real package). Every
+case — every ``subTest`` of every test — is counted: passed, failed (an assertion of the suite), not served (a
+method cde_nets refuses by name; none is since tsit5 and the implicit methods are served), or an error (any other
+exception), with the reasons. Writes ``benchmarks/results/torchdiffeq_suite.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import builtins
 import contextlib
+import re
 import sys
 import time
 import types
@@ -23,39 +25,37 @@ from pathlib import Path
 
 from .common import write
 
-# torchdiffeq master's implicit methods (the conservation work of cde_nets will serve them) and tsit5
-_NOT_SERVED = (
-    "implicit_euler",
-    "implicit_midpoint",
-    "trapezoid",
-    "radauIIA3",
-    "gl4",
-    "radauIIA5",
-    "gl6",
-    "sdirk2",
-    "trbdf2",
-    "tsit5",
-)
+# cde_nets' refusal of a method by name (functional._check_method): the case is counted as not served
+_UNKNOWN_METHOD = re.compile(r"`(adjoint_)?method`=.* is unknown")
 
 
 @contextlib.contextmanager
-def shim() -> Iterator[types.ModuleType]:
-    """``sys.modules["torchdiffeq"]`` is cde_nets' three functions while the context lasts."""
+def shim(suite_dir: Path) -> Iterator[types.ModuleType]:
+    """While the context lasts, ``import torchdiffeq`` in a module under ``suite_dir`` gets a module of cde_nets'
+    three functions and nothing else (``torchdiffeq.<submodule>`` is refused there); every other importer, the
+    engine's own lazy imports of torchdiffeq included, gets the real package."""
     from cde_nets import functional
 
     module = types.ModuleType("torchdiffeq", "cde_nets' torchdiffeq-compatible functions, and nothing else.")
     module.odeint = functional.odeint  # type: ignore[attr-defined]
     module.odeint_adjoint = functional.odeint_adjoint  # type: ignore[attr-defined]
     module.odeint_event = functional.odeint_event  # type: ignore[attr-defined]
-    before = sys.modules.get("torchdiffeq")
-    sys.modules["torchdiffeq"] = module
+    root = str(Path(suite_dir).resolve())
+    real_import = builtins.__import__
+
+    def suite_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and str((globals or {}).get("__file__") or "").startswith(root):
+            if name == "torchdiffeq":
+                return module
+            if name.startswith("torchdiffeq."):
+                raise ModuleNotFoundError(f"the shim holds cde_nets' three functions only, not {name!r}")
+        return real_import(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = suite_import
     try:
         yield module
     finally:
-        if before is None:
-            del sys.modules["torchdiffeq"]
-        else:
-            sys.modules["torchdiffeq"] = before
+        builtins.__import__ = real_import
 
 
 class _Cases(unittest.TestResult):
@@ -72,7 +72,7 @@ class _Cases(unittest.TestResult):
         else:
             exc = err[1]
             text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-            if isinstance(exc, ValueError) and any(f"{m!r}" in str(exc) for m in _NOT_SERVED):
+            if isinstance(exc, ValueError) and _UNKNOWN_METHOD.search(str(exc)):
                 outcome = "not_served"
             elif issubclass(err[0], test.failureException):
                 outcome = "fail"
@@ -104,7 +104,7 @@ def run_suite(suite_dir: Path, pattern: str = "*_tests.py") -> dict:
     result = _Cases()
     start = time.perf_counter()
     try:
-        with shim():
+        with shim(suite_dir):
             tests = unittest.defaultTestLoader.discover(str(suite_dir), pattern=pattern, top_level_dir=str(suite_dir))
             tests.run(result)
     finally:
@@ -126,6 +126,32 @@ def run_suite(suite_dir: Path, pattern: str = "*_tests.py") -> dict:
     }
 
 
+# The cases that do not pass on purpose or for a reason outside cde_nets, by test: why, precisely.
+EXPLAINED = {
+    "norm_tests.TestNorms.test_adjoint_norm": (
+        "reads and replaces `ys.grad_fn.adjoint_options['norm']`, the norm torchdiffeq's own autograd node builds over "
+        "its augmented backward state (t, y, a, ∂L/∂θ...); cde_nets' default adjoint (the piecewise seminorm "
+        "adjoint) integrates (y, a) only and sums the parameter gradients outside the adaptive solve, so it has no "
+        "such norm to expose, and 8 of the 12 cases expect torchdiffeq's default norm over the parameter gradients "
+        "where cde_nets defaults to the seminorm (Kidger et al. 2021; a callable adjoint norm is honoured, and those "
+        "cases pass)"
+    ),
+    "odeint_tests.TestMinMaxStep.test_min_max_step": (
+        "scipy_solver with LSODA and min_step=2 takes 191 evaluations where the test allows 50: torchdiffeq 0.2.5 "
+        "takes the same 191 (the installed scipy's LSODA does not honour min_step there)"
+    ),
+}
+
+
+def explain(res: dict) -> dict:
+    """Each case that did not pass gets the precise reason of :data:`EXPLAINED` where its test has one."""
+    for row in res["rows"]:
+        if row["test"] in EXPLAINED:
+            row["explained"] = EXPLAINED[row["test"]]
+    res["unexplained"] = sum(1 for r in res["rows"] if "explained" not in r)
+    return res
+
+
 def run(tiny: bool = False, out_dir: Path | None = None, suite: Path | None = None) -> dict:
     """``tiny``: the shim and the counting on a two-case suite written here (torchdiffeq's suite is not part of
     this repository); otherwise ``suite`` is torchdiffeq's ``tests/`` folder."""
@@ -134,11 +160,11 @@ def run(tiny: bool = False, out_dir: Path | None = None, suite: Path | None = No
 
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "tiny_tests.py").write_text(_TINY)
-            res = run_suite(Path(tmp))
+            res = explain(run_suite(Path(tmp)))
         res["suite"] = "tiny"
         write("torchdiffeq_suite_tiny", res, out_dir)
         return res
-    res = run_suite(suite)
+    res = explain(run_suite(suite))
     write("torchdiffeq_suite", res, out_dir)
     return res
 
@@ -148,12 +174,18 @@ import math, unittest, torch, torchdiffeq
 
 class Decay(unittest.TestCase):
     def test_methods(self):
-        for method in ("dopri5", "rk4", "tsit5"):
+        # dopri8 runs inside torchdiffeq (the engine's own import of it), gl4 and radauIIA5 on cde_nets' implicit core
+        for method in ("dopri5", "rk4", "tsit5", "dopri8", "gl4", "radauIIA5"):
             with self.subTest(method=method):
                 t = torch.tensor([0.0, 1.0], dtype=torch.float64)
+                fixed = method in ("rk4", "gl4", "radauIIA5")
+                tol = dict(rtol=1e-10, atol=1e-12) if method == "dopri8" else {}  # as torchdiffeq's own tests
                 y = torchdiffeq.odeint(lambda t, y: -y, torch.ones(2, dtype=torch.float64), t, method=method,
-                                       options=dict(step_size=0.01) if method == "rk4" else None)
+                                       options=dict(step_size=0.01) if fixed else None, **tol)
                 self.assertLess(float((y[-1] - math.exp(-1)).abs().max()), 1e-6)
+
+    def test_a_method_cde_nets_lacks(self):  # counted as not served: the counting's own check
+        torchdiffeq.odeint(lambda t, y: -y, torch.ones(2), torch.tensor([0.0, 1.0]), method="rk45")
 
     def test_only_three_names(self):
         self.assertEqual(sorted(n for n in dir(torchdiffeq) if not n.startswith("_")),
@@ -167,7 +199,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
     res = run(tiny=args.tiny, suite=args.suite)
-    print(res["counts"], f"of {res['total']} cases in {res['seconds']} s")
+    print(res["counts"], f"of {res['total']} cases in {res['seconds']} s; {res['unexplained']} unexplained")
     for reason, n in res["by_reason"].items():
         print(f"{n:5d}  {reason}")
 

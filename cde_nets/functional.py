@@ -9,7 +9,9 @@ of any shape or a tuple of them, at times ``t`` increasing or decreasing from an
 - the state is flattened to one tensor and decreasing times are negated (``s = −t``, ``dy/ds = −func(−s, y)``), so
   the engine always integrates one tensor forwards: the fast Runge-Kutta path (:mod:`solvers.fast_rk`) serves
   every such call it implements, the piecewise seminorm adjoint (:mod:`solvers.piecewise_adjoint`) the adjoint,
-  and the replayed gradients (:mod:`solvers.replay`) ``gradient="checkpoint"``/``"symplectic"``;
+  and the replayed gradients (:mod:`solvers.replay`) ``gradient="checkpoint"``/``"symplectic"``; the implicit
+  Runge-Kutta methods run on the library's Newton solver with torchdiffeq's fixed-grid semantics
+  (:mod:`solvers.implicit_grid`);
 - gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
 - events are located by torchdiffeq's root finder and differentiated by the implicit function theorem here.
 
@@ -32,6 +34,7 @@ from cde_nets.solvers.dropin import (
     ADAPTIVE,
     CALLBACKS,
     FIXED,
+    IMPLICIT,
     Problem,
     flip_options,
     kind,
@@ -41,13 +44,15 @@ from cde_nets.solvers.dropin import (
 )
 from cde_nets.solvers.errors import SolverError
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
+from cde_nets.solvers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
-METHODS = (*ADAPTIVE, *FIXED, "scipy_solver")
+METHODS = (*ADAPTIVE, *FIXED, *IMPLICIT, "scipy_solver")
 
 _ADAPTIVE_OPTIONS = {
     "first_step",
@@ -74,14 +79,15 @@ def _valid_options(method: str) -> set[str]:
         return _ADAPTIVE_OPTIONS
     if method in ("implicit_adams", "fixed_adams"):
         return _ADAMS_OPTIONS
+    if method in IMPLICIT:
+        return set(IMPLICIT_GRID_OPTIONS)
     return _SCIPY_OPTIONS if method == "scipy_solver" else _FIXED_OPTIONS
 
 
 def _check_method(method: str | None, name: str = "method") -> str:
     method = "dopri5" if method is None else method
-    if method == "tsit5" or method not in METHODS:
-        served = "" if method != "tsit5" else " (tsit5 is not served yet: use 'dopri5', also order 5)"
-        raise ValueError(f"`{name}`={method!r} is unknown{served}; choose one of {sorted(METHODS)}.")
+    if method not in METHODS:
+        raise ValueError(f"`{name}`={method!r} is unknown; choose one of {sorted(METHODS)}.")
     return method
 
 
@@ -193,7 +199,8 @@ def _solve(
 def _warn_callbacks(func: Callable, method: str) -> None:
     """torchdiffeq warns when ``func`` has callbacks the method never calls; so does this."""
     names = {n for n in CALLBACKS if getattr(func, n, None) is not None}
-    unused = names if method == "scipy_solver" else names - ({"callback_step"} if method in FIXED else set(CALLBACKS))
+    fixed = method in FIXED or method in IMPLICIT
+    unused = names if method == "scipy_solver" else names - ({"callback_step"} if fixed else set(CALLBACKS))
     if unused:
         warnings.warn(f"method {method!r} never calls {sorted(unused)} of `func`.", stacklevel=3)
 
@@ -219,14 +226,22 @@ def odeint(
         y0: the initial state at ``t[0]``: a tensor of any shape, or a tuple of tensors.
         t: 1-D tensor of times, strictly increasing or decreasing; ``t[0]`` is the start. May require grad.
         rtol, atol: tolerances of adaptive methods (per part of a tuple state as tuples).
-        method: ``"dopri5"`` (default), ``"dopri8"``, ``"bosh3"``, ``"fehlberg2"``, ``"adaptive_heun"``,
-            ``"euler"``, ``"midpoint"``, ``"heun2"``, ``"heun3"``, ``"rk4"``, ``"explicit_adams"``,
-            ``"implicit_adams"``, ``"fixed_adams"``, ``"scipy_solver"``.
-        options: torchdiffeq's method options; unknown keys raise ``ValueError``.
+        method: ``"dopri5"`` (default), ``"tsit5"``, ``"dopri8"``, ``"bosh3"``, ``"fehlberg2"``,
+            ``"adaptive_heun"``, ``"euler"``, ``"midpoint"``, ``"heun2"``, ``"heun3"``, ``"rk4"``,
+            ``"explicit_adams"``, ``"implicit_adams"``, ``"fixed_adams"``, ``"scipy_solver"``, or an implicit
+            Runge-Kutta method on a fixed grid (torchdiffeq master's): ``"implicit_euler"``,
+            ``"implicit_midpoint"``, ``"trapezoid"``, ``"gl4"``, ``"gl6"``, ``"radauIIA3"``, ``"radauIIA5"``,
+            ``"sdirk2"``, ``"trbdf2"`` (:mod:`~cde_nets.solvers.implicit_grid`).
+        options: torchdiffeq's method options; unknown keys raise ``ValueError``. The implicit methods take
+            ``step_size``/``grid_constructor``, ``perturb``, ``interp`` and their Newton solve's ``max_iters``
+            (default 50), ``newton`` (``"simplified"``, ``"full"``, ``"fixed_point"``) and ``newton_tol``
+            (default: to rounding).
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
         gradient: this library's addition: ``"backprop"`` (default, torchdiffeq's), ``"adjoint"``,
-            ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low memory), or the gradient
+            ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low memory; the implicit methods
+            take ``"backprop"``, ``"checkpoint"`` and ``"adjoint"``, each step by the implicit function theorem), or
+            the gradient
             method object (``Adjoint(rtol=1e-9)`` sets the backward solve as ``odeint_adjoint``'s ``adjoint_*``).
         adjoint_params: the tensors differentiated by the gradients other than ``"backprop"`` (default: ``func``'s
             parameters).
@@ -324,6 +339,13 @@ def odeint_adjoint(
             f"`adjoint_method`={adj_method!r} differs from `method`={method!r}, so `options` cannot serve the "
             "backward solve: pass `adjoint_options` too."
         )
+    own = adjoint_rtol is None and adjoint_atol is None and adjoint_options in (None, options)
+    if method in IMPLICIT and (adj_method != method or not own):
+        raise ValueError(
+            f"method={method!r} takes the discrete adjoint of its own steps (rebuilt backwards on the forward grid, "
+            "differentiated by the implicit function theorem): leave `adjoint_method`, `adjoint_options`, "
+            "`adjoint_rtol` and `adjoint_atol` unset."
+        )
     if adjoint_options is None:
         adj_options = {k: v for k, v in (options or {}).items() if k not in ("norm", "max_num_steps")}
     else:
@@ -355,7 +377,8 @@ def odeint_adjoint(
 def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint):
     """``(event_t, solution)`` from ``t[0]`` until ``event_fn(t, y) = 0``.
 
-    The event is located by torchdiffeq's root finder on the flattened, forwards problem, without a graph; the
+    The event is located by torchdiffeq's root finder on the flattened, forwards problem, without a graph (for the
+    implicit methods by :func:`~cde_nets.solvers.implicit_grid.implicit_until_event`, the same search); the
     state there is then solved for at that fixed time in the chosen gradient mode, and the implicit function
     theorem on ``g(t*, y(t*)) = 0`` gives the time's gradient,
     ``dt*/dθ = −(∂g/∂θ + ∂g/∂y ∂y/∂θ) / (∂g/∂t + ∂g/∂y F)``, and the state's, ``dy(t*)/dθ = ∂y/∂θ + F dt*/dθ``.
@@ -374,6 +397,22 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     def event(s, y):
         return event_fn(-s if sign < 0 else s, unflatten(y, shapes))
 
+    if method in IMPLICIT:
+        grid = ImplicitGrid(problem, method, flip_options(opts, sign, shapes))
+        tol = float(atol) if isinstance(atol, float | int) else float(torch.as_tensor(atol).min())
+        s_event, found = implicit_until_event(grid, flat.detach(), float(t[0].detach()) * sign, event, tol)
+    else:
+        s_event, found = _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, event)
+    t_star = (s_event.to(t.dtype) * sign).reshape(())
+    if not torch.is_grad_enabled():
+        return t_star, unflatten(found, shapes, (2,))
+    return _event_state(
+        func, y0, t, t_star, found, shapes, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint
+    )
+
+
+def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, event):
+    """torchdiffeq's event search on the flat, forwards problem, without a graph."""
     with torch.no_grad():
         try:
             from torchdiffeq import odeint as torchdiffeq_odeint  # here: torchdiffeq loads scipy
@@ -384,15 +423,19 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
                 t.detach()[:2] * sign,
                 rtol=tolerance(rtol, shapes, "rtol"),
                 atol=tolerance(atol, shapes, "atol"),
-                method=method,
+                method=torchdiffeq_method(method),
                 options=flip_options(opts, sign, shapes),
                 event_fn=event,
             )
         except AssertionError as exc:
             raise SolverError(f"the event search stopped: {str(exc)[:300]}.") from exc
-    t_star = (s_event.to(t.dtype) * sign).reshape(())
-    if not torch.is_grad_enabled():
-        return t_star, unflatten(found, shapes, (2,))
+    return s_event, found
+
+
+def _event_state(
+    func, y0, t, t_star, found, shapes, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint
+):
+    """``(event_t, solution)`` differentiable by the implicit function theorem on ``g(t*, y(t*)) = 0``."""
     # the state at the fixed time t*, differentiable in the chosen mode; its value is the search's own
     times = torch.stack([t[0], t_star])
     kwargs: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options)

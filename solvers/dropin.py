@@ -21,17 +21,31 @@ from .errors import SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .gradients import Adjoint, Checkpoint, GradientMethod
 from .grids import negated_time_options
+from .implicit_grid import ImplicitGrid
+from .implicit_tableaux import IMPLICIT_TABLEAUX
 from .piecewise_adjoint import piecewise_adjoint
 from .replay import replay_gradient
 from .tableaux import TABLEAUX
 from .torchdiffeq_methods import torchdiffeq_method
 
-__all__ = ["ADAPTIVE", "CALLBACKS", "FIXED", "Problem", "flip_options", "kind", "solve_flat", "tolerance", "unflatten"]
+__all__ = [
+    "ADAPTIVE",
+    "CALLBACKS",
+    "FIXED",
+    "IMPLICIT",
+    "Problem",
+    "flip_options",
+    "kind",
+    "solve_flat",
+    "tolerance",
+    "unflatten",
+]
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
 
-ADAPTIVE = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun")
+ADAPTIVE = ("dopri8", "dopri5", "tsit5", "bosh3", "fehlberg2", "adaptive_heun")
 FIXED = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams")
+IMPLICIT = tuple(IMPLICIT_TABLEAUX)  # implicit Runge-Kutta on a fixed grid (solvers.implicit_grid)
 _FAST_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb"}
 _FAST_OPTIONS |= {"grid_constructor"}
 CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
@@ -123,7 +137,7 @@ class Problem(nn.Module):
 
 
 def kind(method: str) -> str | None:
-    return "adaptive" if method in ADAPTIVE else ("fixed" if method in FIXED else None)
+    return "adaptive" if method in ADAPTIVE else ("fixed" if method in FIXED or method in IMPLICIT else None)
 
 
 def flip_options(options: dict, sign: float, shapes: list[torch.Size] | None, adjoint: bool = False) -> dict:
@@ -178,6 +192,8 @@ def solve_flat(
     API calls it, so that a change of the engine's entry point is a change here only. ``gradient``: one of the
     registered gradient methods the functional API serves (backprop, adjoint, checkpoint, symplectic); the
     adjoint's backward settings come in ``adjoint`` (torchdiffeq's ``adjoint_*`` arguments)."""
+    if method in IMPLICIT:
+        return ImplicitGrid(func, method, options).solve(y0, t, gradient.name, params)
     import torchdiffeq  # here, not at import: torchdiffeq loads scipy
 
     fast_options = dict(options)

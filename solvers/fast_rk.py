@@ -17,8 +17,9 @@ its order, so for ``dopri5`` the values and backprop gradients are its own bit f
   torchdiffeq's float64 scalars), the times on the host beside the tensors that carry their graph.
 
 Methods: ``dopri5`` (Dormand & Prince 1980, "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6,
-with Shampine's 1986 dense output), ``bosh3`` (Bogacki & Shampine 1989, with the cubic Hermite dense output
-rather than torchdiffeq's second-order one: :mod:`solvers.torchdiffeq_methods`), and the fixed-step ``euler``,
+with Shampine's 1986 dense output), ``tsit5`` (Tsitouras 2011, with his continuous extension), ``bosh3``
+(Bogacki & Shampine 1989, with the cubic Hermite dense output rather than torchdiffeq's second-order one:
+:mod:`solvers.torchdiffeq_methods`), and the fixed-step ``euler``,
 ``midpoint``, ``heun2``, ``heun3`` and ``rk4`` (the 3/8 rule), with their tableaux from :mod:`solvers.tableaux`.
 Step-size control is the standard one of Hairer, Nørsett & Wanner ("Solving Ordinary Differential Equations I",
 §II.4): the initial step of their algorithm, the step accepted when the error ratio is at most 1, and the next
@@ -55,7 +56,7 @@ __all__ = ["FAST_METHODS", "HOST_TIME", "fast_applies", "odeint_fast"]
 # The time tensors of a fixed grid carry their value on the host under this attribute, so that a piecewise field
 # finds the piece in force without reading the device (cde_nets.pieces.TimeGrid.index).
 
-FAST_METHODS = ("dopri5", "bosh3", "euler", "midpoint", "heun2", "heun3", "rk4")
+FAST_METHODS = ("dopri5", "tsit5", "bosh3", "euler", "midpoint", "heun2", "heun3", "rk4")
 _OPTIONS = {
     "first_step",
     "max_step",
@@ -187,7 +188,9 @@ def _dense_weights(tab: MethodTableau) -> list[list[float]]:
 
     torchdiffeq's quartic ``p(x)`` has ``p(0) = y_0``, ``p'(0) = h k_1``, ``p(1/2) = y_0 + h Σ m_i k_i``,
     ``p(1) = y_0 + h Σ b_i k_i``, ``p'(1) = h k_s``; solving for its coefficients and collecting the stages gives
-    these weights (the ``y_0`` terms cancel)."""
+    these weights (the ``y_0`` terms cancel). A method with its own continuous extension (tsit5) uses that."""
+    if tab.dense is not None:
+        return [list(row) for row in tab.dense]
     assert tab.mid is not None
     s, b, m = tab.stages, tab.tableau.b, tab.mid
     first = [1.0 if i == 0 else 0.0 for i in range(s)]

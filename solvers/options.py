@@ -29,7 +29,14 @@ __all__ = [
 ]
 
 # name -> order
-ADAPTIVE_METHODS: dict[str, int] = {"dopri8": 8, "dopri5": 5, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
+ADAPTIVE_METHODS: dict[str, int] = {
+    "dopri8": 8,
+    "dopri5": 5,
+    "tsit5": 5,
+    "bosh3": 3,
+    "fehlberg2": 2,
+    "adaptive_heun": 2,
+}
 FIXED_METHODS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
 # the alf integrator is cde_nets' own (solvers.alf), adaptive or on a fixed grid
 REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}

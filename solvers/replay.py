@@ -53,7 +53,7 @@ from .errors import Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
-from .tableaux import MethodTableau
+from .tableaux import MethodTableau, dense_at
 from .torchdiffeq_methods import torchdiffeq_method
 
 __all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
@@ -171,10 +171,13 @@ def _stages(func, tab: MethodTableau, steps: Steps, n: int, y0: torch.Tensor, de
 
 
 def _dense(tab: MethodTableau, steps: Steps, n: int, y0, y1, ks, t: float) -> torch.Tensor:
-    """The quartic ``p(x)`` with ``p(0) = y_0``, ``p'(0) = h k_1``, ``p(1/2) = y_{1/2}``, ``p(1) = y_1``,
-    ``p'(1) = h k_s`` at ``x = (t − t_n) / (t_{n+1} − t_n)``."""
+    """At ``x = (t − t_n) / (t_{n+1} − t_n)``: the method's continuous extension where it has one, else the
+    quartic ``p(x)`` with ``p(0) = y_0``, ``p'(0) = h k_1``, ``p(1/2) = y_{1/2}``, ``p(1) = y_1``,
+    ``p'(1) = h k_s``."""
     h = _h(steps, n)
     x = float((torch.tensor(t, dtype=torch.float64) - steps.t0[n]) / (steps.t1[n] - steps.t0[n]))
+    if tab.dense is not None:  # the method's own continuous extension (tsit5)
+        return _combine(y0, dense_at(tab, x), ks, h)
     assert tab.mid is not None
     ymid = _combine(y0, tab.mid, ks, h)
     d = h * ks[0]

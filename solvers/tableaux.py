@@ -38,7 +38,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MethodTableau", "TABLEAUX", "Tableau", "hermite_mid"]
+from .order_conditions import order_defects
+
+__all__ = ["MethodTableau", "TABLEAUX", "Tableau", "dense_at", "hermite_mid"]
+
+# float64 coefficients satisfy their order conditions to rounding; a wrong digit breaks one by far more
+_ORDER_TOL = 1e-12
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,13 @@ class MethodTableau:
 
     ``fsal``: the last stage is ``F(t_1, y_1)`` (its row of ``a`` equals ``b``): the next step's first stage.
     ``continuous``: a method continuous mode serves (a torchdiffeq method); else a discrete-mode scheme only.
+    ``dense``: a method's own continuous extension ``y(t_0 + θh) = y_0 + h Σ_i b_i(θ) k_i`` as the coefficients
+    ``dense[p][i]`` of ``θ^(p+1)`` in ``b_i(θ)`` (order ``dense_order``); without it the dense output is the quartic
+    through the midpoint ``mid``.
+
+    Construction checks the order conditions (:mod:`solvers.order_conditions`): ``b`` to ``order``, the embedded
+    weights ``b − error`` to ``order − 1``, and ``dense`` to ``dense_order`` at ``θ = 1/4, 1/2, 3/4`` (and
+    ``b_i(1) = b_i``).
     """
 
     name: str
@@ -76,6 +88,8 @@ class MethodTableau:
     error: tuple[float, ...] | None = None
     mid: tuple[float, ...] | None = None
     continuous: bool = True
+    dense: tuple[tuple[float, ...], ...] | None = None
+    dense_order: int = 0
 
     def __post_init__(self) -> None:
         s = len(self.tableau.b)
@@ -86,6 +100,24 @@ class MethodTableau:
             raise ValueError(f"tableau {self.name}: error weights must sum to 0")
         if self.mid is not None and abs(sum(self.mid) - 0.5) > 1e-14:
             raise ValueError(f"tableau {self.name}: midpoint weights must sum to 1/2")
+        b = self.tableau.b
+        self._check_order("b", b, self.order)
+        if self.error is not None:
+            self._check_order("the embedded b - error", [bi - ei for bi, ei in zip(b, self.error)], self.order - 1)
+        if self.dense is not None:
+            if len(self.dense) != 4 or any(len(row) != s for row in self.dense):
+                raise ValueError(f"tableau {self.name}: `dense` must be 4 rows (θ^1..θ^4) of {s} weights")
+            if max(abs(x - y) for x, y in zip(dense_at(self, 1.0), b)) > _ORDER_TOL:
+                raise ValueError(f"tableau {self.name}: the dense output at θ = 1 must be the step, b_i(1) = b_i")
+            for theta in (0.25, 0.5, 0.75):
+                self._check_order(f"dense at θ = {theta}", dense_at(self, theta), self.dense_order, theta)
+
+    def _check_order(self, what: str, weights, order: int, theta: float = 1.0) -> None:
+        worst = max(order_defects(self.tableau.a, weights, order, theta), key=lambda d: abs(d[0]))
+        if abs(worst[0]) > _ORDER_TOL:
+            raise ValueError(
+                f"tableau {self.name}: {what} misses an order-{order} condition by {worst[0]:.3g} (tree {worst[1]})"
+            )
 
     @property
     def adaptive(self) -> bool:
@@ -99,6 +131,12 @@ class MethodTableau:
     def fsal(self) -> bool:
         t = self.tableau
         return t.c[-1] == 1.0 and t.b[-1] == 0.0 and tuple(t.a[-1]) == tuple(t.b[:-1])
+
+
+def dense_at(tab: MethodTableau, theta: float) -> tuple[float, ...]:
+    """The weights ``b_i(θ)`` of a method's own continuous extension (``tab.dense``) at ``θ``."""
+    assert tab.dense is not None
+    return tuple(sum(row[i] * theta ** (p + 1) for p, row in enumerate(tab.dense)) for i in range(tab.stages))
 
 
 def hermite_mid(b: tuple[float, ...]) -> tuple[float, ...]:
@@ -162,8 +200,92 @@ _BOSH3 = MethodTableau(
     mid=hermite_mid(_BOSH3_B),  # not torchdiffeq's second-order y_0 + h k_2 / 2 (module docstring)
 )
 
+
+def _expand(scale: float, *factors: tuple[float, ...]) -> tuple[float, ...]:
+    """``scale · Π factors`` (each a polynomial in ``θ``, lowest power first) as the coefficients of
+    ``θ^1 … θ^4``."""
+    out = [scale]
+    for f in factors:
+        prod = [0.0] * (len(out) + len(f) - 1)
+        for i, x in enumerate(out):
+            for j, y in enumerate(f):
+                prod[i + j] += x * y
+        out = prod
+    out += [0.0] * (5 - len(out))
+    return tuple(out[1:5])
+
+
+_THETA, _THETA2 = (0.0, 1.0), (0.0, 0.0, 1.0)
+_TSIT5_B = (
+    0.09646076681806522951816731316512876,
+    0.01,
+    0.4798896504144995747752495322905966,
+    1.379008574103741893192274821856873,
+    -3.290069515436080679901047585711364,
+    2.324710524099773982415355918398766,
+    0.0,
+)
+_TSIT5_EMBEDDED = (
+    0.09468075576583945807478876255758923,
+    0.009183565540343253096776363936645314,
+    0.4877705284247615707855642599631228,
+    1.234297566930478985655109673884238,
+    -2.707712349983525454881109975059322,
+    1.866628418170587035753719399566211,
+    1 / 66,
+)
+# Tsitouras' continuous extension b_i(θ) (his section 3), in the factored form he gives it
+_TSIT5_DENSE = tuple(
+    zip(
+        _expand(
+            -1.0530884977290216, _THETA, (-1.3299890189751412, 1.0), (0.7139816917074209, -1.4364028541716351, 1.0)
+        ),
+        _expand(0.1017, _THETA2, (1.2949852507374631, -2.1966568338249754, 1.0)),
+        _expand(2.490627285651252793, _THETA2, (1.57803468208092486, -2.38535645472061657, 1.0)),
+        _expand(-16.54810288924490272, _THETA2, (-1.21712927295533244, 1.0), (-0.61620406037800089, 1.0)),
+        _expand(47.37952196281928122, _THETA2, (-1.203071208372362603, 1.0), (-0.658047292653547382, 1.0)),
+        _expand(-34.87065786149660974, _THETA2, (-1.2, 1.0), (-2 / 3, 1.0)),
+        _expand(2.5, _THETA2, (-1.0, 1.0), (-0.6, 1.0)),
+    )
+)
+_TSIT5 = MethodTableau(
+    name="tsit5",
+    order=5,
+    tableau=_tab(
+        a=[
+            [],
+            [0.161],
+            [-0.008480655492356988544426874250230775, 0.3354806554923569885444268742502308],
+            [
+                2.897153057105493432130432594192939,
+                -6.359448489975074843148159912383826,
+                4.362295432869581411017727318190887,
+            ],
+            [
+                5.325864828439256604428877920840511,
+                -11.74888356406282787774717033978577,
+                7.495539342889836208304604784564358,
+                -0.09249506636175524925650207933207192,
+            ],
+            [
+                5.861455442946420028659251486982648,
+                -12.92096931784710929170611868178336,
+                8.159367898576158643180400794539253,
+                -0.07158497328140099722453054252582974,
+                -0.02826905039406838290900305721271224,
+            ],
+            list(_TSIT5_B[:-1]),
+        ],
+        b=_TSIT5_B,
+        c=[0.0, 0.161, 0.327, 0.9, 0.9800255409045096857298102862870246, 1.0, 1.0],
+    ),
+    error=tuple(b - e for b, e in zip(_TSIT5_B, _TSIT5_EMBEDDED)),
+    dense=_TSIT5_DENSE,
+    dense_order=4,
+)
 TABLEAUX: dict[str, MethodTableau] = {
     "dopri5": _DOPRI5,
+    "tsit5": _TSIT5,
     "bosh3": _BOSH3,
     "euler": MethodTableau("euler", 1, _tab([[]], [1.0], [0.0])),
     "midpoint": MethodTableau("midpoint", 2, _tab([[], [0.5]], [0.0, 1.0], [0.0, 0.5])),

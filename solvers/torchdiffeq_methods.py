@@ -17,6 +17,11 @@ torchdiffeq (the continuous adjoint, inputs the fast path does not take) get it 
 weights, added to torchdiffeq's table of solvers under their own names, so torchdiffeq's ``"bosh3"`` and the
 others stay as they are for anyone calling torchdiffeq directly.
 
+torchdiffeq 0.2.5 has no ``tsit5`` (Tsitouras 2011, "Runge-Kutta pairs of order 5(4) satisfying only the first
+column simplifying assumption", Comput. Math. Appl. 62): it is added to the table as ``cde_nets_tsit5`` from
+:data:`solvers.tableaux.TABLEAUX`, with Tsitouras' own continuous extension as its dense output, so that the solves
+that run inside torchdiffeq take the fast path's steps and read the same interpolant.
+
 torchdiffeq has no public way to add a solver; this reads its solver table (``torchdiffeq._impl.odeint``),
 which has kept its shape since 0.2.0.
 """
@@ -25,11 +30,12 @@ from __future__ import annotations
 
 import torch
 
-from .tableaux import hermite_mid
+from .tableaux import TABLEAUX, hermite_mid
 
-__all__ = ["HERMITE_METHODS", "torchdiffeq_method"]
+__all__ = ["HERMITE_METHODS", "OWN_METHODS", "torchdiffeq_method"]
 
 HERMITE_METHODS = ("bosh3", "fehlberg2", "adaptive_heun")
+OWN_METHODS = ("tsit5",)  # cde_nets' tableaux that torchdiffeq 0.2.5 lacks
 
 
 def _hermite(method: str) -> str:
@@ -43,6 +49,40 @@ def _hermite(method: str) -> str:
     return key
 
 
+def _own(method: str) -> str:
+    from torchdiffeq._impl.odeint import SOLVERS
+    from torchdiffeq._impl.rk_common import RKAdaptiveStepsizeODESolver, _ButcherTableau
+
+    key = f"cde_nets_{method}"
+    if key in SOLVERS:
+        return key
+    tab = TABLEAUX[method]
+    assert tab.error is not None and tab.dense is not None
+
+    def f64(x) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.float64)
+
+    table = _ButcherTableau(
+        alpha=f64(tab.tableau.c[1:]),
+        beta=[f64(row) for row in tab.tableau.a[1:]],
+        c_sol=f64(tab.tableau.b),
+        c_error=f64(tab.error),
+    )
+    dense = f64(tab.dense)
+
+    def interp_fit(self, y0, y1, k, dt):
+        """The continuous extension ``y_0 + h Σ_i b_i(θ) k_i`` as torchdiffeq's polynomial in ``θ``."""
+        w = dense.to(device=k.device, dtype=k.dtype) * dt.type_as(k)
+        return [y0, *(torch.sum(k * w[p], dim=-1).view_as(y0) for p in range(4))]
+
+    mid = f64([sum(row[i] * 0.5 ** (p + 1) for p, row in enumerate(tab.dense)) for i in range(tab.stages)])
+    attrs = {"order": tab.order, "tableau": table, "mid": mid, "_interp_fit": interp_fit}
+    SOLVERS[key] = type(f"CdeNets{method.capitalize()}", (RKAdaptiveStepsizeODESolver,), attrs)
+    return key
+
+
 def torchdiffeq_method(method: str) -> str:
     """The key to pass torchdiffeq as ``method`` (or ``adjoint_method``) for cde_nets' ``method``."""
+    if method in OWN_METHODS:
+        return _own(method)
     return _hermite(method) if method in HERMITE_METHODS else method

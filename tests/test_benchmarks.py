@@ -71,7 +71,11 @@ EXPECTED = {
         {"setting", "goal", "rows", "spiral"},
         {"dim", "batch", "mode", "ours_s", "torchdiffeq_s", "ratio", "max_abs_diff"},
     ),
-    "torchdiffeq_suite": ("torchdiffeq_suite_tiny", {"counts", "total", "by_reason", "rows"}, {"test", "outcome"}),
+    "torchdiffeq_suite": (
+        "torchdiffeq_suite_tiny",
+        {"counts", "total", "by_reason", "rows", "unexplained"},
+        {"test", "outcome"},
+    ),
     "per_sample": (
         "per_sample_tiny",
         {"setting", "goal", "torchode", "rows"},

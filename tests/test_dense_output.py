@@ -19,7 +19,7 @@ from cde_nets.solvers.gradients import as_gradient
 from cde_nets.solvers.options import ADAPTIVE_METHODS, SolverOptions
 
 # the order of each method's dense output (global): the error at mid-step of one step is O(h^(order + 1))
-INTERPOLANT_ORDER = {"dopri8": 4, "dopri5": 4, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
+INTERPOLANT_ORDER = {"dopri8": 4, "dopri5": 4, "tsit5": 4, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
 # step sizes whose mid-step errors stay well above rounding and in the asymptotic range
 STEPS = {"dopri8": (0.4, 0.2, 0.1), "dopri5": (0.2, 0.1, 0.05, 0.025)}
 

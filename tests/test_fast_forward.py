@@ -65,9 +65,12 @@ def test_fast_path_is_torchdiffeq_step_for_step(name, method, monkeypatch):
         ys, stats, g = _solve(block, y0, u, True, monkeypatch, grad)
         assert stats == stats_ref, (gradient, stats, stats_ref)
         assert stats["rejected_forward"] > 0 or method not in ("dopri5", "bosh3") or name != "hamiltonian"
-        assert (ys - ys_ref).abs().max() <= 1e-12 * max(1.0, float(ys_ref.abs().max()))
+        # tsit5's interpolant weights reach 88 (Tsitouras' b_i(θ) in monomials; dopri5's: 10), summed in another
+        # order by the two paths: measured 3e-12 of the largest gradient on the Hamiltonian field
+        tol = 1e-11 if method == "tsit5" else 1e-12
+        assert (ys - ys_ref).abs().max() <= tol * max(1.0, float(ys_ref.abs().max()))
         for a, b in zip(g, g_ref):
-            assert (a - b).abs().max() <= 1e-12 * max(1.0, float(b.abs().max())), gradient
+            assert (a - b).abs().max() <= tol * max(1.0, float(b.abs().max())), gradient
 
 
 def test_fast_path_is_taken_and_falls_back(monkeypatch):
