@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from .rk_stages import Buffered, Graph, Rows, sum_order
-from .tableaux import TABLEAUX, MethodTableau
+from .tableaux import TABLEAUX, MethodTableau, dense_at
 from .times import HOST_TIME
 
 __all__ = ["FAST_METHODS", "HOST_TIME", "fast_applies", "odeint_fast"]
@@ -360,6 +360,8 @@ class _Adaptive:
         """The dense output of step ``last`` at ``tj``, ``x = (tj − t_0)/(t_1 − t_0)`` in float64 then the state's
         dtype, the quartic fitted once per step (torchdiffeq fits every accepted step; only these are read)."""
         t0, t1, h, y0, y1 = last
+        if self.tab.dense is not None:
+            return self._extension(eng, last, tj)
         if self._fitted is not last:
             self._coeffs, self._fitted = eng.dense(y0, y1, h), last
         if isinstance(t0, torch.Tensor) or isinstance(t1, torch.Tensor):
@@ -368,6 +370,24 @@ class _Adaptive:
         else:
             x = self.clock.y((tj - t0) / (t1 - t0))
         return eng.evaluate(self._coeffs, x)
+
+    def _extension(self, eng: Buffered | Graph, last: tuple, tj: float) -> torch.Tensor:
+        """A method's own continuous extension (tsit5): ``y_0 + Σ_i (h b_i(x)) k_i``, summed as the replays sum it
+        (:mod:`solvers.replay`), so that their gradients are of the same function."""
+        t0, t1, h, y0, _ = last
+        if isinstance(t0, torch.Tensor) or isinstance(t1, torch.Tensor):
+            num = tj - t0 if isinstance(t0, torch.Tensor) else torch.tensor(tj - t0, dtype=torch.float64)
+            x = num / (t1 - t0)
+            powers = torch.stack([x ** (p + 1) for p in range(len(self.tab.dense))])  # type: ignore[arg-type]
+            table = torch.tensor(self.tab.dense, dtype=torch.float64, device=x.device)
+            weights: Sequence[Scalar] = list((powers @ table).to(y0.dtype).unbind(0))
+        else:
+            weights = dense_at(self.tab, (tj - t0) / (t1 - t0))
+        out = y0
+        for i, w in enumerate(weights):
+            if isinstance(w, torch.Tensor) or w != 0.0:
+                out = out + (w * h) * eng.get(i)
+        return out
 
     def run(self) -> torch.Tensor:
         tab, clock, func = self.tab, self.clock, self.func
