@@ -1,0 +1,188 @@
+r"""The rounds of a per-sample solve driven to the end, and the gradient each method attaches to them.
+
+- ``backprop``: every round keeps its graph (memory grows with the rounds).
+- ``checkpoint`` (Zhuang et al. 2020, "Adaptive checkpoint adjoint method for gradient estimation in neural
+  ODE"): each round keeps only its inputs ``(y, k_1)``; the backward pass recomputes the round from them
+  (:func:`torch.utils.checkpoint.checkpoint`) and backpropagates through it alone. The step sizes and the
+  accept/reject decisions are constants of the round, so the replay takes the same per-sample steps and the
+  gradient equals backprop's.
+- ``symplectic`` (Matsubara, Miyatake & Yaguchi 2021, "Symplectic adjoint method for exact gradient of neural ODE
+  with minimal memory", eq. 8 in stage form, as :mod:`solvers.replay`): each round keeps ``(y, k_1)``; the
+  backward pass recomputes the stage inputs ``Y_i`` without a graph and carries the adjoint back stage by stage,
+
+      ``κ_i = h b_i λ_{n+1} + h Σ_{j>i} a_ji μ_j``,   ``μ_i = (∂F/∂y(t + c_i h, Y_i))ᵀ κ_i``,
+      ``λ_n = λ_{n+1} + Σ_i μ_i``,   ``∂ℒ/∂θ += Σ_i (∂F/∂θ)ᵀ κ_i``,
+
+  with ``κ_i = 0`` on the rows whose step was rejected (their state passes through unchanged), one
+  vector-Jacobian product with the graph of a single evaluation at a time. The first stage is the round's input
+  ``k_1`` (the last stage of the step before), so its cotangent ``κ_1`` flows to that round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .errors import Reason, SolverError
+from .per_sample_loop import Round, Rows, Stepper, start
+
+__all__ = ["advance_for", "integrate_rows"]
+
+Advance = Callable[[torch.Tensor, torch.Tensor, Rows], Round]
+
+
+def advance_for(mode: str, stepper: Stepper, params: Sequence[torch.Tensor] = ()) -> Advance:
+    """One round as ``mode`` records it: ``"none"`` (no graph), ``"backprop"``, ``"checkpoint"``,
+    ``"symplectic"`` (``params``: the tensors the field reads that its gradient reaches)."""
+    if mode == "none":
+        return lambda y, k0, rows: stepper.round(y, k0, rows, graph=False)
+    if mode == "backprop":
+        return lambda y, k0, rows: stepper.round(y, k0, rows, graph=True)
+    if mode == "checkpoint":
+        return lambda y, k0, rows: checkpoint(stepper.round, y, k0, rows, True, use_reentrant=False)
+
+    def symplectic(y: torch.Tensor, k0: torch.Tensor, rows: Rows) -> Round:
+        box: list[Round] = []
+        y1, k1, *values = _SymplecticRound.apply(stepper, rows, box, y, k0, *params)
+        rd = box[0]
+        rd.y, rd.k0, rd.values = y1, k1, values
+        return rd
+
+    return symplectic
+
+
+def integrate_rows(
+    stepper: Stepper,
+    y: torch.Tensor,
+    times: torch.Tensor,
+    rtol: torch.Tensor,
+    atol: torch.Tensor,
+    info: Any,
+    *,
+    max_steps: int,
+    first_step: float | None,
+    advance: Advance,
+    hook: Callable[[Round, Rows], None] | None = None,
+) -> torch.Tensor:
+    """Rounds from ``y`` (``(B, N)``) until every row has passed its last output time; the outputs as
+    ``(n · B, N)`` (row ``j · B + b``: sample ``b`` at ``times[b, j]``). Finished rows leave the batch once a
+    quarter of the running rows have finished; until then they ride along frozen at their end. ``hook`` sees each
+    round with the clocks it started from."""
+    B, n = times.shape
+    k0, rows = start(stepper, y, times, rtol, atol, first_step)
+    device = y.device
+    accepted = torch.zeros(B, dtype=torch.long, device=device)
+    attempts = torch.zeros(B, dtype=torch.long, device=device)
+    live = torch.ones(B, dtype=torch.bool, device=device)
+    positions: list[torch.Tensor] = [rows.ids]
+    values: list[torch.Tensor] = [y]
+    rounds = 0
+    while True:
+        rounds += 1
+        if rounds > max_steps:
+            raise SolverError(
+                f"per-sample control took max_steps={max_steps} rounds without finishing ({len(rows.ids)} "
+                "samples still running); raise `max_steps` or loosen `rtol`/`atol`.",
+                nfe=info.nfe,
+                reason=Reason.MAX_STEPS,
+            )
+        rd = advance(y, k0, rows)
+        if hook is not None:
+            hook(rd, rows)
+        accepted += rd.ok & live
+        attempts += live
+        if rd.n_bad:
+            raise _failure(rd, rows, info.nfe)
+        values += rd.values
+        positions += rd.positions
+        y, k0, rows, live = rd.y, rd.k0, rd.rows, rd.alive
+        if rd.n_alive == 0:
+            break
+        if rd.n_alive <= len(rows.ids) * 3 // 4:  # compaction
+            done = ~live
+            info.steps[rows.ids[done]] = accepted[done]
+            info.rejected[rows.ids[done]] = attempts[done] - accepted[done]
+            keep = live.nonzero()[:, 0]
+            y, k0, accepted, attempts, live = (v.index_select(0, keep) for v in (y, k0, accepted, attempts, live))
+            rows = rows.select(keep)
+    info.steps[rows.ids] = accepted
+    info.rejected[rows.ids] = attempts - accepted
+    info.rounds = rounds
+    out = y.new_zeros(n * B, y.shape[1])
+    return out.index_put((torch.cat(positions),), torch.cat(values))
+
+
+def _failure(rd: Round, rows: Rows, nfe: int) -> SolverError:
+    row = int(rd.bad.nonzero()[0])
+    b = int(rows.ids[row])
+    nonfinite = not math.isfinite(float(rd.ratio[row]))
+    what = "the state became non-finite (NaN/inf)"
+    if not nonfinite:
+        what = f"the step size underflowed (t={float(rows.t0[row]):g})"
+    return SolverError(
+        f"per-sample control: {what} in sample {b} after {nfe} batched field evaluations; tighten `rtol`/`atol`, "
+        "use float64, or check that sample's input.",
+        nfe=nfe,
+        reason=Reason.NONFINITE if nonfinite else Reason.UNDERFLOW,
+    )
+
+
+class _SymplecticRound(torch.autograd.Function):
+    """One round without a graph; its backward pass is the symplectic adjoint of the round's steps."""
+
+    @staticmethod
+    def forward(ctx, stepper: Stepper, rows: Rows, box: list, y: torch.Tensor, k0: torch.Tensor, *params):
+        with torch.no_grad():
+            rd = stepper.round(y, k0, rows, graph=False)
+        box.append(rd)
+        ctx.stepper, ctx.rows, ctx.ok, ctx.outs = stepper, rows, rd.ok, list(zip(rd.out_rows, rd.out_w))
+        ctx.save_for_backward(y, k0, *params)
+        return (rd.y, rd.k0, *rd.values)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_y, g_k, *g_values):
+        st, rows = ctx.stepper, ctx.rows
+        y, k0, *params = ctx.saved_tensors
+        g_y = torch.zeros_like(y) if g_y is None else g_y
+        g_k = torch.zeros_like(y) if g_k is None else g_k
+        okc = ctx.ok[:, None]
+        h = rows.dt.to(y.dtype)[:, None]
+        inputs: list[torch.Tensor] = []
+        with torch.no_grad():
+            st.stages(y, k0, rows, graph=False, inputs=inputs)
+            lam_acc = torch.where(okc, g_y, 0)
+            kappa: list[torch.Tensor | None] = [h * b * lam_acc if b != 0.0 else None for b in st.b]
+            kappa[-1] = _add(kappa[-1], torch.where(okc, g_k, 0))
+            lam_y, lam_k = g_y.clone(), torch.where(okc, 0, g_k)
+            for (r, w), g in zip(ctx.outs, g_values):
+                if g is None:
+                    continue
+                lam_y.index_add_(0, r, g)
+                for i in range(st.s):
+                    kappa[i] = _add(kappa[i], torch.zeros_like(y).index_add_(0, r, w[:, i : i + 1] * g))
+        ts = st.stage_times(rows.t0, rows.dt)
+        grads: list[torch.Tensor | None] = [None] * len(params)
+        for i in range(st.s - 1, 0, -1):
+            kap = kappa[i]
+            if kap is None:
+                continue
+            with torch.enable_grad():
+                Y = inputs[i].detach().requires_grad_()
+                f = st.F(ts[i], Y, rows.ids)
+                mu, *gp = torch.autograd.grad(f, [Y, *params], kap, allow_unused=True)
+            grads = [_add(a, b) for a, b in zip(grads, gp)]
+            lam_y += mu
+            for j, a in enumerate(st.tab.tableau.a[i]):
+                if a != 0.0:
+                    kappa[j] = _add(kappa[j], (a * h) * mu)
+        lam_k = _add(lam_k, kappa[0])
+        return (None, None, None, lam_y, lam_k, *grads)
+
+
+def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> Any:
+    return b if a is None else (a if b is None else a + b)
