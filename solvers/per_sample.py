@@ -37,15 +37,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from .options import validate_tolerances
+from .options import PER_SAMPLE_METHODS, validate_tolerances
 from .per_sample_adjoint import adjoint_rows
 from .per_sample_grads import advance_for, integrate_rows
 from .per_sample_loop import PerSampleInfo, Stepper
 from .tableaux import TABLEAUX
 
-__all__ = ["PER_SAMPLE_GRADIENTS", "PER_SAMPLE_METHODS", "PerSampleInfo", "odeint_per_sample"]
+__all__ = [
+    "PER_SAMPLE_GRADIENTS",
+    "PER_SAMPLE_METHODS",
+    "PerSampleInfo",
+    "check_per_sample_gradient",
+    "odeint_per_sample",
+]
 
-PER_SAMPLE_METHODS = ("dopri5", "bosh3")
 _OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor"}
 
 Tol = float | torch.Tensor
@@ -173,8 +178,8 @@ def odeint_per_sample(
             with per-sample data: gather it with ``data[rows]``).
         gradient: ``"backprop"`` (default), ``"checkpoint"``, ``"symplectic"`` or ``"adjoint"``, or the gradient
             method object (``Adjoint(rtol=1e-8)`` sets the backward solve's tolerances).
-        params: for ``"symplectic"`` and ``"adjoint"``, the tensors ``func`` reads whose gradients are wanted
-            (default: ``func``'s parameters when it is a module).
+        params: for ``"checkpoint"``, ``"symplectic"`` and ``"adjoint"``, the tensors ``func`` reads whose
+            gradients are wanted (default: ``func``'s parameters when it is a module).
         return_info: also return the :class:`PerSampleInfo`.
 
     Returns ``(n, batch, *state)``: ``out[j, b]`` is sample ``b`` at ``t[b, j]`` (and the info if asked).
@@ -199,7 +204,7 @@ def odeint_per_sample(
     rt, at = _tolerance("rtol", rtol, B, y0), _tolerance("atol", atol, B, y0)
     y = y0.reshape(B, -1)
     graph = torch.is_grad_enabled()
-    if name in ("symplectic", "adjoint") and graph:
+    if name in ("checkpoint", "symplectic", "adjoint") and graph:
         params = _params(func, params, name)
     if name == "adjoint" and graph:
         info.backward = PerSampleInfo.zeros(B, y0.device)
@@ -226,6 +231,12 @@ def odeint_per_sample(
     return (out, info) if return_info else out
 
 
+def check_per_sample_gradient(controller: str, gradient: Any, method: str) -> None:
+    """Refuse, at construction, a gradient method per-sample steps do not serve."""
+    if controller == "per_sample":
+        _gradient_name(gradient, method)
+
+
 def _gradient_name(gradient: Any, method: str) -> str:
     """The gradient method's short name, if per-sample steps serve it; else an error naming those that do."""
     name = gradient if isinstance(gradient, str) else getattr(gradient, "name", repr(gradient))
@@ -250,13 +261,13 @@ def _gradient_name(gradient: Any, method: str) -> str:
 
 
 def _params(func: Any, params: Sequence[torch.Tensor] | None, name: str) -> list[torch.Tensor]:
-    """The tensors a symplectic or adjoint backward pass differentiates: ``params``, or a module's parameters."""
+    """The tensors a replay or adjoint backward pass differentiates: ``params``, or a module's parameters."""
     if params is not None:
         return [p for p in params if isinstance(p, torch.Tensor) and p.requires_grad]
     if isinstance(func, nn.Module):
         return [p for p in func.parameters() if p.requires_grad]
     raise ValueError(
         f"gradient={name!r} differentiates the tensors `func` reads through its own backward pass: pass them as "
-        "`params=[...]` (a module's parameters are taken by default), or use gradient='backprop'/'checkpoint', "
-        "which follow any tensor `func` reads."
+        "`params=[...]` (a module's parameters are taken by default), or use gradient='backprop', which follows "
+        "any tensor `func` reads."
     )

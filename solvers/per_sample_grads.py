@@ -2,10 +2,10 @@ r"""The rounds of a per-sample solve driven to the end, and the gradient each me
 
 - ``backprop``: every round keeps its graph (memory grows with the rounds).
 - ``checkpoint`` (Zhuang et al. 2020, "Adaptive checkpoint adjoint method for gradient estimation in neural
-  ODE"): each round keeps only its inputs ``(y, k_1)``; the backward pass recomputes the round from them
-  (:func:`torch.utils.checkpoint.checkpoint`) and backpropagates through it alone. The step sizes and the
-  accept/reject decisions are constants of the round, so the replay takes the same per-sample steps and the
-  gradient equals backprop's.
+  ODE"): each round keeps only its inputs ``(y, k_1)``; the backward pass recomputes the round's stages from
+  them with a graph and backpropagates through that round alone. The step sizes, the accept/reject decisions and
+  the dense-output weights are the forward's, kept with the round, so the replay takes the same per-sample steps
+  and the gradient equals backprop's.
 - ``symplectic`` (Matsubara, Miyatake & Yaguchi 2021, "Symplectic adjoint method for exact gradient of neural ODE
   with minimal memory", eq. 8 in stage form, as :mod:`solvers.replay`): each round keeps ``(y, k_1)``; the
   backward pass recomputes the stage inputs ``Y_i`` without a graph and carries the adjoint back stage by stage,
@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from .errors import Reason, SolverError
 from .per_sample_loop import Round, Rows, Stepper, start
@@ -37,22 +36,21 @@ Advance = Callable[[torch.Tensor, torch.Tensor, Rows], Round]
 
 def advance_for(mode: str, stepper: Stepper, params: Sequence[torch.Tensor] = ()) -> Advance:
     """One round as ``mode`` records it: ``"none"`` (no graph), ``"backprop"``, ``"checkpoint"``,
-    ``"symplectic"`` (``params``: the tensors the field reads that its gradient reaches)."""
+    ``"symplectic"`` (``params``: the tensors the field reads that the replay's gradient reaches)."""
     if mode == "none":
         return lambda y, k0, rows: stepper.round(y, k0, rows, graph=False)
     if mode == "backprop":
         return lambda y, k0, rows: stepper.round(y, k0, rows, graph=True)
-    if mode == "checkpoint":
-        return lambda y, k0, rows: checkpoint(stepper.round, y, k0, rows, True, use_reentrant=False)
+    replayed = _CheckpointRound if mode == "checkpoint" else _SymplecticRound
 
-    def symplectic(y: torch.Tensor, k0: torch.Tensor, rows: Rows) -> Round:
+    def replay(y: torch.Tensor, k0: torch.Tensor, rows: Rows) -> Round:
         box: list[Round] = []
-        y1, k1, *values = _SymplecticRound.apply(stepper, rows, box, y, k0, *params)
+        y1, k1, *values = replayed.apply(stepper, rows, box, y, k0, *params)
         rd = box[0]
         rd.y, rd.k0, rd.values = y1, k1, values
         return rd
 
-    return symplectic
+    return replay
 
 
 def integrate_rows(
@@ -131,8 +129,8 @@ def _failure(rd: Round, rows: Rows, nfe: int) -> SolverError:
     )
 
 
-class _SymplecticRound(torch.autograd.Function):
-    """One round without a graph; its backward pass is the symplectic adjoint of the round's steps."""
+class _ReplayedRound(torch.autograd.Function):
+    """One round without a graph, its inputs and decisions kept for a replay in the backward pass."""
 
     @staticmethod
     def forward(ctx, stepper: Stepper, rows: Rows, box: list, y: torch.Tensor, k0: torch.Tensor, *params):
@@ -142,6 +140,31 @@ class _SymplecticRound(torch.autograd.Function):
         ctx.stepper, ctx.rows, ctx.ok, ctx.outs = stepper, rows, rd.ok, list(zip(rd.out_rows, rd.out_w))
         ctx.save_for_backward(y, k0, *params)
         return (rd.y, rd.k0, *rd.values)
+
+
+class _CheckpointRound(_ReplayedRound):
+    """The round's stages recomputed with a graph, its outputs rebuilt with the forward's decisions."""
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_y, g_k, *g_values):
+        st, rows = ctx.stepper, ctx.rows
+        y, k0, *params = ctx.saved_tensors
+        okc = ctx.ok[:, None]
+        with torch.enable_grad():
+            yv, kv = y.detach().requires_grad_(), k0.detach().requires_grad_()
+            K, _, Y = st.stages(yv, kv, rows, graph=True)
+            outs = [torch.where(okc, Y, yv), torch.where(okc, K[-1], kv)]
+            outs += [yv[r] + torch.einsum("rs,srn->rn", w, K[:, r]) for r, w in ctx.outs]
+            pairs = [(o, g) for o, g in zip(outs, (g_y, g_k, *g_values)) if g is not None]
+            grads = torch.autograd.grad(
+                [o for o, _ in pairs], [yv, kv, *params], [g for _, g in pairs], allow_unused=True
+            )
+        return (None, None, None, *grads)
+
+
+class _SymplecticRound(_ReplayedRound):
+    """The round's backward pass is the symplectic adjoint of its steps."""
 
     @staticmethod
     @torch.autograd.function.once_differentiable

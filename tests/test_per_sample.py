@@ -186,7 +186,11 @@ def test_refusals_name_the_fix():
     t = torch.tensor([0.0, 1.0], dtype=torch.float64)
     with pytest.raises(ValueError, match="controller='batch'"):
         odeint_per_sample(lambda t, y: -y, y0, t, gradient="reversible")
-    for gradient in ("adjoint", "symplectic"):  # a closure's tensors are out of their reach: named, not dropped
+    for gradient in (
+        "checkpoint",
+        "adjoint",
+        "symplectic",
+    ):  # a closure's tensors are out of their reach: named, not dropped
         with pytest.raises(ValueError, match="params="):
             odeint_per_sample(lambda t, y: -y, y0, t, gradient=gradient)
     with pytest.raises(ValueError, match="Adjoint\\(method='rk4'\\)"):
