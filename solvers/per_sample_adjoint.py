@@ -20,15 +20,25 @@ stage (no first-same-as-last) and the last step of each sample ends on its outpu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from .errors import BACKWARD_UNSTABLE, SolverError
+from .gradients import Adjoint
 from .per_sample_grads import advance_for, integrate_rows
 from .per_sample_loop import PerSampleInfo, Round, Rows, Stepper
 
-__all__ = ["adjoint_rows"]
+__all__ = ["SeparateAdjoint", "adjoint_rows"]
+
+
+@dataclass(frozen=True, repr=False)
+class SeparateAdjoint(Adjoint):
+    """The per-sample adjoint with every sample's backward problem solved alone, a batch of one each: the
+    design the joint backward solve is measured against (``benchmarks/per_sample.py``)."""
+
+    design: ClassVar[str] = "separate"
 
 
 def adjoint_rows(cfg: dict, y: torch.Tensor, params: Sequence[torch.Tensor]) -> torch.Tensor:

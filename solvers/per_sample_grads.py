@@ -73,9 +73,11 @@ def integrate_rows(
     B, n = times.shape
     k0, rows = start(stepper, y, times, rtol, atol, first_step)
     device = y.device
-    accepted = torch.zeros(B, dtype=torch.long, device=device)
-    attempts = torch.zeros(B, dtype=torch.long, device=device)
+    # per row: rounds with an accepted or frozen step, and the round it finished in (frozen rows always accept)
+    passed = torch.zeros(B, dtype=torch.long, device=device)
+    last = torch.zeros(B, dtype=torch.long, device=device)
     live = torch.ones(B, dtype=torch.bool, device=device)
+    n_live = B
     positions: list[torch.Tensor] = [rows.ids]
     values: list[torch.Tensor] = [y]
     rounds = 0
@@ -91,27 +93,33 @@ def integrate_rows(
         rd = advance(y, k0, rows)
         if hook is not None:
             hook(rd, rows)
-        accepted += rd.ok & live
-        attempts += live
+        passed += rd.ok
         if rd.n_bad:
             raise _failure(rd, rows, info.nfe)
+        if rd.n_alive < n_live:
+            last = torch.where(live & ~rd.alive, rounds, last)
         values += rd.values
         positions += rd.positions
-        y, k0, rows, live = rd.y, rd.k0, rd.rows, rd.alive
-        if rd.n_alive == 0:
+        y, k0, rows, live, n_live = rd.y, rd.k0, rd.rows, rd.alive, rd.n_alive
+        if n_live == 0:
             break
-        if rd.n_alive <= len(rows.ids) * 3 // 4:  # compaction
-            done = ~live
-            info.steps[rows.ids[done]] = accepted[done]
-            info.rejected[rows.ids[done]] = attempts[done] - accepted[done]
+        if n_live <= len(rows.ids) * 3 // 4:  # compaction
+            done = (~live).nonzero()[:, 0]
+            _count(info, rows.ids[done], passed[done], last[done], rounds)
             keep = live.nonzero()[:, 0]
-            y, k0, accepted, attempts, live = (v.index_select(0, keep) for v in (y, k0, accepted, attempts, live))
+            y, k0, passed, last, live = (v.index_select(0, keep) for v in (y, k0, passed, last, live))
             rows = rows.select(keep)
-    info.steps[rows.ids] = accepted
-    info.rejected[rows.ids] = attempts - accepted
+    _count(info, rows.ids, passed, last, rounds)
     info.rounds = rounds
     out = y.new_zeros(n * B, y.shape[1])
     return out.index_put((torch.cat(positions),), torch.cat(values))
+
+
+def _count(info: Any, ids: torch.Tensor, passed: torch.Tensor, last: torch.Tensor, rounds: int) -> None:
+    """Accepted and rejected steps of finished rows: ``passed`` less the rounds they rode along frozen."""
+    accepted = passed - (rounds - last)
+    info.steps[ids] = accepted
+    info.rejected[ids] = last - accepted
 
 
 def _failure(rd: Round, rows: Rows, nfe: int) -> SolverError:
@@ -153,8 +161,8 @@ class _CheckpointRound(_ReplayedRound):
         okc = ctx.ok[:, None]
         with torch.enable_grad():
             yv, kv = y.detach().requires_grad_(), k0.detach().requires_grad_()
-            K, _, Y = st.stages(yv, kv, rows, graph=True)
-            outs = [torch.where(okc, Y, yv), torch.where(okc, K[-1], kv)]
+            K, _, Y, k_last = st.stages(yv, kv, rows, graph=True)
+            outs = [torch.where(okc, Y, yv), torch.where(okc, k_last, kv)]
             outs += [yv[r] + torch.einsum("rs,srn->rn", w, K[:, r]) for r, w in ctx.outs]
             pairs = [(o, g) for o, g in zip(outs, (g_y, g_k, *g_values)) if g is not None]
             grads = torch.autograd.grad(
@@ -186,8 +194,9 @@ class _SymplecticRound(_ReplayedRound):
                 if g is None:
                     continue
                 lam_y.index_add_(0, r, g)
+                wh = w * h[r]  # the dense output's weights on the stages themselves
                 for i in range(st.s):
-                    kappa[i] = _add(kappa[i], torch.zeros_like(y).index_add_(0, r, w[:, i : i + 1] * g))
+                    kappa[i] = _add(kappa[i], torch.zeros_like(y).index_add_(0, r, wh[:, i : i + 1] * g))
         ts = st.stage_times(rows.t0, rows.dt)
         grads: list[torch.Tensor | None] = [None] * len(params)
         for i in range(st.s - 1, 0, -1):

@@ -80,8 +80,8 @@ class Rows:
 @dataclass
 class Round:
     """One round's result: the new ``(y, k_1)``; ``values`` the outputs given (rows ``out_rows`` of this round,
-    dense weights ``out_w`` ``(r, s)`` times ``h``, at flat positions ``j · B + b`` of the output); the control's
-    decisions, detached."""
+    dense weights ``out_w`` ``(r, s)`` on the stored ``h k_i``, at flat positions ``j · B + b`` of the output);
+    the control's decisions, detached."""
 
     y: torch.Tensor
     k0: torch.Tensor
@@ -142,79 +142,83 @@ class Stepper:
         self.clip: bool | None = None  # True: the last step of each row ends on its end time (the adjoint's)
         self.work: _Work | None = None
 
-    def stage_times(self, t0: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+    def stage_times(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> torch.Tensor:
         """``(s, m)`` stage times in the state's dtype; those at ``c = 1`` just before ``t_1``, as the shared
         step evaluates them."""
-        ts = (t0 + self.c * dt).to(self.dtype)
-        ts[self.tail :] = torch.nextafter((t0 + dt).to(self.dtype), self.neg_inf)
+        ts = torch.addcmul(t0, self.c, dt).to(self.dtype)
+        ts[self.tail :] = torch.nextafter((t0 + dt if t1 is None else t1).to(self.dtype), self.neg_inf)
         return ts
 
-    def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None):
-        """The stages ``K`` (``(s, m, N)``), their flat view and the last stage input ``Y_s``; ``inputs``
-        collects every stage input ``Y_i``."""
+    def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None, ts: torch.Tensor | None = None):
+        """The stages times the step, ``h k_i`` (``(s, m, N)``), their flat view, the last stage input ``Y_s``
+        and the last stage ``k_s`` itself; ``inputs`` collects every stage input ``Y_i``. Each stage input is
+        ``Y_i = y + Σ_j a_ij (h k_j)``: one product with the stored stages, as the shared step's ``addmv``."""
         m, N, s = y.shape[0], y.shape[1], self.s
         h = rows.dt.to(self.dtype)[:, None]
-        tsr = self.stage_times(rows.t0, rows.dt).unbind(0)
+        tsr = (self.stage_times(rows.t0, rows.dt) if ts is None else ts).unbind(0)
         a, F, ids = self.a, self.F, rows.ids
-        Y = y
+        Y, k = y, k0
         if inputs is not None:
             inputs.append(y)
         if graph:  # every stage its own tensor, stacked for each combination
-            ks = [k0]
+            hks = [h * k0]
             for i in range(1, s):
-                Y = torch.addcmul(y, h, torch.mv(torch.stack(ks).view(i, m * N).t(), a[i]).view(m, N))
+                Y = torch.addmv(y.view(m * N), torch.stack(hks).view(i, m * N).t(), a[i]).view(m, N)
                 if inputs is not None:
                     inputs.append(Y)
-                ks.append(F(tsr[i], Y, ids))
-            K = torch.stack(ks)
-            return K, K.view(s, m * N), Y
+                k = F(tsr[i], Y, ids)
+                hks.append(h * k)
+            K = torch.stack(hks)
+            return K, K.view(s, m * N), Y, k
         W = self.work
         if W is None or W.m != m:  # stages in a reused stage-major buffer, each combination one product
             W = self.work = _Work(s, m, N, self.dtype, self.device)
-        W.rows[0].copy_(k0)
-        hN = h.expand(m, N).contiguous()  # same-shaped operands take the vectorised kernel
+        torch.mul(k0, h, out=W.rows[0])
+        yf = y.view(m * N)
         for i in range(1, s):
-            torch.mv(W.KT[i], a[i], out=W.buf)
-            Y = torch.addcmul(y, hN, W.bufv)
+            Y = torch.addmv(yf, W.KT[i], a[i]).view(m, N)
             if inputs is not None:
                 inputs.append(Y)
-            W.rows[i].copy_(F(tsr[i], Y, ids))
-        return W.K, W.flat, Y
+            k = F(tsr[i], Y, ids)
+            torch.mul(k, h, out=W.rows[i])
+        return W.K, W.flat, Y, k
 
-    def next_step(self, dt: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
-        """``h · min(ifactor, max(safety · r^(−1/p), dfactor))``, ``dfactor`` only where ``r ≥ 1`` (``r = 0``
+    def next_step(self, dt: torch.Tensor, ratio: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        """``h · min(ifactor, max(safety · r^(−1/p), dfactor))``, ``dfactor`` only after a rejection (``r = 0``
         gives ``ifactor``: ``safety / 0 = inf``)."""
         ratio = ratio.to(torch.float64)  # the step in float64 whatever the state's dtype
-        factor = torch.maximum(self.safety / root(ratio, self.order), torch.where(ratio < 1, self.one, self.dfactor_t))
+        factor = torch.maximum(self.safety / root(ratio, self.order), torch.where(ok, self.one, self.dfactor_t))
         factor.clamp_(max=self.ifactor).mul_(dt)
         return factor.clamp_(self.min_step, self.max_step) if self.min_step > 0 or self.max_step < math.inf else factor
 
     def round(self, y: torch.Tensor, k0: torch.Tensor, rows: Rows, graph: bool) -> Round:
         """One attempted step of every row (``graph``: keep the autograd graph of the values)."""
-        if not self.fsal:
-            k0 = self.F(rows.t0.to(self.dtype), y, rows.ids)
-        K, flat, Y = self.stages(y, k0, rows, graph)
-        m, N = y.shape
-        h = rows.dt.to(self.dtype)[:, None]
         t0, dt = rows.t0, rows.dt
+        t1 = t0 + dt if self.clip is None else torch.where(dt >= rows.tl - t0, rows.tl, t0 + dt)
+        ts = self.stage_times(t0, dt, t1)
+        if not self.fsal:
+            k0 = self.F(ts[0], y, rows.ids)
+        K, flat, Y, k_last = self.stages(y, k0, rows, graph, ts=ts)
+        m, N = y.shape
         with torch.no_grad():
-            err = torch.mv((flat.detach() if graph else flat).t(), self.e).view(m, N).mul_(h)
+            err = torch.mv((flat.detach() if graph else flat).t(), self.e).view(m, N)
             ay = (Y.detach() if graph else Y).abs()
             tol = torch.addcmul(rows.atol, torch.maximum(rows.ay, ay), rows.rtol)
             ratio = torch.linalg.vector_norm(err.div_(tol), dim=1).div_(math.sqrt(N))
             ok = ratio <= 1
             if self.min_step > 0:
                 ok |= dt <= self.min_step
-            t1 = t0 + dt if self.clip is None else torch.where(dt >= rows.tl - t0, rows.tl, t0 + dt)
             t_new = torch.where(ok, t1, t0)
             due = ok & (rows.t_next <= t1)
             alive = t_new < rows.tl
             # a finished row rides along frozen (zero steps at its end), never evaluated past its end
-            dt_next = torch.where(alive, self.next_step(dt, ratio), self.zero)
+            dt_next = torch.where(alive, self.next_step(dt, ratio, ratio < 1), self.zero)
             if self.clip is not None:  # land on the end: no step integrates past it
                 dt_next = torch.minimum(dt_next, rows.tl - t_new)
-            bad = ~(t_new + dt_next > t_new) & alive  # NaN, or a step lost in rounding
-            n_alive, n_due, n_bad = torch.stack((alive, due, bad)).sum(1).tolist()
+            # NaN, or a step lost in rounding (finished rows, at zero steps, count here too)
+            stuck = ~(t_new + dt_next > t_new)
+            n_alive, n_due, n_stuck = torch.stack((alive, due, stuck)).sum(1).tolist()
+            n_bad = n_stuck - (m - n_alive)
         values: list[torch.Tensor] = []
         positions: list[torch.Tensor] = []
         out_rows: list[torch.Tensor] = []
@@ -225,7 +229,7 @@ class Stepper:
             with torch.no_grad():
                 x = ((t_next[r] - t0[r]) / (t1[r] - t0[r])).to(self.dtype)[:, None]
                 P = self.P
-                w = x * (P[0] + x * (P[1] + x * (P[2] + x * P[3]))) * h[r]  # (r, s)
+                w = x * (P[0] + x * (P[1] + x * (P[2] + x * P[3])))  # (r, s)
             values.append(y[r] + torch.einsum("rs,srn->rn", w, K[:, r]))
             positions.append(cursor[r] * self.B + rows.ids[r])
             out_rows.append(r)
@@ -235,7 +239,6 @@ class Stepper:
             due = due & (t_next <= t1)
             n_due = int(due.sum())
         okc = ok[:, None]
-        k_last = K[self.s - 1]
         new = replace(rows, t0=t_new, dt=dt_next, cursor=cursor, t_next=t_next, ay=torch.where(okc, ay, rows.ay))
         return Round(
             y=torch.where(okc, Y, y),
@@ -248,7 +251,7 @@ class Stepper:
             ok=ok,
             ratio=ratio,
             alive=alive,
-            bad=bad,
+            bad=stuck & alive,
             n_alive=n_alive,
             n_bad=n_bad,
         )
