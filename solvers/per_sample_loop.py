@@ -219,21 +219,11 @@ class Stepper:
             stuck = ~(t_new + dt_next > t_new)
             n_alive, n_due, n_stuck = torch.stack((alive, due, stuck)).sum(1).tolist()
             n_bad = n_stuck - (m - n_alive)
-        values: list[torch.Tensor] = []
-        positions: list[torch.Tensor] = []
-        out_rows: list[torch.Tensor] = []
-        out_w: list[torch.Tensor] = []
+        outs = _Outputs()
         cursor, t_next = rows.cursor, rows.t_next
         while n_due and not n_bad:  # outputs within this round's accepted steps, from the dense output
             r = due.nonzero()[:, 0]
-            with torch.no_grad():
-                x = ((t_next[r] - t0[r]) / (t1[r] - t0[r])).to(self.dtype)[:, None]
-                P = self.P
-                w = x * (P[0] + x * (P[1] + x * (P[2] + x * P[3])))  # (r, s)
-            values.append(y[r] + torch.einsum("rs,srn->rn", w, K[:, r]))
-            positions.append(cursor[r] * self.B + rows.ids[r])
-            out_rows.append(r)
-            out_w.append(w)
+            outs.add(self, y, K, r, (t_next[r] - t0[r]) / (t1[r] - t0[r]), cursor[r] * self.B + rows.ids[r])
             cursor = cursor + due
             t_next = rows.tt.gather(1, cursor[:, None])[:, 0]
             due = due & (t_next <= t1)
@@ -243,10 +233,10 @@ class Stepper:
         return Round(
             y=torch.where(okc, Y, y),
             k0=torch.where(okc, k_last, k0),
-            values=values,
-            positions=positions,
-            out_rows=out_rows,
-            out_w=out_w,
+            values=outs.values,
+            positions=outs.positions,
+            out_rows=outs.rows,
+            out_w=outs.weights,
             rows=new,
             ok=ok,
             ratio=ratio,
@@ -255,6 +245,26 @@ class Stepper:
             n_alive=n_alive,
             n_bad=n_bad,
         )
+
+
+class _Outputs:
+    """The outputs a round gives: ``y_0 + Σ_i β_i(x) (h k_i)`` on rows ``r`` at ``x = (t − t_0) / h``."""
+
+    def __init__(self) -> None:
+        self.values: list[torch.Tensor] = []
+        self.positions: list[torch.Tensor] = []
+        self.rows: list[torch.Tensor] = []
+        self.weights: list[torch.Tensor] = []
+
+    def add(self, st: Stepper, y, K, r: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
+        with torch.no_grad():
+            x = x.to(st.dtype)[:, None]
+            P = st.P
+            w = x * (P[0] + x * (P[1] + x * (P[2] + x * P[3])))  # (r, s)
+        self.values.append(y[r] + torch.einsum("rs,srn->rn", w, K[:, r]))
+        self.positions.append(positions)
+        self.rows.append(r)
+        self.weights.append(w)
 
 
 def initial_step(stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: Rows) -> torch.Tensor:
