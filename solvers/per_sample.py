@@ -62,6 +62,8 @@ def _times(t: Any, t_end: Any, y0: torch.Tensor) -> torch.Tensor:
     B = y0.shape[0]
     kw: dict[str, Any] = dict(dtype=torch.float64, device=y0.device)
     if t_end is not None:
+        if isinstance(t_end, torch.Tensor) and t_end.requires_grad and torch.is_grad_enabled():
+            raise ValueError("per-sample control does not differentiate end times; pass `t_end.detach()`.")
         te = torch.as_tensor(t_end).detach().to(**kw)
         if te.shape != (B,):
             raise ValueError(

@@ -203,6 +203,8 @@ def test_refusals_name_the_fix():
         odeint_per_sample(lambda t, y: -y, y0, torch.zeros(3, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="`rtol`"):
         odeint_per_sample(lambda t, y: -y, y0, t, rtol=torch.ones(3))
+    with pytest.raises(ValueError, match="t_end.detach"):  # its gradient was dropped silently before
+        odeint_per_sample(lambda t, y: -y, y0, t_end=torch.ones(2, dtype=torch.float64, requires_grad=True))
     with pytest.raises(ValueError, match="`controller`"):
         odeint(lambda t, y: -y, y0, t, controller="sample")
     # a field that reads a scalar time: its own exception, with a note naming the option

@@ -99,14 +99,14 @@ def test_block_adjoint_converges_like_the_shared_adjoint():
         ys.square().sum().backward()
         return [u.grad] + [p.grad for p in field.parameters()]
 
-    ref = grads("backprop", 1e-11)
+    ref = grads("backprop", 1e-12)
 
     def error(*args):
         return max(float((a - b).abs().max()) for a, b in zip(grads(*args), ref))
 
-    coarse = error("adjoint", 1e-9)
-    assert coarse < 2 * error("adjoint", 1e-9, "batch")
-    assert error("adjoint", 1e-12) < coarse / 100
+    coarse = error("adjoint", 1e-7)
+    assert coarse < 2 * error("adjoint", 1e-7, "batch")
+    assert error("adjoint", 1e-10) < coarse / 100
 
 
 def test_refusals_name_the_fix():
