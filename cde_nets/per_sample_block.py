@@ -65,13 +65,6 @@ def solve_per_sample(block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_
     ``(batch, n)``, increasing within ``[0, T]``) or to the end times ``t_end`` (``(batch,)``), else to ``T``."""
     T, B = block.T, y0.shape[0]
     field = _Rows(bound)
-    if field.jumps is not None and block.solver.jumps:
-        raise ValueError(
-            f"controller='per_sample' does not yet stop each sample's steps at the {len(field.jumps)} piece "
-            "boundaries of the field (torchdiffeq's `jump_t`); pass jumps=False (each sample steps across them, "
-            "on the piece in force at each stage, with its error control seeing the jump), or use "
-            "controller='batch'."
-        )
     if field.jumps is not None and block.gradient.name == "adjoint":
         raise ValueError(
             "gradient='adjoint' with controller='per_sample' integrates the parameter gradient by each step's "
@@ -95,6 +88,7 @@ def solve_per_sample(block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_
         rows=True,
         gradient=block.gradient,
         params=block._params(bound),
+        jump_t=field.jumps if block.solver.jumps else None,
         return_info=True,
     )
     if start:

@@ -165,6 +165,7 @@ def odeint_per_sample(
     rows: bool = False,
     gradient: Any = "backprop",
     params: Sequence[torch.Tensor] | None = None,
+    jump_t: Any = None,
     return_info: bool = False,
 ) -> Any:
     """Solve ``y_b' = func(t, y)_b`` for every sample ``b`` of ``y0`` (``(batch, *state)``) on its own steps.
@@ -182,6 +183,8 @@ def odeint_per_sample(
             method object (``Adjoint(rtol=1e-8)`` sets the backward solve's tolerances).
         params: for ``"checkpoint"``, ``"symplectic"`` and ``"adjoint"``, the tensors ``func`` reads whose
             gradients are wanted (default: ``func``'s parameters when it is a module).
+        jump_t: times where ``func`` jumps (torchdiffeq's ``jump_t``, common to all samples): a step that would
+            cross one is shortened to end on it, and the next step's first stage is read just after it.
         return_info: also return the :class:`PerSampleInfo`.
 
     Returns ``(n, batch, *state)``: ``out[j, b]`` is sample ``b`` at ``t[b, j]`` (and the info if asked).
@@ -203,6 +206,7 @@ def odeint_per_sample(
     info = PerSampleInfo.zeros(B, y0.device)
     F = _Field(func, y0.shape[1:], info, rows)
     stepper = Stepper(F, TABLEAUX[method], y0, opts, B)
+    stepper.jumps = _jumps(jump_t, y0.device)
     rt, at = _tolerance("rtol", rtol, B, y0), _tolerance("atol", atol, B, y0)
     y = y0.reshape(B, -1)
     graph = torch.is_grad_enabled()
@@ -231,6 +235,16 @@ def odeint_per_sample(
     F.counting = False
     out = out.view(times.shape[1], *y0.shape)
     return (out, info) if return_info else out
+
+
+def _jumps(jump_t: Any, device: torch.device) -> torch.Tensor | None:
+    """``jump_t`` sorted, float64, ``inf`` appended (the "next jump" past the last); ``None`` for none."""
+    if jump_t is None:
+        return None
+    jumps = torch.as_tensor(jump_t, dtype=torch.float64).detach().reshape(-1).to(device)
+    if not bool(torch.isfinite(jumps).all()):
+        raise ValueError("`jump_t` must hold finite times.")
+    return torch.cat((jumps.sort().values, jumps.new_full((1,), torch.inf))) if len(jumps) else None
 
 
 def check_per_sample_gradient(controller: str, gradient: Any, method: str) -> None:

@@ -146,6 +146,7 @@ class _ReplayedRound(torch.autograd.Function):
             rd = stepper.round(y, k0, rows, graph=False)
         box.append(rd)
         ctx.stepper, ctx.rows, ctx.ok, ctx.outs = stepper, rows, rd.ok, list(zip(rd.out_rows, rd.out_w))
+        ctx.jumped = rd.jumped
         ctx.save_for_backward(y, k0, *params)
         return (rd.y, rd.k0, *rd.values)
 
@@ -162,7 +163,11 @@ class _CheckpointRound(_ReplayedRound):
         with torch.enable_grad():
             yv, kv = y.detach().requires_grad_(), k0.detach().requires_grad_()
             K, _, Y, k_last = st.stages(yv, kv, rows, graph=True)
-            outs = [torch.where(okc, Y, yv), torch.where(okc, k_last, kv)]
+            k_new = torch.where(okc, k_last, kv)
+            jr = ctx.jumped
+            if jr is not None:
+                k_new = k_new.index_put((jr,), st.after_jump(rows.t1[jr], Y[jr], rows.ids[jr]))
+            outs = [torch.where(okc, Y, yv), k_new]
             outs += [yv[r] + torch.einsum("rs,srn->rn", w, K[:, r]) for r, w in ctx.outs]
             pairs = [(o, g) for o, g in zip(outs, (g_y, g_k, *g_values)) if g is not None]
             grads = torch.autograd.grad(
@@ -186,6 +191,16 @@ class _SymplecticRound(_ReplayedRound):
         inputs: list[torch.Tensor] = []
         with torch.no_grad():
             st.stages(y, k0, rows, graph=False, inputs=inputs)
+        grads: list[torch.Tensor | None] = [None] * len(params)
+        jr = ctx.jumped
+        if jr is not None:  # k_1 re-read past a jump from the new state: its cotangent goes to that state
+            with torch.enable_grad():
+                Y = inputs[-1][jr].detach().requires_grad_()
+                f = st.after_jump(rows.t1[jr], Y, rows.ids[jr])
+                mu, *grads = torch.autograd.grad(f, [Y, *params], g_k[jr], allow_unused=True)
+            g_y = g_y.index_add(0, jr, mu)
+            g_k = g_k.index_fill(0, jr, 0.0)
+        with torch.no_grad():
             lam_acc = torch.where(okc, g_y, 0)
             kappa: list[torch.Tensor | None] = [h * b * lam_acc if b != 0.0 else None for b in st.b]
             kappa[-1] = _add(kappa[-1], torch.where(okc, g_k, 0))
@@ -197,8 +212,7 @@ class _SymplecticRound(_ReplayedRound):
                 wh = w * h[r]  # the dense output's weights on the stages themselves
                 for i in range(st.s):
                     kappa[i] = _add(kappa[i], torch.zeros_like(y).index_add_(0, r, wh[:, i : i + 1] * g))
-        ts = st.stage_times(rows.t0, rows.dt)
-        grads: list[torch.Tensor | None] = [None] * len(params)
+        ts = st.stage_times(rows.t0, rows.dt, rows.t1)
         for i in range(st.s - 1, 0, -1):
             kap = kappa[i]
             if kap is None:

@@ -59,12 +59,15 @@ class PerSampleInfo:
 @dataclass
 class Rows:
     """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
-    ``inf``): ``ids`` their batch rows, ``cursor`` the next output each owes and ``t_next`` its time, ``ay``
+    ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
+    was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time, ``ay``
     ``|y|`` carried from the last accepted step, ``rtol``/``atol`` ``(m, 1)`` in the state's dtype."""
 
     ids: torch.Tensor
     t0: torch.Tensor
     dt: torch.Tensor
+    t1: torch.Tensor
+    on_jump: torch.Tensor
     tl: torch.Tensor
     tt: torch.Tensor
     cursor: torch.Tensor
@@ -90,6 +93,7 @@ class Round:
     out_rows: list[torch.Tensor]
     out_w: list[torch.Tensor]
     rows: Rows  # the clocks after the round
+    jumped: torch.Tensor | None  # rows whose accepted step ended on a jump: k_1 re-read on its far side
     ok: torch.Tensor
     ratio: torch.Tensor
     alive: torch.Tensor
@@ -140,7 +144,22 @@ class Stepper:
         )
         self.fsal = True  # k_1 of a step is the last stage of the step before (the adjoint re-evaluates it)
         self.clip: bool | None = None  # True: the last step of each row ends on its end time (the adjoint's)
+        self.jumps: torch.Tensor | None = None  # times where the field jumps (float64, increasing), + inf
         self.work: _Work | None = None
+
+    def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor) -> Rows:
+        """The next step of every row: ``t1 = t0 + dt``, shortened to land on the end (``clip``) or on the next
+        jump of the field strictly inside it (as torchdiffeq's ``jump_t``: ``dt = t_jump − t0``)."""
+        t1 = t0 + dt
+        if self.clip is not None:
+            end = dt >= rows.tl - t0
+            dt, t1 = torch.where(end, rows.tl - t0, dt), torch.where(end, rows.tl, t1)
+        on_jump = rows.on_jump
+        if self.jumps is not None:
+            jump = self.jumps[torch.searchsorted(self.jumps, t0, right=True)]
+            on_jump = (t0 < jump) & (jump < t1)
+            dt, t1 = torch.where(on_jump, jump - t0, dt), torch.where(on_jump, jump, t1)
+        return replace(rows, t0=t0, dt=dt, t1=t1, on_jump=on_jump)
 
     def stage_times(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> torch.Tensor:
         """``(s, m)`` stage times in the state's dtype; those at ``c = 1`` just before ``t_1``, as the shared
@@ -155,7 +174,7 @@ class Stepper:
         ``Y_i = y + Σ_j a_ij (h k_j)``: one product with the stored stages, as the shared step's ``addmv``."""
         m, N, s = y.shape[0], y.shape[1], self.s
         h = rows.dt.to(self.dtype)[:, None]
-        tsr = (self.stage_times(rows.t0, rows.dt) if ts is None else ts).unbind(0)
+        tsr = (self.stage_times(rows.t0, rows.dt, rows.t1) if ts is None else ts).unbind(0)
         a, F, ids = self.a, self.F, rows.ids
         Y, k = y, k0
         if inputs is not None:
@@ -193,8 +212,7 @@ class Stepper:
 
     def round(self, y: torch.Tensor, k0: torch.Tensor, rows: Rows, graph: bool) -> Round:
         """One attempted step of every row (``graph``: keep the autograd graph of the values)."""
-        t0, dt = rows.t0, rows.dt
-        t1 = t0 + dt if self.clip is None else torch.where(dt >= rows.tl - t0, rows.tl, t0 + dt)
+        t0, dt, t1 = rows.t0, rows.dt, rows.t1
         ts = self.stage_times(t0, dt, t1)
         if not self.fsal:
             k0 = self.F(ts[0], y, rows.ids)
@@ -213,11 +231,10 @@ class Stepper:
             alive = t_new < rows.tl
             # a finished row rides along frozen (zero steps at its end), never evaluated past its end
             dt_next = torch.where(alive, self.next_step(dt, ratio, ratio < 1), self.zero)
-            if self.clip is not None:  # land on the end: no step integrates past it
-                dt_next = torch.minimum(dt_next, rows.tl - t_new)
             # NaN, or a step lost in rounding (finished rows, at zero steps, count here too)
             stuck = ~(t_new + dt_next > t_new)
-            n_alive, n_due, n_stuck = torch.stack((alive, due, stuck)).sum(1).tolist()
+            jumped = ok & rows.on_jump
+            n_alive, n_due, n_stuck, n_jumped = torch.stack((alive, due, stuck, jumped)).sum(1).tolist()
             n_bad = n_stuck - (m - n_alive)
         outs = _Outputs()
         cursor, t_next = rows.cursor, rows.t_next
@@ -229,15 +246,20 @@ class Stepper:
             due = due & (t_next <= t1)
             n_due = int(due.sum())
         okc = ok[:, None]
-        new = replace(rows, t0=t_new, dt=dt_next, cursor=cursor, t_next=t_next, ay=torch.where(okc, ay, rows.ay))
+        new = replace(rows, cursor=cursor, t_next=t_next, ay=torch.where(okc, ay, rows.ay))
+        k_new = torch.where(okc, k_last, k0)
+        jr = jumped.nonzero()[:, 0] if n_jumped and not n_bad else None
+        if jr is not None:  # past a jump of the field: the next step's first stage on its far side
+            k_new = k_new.index_put((jr,), self.after_jump(t1[jr], Y[jr], rows.ids[jr]))
         return Round(
             y=torch.where(okc, Y, y),
-            k0=torch.where(okc, k_last, k0),
+            k0=k_new,
+            jumped=jr,
             values=outs.values,
             positions=outs.positions,
             out_rows=outs.rows,
             out_w=outs.weights,
-            rows=new,
+            rows=self.plan(new, t_new, dt_next) if not n_bad else new,
             ok=ok,
             ratio=ratio,
             alive=alive,
@@ -245,6 +267,10 @@ class Stepper:
             n_alive=n_alive,
             n_bad=n_bad,
         )
+
+    def after_jump(self, t1: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """``F`` just after the jump ``t1`` (as torchdiffeq re-reads it, ``nextafter(t1, +inf)``)."""
+        return self.F(torch.nextafter(t1.to(self.dtype), -self.neg_inf), y, ids)
 
 
 class _Outputs:
@@ -294,6 +320,8 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         ids=ids,
         t0=t0,
         dt=t0,
+        t1=t0,
+        on_jump=torch.zeros(B, dtype=torch.bool, device=device),
         tl=times[:, -1].clone(),
         tt=torch.cat((times, times.new_full((B, 1), math.inf)), 1),
         cursor=torch.ones(B, dtype=torch.long, device=device),
@@ -307,7 +335,4 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         dt = initial_step(stepper, t0, y.detach(), k0.detach(), rows)
     else:
         dt = torch.full((B,), float(first_step), dtype=torch.float64, device=device)
-    dt = dt.clamp(stepper.min_step, stepper.max_step)
-    if stepper.clip is not None:
-        dt = torch.minimum(dt, rows.tl - t0)
-    return k0, replace(rows, dt=dt)
+    return k0, stepper.plan(rows, t0, dt.clamp(stepper.min_step, stepper.max_step))

@@ -25,16 +25,18 @@ def _nais(layers: int = 3):
     return field, x0, u, t
 
 
-def test_each_sample_on_its_own_piece_and_steps():
+@pytest.mark.parametrize("jumps", [True, False])
+def test_each_sample_on_its_own_piece_and_steps(jumps):
     """A piecewise NAIS field, per-sample output times: each sample takes the accepted and rejected steps of its
-    solve alone with the shared step at its own times, its piece looked up from its own time, and its states agree
-    to rounding (the field's matrix products round differently for different row counts, and ~140 steps across
-    the jumps amplify that to ~1e-10)."""
+    solve alone with the shared step at its own times (stopping on the piece boundaries, torchdiffeq's
+    ``jump_t``, or stepping across them), its piece looked up from its own time, and its states agree to
+    rounding (the field's matrix products round differently for different row counts, and the steps across the
+    jumps amplify that to ~1e-10)."""
     field, x0, u, t = _nais()
-    block = ODEBlock(field, controller="per_sample", jumps=False, **TOL)
+    block = ODEBlock(field, controller="per_sample", jumps=jumps, **TOL)
     sol = block.solve(x0, u, t=t)
     assert sol.ys.shape == (3, 4, 3) and torch.equal(sol.ts, t)
-    shared = ODEBlock(field, jumps=False, **TOL)
+    shared = ODEBlock(field, jumps=jumps, **TOL)
     for b in range(4):
         alone = shared.solve(x0[b : b + 1], u[b : b + 1], t=t[b])
         torch.testing.assert_close(sol.ys[:, b], alone.ys[:, 0], rtol=0, atol=1e-9)
@@ -68,14 +70,15 @@ def test_t_end_closed_form_and_plain_module():
 
 
 @pytest.mark.parametrize("gradient", ["checkpoint", "symplectic"])
-def test_block_gradients_equal_backprop(gradient):
+@pytest.mark.parametrize("jumps", [True, False])
+def test_block_gradients_equal_backprop(gradient, jumps):
     """Through the block: gradients to ``x0``, the input ``u`` and the piecewise weights equal backprop's to
-    1e-10 (float64) when the per-sample steps are replayed."""
+    1e-10 (float64) when the per-sample steps are replayed, with the re-read past each jump replayed too."""
 
     def grads(g):
         field, x0, u, t = _nais()
         x0.requires_grad_(), u.requires_grad_()
-        ys = ODEBlock(field, controller="per_sample", jumps=False, gradient=g, **TOL).solve(x0, u, t=t).ys
+        ys = ODEBlock(field, controller="per_sample", jumps=jumps, gradient=g, **TOL).solve(x0, u, t=t).ys
         ys.square().sum().backward()
         return [x0.grad, u.grad] + [p.grad for p in field.parameters()]
 
@@ -119,8 +122,6 @@ def test_refusals_name_the_fix():
     field, x0, u, t = _nais()
     with pytest.raises(ValueError, match="gradient"):
         ODEBlock(field, controller="per_sample", gradient="reversible")
-    with pytest.raises(ValueError, match="jumps=False"):  # the piece boundaries are not stepped on: said, not skipped
-        ODEBlock(field, controller="per_sample").solve(x0, u, t=t)
     with pytest.raises(ValueError, match="gradient='checkpoint'"):
         ODEBlock(field, controller="per_sample", jumps=False, gradient="adjoint").solve(x0, u, t=t)
     block = ODEBlock(field, controller="per_sample", jumps=False)
