@@ -197,7 +197,8 @@ class _SymplecticRound(_ReplayedRound):
             with torch.enable_grad():
                 Y = inputs[-1][jr].detach().requires_grad_()
                 f = st.after_jump(rows.t1[jr], Y, rows.ids[jr])
-                mu, *grads = torch.autograd.grad(f, [Y, *params], g_k[jr], allow_unused=True)
+                mu, *gp = torch.autograd.grad(f, [Y, *params], g_k[jr], allow_unused=True)
+            grads = list(gp)
             g_y = g_y.index_add(0, jr, mu)
             g_k = g_k.index_fill(0, jr, 0.0)
         with torch.no_grad():
