@@ -233,8 +233,8 @@ class Stepper:
             dt_next = torch.where(alive, self.next_step(dt, ratio, ratio < 1), self.zero)
             # NaN, or a step lost in rounding (finished rows, at zero steps, count here too)
             stuck = ~(t_new + dt_next > t_new)
-            jumped = ok & rows.on_jump
-            n_alive, n_due, n_stuck, n_jumped = torch.stack((alive, due, stuck, jumped)).sum(1).tolist()
+            flags = (alive, due, stuck) if self.jumps is None else (alive, due, stuck, ok & rows.on_jump)
+            n_alive, n_due, n_stuck, *n_jumped = torch.stack(flags).sum(1).tolist()
             n_bad = n_stuck - (m - n_alive)
         outs = _Outputs()
         cursor, t_next = rows.cursor, rows.t_next
@@ -248,7 +248,7 @@ class Stepper:
         okc = ok[:, None]
         new = replace(rows, cursor=cursor, t_next=t_next, ay=torch.where(okc, ay, rows.ay))
         k_new = torch.where(okc, k_last, k0)
-        jr = jumped.nonzero()[:, 0] if n_jumped and not n_bad else None
+        jr = flags[3].nonzero()[:, 0] if n_jumped and n_jumped[0] and not n_bad else None
         if jr is not None:  # past a jump of the field: the next step's first stage on its far side
             k_new = k_new.index_put((jr,), self.after_jump(t1[jr], Y[jr], rows.ids[jr]))
         return Round(
