@@ -233,7 +233,7 @@ class Stepper:
             dt_next = torch.where(alive, self.next_step(dt, ratio, ratio < 1), self.zero)
             # NaN, or a step lost in rounding (finished rows, at zero steps, count here too)
             stuck = ~(t_new + dt_next > t_new)
-            flags = (alive, due, stuck) if self.jumps is None else (alive, due, stuck, ok & rows.on_jump)
+            flags = [alive, due, stuck] if self.jumps is None else [alive, due, stuck, ok & rows.on_jump]
             n_alive, n_due, n_stuck, *n_jumped = torch.stack(flags).sum(1).tolist()
             n_bad = n_stuck - (m - n_alive)
         outs = _Outputs()
