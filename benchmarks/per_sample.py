@@ -6,8 +6,15 @@ Van der Pol oscillators ``x' = v``, ``v' = μ (1 − x²) v − x`` from ``(2, 0
 an MLP ``2 → 256 → 256 → 2`` (tanh, weights scaled by 0.1; ``mixed_mlp``). For each: the shared step
 (:func:`cde_nets.functional.odeint`, torchdiffeq's steps) and per-sample control
 (:func:`~cde_nets.solvers.per_sample.odeint_per_sample`): batched field calls, steps (shared; per-sample mean and
-max), and interleaved median times forward and forward+backward (backprop to ``y0`` and ``μ``). torchode, the
-issue's reference, is not installed here and not measured. ``python -m cde_nets.benchmarks.per_sample [--tiny]``.
+max), and interleaved median times forward and forward+backward (backprop to ``y0`` and ``μ``), with torchode's
+per-sample ``Dopri5`` + ``IntegralController`` (``AutoDiffAdjoint``) in the same interleaving where it is installed
+(an optional benchmark peer; its columns are ``None`` otherwise).
+
+``neural``: the small neural ODE of diffrax's benchmark (MLP ``2 → 64 → 2``, tanh, batch 512, ``rtol = atol =
+1e-6``, ``T = 1``, float64): per-sample forward against the same number of field calls in a bare loop, the shared
+step, torchdiffeq and torchode. ``adjoint``: the per-sample adjoint's backward pass with the joint design (one
+batched backward solve) against solving every sample's backward problem alone (batch 32 of the same field).
+``python -m cde_nets.benchmarks.per_sample [--tiny]``.
 """
 
 from __future__ import annotations
@@ -18,9 +25,16 @@ import torch
 from torch import nn
 
 from cde_nets.functional import odeint
+from cde_nets.solvers.gradients import Adjoint
 from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.per_sample_adjoint import SeparateAdjoint
 
 from .common import interleaved_medians, write
+
+try:  # the peer is optional (a benchmark-only dependency): without it, its columns are None
+    import torchode as to
+except ImportError:  # pragma: no cover - depends on the environment
+    to = None
 
 TOL = dict(rtol=1e-5, atol=1e-7)
 
@@ -79,22 +93,29 @@ def _case(name: str, batch: int, T: float, repeat: int, warmup: int) -> list[dic
         with torch.no_grad():
             odeint_per_sample(field, y0, t, rows=True, **TOL)
 
-    def bwd(per_sample: bool):
+    def bwd(solve):
         def run():
             y = y0.clone().requires_grad_()
             field.mu, field._rows = mu0.clone().requires_grad_(), None
-            out = odeint_per_sample(field, y, t, rows=True, **TOL) if per_sample else odeint(field, y, t, **TOL)
-            out[-1].square().sum().backward()
+            solve(y)[-1].square().sum().backward()
             field.mu, field._rows = mu0, None
 
         return run
 
+    tode = None if to is None else _torchode(field, y0, TOL, torch.stack((t,) * batch))
     rows = []
     if name == "mixed_mlp":  # seconds a solve: fewer repeats
         repeat, warmup = max(1, repeat // 3), 0
-    for mode, fns in (("forward", [fwd_shared, fwd_per]), ("forward+backward", [bwd(False), bwd(True)])):
-        shared_s, per_s = interleaved_medians(fns, repeat, warmup)
-        print(name, mode, f"shared {shared_s:.4f} s, per-sample {per_s:.4f} s", flush=True)
+    per_solve = lambda y: odeint_per_sample(field, y, t, rows=True, **TOL)  # noqa: E731
+    modes = [
+        ("forward", [fwd_shared, fwd_per]),
+        ("forward+backward", [bwd(lambda y: odeint(field, y, t, **TOL)), bwd(per_solve)]),
+    ]
+    for mode, fns in modes:
+        if tode is not None:
+            fns.append(tode[0] if mode == "forward" else bwd(tode[1]))
+        shared_s, per_s, *tode_s = interleaved_medians(fns, repeat, warmup)
+        print(name, mode, f"shared {shared_s:.4f} s, per-sample {per_s:.4f} s, torchode {tode_s}", flush=True)
         steps = info.steps.double()
         rows.append(
             {
@@ -111,9 +132,156 @@ def _case(name: str, batch: int, T: float, repeat: int, warmup: int) -> list[dic
                 "per_sample_s": per_s,
                 "ratio": per_s / shared_s,
                 "max_abs_diff_final": diff,
+                "torchode_nfe": None if tode is None else tode[2],
+                "torchode_s": tode_s[0] if tode_s else None,
+                "per_sample_over_torchode": per_s / tode_s[0] if tode_s else None,
             }
         )
     return rows
+
+
+def _torchode(field: nn.Module, y0: torch.Tensor, tol: dict, t_eval: torch.Tensor):
+    """torchode's per-sample dopri5 on ``field`` (full batch, its own masking): forward-only and differentiable
+    solves, and its batched field calls."""
+    term = to.ODETerm(lambda t, y: field(t, y))
+    step = to.Dopri5(term=term)
+    solver = to.AutoDiffAdjoint(step, to.IntegralController(term=term, **tol))
+
+    def solve(y0: torch.Tensor) -> torch.Tensor:
+        return solver.solve(to.InitialValueProblem(y0=y0, t_eval=t_eval)).ys.transpose(0, 1)
+
+    def forward() -> None:
+        with torch.no_grad():
+            solve(y0)
+
+    with torch.no_grad():
+        stats = solver.solve(to.InitialValueProblem(y0=y0, t_eval=t_eval)).stats
+    return forward, solve, int(stats["n_f_evals"].max())
+
+
+class _MLP(nn.Module):
+    """diffrax's small neural ODE field: ``2 → 64 → 2``, tanh, float64, time-invariant."""
+
+    def __init__(self, width: int = 64):
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.net = nn.Sequential(nn.Linear(2, width), nn.Tanh(), nn.Linear(width, 2)).double()
+        with torch.no_grad():
+            for p in self.net.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) / p.shape[-1] ** 0.5)
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(y)
+
+
+def _neural(batch: int, repeat: int, warmup: int) -> list[dict]:
+    from torchdiffeq import odeint as tdq  # here: torchdiffeq loads scipy
+
+    tol = dict(rtol=1e-6, atol=1e-6)
+    field = _MLP()
+    y0 = torch.randn(batch, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    t = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    with torch.no_grad():
+        _, info = odeint_per_sample(field, y0, t, return_info=True, **tol)
+        shared_nfe = _calls(field, lambda f: odeint(f, y0, t, **tol))
+
+    def field_alone():
+        with torch.no_grad():
+            for _ in range(info.nfe):
+                field(t[0], y0)
+
+    solves = {
+        "per_sample": lambda y: odeint_per_sample(field, y, t, **tol),
+        "shared": lambda y: odeint(field, y, t, **tol),
+        "torchdiffeq": lambda y: tdq(field, y, t, **tol),
+    }
+    tode = None if to is None else _torchode(field, y0, tol, torch.stack((t,) * batch))
+    if tode is not None:
+        solves["torchode"] = tode[1]
+    rows = []
+    for mode in ("forward", "forward+backward"):
+        fns = [] if mode == "forward+backward" else [field_alone]
+        for solve in solves.values():
+            fns.append(_timed(solve, y0, field, mode == "forward"))
+        times = interleaved_medians(fns, repeat, warmup)
+        named = dict(zip((["field_alone"] if mode == "forward" else []) + list(solves), times))
+        print("neural", mode, named, flush=True)
+        rows.append(
+            {
+                "case": "neural",
+                "mode": mode,
+                "batch": batch,
+                "shared_nfe": shared_nfe,
+                "per_sample_nfe": info.nfe,
+                "torchode_nfe": None if tode is None else tode[2],
+                "shared_s": named["shared"],
+                "per_sample_s": named["per_sample"],
+                "ratio": named["per_sample"] / named["shared"],
+                **{f"{k}_s": v for k, v in named.items() if k not in ("shared", "per_sample")},
+                "per_sample_over_field_alone": named["per_sample"] / named["field_alone"]
+                if "field_alone" in named
+                else None,
+                "per_sample_over_torchdiffeq": named["per_sample"] / named["torchdiffeq"],
+                "per_sample_over_torchode": named["per_sample"] / named["torchode"] if "torchode" in named else None,
+            }
+        )
+    return rows
+
+
+def _calls(field: nn.Module, solve) -> int:
+    n = [0]
+    handle = field.register_forward_hook(lambda *a: n.__setitem__(0, n[0] + 1))
+    try:
+        solve(field)
+    finally:
+        handle.remove()
+    return n[0]
+
+
+def _timed(solve, y0: torch.Tensor, field: nn.Module, forward: bool):
+    def run():
+        if forward:
+            with torch.no_grad():
+                solve(y0)
+            return
+        field.zero_grad()
+        y = y0.clone().requires_grad_()
+        solve(y)[-1].square().sum().backward()
+
+    return run
+
+
+def _adjoint_design(batch: int, repeat: int, warmup: int) -> dict:
+    """The per-sample adjoint's forward+backward, joint backward solve against one per sample."""
+    tol = dict(rtol=1e-6, atol=1e-6)
+    field = _MLP()
+    y0 = torch.randn(batch, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    t = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    infos = {}
+
+    def design(gradient, key):
+        def run():
+            field.zero_grad()
+            out, infos[key] = odeint_per_sample(field, y0.clone(), t, gradient=gradient, return_info=True, **tol)
+            out[-1].square().sum().backward()
+
+        return run
+
+    separate_s, joint_s = interleaved_medians(
+        [design(SeparateAdjoint(), "separate"), design(Adjoint(), "joint")], repeat, warmup
+    )
+    print("adjoint design", f"separate {separate_s:.4f} s, joint {joint_s:.4f} s", flush=True)
+    return {
+        "case": "adjoint_design",
+        "mode": "forward+backward",
+        "batch": batch,
+        "shared_nfe": infos["separate"].backward.nfe,
+        "per_sample_nfe": infos["joint"].backward.nfe,
+        "shared_s": separate_s,
+        "per_sample_s": joint_s,
+        "ratio": joint_s / separate_s,
+        "note": "shared_* columns: the separate design (each sample's backward solve alone); per_sample_*: joint",
+    }
 
 
 def run(tiny: bool = False, out_dir=None) -> dict:
@@ -123,10 +291,15 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     rows = []
     for name in ("mixed", "equal", "mixed_mlp"):
         rows += _case(name, batch, T, repeat, warmup)
+    rows += _neural(8 if tiny else 512, repeat, warmup)
+    rows.append(_adjoint_design(4 if tiny else 32, repeat, warmup))
     res = {
         "setting": {"batch": batch, "T": T, "method": "dopri5", **TOL, "dtype": "float64", "threads": 1},
-        "goal": "mixed: per-sample batched calls below the shared step's; equal: per-sample time <= 1.1x shared",
-        "torchode": "not installed here; not measured",
+        "goal": (
+            "mixed: per-sample batched calls <= torchode's; equal: per-sample time <= 1.1x shared; neural: "
+            "forward <= 2x the field alone, ahead of torchdiffeq and torchode"
+        ),
+        "torchode": "measured" if to is not None else "not installed here; not measured",
         "rows": rows,
     }
     write("per_sample_tiny" if tiny else "per_sample", res, out_dir)

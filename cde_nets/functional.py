@@ -248,13 +248,13 @@ def odeint(
         controller: this library's addition: ``"batch"`` (default: one step size for the whole batch,
             torchdiffeq's steps) or ``"per_sample"``: every sample of the batch (``y0``'s first axis) on its own
             step size, ``func`` called with ``t`` of shape ``(batch,)``, ``t`` of shape ``(n,)`` or ``(batch, n)``
-            (:func:`~cde_nets.solvers.per_sample.odeint_per_sample`; ``dopri5``/``bosh3``, ``gradient="backprop"``).
+            (:func:`~cde_nets.solvers.per_sample.odeint_per_sample`; ``dopri5``/``bosh3``).
 
     Returns:
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
     if controller != "batch":
-        return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller)
+        return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, adjoint_params)
     if isinstance(gradient, GradientMethod):
         if isinstance(gradient, Adjoint):
             if not gradient.seminorm:
@@ -296,14 +296,14 @@ def odeint(
     )
 
 
-def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller) -> torch.Tensor:
+def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, params) -> torch.Tensor:
     if controller != "per_sample":
         raise ValueError(f"`controller` must be 'batch' (one step for the batch) or 'per_sample'; got {controller!r}.")
     if event_fn is not None:
         raise ValueError("`event_fn` runs on the shared step; use controller='batch' with it.")
     if not isinstance(y0, torch.Tensor):
         raise ValueError("controller='per_sample' needs a tensor `y0` of shape (batch, *state), not a tuple.")
-    kw = dict(rtol=rtol, atol=atol, method=method or "dopri5", options=options, gradient=gradient)
+    kw = dict(rtol=rtol, atol=atol, method=method or "dopri5", options=options, gradient=gradient, params=params)
     return odeint_per_sample(func, y0, t, **kw)
 
 

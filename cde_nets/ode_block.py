@@ -17,6 +17,7 @@ from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gra
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import REVERSIBLE_METHODS, SolverOptions
 from cde_nets.solvers.output_times import with_output_times, with_start_time
+from cde_nets.solvers.per_sample import check_per_sample_gradient
 from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.times import check_times
 
@@ -25,6 +26,7 @@ from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField
 from .nonfinite import Watch, check_result, nonfinite_parameter
+from .per_sample_block import solve_per_sample
 from .pieces import gathered, piece_modules
 from .solution import Solution
 from .stop import Stop, as_stop
@@ -118,6 +120,9 @@ class ODEBlock(Block):
         options: further torchdiffeq options (unknown keys raise).
         solver: instead of ``method`` … ``options``, one :class:`~cde_nets.solvers.options.SolverOptions`
             (shared between blocks and diagnostics).
+        controller: ``"batch"`` (default: one step size for the batch) or ``"per_sample"``: every sample on its
+            own steps (``dopri5``/``bosh3``), with per-sample ``t`` (``(batch, n)``) and ``t_end``; the field then
+            sees one time per running row (``docs/guides/per_sample.md``).
         stop: a :class:`~cde_nets.stop.Stop` (``Stop(eps)``): pattern-dependent stopping time — each sample
             stops at the first time ``‖F(t, y)‖ = eps`` (at 0 if it starts below), an event ``g = ‖F‖ − eps``
             located on the interpolant like any other (:meth:`solve`), its time differentiable; finished
@@ -145,15 +150,19 @@ class ODEBlock(Block):
         stop: Stop | dict | None = None,
         *,
         solver: SolverOptions | None = None,
+        controller: str = "batch",
     ):
         super().__init__(field, T)
         if solver is None:
-            solver = SolverOptions(method, rtol, atol, step_size, max_steps, jumps, options or {})
+            solver = SolverOptions(method, rtol, atol, step_size, max_steps, jumps, options or {}, controller)
         elif not isinstance(solver, SolverOptions):
             raise TypeError(f"`solver` must be a SolverOptions, got {type(solver).__name__}.")
+        elif controller != solver.controller:
+            raise ValueError(f"set `controller` in the SolverOptions: SolverOptions(..., controller={controller!r}).")
         self.solver = solver
         self.gradient = default_gradient(solver.method) if gradient is None else as_gradient(gradient)
         self.gradient.check(solver.method)
+        check_per_sample_gradient(solver.controller, self.gradient, solver.method)
         if solver.step_size is not None:
             n = solver.steps_over(self._pieces())
             if n > solver.max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first
@@ -241,6 +250,8 @@ class ODEBlock(Block):
         bound = self.bind(y0, u)
         self._check_resolution(y0)
         self._stats = SolverStats()
+        if self.solver.controller == "per_sample":
+            return self._solve_per_sample(bound, y0, t, event, t_end, dense)
         per_sample = self.stop is not None or event is not None or t_end is not None
         self._check_events(event, t, t_end, dense)
         tend = None if t_end is None else self._check_t_end(t_end, y0)
@@ -260,6 +271,18 @@ class ODEBlock(Block):
                 interpolant=dense_out,
             )
         return self._solve_at(bound, y0, t)
+
+    def _solve_per_sample(self, bound: BoundField, y0: torch.Tensor, t, event, t_end, dense: bool) -> Solution:
+        """Every sample on its own steps (``controller="per_sample"``, :mod:`cde_nets.per_sample_block`)."""
+        if event is not None or self.stop is not None or dense:
+            raise ValueError(
+                "controller='per_sample' serves `t` ((n,) or (batch, n)) and `t_end`; `event`, `stop` and "
+                "`dense=True` run on the shared step: use controller='batch' for them."
+            )
+        if y0.shape[0] == 0:
+            return _empty(bound, y0, self.T, t, self._stats, False)
+        with self._gathered():
+            return solve_per_sample(self, bound, y0, t, t_end)
 
     def _check_events(self, event, t, t_end, dense: bool) -> None:
         """Refuse per-call arguments that do not combine, naming which."""

@@ -17,8 +17,10 @@ from .split_ode import SPLIT_METHODS
 
 __all__ = [
     "ADAPTIVE_METHODS",
+    "CONTROLLERS",
     "FIXED_METHODS",
     "IMPLICIT_METHODS",
+    "PER_SAMPLE_METHODS",
     "REVERSIBLE_METHODS",
     "SPLIT_METHODS",
     "SolverOptions",
@@ -43,6 +45,10 @@ REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}
 # also cde_nets' own, fixed-step: implicit Runge-Kutta (solvers.implicit_ode) and, for separable fields, the
 # symplectic compositions of Verlet (solvers.split_ode)
 OWN_FIXED_METHODS: dict[str, int] = {**IMPLICIT_METHODS, **SPLIT_METHODS}
+
+# the adaptive methods whose steps per-sample control takes (solvers.per_sample)
+PER_SAMPLE_METHODS = ("dopri5", "bosh3")
+CONTROLLERS = ("batch", "per_sample")
 
 _ALF_OPTIONS = {"eta", "first_step", "max_step", "safety", "ifactor", "dfactor"}
 _ADAPTIVE_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "step_t"}
@@ -128,6 +134,8 @@ class SolverOptions:
     ``step_size`` to fixed-step ones (``alf`` is either, by whether ``step_size`` is given); ``jumps`` tells an
     adaptive method where time-varying parameters jump (torchdiffeq's ``jump_t``, default on); ``options`` are
     the method's further torchdiffeq options (unknown keys raise). ``rtol``/``atol`` default to 1e-6/1e-8.
+    ``controller``: ``"batch"`` (one step size for the whole batch, torchdiffeq's steps) or ``"per_sample"``
+    (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample`).
     """
 
     method: str
@@ -137,6 +145,7 @@ class SolverOptions:
     max_steps: int
     jumps: bool
     options: Mapping[str, Any]
+    controller: str
 
     def __init__(
         self,
@@ -147,6 +156,7 @@ class SolverOptions:
         max_steps: int = 100_000,
         jumps: bool | None = None,
         options: Mapping[str, Any] | None = None,
+        controller: str = "batch",
     ):
         set_ = object.__setattr__  # frozen: every field is set once, here
         set_(self, "method", check_method(method))
@@ -175,6 +185,7 @@ class SolverOptions:
             )
         set_(self, "jumps", True if jumps is None else bool(jumps))
         set_(self, "max_steps", check_positive_int("max_steps", max_steps))
+        set_(self, "controller", _check_controller(controller, method, self.options))
 
     @property
     def adaptive(self) -> bool:
@@ -193,3 +204,23 @@ class SolverOptions:
         if not self.adaptive:  # the defaults filled in for fixed-step methods are not settings
             kw["rtol"] = kw["atol"] = kw["jumps"] = None
         return SolverOptions(**{**kw, **changes})
+
+
+def _check_controller(controller: str, method: str, options: Mapping[str, Any]) -> str:
+    """``controller`` if it names one and serves ``method`` and ``options``, else a ``ValueError`` naming the fix."""
+    if controller not in CONTROLLERS:
+        raise ValueError(
+            f"`controller` must be 'batch' (one step size for the batch) or 'per_sample' (each sample its own); "
+            f"got {controller!r}."
+        )
+    if controller == "per_sample":
+        if method not in PER_SAMPLE_METHODS:
+            raise ValueError(
+                f"controller='per_sample' serves methods {list(PER_SAMPLE_METHODS)}, not {method!r}; use one of "
+                "them, or controller='batch'."
+            )
+        if "step_t" in options:
+            raise ValueError(
+                "controller='per_sample' has no per-sample `step_t`; drop options['step_t'], or use controller='batch'."
+            )
+    return controller

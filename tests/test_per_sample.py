@@ -13,6 +13,7 @@ import torch
 from cde_nets.functional import odeint
 from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.fast_rk import odeint_fast
+from cde_nets.solvers.gradients import Adjoint
 from cde_nets.solvers.per_sample import odeint_per_sample
 
 TOL = dict(rtol=1e-5, atol=1e-7)
@@ -183,9 +184,17 @@ def test_functional_controller_and_dtype():
 def test_refusals_name_the_fix():
     y0 = torch.ones(2, 1, dtype=torch.float64)
     t = torch.tensor([0.0, 1.0], dtype=torch.float64)
-    for gradient in ("checkpoint", "adjoint", "symplectic"):
-        with pytest.raises(ValueError, match="controller='batch'"):
+    with pytest.raises(ValueError, match="controller='batch'"):
+        odeint_per_sample(lambda t, y: -y, y0, t, gradient="reversible")
+    for gradient in (
+        "checkpoint",
+        "adjoint",
+        "symplectic",
+    ):  # a closure's tensors are out of their reach: named, not dropped
+        with pytest.raises(ValueError, match="params="):
             odeint_per_sample(lambda t, y: -y, y0, t, gradient=gradient)
+    with pytest.raises(ValueError, match="Adjoint\\(method='rk4'\\)"):
+        odeint_per_sample(lambda t, y: -y, y0, t, gradient=Adjoint(method="rk4"), params=[])
     with pytest.raises(ValueError, match="serves methods"):
         odeint_per_sample(lambda t, y: -y, y0, t, method="rk4")
     with pytest.raises(ValueError, match="strictly increasing"):
@@ -194,6 +203,8 @@ def test_refusals_name_the_fix():
         odeint_per_sample(lambda t, y: -y, y0, torch.zeros(3, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="`rtol`"):
         odeint_per_sample(lambda t, y: -y, y0, t, rtol=torch.ones(3))
+    with pytest.raises(ValueError, match="t_end.detach"):  # its gradient was dropped silently before
+        odeint_per_sample(lambda t, y: -y, y0, t_end=torch.ones(2, dtype=torch.float64, requires_grad=True))
     with pytest.raises(ValueError, match="`controller`"):
         odeint(lambda t, y: -y, y0, t, controller="sample")
     # a field that reads a scalar time: its own exception, with a note naming the option

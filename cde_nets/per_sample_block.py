@@ -1,0 +1,140 @@
+"""``ODEBlock`` with ``controller="per_sample"``: every sample of the batch on its own steps
+(:mod:`cde_nets.solvers.per_sample`), its own output times ``t`` (``(batch, n)``) or end time ``t_end``.
+
+The field sees the running rows and one time per row. A :class:`~cde_nets.fields.base.Field` whose time enters only
+through its piece (the inherited ``forward``) is evaluated once per piece in force among the rows, each row on its
+own piece; any other module is called with ``t`` of shape ``(m,)`` and must broadcast it against its rows. A
+block input ``u`` is restricted to the running rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cde_nets.solvers.counting import SolverStats
+from cde_nets.solvers.per_sample import odeint_per_sample
+
+from .fields.base import Field
+from .fields.bound import BoundField
+from .solution import Solution
+
+__all__ = ["solve_per_sample"]
+
+
+class _Rows:
+    """``(t, y, ids) ↦ F(t_i, y_i)`` on the running rows ``ids``; ``u`` gathered once per set of rows without
+    a graph, and at every call with one (each backward pass of a replay frees the graph it used)."""
+
+    def __init__(self, bound: BoundField):
+        self.bound = bound
+        self.cache: tuple[torch.Tensor, BoundField] | None = None
+        field = bound.field
+        self.pieces = isinstance(field, Field) and type(field).forward is Field.forward and field.grid.L > 1
+        self.jumps = field.grid.jumps if self.pieces else None
+
+    def _bound(self, ids: torch.Tensor) -> BoundField:
+        if self.bound.u is None:
+            return self.bound
+        if torch.is_grad_enabled():
+            return self.bound.rows(ids)
+        if self.cache is None or self.cache[0] is not ids:
+            self.cache = (ids, self.bound.rows(ids))
+        return self.cache[1]
+
+    def __call__(self, t: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        bound = self._bound(ids)
+        if self.jumps is None:
+            return bound(t, y)
+        jumps = self.jumps.to(t.device)
+        keys = torch.bucketize(t.to(torch.float64), jumps, right=True)  # the piece of each row, as grid.index
+        found = torch.unique(keys).tolist()
+        if len(found) == 1:
+            return bound(t[0], y)
+        out = y.new_empty(y.shape)
+        for k in found:
+            sel = (keys == k).nonzero()[:, 0]
+            part = bound.rows(sel) if bound.u is not None else bound
+            out = out.index_put((sel,), part(t[sel[0]], y[sel]))
+        return out
+
+
+def solve_per_sample(block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_end: Any) -> Solution:
+    """The block's solve with per-sample control from ``y0`` at time 0: through the times ``t`` (``(n,)`` or
+    ``(batch, n)``, increasing within ``[0, T]``) or to the end times ``t_end`` (``(batch,)``), else to ``T``."""
+    T, B = block.T, y0.shape[0]
+    field = _Rows(bound)
+    if field.jumps is not None and block.gradient.name == "adjoint":
+        raise ValueError(
+            "gradient='adjoint' with controller='per_sample' integrates the parameter gradient by each step's "
+            "quadrature, which steps across the field's piece boundaries unchecked; use gradient='checkpoint' or "
+            "'symplectic' (exact for the steps taken), or controller='batch' (its adjoint stops at every boundary)."
+        )
+    times = _times(t, t_end, T, y0)
+    start = bool((times[:, 0] > 0).any())
+    if start:
+        times = torch.cat((times.new_zeros(B, 1), times), 1)
+    s = block.solver
+    out, info = odeint_per_sample(
+        field,
+        y0,
+        times,
+        method=s.method,
+        rtol=s.rtol,
+        atol=s.atol,
+        options=dict(s.options),
+        max_steps=s.max_steps,
+        rows=True,
+        gradient=block.gradient,
+        params=block._params(bound),
+        jump_t=field.jumps if block.solver.jumps else None,
+        return_info=True,
+    )
+    if start:
+        out, times = out[1:], times[:, 1:]
+    stats: SolverStats = block._stats
+    stats.nfe_forward = info.nfe
+    stats.steps_forward = int(info.steps.max())
+    stats.rejected_forward = int(info.rejected.max())
+    ts = times if t is not None and torch.as_tensor(t).dim() == 2 else times[0]
+    if t_end is not None:
+        return Solution(y=out[-1], stats=stats, stop_times=times[:, -1], fired=torch.zeros_like(times[:, -1] > 0))
+    return Solution(y=out[-1], ts=None if t is None else ts, ys=None if t is None else out, stats=stats)
+
+
+def _times(t: Any, t_end: Any, T: float, y0: torch.Tensor) -> torch.Tensor:
+    """``(batch, n)`` float64 output times within ``[0, T]``, each row strictly increasing and either starting
+    at 0 for every sample or after 0 for every sample."""
+    B = y0.shape[0]
+    if t is not None and t_end is not None:
+        raise ValueError("pass per-sample output times `t` ((batch, n)) or end times `t_end` ((batch,)), not both.")
+    for name, v in (("t", t), ("t_end", t_end)):
+        if isinstance(v, torch.Tensor) and v.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"controller='per_sample' does not differentiate `{name}`; pass `{name}.detach()`, or use "
+                "controller='batch', whose output and end times are differentiable."
+            )
+    if t_end is not None:
+        te = torch.as_tensor(t_end).detach().to(device=y0.device, dtype=torch.float64)
+        if te.shape != (B,):
+            raise ValueError(f"`t_end` must have shape (batch,) = ({B},); got {tuple(te.shape)}.")
+        times = torch.stack((torch.zeros_like(te), te), 1)
+    elif t is None:
+        times = torch.tensor([[0.0, T]], dtype=torch.float64, device=y0.device).expand(B, 2)
+    else:
+        times = torch.as_tensor(t).detach().to(device=y0.device, dtype=torch.float64)
+        times = times.expand(B, -1) if times.dim() == 1 else times
+    if times.dim() != 2 or times.shape[0] != B or times.shape[1] < 2:
+        raise ValueError(f"`t` must have shape (n,) or (batch, n) = ({B}, n), n >= 2; got {tuple(times.shape)}.")
+    if not bool(((times >= 0) & (times <= T * (1 + 1e-12))).all()):
+        raise ValueError(f"per-sample times must lie within [0, T] = [0, {T:g}]; raise the block's T for later ones.")
+    first = times[:, 0] > 0
+    if bool(first.any()) and not bool(first.all()):
+        raise ValueError(
+            "per-sample output times start at 0 for some samples and later for others; start every row at 0 "
+            "(the state y0), or every row after 0."
+        )
+    if t_end is not None and not bool((times[:, 1] > 0).all()):
+        raise ValueError("every `t_end` must be after 0 with controller='per_sample'.")
+    return times.contiguous()

@@ -1,0 +1,338 @@
+r"""The rounds of a per-sample solve (:mod:`solvers.per_sample`): each running row takes one attempted step.
+
+A round is a pure function of the rows' state ``(y, k_1)`` and their clocks (:class:`Rows`):
+
+    ``Y_i = y + h_b Σ_{j<i} a_ij k_j``,   ``k_i = F(t_b + c_i h_b, Y_i)``,   ``err_b = h_b Σ_i e_i k_i``,
+
+the error ratio ``r_b = ‖err_b / (atol_b + rtol_b max(|y_b|, |Y_{b,s}|))‖_RMS`` over the sample's own components,
+acceptance ``r_b ≤ 1`` and the next step ``h_b · min(ifactor, max(safety · r_b^(−1/p), dfactor))`` (``dfactor``
+only after a rejection): Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4, taken on
+every row at once, decided by ``torch.where`` on the device. Outputs due inside an accepted step are read off the
+method's dense output ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Being pure, a round can be replayed: the
+gradient methods (:mod:`solvers.per_sample_grads`) recompute it from its stored inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from .fast_rk import _dense_weights
+from .tableaux import MethodTableau
+
+__all__ = ["PerSampleInfo", "Round", "Rows", "Stepper", "root"]
+
+_LANES = 16  # a multiple of every CPU vector width in float64
+
+
+def root(x: torch.Tensor, p: int) -> torch.Tensor:
+    """``x^(1/p)`` of a vector, elementwise, independent of the vector's length: padded to whole SIMD vectors, as
+    a vectorised ``pow`` and the scalar one of a short tail differ in the last bit (which would make a sample's
+    steps depend on its place in the batch)."""
+    m = x.shape[0]
+    return torch.nn.functional.pad(x, (0, -m % _LANES)).pow_(1.0 / p)[:m]
+
+
+@dataclass
+class PerSampleInfo:
+    """What one per-sample solve did: ``steps``/``rejected``: ``(batch,)`` accepted and rejected steps of each
+    sample; ``rounds``: batched steps taken (the most any sample attempted); ``nfe``: batched field calls;
+    ``rows``: field evaluations summed over rows (the work a row-parallel field does); ``backward``: the same for
+    the adjoint's backward solve (steps summed over its output intervals), once it has run."""
+
+    steps: torch.Tensor
+    rejected: torch.Tensor
+    rounds: int = 0
+    nfe: int = 0
+    rows: int = 0
+    backward: PerSampleInfo | None = None
+
+    @staticmethod
+    def zeros(B: int, device: torch.device) -> PerSampleInfo:
+        z = torch.zeros(B, dtype=torch.long, device=device)
+        return PerSampleInfo(steps=z, rejected=z.clone())
+
+
+@dataclass
+class Rows:
+    """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
+    ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
+    was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time, ``ay``
+    ``|y|`` carried from the last accepted step, ``rtol``/``atol`` ``(m, 1)`` in the state's dtype."""
+
+    ids: torch.Tensor
+    t0: torch.Tensor
+    dt: torch.Tensor
+    t1: torch.Tensor
+    on_jump: torch.Tensor
+    tl: torch.Tensor
+    tt: torch.Tensor
+    cursor: torch.Tensor
+    t_next: torch.Tensor
+    ay: torch.Tensor
+    rtol: torch.Tensor
+    atol: torch.Tensor
+
+    def select(self, keep: torch.Tensor) -> Rows:
+        return Rows(*(getattr(self, f.name).index_select(0, keep) for f in fields(self)))
+
+
+@dataclass
+class Round:
+    """One round's result: the new ``(y, k_1)``; ``values`` the outputs given (rows ``out_rows`` of this round,
+    dense weights ``out_w`` ``(r, s)`` on the stored ``h k_i``, at flat positions ``j · B + b`` of the output);
+    the control's decisions, detached."""
+
+    y: torch.Tensor
+    k0: torch.Tensor
+    values: list[torch.Tensor]
+    positions: list[torch.Tensor]
+    out_rows: list[torch.Tensor]
+    out_w: list[torch.Tensor]
+    rows: Rows  # the clocks after the round
+    jumped: torch.Tensor | None  # rows whose accepted step ended on a jump: k_1 re-read on its far side
+    ok: torch.Tensor
+    ratio: torch.Tensor
+    alive: torch.Tensor
+    bad: torch.Tensor
+    n_alive: int
+    n_bad: int
+
+
+class _Work:
+    """Buffers of a round without a graph for ``m`` running rows: the stages ``K`` (``s × m × N``) and the views
+    of their combinations, made once per batch size."""
+
+    def __init__(self, s: int, m: int, N: int, dtype: torch.dtype, device: torch.device):
+        self.m = m
+        self.K = torch.empty((s, m, N), dtype=dtype, device=device)
+        self.flat = self.K.view(s, m * N)
+        self.KT = [self.flat[:i].t() for i in range(s + 1)]
+        self.rows = list(self.K.unbind(0))
+        self.buf = torch.empty(m * N, dtype=dtype, device=device)
+        self.bufv = self.buf.view(m, N)
+
+
+class Stepper:
+    """A method's round on ``(m, N)`` rows: ``F(t, y, ids)`` the counted field (``t``: ``(m,)`` in the state's
+    dtype), ``B`` the batch size (for output positions)."""
+
+    def __init__(self, F: Any, tab: MethodTableau, y0: torch.Tensor, opts: dict, B: int):
+        self.F, self.tab, self.B, self.options = F, tab, B, opts
+        self.dtype, self.device = y0.dtype, y0.device
+        kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
+        self.order, self.s = tab.order, tab.stages
+        self.min_step = float(opts.get("min_step", 0.0))
+        self.max_step = float(opts.get("max_step", math.inf))
+        self.safety = float(opts.get("safety", 0.9))
+        self.ifactor = float(opts.get("ifactor", 10.0))
+        self.dfactor = float(opts.get("dfactor", 0.2))
+        self.e = torch.tensor(tab.error, **kw)
+        self.P = torch.tensor(_dense_weights(tab), **kw)  # (4, s)
+        self.a = [torch.tensor(row, **kw) for row in tab.tableau.a]
+        self.b = tab.tableau.b
+        c = tab.tableau.c
+        self.c = torch.tensor(c, dtype=torch.float64, device=y0.device)[:, None]
+        self.tail = c.index(1.0)  # the stages at c = 1 close the tableau (dopri5: the last two; bosh3: the last)
+        assert all(ci == 1.0 for ci in c[self.tail :])
+        self.neg_inf = torch.tensor(-math.inf, dtype=y0.dtype, device=y0.device)
+        self.zero, self.one, self.dfactor_t = (
+            torch.tensor(v, dtype=torch.float64, device=y0.device) for v in (0.0, 1.0, self.dfactor)
+        )
+        self.fsal = True  # k_1 of a step is the last stage of the step before (the adjoint re-evaluates it)
+        self.clip: bool | None = None  # True: the last step of each row ends on its end time (the adjoint's)
+        self.jumps: torch.Tensor | None = None  # times where the field jumps (float64, increasing), + inf
+        self.work: _Work | None = None
+
+    def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor) -> Rows:
+        """The next step of every row: ``t1 = t0 + dt``, shortened to land on the end (``clip``) or on the next
+        jump of the field strictly inside it (as torchdiffeq's ``jump_t``: ``dt = t_jump − t0``)."""
+        t1 = t0 + dt
+        if self.clip is not None:
+            end = dt >= rows.tl - t0
+            dt, t1 = torch.where(end, rows.tl - t0, dt), torch.where(end, rows.tl, t1)
+        on_jump = rows.on_jump
+        if self.jumps is not None:
+            jump = self.jumps[torch.searchsorted(self.jumps, t0, right=True)]
+            on_jump = (t0 < jump) & (jump < t1)
+            dt, t1 = torch.where(on_jump, jump - t0, dt), torch.where(on_jump, jump, t1)
+        return replace(rows, t0=t0, dt=dt, t1=t1, on_jump=on_jump)
+
+    def stage_times(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> torch.Tensor:
+        """``(s, m)`` stage times in the state's dtype; those at ``c = 1`` just before ``t_1``, as the shared
+        step evaluates them."""
+        ts = torch.addcmul(t0, self.c, dt).to(self.dtype)
+        ts[self.tail :] = torch.nextafter((t0 + dt if t1 is None else t1).to(self.dtype), self.neg_inf)
+        return ts
+
+    def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None, ts: torch.Tensor | None = None):
+        """The stages times the step, ``h k_i`` (``(s, m, N)``), their flat view, the last stage input ``Y_s``
+        and the last stage ``k_s`` itself; ``inputs`` collects every stage input ``Y_i``. Each stage input is
+        ``Y_i = y + Σ_j a_ij (h k_j)``: one product with the stored stages, as the shared step's ``addmv``."""
+        m, N, s = y.shape[0], y.shape[1], self.s
+        h = rows.dt.to(self.dtype)[:, None]
+        tsr = (self.stage_times(rows.t0, rows.dt, rows.t1) if ts is None else ts).unbind(0)
+        a, F, ids = self.a, self.F, rows.ids
+        Y, k = y, k0
+        if inputs is not None:
+            inputs.append(y)
+        if graph:  # every stage its own tensor, stacked for each combination
+            hks = [h * k0]
+            for i in range(1, s):
+                Y = torch.addmv(y.view(m * N), torch.stack(hks).view(i, m * N).t(), a[i]).view(m, N)
+                if inputs is not None:
+                    inputs.append(Y)
+                k = F(tsr[i], Y, ids)
+                hks.append(h * k)
+            K = torch.stack(hks)
+            return K, K.view(s, m * N), Y, k
+        W = self.work
+        if W is None or W.m != m:  # stages in a reused stage-major buffer, each combination one product
+            W = self.work = _Work(s, m, N, self.dtype, self.device)
+        torch.mul(k0, h, out=W.rows[0])
+        yf = y.view(m * N)
+        for i in range(1, s):
+            Y = torch.addmv(yf, W.KT[i], a[i]).view(m, N)
+            if inputs is not None:
+                inputs.append(Y)
+            k = F(tsr[i], Y, ids)
+            torch.mul(k, h, out=W.rows[i])
+        return W.K, W.flat, Y, k
+
+    def next_step(self, dt: torch.Tensor, ratio: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        """``h · min(ifactor, max(safety · r^(−1/p), dfactor))``, ``dfactor`` only after a rejection (``r = 0``
+        gives ``ifactor``: ``safety / 0 = inf``)."""
+        ratio = ratio.to(torch.float64)  # the step in float64 whatever the state's dtype
+        factor = torch.maximum(self.safety / root(ratio, self.order), torch.where(ok, self.one, self.dfactor_t))
+        factor.clamp_(max=self.ifactor).mul_(dt)
+        return factor.clamp_(self.min_step, self.max_step) if self.min_step > 0 or self.max_step < math.inf else factor
+
+    def round(self, y: torch.Tensor, k0: torch.Tensor, rows: Rows, graph: bool) -> Round:
+        """One attempted step of every row (``graph``: keep the autograd graph of the values)."""
+        t0, dt, t1 = rows.t0, rows.dt, rows.t1
+        ts = self.stage_times(t0, dt, t1)
+        if not self.fsal:
+            k0 = self.F(ts[0], y, rows.ids)
+        K, flat, Y, k_last = self.stages(y, k0, rows, graph, ts=ts)
+        m, N = y.shape
+        with torch.no_grad():
+            err = torch.mv((flat.detach() if graph else flat).t(), self.e).view(m, N)
+            ay = (Y.detach() if graph else Y).abs()
+            tol = torch.addcmul(rows.atol, torch.maximum(rows.ay, ay), rows.rtol)
+            ratio = torch.linalg.vector_norm(err.div_(tol), dim=1).div_(math.sqrt(N))
+            ok = ratio <= 1
+            if self.min_step > 0:
+                ok |= dt <= self.min_step
+            t_new = torch.where(ok, t1, t0)
+            due = ok & (rows.t_next <= t1)
+            alive = t_new < rows.tl
+            # a finished row rides along frozen (zero steps at its end), never evaluated past its end
+            dt_next = torch.where(alive, self.next_step(dt, ratio, ratio < 1), self.zero)
+            # NaN, or a step lost in rounding (finished rows, at zero steps, count here too)
+            stuck = ~(t_new + dt_next > t_new)
+            flags = [alive, due, stuck] if self.jumps is None else [alive, due, stuck, ok & rows.on_jump]
+            n_alive, n_due, n_stuck, *n_jumped = torch.stack(flags).sum(1).tolist()
+            n_bad = n_stuck - (m - n_alive)
+        outs = _Outputs()
+        cursor, t_next = rows.cursor, rows.t_next
+        while n_due and not n_bad:  # outputs within this round's accepted steps, from the dense output
+            r = due.nonzero()[:, 0]
+            outs.add(self, y, K, r, (t_next[r] - t0[r]) / (t1[r] - t0[r]), cursor[r] * self.B + rows.ids[r])
+            cursor = cursor + due
+            t_next = rows.tt.gather(1, cursor[:, None])[:, 0]
+            due = due & (t_next <= t1)
+            n_due = int(due.sum())
+        okc = ok[:, None]
+        new = replace(rows, cursor=cursor, t_next=t_next, ay=torch.where(okc, ay, rows.ay))
+        k_new = torch.where(okc, k_last, k0)
+        jr = flags[3].nonzero()[:, 0] if n_jumped and n_jumped[0] and not n_bad else None
+        if jr is not None:  # past a jump of the field: the next step's first stage on its far side
+            k_new = k_new.index_put((jr,), self.after_jump(t1[jr], Y[jr], rows.ids[jr]))
+        return Round(
+            y=torch.where(okc, Y, y),
+            k0=k_new,
+            jumped=jr,
+            values=outs.values,
+            positions=outs.positions,
+            out_rows=outs.rows,
+            out_w=outs.weights,
+            rows=self.plan(new, t_new, dt_next) if not n_bad else new,
+            ok=ok,
+            ratio=ratio,
+            alive=alive,
+            bad=stuck & alive,
+            n_alive=n_alive,
+            n_bad=n_bad,
+        )
+
+    def after_jump(self, t1: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """``F`` just after the jump ``t1`` (as torchdiffeq re-reads it, ``nextafter(t1, +inf)``)."""
+        return self.F(torch.nextafter(t1.to(self.dtype), -self.neg_inf), y, ids)
+
+
+class _Outputs:
+    """The outputs a round gives: ``y_0 + Σ_i β_i(x) (h k_i)`` on rows ``r`` at ``x = (t − t_0) / h``."""
+
+    def __init__(self) -> None:
+        self.values: list[torch.Tensor] = []
+        self.positions: list[torch.Tensor] = []
+        self.rows: list[torch.Tensor] = []
+        self.weights: list[torch.Tensor] = []
+
+    def add(self, st: Stepper, y, K, r: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
+        with torch.no_grad():
+            x = x.to(st.dtype)[:, None]
+            P = st.P
+            w = x * (P[0] + x * (P[1] + x * (P[2] + x * P[3])))  # (r, s)
+        self.values.append(y[r] + torch.einsum("rs,srn->rn", w, K[:, r]))
+        self.positions.append(positions)
+        self.rows.append(r)
+        self.weights.append(w)
+
+
+def initial_step(stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """Hairer, Nørsett & Wanner's initial step (§II.4) for each row, in the state's dtype, as float64."""
+    with torch.no_grad():
+        scale = rows.atol + y.abs() * rows.rtol
+        d0, d1 = _rms(y / scale), _rms(f0 / scale)
+        h0 = torch.where((d0 < 1e-5) | (d1 < 1e-5), torch.full_like(d0, 1e-6), 0.01 * d0 / d1)
+    f1 = stepper.F((t0 + h0.to(torch.float64)).to(stepper.dtype), (y + h0[:, None] * f0).detach(), rows.ids)
+    with torch.no_grad():
+        d2 = _rms((f1.detach() - f0) / scale) / h0
+        small = (d1 <= 1e-15) & (d2 <= 1e-15)
+        h1 = torch.where(small, torch.clamp(h0 * 1e-3, min=1e-6), root(0.01 / torch.maximum(d1, d2), stepper.order))
+        return torch.minimum(100 * h0, h1.abs()).to(torch.float64)
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    return x.pow(2).mean(1).sqrt()
+
+
+def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, first_step) -> tuple[Any, Rows]:
+    """The first stage ``F(t_0, y_0)`` (with its graph) and every row's clocks before the first round."""
+    B, device = times.shape[0], times.device
+    ids = torch.arange(B, device=device)
+    t0 = times[:, 0].clone()
+    rows = Rows(
+        ids=ids,
+        t0=t0,
+        dt=t0,
+        t1=t0,
+        on_jump=torch.zeros(B, dtype=torch.bool, device=device),
+        tl=times[:, -1].clone(),
+        tt=torch.cat((times, times.new_full((B, 1), math.inf)), 1),
+        cursor=torch.ones(B, dtype=torch.long, device=device),
+        t_next=times[:, 1].clone(),
+        ay=y.detach().abs(),
+        rtol=rtol,
+        atol=atol,
+    )
+    k0 = stepper.F(t0.to(stepper.dtype), y, ids)
+    if first_step is None:
+        dt = initial_step(stepper, t0, y.detach(), k0.detach(), rows)
+    else:
+        dt = torch.full((B,), float(first_step), dtype=torch.float64, device=device)
+    return k0, stepper.plan(rows, t0, dt.clamp(stepper.min_step, stepper.max_step))
