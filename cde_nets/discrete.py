@@ -95,7 +95,7 @@ class DiscreteNet(Block):
         if not isinstance(self.scheme, (Euler, RungeKutta)) or self.memory_free or self.stop is not None:
             raise ValueError(
                 "`regularisers` in discrete mode are the Runge-Kutta sums of the continuous integrals, defined for "
-                "the explicit Runge-Kutta schemes (euler, midpoint, heun2, heun3, rk4, rk4_classical) run over "
+                "the explicit Runge-Kutta schemes (euler, midpoint, rk4, rk4_classical) run over "
                 f"the whole batch; got scheme={self.scheme.name!r}"
                 + (", memory_free=True" if self.memory_free else "")
                 + (", stop" if self.stop is not None else "")
