@@ -24,3 +24,9 @@ def test_flows_2d_tiny(tmp_path):
     assert entropy == pytest.approx(math.log(8 * 2 * math.pi * math.e * 0.125), abs=0.02)
     assert rows["eight_gaussians: time ratio (unreg / reg)"]["published"] == 2.8
     assert all(p.endswith(".png") for p in res["figures"])
+
+
+def test_flows_2d_runs_three_seeds_at_the_full_setting():
+    from cde_nets.experiments.seeds import default_seeds
+
+    assert default_seeds("flows_2d", "full") == 3 and default_seeds("flows_2d", "quick") == 1
