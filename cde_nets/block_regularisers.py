@@ -32,11 +32,16 @@ __all__ = ["TrajectoryRegularisers", "AugmentedBound", "DiscreteIntegrands"]
 class TrajectoryRegularisers:
     """The regularisers a block integrates (names checked once) and Hutchinson's probe distribution."""
 
-    def __init__(self, names: Sequence[str], noise: str):
+    def __init__(self, names: Sequence[str], noise: str | None):
         self.names = check_regularisers(names)
-        if noise not in NOISES:
+        if noise is not None and noise not in NOISES:
             raise ValueError(f"`noise` must be one of {NOISES}, got {noise!r}.")
-        self.noise = noise
+        if noise is not None and "jacobian" not in self.names:
+            raise ValueError(
+                f"`noise`={noise!r} draws Hutchinson's probe of the 'jacobian' regulariser, which this block does "
+                f"not integrate (regularisers={self.names!r}); drop `noise` or add 'jacobian'."
+            )
+        self.noise = noise or "gaussian"
 
     def __bool__(self) -> bool:
         return bool(self.names)

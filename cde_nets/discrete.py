@@ -66,7 +66,7 @@ class DiscreteNet(Block):
         memory_free: bool = False,
         stop: Stop | dict | None = None,
         regularisers: Sequence[str] = (),
-        noise: str = "gaussian",
+        noise: str | None = None,
     ):
         field = as_field(field, T, steps)
         super().__init__(field, T)
@@ -393,7 +393,7 @@ def discretize(
     memory_free: bool = False,
     stop: Stop | dict | None = None,
     regularisers: Sequence[str] = (),
-    noise: str = "gaussian",
+    noise: str | None = None,
 ) -> DiscreteNet:
     """A discrete network: one step of ``scheme`` per parameter piece of ``field`` (``h = T / L``).
 

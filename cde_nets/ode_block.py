@@ -125,11 +125,11 @@ class ODEBlock(Block):
             samples leave the batch. Calling the block still returns a tensor; :meth:`solve` also gives
             ``stop_times``.
         regularisers: names from ``("kinetic", "jacobian", "taylor2")``: ``∫‖F‖²``, ``∫‖∂F/∂y‖²_F`` (Hutchinson,
-            one probe per solve, drawn from ``noise``: ``"gaussian"`` or ``"rademacher"``) and ``∫‖d²y/dt²‖²``
-            (RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et al. 2020, eq. 3), integrated with the state
-            in the same solve (:mod:`~cde_nets.block_regularisers`); after each call :attr:`regularisation` maps
-            each to its batch mean, which the :class:`~cde_nets.training.Trainer`'s ``kinetic_energy(λ)``, ...
-            terms read. The adaptive steps stay those of the unregularised block.
+            one probe per solve, drawn from ``noise``: ``"gaussian"``, the default, or ``"rademacher"``) and
+            ``∫‖d²y/dt²‖²`` (RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et al. 2020, eq. 3), integrated
+            with the state in the same solve (:mod:`~cde_nets.block_regularisers`); after each call
+            :attr:`regularisation` maps each to its batch mean, which the :class:`~cde_nets.training.Trainer`'s
+            ``kinetic_energy(λ)``, ... terms read. The adaptive steps stay those of the unregularised block.
         steer: ``b`` of STEER's random end time (Ghosh et al. 2020, §3): in training mode each call integrates
             to ``T + U(−b, b)`` (``0 <= b < T``; a field whose parameters are laid out in pieces over ``[0, T]``
             has no end time to move); in evaluation mode to ``T``.
@@ -156,7 +156,7 @@ class ODEBlock(Block):
         *,
         solver: SolverOptions | None = None,
         regularisers: Sequence[str] = (),
-        noise: str = "gaussian",
+        noise: str | None = None,
         steer: float = 0.0,
     ):
         super().__init__(field, T)

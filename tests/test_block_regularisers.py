@@ -139,7 +139,7 @@ def test_trainer_fits_with_a_regularised_block():
     hist = Trainer(task="regression", lr=1e-2, progress=False, regularisers=[kinetic_energy(1.0)]).fit(
         block, (x, y, None, None), epochs=2, batch_size=32
     )
-    assert hist[-1]["reg_kinetic"] == pytest.approx(float(block.regularisation["kinetic"]), rel=0.2)
+    assert hist[-1]["reg_kinetic"] == pytest.approx(float(block.regularisation["kinetic"].detach()), rel=0.2)
 
 
 def test_euler_sums_are_the_riemann_sums_of_the_layer_states():
@@ -209,7 +209,8 @@ def test_steer_draws_the_end_time_in_training_only():
     ("build", "match"),
     [
         (lambda f: ODEBlock(f, 1.0, regularisers=("energy",)), "`regularisers` must hold distinct names"),
-        (lambda f: ODEBlock(f, 1.0, regularisers=("kinetic",), noise="uniform"), "`noise` must be one of"),
+        (lambda f: ODEBlock(f, 1.0, regularisers=("jacobian",), noise="uniform"), "`noise` must be one of"),
+        (lambda f: ODEBlock(f, 1.0, regularisers=("kinetic",), noise="rademacher"), "drop `noise` or add 'jacobian'"),
         (lambda f: ODEBlock(f, 1.0, method="gl4", step_size=0.1, regularisers=("kinetic",)), "explicit methods"),
         (lambda f: ODEBlock(f, 1.0, regularisers=("kinetic",), stop={"eps": 0.1}), "no `stop`"),
         (lambda f: ODEBlock(f, 1.0, steer=1.0), "`steer` must be the half-width"),
