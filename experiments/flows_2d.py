@@ -46,8 +46,9 @@ SETTINGS = {
                  lr=1e-3, T=1.0, lam=0.01, tol=1e-3, step=0.25, n=256),
     "quick": dict(densities=DENSITIES, variants=BOTH, epochs=4, steps=25, batch=256, hidden=32, lr=1e-3, T=1.0,
                   lam=0.01, tol=1e-4, step=0.25, n=4000),
-    "full": dict(densities=DENSITIES, variants=BOTH, epochs=10, steps=100, batch=256, hidden=32, lr=1e-3, T=1.0,
-                 lam=0.01, tol=1e-5, step=0.25, n=8000),
+    # the study's setting: lr 5e-3 fits the densities within 600 steps; lam 0.05 cost at most 0.015 nats there
+    "full": dict(densities=DENSITIES, variants=tuple(VARIANTS), epochs=6, steps=100, batch=256, hidden=64, lr=5e-3,
+                 T=1.0, lam=0.05, tol=1e-5, step=0.25, n=8000),
 }  # fmt: skip
 RNODE_TIME_RATIO = 2.8  # FFJORD / RNODE training time on MNIST at equal bits/dim (Finlay et al. 2020, Table 1)
 
