@@ -165,7 +165,9 @@ def test_discrete_terms_converge_to_the_integrals_at_the_scheme_order(scheme, or
     for steps in (16, 32, 64):
         net = discretize(field, scheme, T=T, steps=steps, regularisers=("kinetic", "jacobian"), noise="rademacher")
         net(x)
-        errors.append([abs(float(net.regularisation[n]) - float(q)) for n, q in zip(("kinetic", "jacobian"), exact)])
+        errors.append(
+            [abs(float(net.regularisation[n].detach()) - float(q)) for n, q in zip(("kinetic", "jacobian"), exact)]
+        )
     for k in range(2):
         rates = [np.log2(errors[i][k] / errors[i + 1][k]) for i in range(2)]
         assert min(rates) > order - 0.2, rates
