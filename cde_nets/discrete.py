@@ -17,10 +17,11 @@ import torch
 from torch import nn
 
 from cde_nets.solvers.counting import SolverStats
-from cde_nets.solvers.schemes import Scheme, get_scheme
+from cde_nets.solvers.schemes import Euler, RungeKutta, Scheme, get_scheme
 from cde_nets.solvers.stopping import unroll
 
 from .block import Block
+from .block_regularisers import DiscreteIntegrands, TrajectoryRegularisers
 from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField, as_field
@@ -64,6 +65,8 @@ class DiscreteNet(Block):
         tie_eta: bool = False,
         memory_free: bool = False,
         stop: Stop | dict | None = None,
+        regularisers: Sequence[str] = (),
+        noise: str | None = None,
     ):
         field = as_field(field, T, steps)
         super().__init__(field, T)
@@ -76,11 +79,34 @@ class DiscreteNet(Block):
         if memory_free:
             self.scheme.check_invertible(field)
         self.stop = self._check_stop(as_stop(stop, "discrete"))
+        self.regularisers = self._check_regularisers(TrajectoryRegularisers(regularisers, noise))
+        self.regularisation: dict[str, torch.Tensor] = {}
         shape = tuple(getattr(field, "state_shape", ()) or ())
         channels = shape[0] if shape and isinstance(shape[0], int) else 1  # plain modules: one value per layer
         dtype = next((p.dtype for p in field.parameters() if p.is_floating_point()), torch.get_default_dtype())
         for name, init in self.scheme.coefficient_init(L, channels).items():
             self.register_parameter(name, nn.Parameter(init.to(dtype)))
+
+    def _check_regularisers(self, regs: TrajectoryRegularisers) -> TrajectoryRegularisers:
+        """The discrete analogues exist for explicit Runge-Kutta layers (forward Euler: the Riemann sums), whose
+        increment is ``h Σ b_i F(Y_i)``; kinetic and Jacobian terms only."""
+        if not regs:
+            return regs
+        if not isinstance(self.scheme, (Euler, RungeKutta)) or self.memory_free or self.stop is not None:
+            raise ValueError(
+                "`regularisers` in discrete mode are the Runge-Kutta sums of the continuous integrals, defined for "
+                "the explicit Runge-Kutta schemes (euler, midpoint, rk4, rk4_classical) run over "
+                f"the whole batch; got scheme={self.scheme.name!r}"
+                + (", memory_free=True" if self.memory_free else "")
+                + (", stop" if self.stop is not None else "")
+                + ". See the flows guide for which architectures have them."
+            )
+        if "taylor2" in regs.names:
+            raise ValueError(
+                "`regularisers`: 'taylor2' has no discrete analogue here (a layer's field is constant in time on "
+                "its piece); use 'kinetic' and 'jacobian', or an ODEBlock."
+            )
+        return regs
 
     def _check_stop(self, stop: Stop | None) -> Stop | None:
         if stop is not None and self.memory_free:
@@ -169,6 +195,11 @@ class DiscreteNet(Block):
         every layer: each sample stops after the first layer ``l`` at which ``g`` changes sign (or reaches 0) and
         leaves the batch; ``depths``/``stop_times`` say where, ``fired`` whether it happened within ``L`` layers."""
         f = self.bind(y0, u)
+        if self.regularisers and (event is not None or stop not in (_NET_STOP, None)):
+            raise ValueError(
+                "a net with `regularisers` sums them over every layer of the whole batch: drop `event`/`stop` "
+                "from this call, or solve with a net built without regularisers."
+            )
         if event is not None:
             if stop is not _NET_STOP or t is not None or self.memory_free or self.stop is not None:
                 raise ValueError(
@@ -197,14 +228,21 @@ class DiscreteNet(Block):
             if stop is not None:
                 return self._finite(self._solve_stopping(f, state, coef, stop), f, y0)
             scheme, h = self.scheme, self.h
+            g = f if not self.regularisers else DiscreteIntegrands(f, self.regularisers, self._weights(), h, y0)
             ys = [y0] if save is not None and save[0] == 0 else []
             for l in range(self.field.grid.L):
-                state = scheme.step(f, l, state, h, coef, l * h)
+                state = scheme.step(g, l, state, h, coef, l * h)
                 if save is not None and l + 1 in save:
                     ys.append(scheme.readout(state))
             y = scheme.readout(state)
+            if isinstance(g, DiscreteIntegrands):
+                self.regularisation = g.means()
         sol = Solution(y=y, ts=ts, ys=None if save is None else torch.stack(ys), stats=self._stats(self.field.grid.L))
         return self._finite(sol, f, y0)
+
+    def _weights(self) -> tuple[float, ...]:
+        """The layer's stage weights ``b_i`` (forward Euler: one stage of weight 1)."""
+        return tuple(self.scheme.tableau.b) if isinstance(self.scheme, RungeKutta) else (1.0,)
 
     def _finite(self, sol: Solution, f: BoundField, y0: torch.Tensor) -> Solution:
         """One fused finiteness check of the result (skipped while torch.compile traces, to keep one graph)."""
@@ -356,6 +394,8 @@ def discretize(
     tie_eta: bool = False,
     memory_free: bool = False,
     stop: Stop | dict | None = None,
+    regularisers: Sequence[str] = (),
+    noise: str | None = None,
 ) -> DiscreteNet:
     """A discrete network: one step of ``scheme`` per parameter piece of ``field`` (``h = T / L``).
 
@@ -377,6 +417,11 @@ def discretize(
             ``‖y_i − y_{i−1}‖ < eps`` (at most ``max_depth`` steps, default ``L``; step ``i`` uses piece
             ``min(i, L − 1)``); the batch is compacted as samples finish. ``net(y0)`` still returns a tensor;
             ``net.solve(y0).depths`` holds the depths.
+        regularisers: ``"kinetic"`` and/or ``"jacobian"`` for the explicit Runge-Kutta schemes: the layer's own
+            quadrature of ``∫‖F‖²`` and ``∫‖∂F/∂y‖²_F`` (Hutchinson, one probe per call drawn from ``noise``) —
+            for forward Euler the Riemann sums ``Σ_l h ‖F(y_l)‖²``, ``Σ_l h ‖∂F/∂y(y_l)‖²_F``
+            (:mod:`~cde_nets.block_regularisers`); after each call :attr:`DiscreteNet.regularisation` maps them
+            to their batch means, which the Trainer's ``kinetic_energy(λ)``, ... terms read.
 
     On an order-2 field (state ``(x, v)``, e.g. ``SecondOrder``) the momentum scheme uses the field's own velocity
     (:class:`solvers.schemes.Momentum`): ``m = 1 − hγ`` and ``η = hη`` come from the field, and the output keeps
@@ -393,4 +438,6 @@ def discretize(
         tie_eta=tie_eta,
         memory_free=memory_free,
         stop=stop,
+        regularisers=regularisers,
+        noise=noise,
     )

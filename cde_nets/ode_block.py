@@ -3,7 +3,7 @@ differential equations"), with per-sample events, end times and stopping (:mod:`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
@@ -15,13 +15,14 @@ from cde_nets.solvers.errors import Reason, SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
 from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient, default_gradient
 from cde_nets.solvers.grids import aligned_grid
-from cde_nets.solvers.options import REVERSIBLE_METHODS, SolverOptions
+from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample import check_per_sample_gradient
 from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.times import check_times
 
 from .block import Block
+from .block_regularisers import AugmentedBound, TrajectoryRegularisers
 from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField
@@ -128,6 +129,15 @@ class ODEBlock(Block):
             located on the interpolant like any other (:meth:`solve`), its time differentiable; finished
             samples leave the batch. Calling the block still returns a tensor; :meth:`solve` also gives
             ``stop_times``.
+        regularisers: names from ``("kinetic", "jacobian", "taylor2")``: ``∫‖F‖²``, ``∫‖∂F/∂y‖²_F`` (Hutchinson,
+            one probe per solve, drawn from ``noise``: ``"gaussian"``, the default, or ``"rademacher"``) and
+            ``∫‖d²y/dt²‖²`` (RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et al. 2020, eq. 3), integrated
+            with the state in the same solve (:mod:`~cde_nets.block_regularisers`); after each call
+            :attr:`regularisation` maps each to its batch mean, which the :class:`~cde_nets.training.Trainer`'s
+            ``kinetic_energy(λ)``, ... terms read. The adaptive steps stay those of the unregularised block.
+        steer: ``b`` of STEER's random end time (Ghosh et al. 2020, §3): in training mode each call integrates
+            to ``T + U(−b, b)`` (``0 <= b < T``; a field whose parameters are laid out in pieces over ``[0, T]``
+            has no end time to move); in evaluation mode to ``T``.
 
     Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.solution.Solution` (states at
     requested times, statistics, stopping times). :attr:`stats` holds the counts of the last call:
@@ -151,6 +161,9 @@ class ODEBlock(Block):
         *,
         solver: SolverOptions | None = None,
         controller: str = "batch",
+        regularisers: Sequence[str] = (),
+        noise: str | None = None,
+        steer: float = 0.0,
     ):
         super().__init__(field, T)
         if solver is None:
@@ -172,6 +185,20 @@ class ODEBlock(Block):
                 )
         self.stop = as_stop(stop, "continuous")
         self._stats = SolverStats()
+        self.regularisers = TrajectoryRegularisers(regularisers, noise)
+        self.regularisation: dict[str, torch.Tensor] = {}
+        self.steer = self._check_steer(steer)
+        if self.regularisers and (self.stop is not None or solver.method not in {**ADAPTIVE_METHODS, **FIXED_METHODS}):
+            raise ValueError(
+                "`regularisers` are integrated with the state by torchdiffeq's explicit methods, over the whole "
+                f"batch; use one of {sorted({**ADAPTIVE_METHODS, **FIXED_METHODS})} and no `stop` "
+                f"(got method={solver.method!r}, stop={self.stop!r})."
+            )
+        if self.regularisers and solver.controller == "per_sample":
+            raise ValueError(
+                "`regularisers` are integrated over the whole batch's shared steps; controller='per_sample' gives "
+                "every sample its own. Use controller='batch' with regularisers."
+            )
 
     # the solver's settings, read through the block
     method = property(lambda self: self.solver.method)
@@ -254,6 +281,16 @@ class ODEBlock(Block):
             return self._solve_per_sample(bound, y0, t, event, t_end, dense)
         per_sample = self.stop is not None or event is not None or t_end is not None
         self._check_events(event, t, t_end, dense)
+        if self.regularisers and (per_sample or dense or (isinstance(t, torch.Tensor) and t.requires_grad)):
+            raise ValueError(
+                "a block with `regularisers` integrates them over the whole batch's solve: drop `event`, "
+                "`t_end` and `dense` (and detach `t`), or solve with a block built without regularisers."
+            )
+        if self.steer and self.training and (per_sample or dense or t is not None):
+            raise ValueError(
+                "`steer` draws this training call's end time; `t`, `event`, `t_end`, `stop` and `dense` ask for "
+                "fixed times. Drop them, or call `block.eval()` (the end time is then T)."
+            )
         tend = None if t_end is None else self._check_t_end(t_end, y0)
         check_positive("event_tol", event_tol, "It is the width in t to which event times are located.")
         if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to solve, but every parameter in the graph
@@ -284,6 +321,23 @@ class ODEBlock(Block):
         with self._gathered():
             return solve_per_sample(self, bound, y0, t, t_end)
 
+    def __getstate__(self) -> dict:
+        # the last call's regularisation terms carry that call's graph: a copy or a pickle of the block starts
+        # without them (deepcopy refuses non-leaf tensors)
+        return {**super().__getstate__(), "regularisation": {}}
+
+    def _check_steer(self, steer: float) -> float:
+        if isinstance(steer, bool) or not isinstance(steer, (int, float)) or not 0 <= steer < self.T:
+            raise ValueError(
+                f"`steer` must be the half-width b of STEER's end time U(T−b, T+b), 0 <= b < T; got {steer!r}."
+            )
+        if steer and len(self._bounds()) > 2:
+            raise ValueError(
+                f"`steer` moves the end time T, but this field's parameters are laid out in {len(self._bounds()) - 1} "
+                "pieces over [0, T]; use a field of one piece (or a plain module), or drop `steer`."
+            )
+        return float(steer)
+
     def _check_events(self, event, t, t_end, dense: bool) -> None:
         """Refuse per-call arguments that do not combine, naming which."""
         per_sample = self.stop is not None or event is not None or t_end is not None
@@ -309,7 +363,8 @@ class ODEBlock(Block):
     def _solve_at(self, bound: BoundField, y0: torch.Tensor, t) -> Solution:
         """The whole batch to ``T`` (``t`` None), or through the requested times ``t``."""
         if t is None:
-            times = torch.tensor([0.0, self.T], dtype=torch.float64, device=y0.device)
+            end = self.T + (2 * float(torch.rand(())) - 1) * self.steer if self.steer and self.training else self.T
+            times = torch.tensor([0.0, end], dtype=torch.float64, device=y0.device)
             return Solution(y=self._solve(bound, y0, times)[-1], stats=self._stats)
         tt = _check_times(t, self.T, y0.device)
         origin = 0.0 if float(tt[-1]) >= float(tt[0]) else self.T
@@ -378,7 +433,7 @@ class ODEBlock(Block):
         and rebuild them piece by piece from the piece in force."""
         return gathered(self.field)
 
-    def _params(self, bound: BoundField) -> list[torch.Tensor]:
+    def _params(self, bound: BoundField | AugmentedBound) -> list[torch.Tensor]:
         """What the adjoint differentiates: the field's trainable parameters and the call's input ``u``."""
         params: list[torch.Tensor] = [p for p in self.field.parameters() if p.requires_grad]
         if bound.u is not None and bound.u.requires_grad:
@@ -386,7 +441,13 @@ class ODEBlock(Block):
         return params
 
     def _integrate(
-        self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid, solver: SolverOptions | None = None
+        self,
+        bound: BoundField | AugmentedBound,
+        y0: torch.Tensor,
+        t: torch.Tensor,
+        jump_t,
+        grid,
+        solver: SolverOptions | None = None,
     ) -> torch.Tensor:
         try:
             ys, _ = integrate(
@@ -400,6 +461,7 @@ class ODEBlock(Block):
                 jump_t=jump_t,
                 grid=grid,
                 stats=self._stats,
+                norm=bound.norm if isinstance(bound, AugmentedBound) else None,
             )
         except SolverError as exc:
             # NaN in a parameter or the field makes adaptive steps fail until they underflow: say what it was
@@ -411,7 +473,9 @@ class ODEBlock(Block):
         check_result(ys[-1], lambda: self._nonfinite(bound, y0, t, jump_t, grid) or "the solve returned NaN/inf.")
         return ys
 
-    def _nonfinite(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, jump_t, grid) -> str | None:
+    def _nonfinite(
+        self, bound: BoundField | AugmentedBound, y0: torch.Tensor, t: torch.Tensor, jump_t, grid
+    ) -> str | None:
         """Why the solve from ``y0`` went non-finite, or ``None`` if the field stays finite along it."""
         name = nonfinite_parameter(self.field)
         if name is not None:
@@ -517,7 +581,12 @@ class ODEBlock(Block):
     def _solve(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         jump_t, grid = self._grids(self.field)
         with self._gathered():
-            return self._integrate(bound, y0, t, jump_t, grid)
+            if not self.regularisers:
+                return self._integrate(bound, y0, t, jump_t, grid)
+            augmented, Y0 = self.regularisers.augment(bound, y0)
+            Ys = self._integrate(augmented, Y0, t, jump_t, grid)
+        ys, self.regularisation = self.regularisers.split(Ys, y0.shape, 1.0 if float(t[-1]) > float(t[0]) else -1.0)
+        return ys
 
     def extra_repr(self) -> str:
         return f"T={self.T}, method={self.method!r}, rtol={self.rtol}, atol={self.atol}, gradient={self.gradient!r}"

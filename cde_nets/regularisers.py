@@ -269,7 +269,7 @@ def _integrated(name: str) -> Callable[[nn.Module], torch.Tensor]:
         if not values:
             raise ValueError(
                 f"no submodule of the model integrated {name!r} in its last forward pass: build its continuous "
-                f"blocks as RegularisedODE/ContinuousFlow with regularisers=(..., {name!r})."
+                f"blocks as ODEBlock/DiscreteNet/ContinuousFlow with regularisers=(..., {name!r})."
             )
         return torch.stack(values).sum()
 

@@ -29,6 +29,7 @@ def integrate(
     jump_t: torch.Tensor | None = None,
     grid: torch.Tensor | None = None,
     stats: SolverStats | None = None,
+    norm: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, SolverStats]:
     """Solve ``y' = field(t, y)`` at times ``t`` (float64, increasing) as ``solver`` says, with ``gradient``'s
     backward pass.
@@ -39,7 +40,8 @@ def integrate(
     field jumps; ``grid`` (fixed-step methods) is the step grid, which should contain those times.
 
     Returns the solution at ``t``, ``(len(t), *y0.shape)``, and the call's :class:`SolverStats` (``stats`` if
-    given: the backward pass adds its counts there later).
+    given: the backward pass adds its counts there later). ``norm`` (adaptive methods) replaces the RMS error norm
+    of the forward solve.
     """
     gradient.check(solver.method)
     stats = SolverStats() if stats is None else stats
@@ -47,6 +49,8 @@ def integrate(
     adaptive = solver.method in ADAPTIVE_METHODS or solver.method in REVERSIBLE_METHODS
     func = counted(field, stats, solver.max_steps, adaptive=adaptive, count_vjp=gradient.counts_vjp)
     options = {**solver.options, **jump_options(solver.method, jump_t, grid)}
+    if norm is not None and adaptive:
+        options["norm"] = norm
     run = Run(func, y0, t, solver, options, tuple(params or ()), tuple(pieces or ()), jump_t, grid)
     try:
         ys = gradient(run)
