@@ -48,7 +48,16 @@ import torch
 from .errors import Reason, SolverError
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
-__all__ = ["Newton", "ImplicitSolveError", "implicit_step", "stage_jacobian", "get_tableau", "in_backward"]
+__all__ = [
+    "Newton",
+    "ImplicitSolveError",
+    "implicit_step",
+    "stage_jacobian",
+    "get_tableau",
+    "in_backward",
+    "solve_stages",
+    "transposed_stage_solve",
+]
 
 _phase = threading.local()
 
@@ -294,18 +303,26 @@ class _StageSensitivity(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor):
         Y, A = ctx.saved_tensors
-        s, B, n = Y.shape
         _phase.backward = True
         try:
-            if ctx.newton.kind == "fixed_point":
-                v = _transposed_fixed_point(ctx.fun, ctx.times, Y, A, ctx.h, g, ctx.newton)
-            else:
-                J = torch.stack([stage_jacobian(ctx.fun, ti, Yi)[1] for ti, Yi in zip(ctx.times, Y)])
-                Q = _kron(A, J, ctx.h, transpose=True)
-                v = torch.linalg.solve(Q, g.permute(1, 0, 2).reshape(B, s * n, 1)).reshape(B, s, n).permute(1, 0, 2)
+            v = transposed_stage_solve(ctx.fun, ctx.times, Y, A, ctx.h, g, ctx.newton)
         finally:
             _phase.backward = False
         return v, None, None, None, None, None, None
+
+
+def transposed_stage_solve(
+    fun: Any, times: list[float], Y: torch.Tensor, A: torch.Tensor, h: float, g: torch.Tensor, newton: Newton
+) -> torch.Tensor:
+    """``v`` ``(s, B, n)`` with ``v_j − h Σ_i a_ij J(Y_i)ᵀ v_i = g_j`` at the converged stages ``Y`` ``(s, B, n)``: a
+    direct batched solve with the stage Jacobians, or, for ``Newton("fixed_point")``, the fixed-point iteration
+    on vector-Jacobian products (no graph is returned)."""
+    if newton.kind == "fixed_point":
+        return _transposed_fixed_point(fun, times, Y, A, h, g, newton)
+    s, B, n = Y.shape
+    J = torch.stack([stage_jacobian(fun, ti, Yi)[1] for ti, Yi in zip(times, Y)])
+    Q = _kron(A, J, h, transpose=True)
+    return torch.linalg.solve(Q, g.permute(1, 0, 2).reshape(B, s * n, 1)).reshape(B, s, n).permute(1, 0, 2)
 
 
 def _transposed_fixed_point(fun, times, Y, A, h, g, newton) -> torch.Tensor:

@@ -248,8 +248,8 @@ def test_block_gradient_modes_agree_with_backprop(gradient):
 
 def test_errors_name_the_argument_and_the_fix():
     f = _h1()
-    with pytest.raises(ValueError, match="takes gradient='backprop', 'checkpoint' or 'adjoint'"):
-        ODEBlock(f, method="gl4", gradient="symplectic")
+    with pytest.raises(ValueError, match="method='alf' \\(not 'gl4'\\), or gradient='checkpoint'"):
+        ODEBlock(f, method="gl4", gradient="reversible")
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['foo'\]"):
         ODEBlock(f, method="gl4", options={"foo": 1})
     with pytest.raises(ValueError, match="Newton\\(kind"):
