@@ -78,7 +78,7 @@ def test_symplectic_adjoint_backward_memory_does_not_grow_with_steps():
 
 def test_symplectic_adjoint_refusals_name_the_fix():
     f = Hamiltonian(4, K="blockdiag", T=1.0).double()
-    with pytest.raises(ValueError, match="composition of Störmer-Verlet steps.*gradient='reversible'"):
+    with pytest.raises(ValueError, match="symplectic composition of Störmer-Verlet steps.*gradient='reversible'"):
         ODEBlock(f, method="yoshida4", gradient="symplectic", step_size=0.1)
     zero_weight = ImplicitTableau(
         name="zero_weight", a=((0.0, 0.0), (0.5, 0.5)), b=(0.0, 1.0), c=(0.0, 1.0), order=1, properties=frozenset()

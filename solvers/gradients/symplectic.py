@@ -37,7 +37,8 @@ class Symplectic(Checkpoint):
         if method in SPLIT_METHODS:
             return (
                 f"gradient='symplectic' pairs a Runge-Kutta tableau with its symplectic partner; method={method!r} "
-                "is a composition of Störmer-Verlet steps, which has none here. Use gradient='reversible' or "
-                "'adjoint' (states rebuilt by its exact inverse, constant memory), or 'checkpoint'."
+                "is a symplectic composition of Störmer-Verlet steps, which has none here. Use "
+                "gradient='reversible' or 'adjoint' (states rebuilt by its exact inverse, constant memory), or "
+                "'checkpoint'."
             )
         return super().refusal(method)
