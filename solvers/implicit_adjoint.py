@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .implicit import Newton, solve_stages, transposed_stage_solve
+from .implicit import FlatField, Newton, solve_stages, transposed_stage_solve
 from .implicit_tableaux import ImplicitTableau
 
 __all__ = ["pairs_with_partner", "symplectic_adjoint_step"]
@@ -51,32 +51,32 @@ def symplectic_adjoint_step(
     newton: Newton,
     lam: torch.Tensor,
     params: Sequence[torch.Tensor],
+    batched: bool = False,
 ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """``(λ_n, [∂ℒ/∂θ_k])`` of one step of ``tab`` from ``y`` ``(B, ...)`` at ``t0`` with step ``h`` and stage times
     ``times``, for the cotangent ``λ_{n+1}`` (``lam``, ``y``'s shape) of its output; ``params``: the tensors
-    ``fun`` closes over (their entries are ``None`` where unused). See the module."""
+    ``fun`` closes over (their entries are ``None`` where unused); ``batched``: as for
+    :func:`~solvers.implicit.implicit_step`. See the module."""
     shape, B = y.shape, y.shape[0]
     flat = y.detach().reshape(B, -1)
-
-    def f(t: float, x: torch.Tensor) -> torch.Tensor:
-        return fun(t, x.reshape(shape)).reshape(B, -1)
-
+    f = FlatField(fun, shape)
     with torch.no_grad():
-        Z, _ = solve_stages(f, t0, times, flat, h, tab, newton)
+        Z, _, kind = solve_stages(f, t0, times, flat, h, tab, newton, batched)
         Y = flat + Z
         A = torch.tensor(tab.a, dtype=y.dtype, device=y.device)
         b = torch.tensor(tab.b, dtype=y.dtype, device=y.device)
         lam_flat = lam.reshape(B, -1)
-        kappa = transposed_stage_solve(f, times, Y, A, h, (h * b).view(-1, 1, 1) * lam_flat, newton)
+        g = (h * b).view(-1, 1, 1) * lam_flat
+        kappa = transposed_stage_solve(f, times, Y, A, h, g, kind, batched, newton.max_iters, newton.tol)
     out = lam_flat.clone()
     grads: list[torch.Tensor | None] = [None] * len(params)
     for ti, Yi, ki in zip(times, Y, kappa):
         with torch.enable_grad():
             x = Yi.detach().requires_grad_(True)
-            g = torch.autograd.grad(f(ti, x), (x, *params), ki, allow_unused=True)
-        if g[0] is not None:
-            out += g[0]
-        for k, gk in enumerate(g[1:]):
+            gs = torch.autograd.grad(f(ti, x), (x, *params), ki, allow_unused=True)
+        if gs[0] is not None:
+            out += gs[0]
+        for k, gk in enumerate(gs[1:]):
             if gk is not None:
                 prev = grads[k]
                 grads[k] = gk if prev is None else prev + gk

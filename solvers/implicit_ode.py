@@ -49,11 +49,11 @@ IMPLICIT_OPTIONS = {"newton", "max_iters", "newton_tol"}
 
 
 def newton_options(options: dict | None) -> Newton:
-    """The :class:`~solvers.implicit.Newton` of an ``options`` dict (``newton``: ``"simplified"``/``"full"``,
-    ``max_iters``, ``newton_tol``)."""
+    """The :class:`~solvers.implicit.Newton` of an ``options`` dict (``newton``: ``"auto"``, ``"simplified"``,
+    ``"full"`` or ``"fixed_point"``; ``max_iters``, ``newton_tol``)."""
     options = options or {}
     return Newton(
-        kind=options.get("newton", "simplified"),
+        kind=options.get("newton", "auto"),
         max_iters=options.get("max_iters", 50),
         tol=options.get("newton_tol"),
     )
@@ -80,12 +80,25 @@ class _Counter:
 
     def __call__(self, t: float, y: torch.Tensor) -> torch.Tensor:
         out = self.field(torch.tensor(t, dtype=y.dtype, device=y.device), y)
+        self.count(1)
+        return out
+
+    def count(self, k: int) -> None:
         if self.stats is not None:
             if self.backward or in_backward():
-                self.stats.nfe_backward += 1
+                self.stats.nfe_backward += k
             else:
-                self.stats.nfe_forward += 1
-        return out
+                self.stats.nfe_forward += k
+
+    def shares_time(self, times: list[float]) -> bool:
+        """Whether the field is the same at all ``times`` (one step's stages) and takes no input: a cde_nets field
+        (not a plain module, which may read the time) whose times all lie on one parameter piece."""
+        bound = self.field
+        inner = getattr(bound, "field", None)
+        grid = getattr(inner, "grid", None)
+        if getattr(bound, "stage_times", True) or getattr(bound, "u", None) is not None or grid is None:
+            return False
+        return grid.index(min(times)) == grid.index(max(times))
 
 
 def _points(t: torch.Tensor, grid: torch.Tensor | None) -> tuple[list[float], list[int]]:
@@ -105,7 +118,8 @@ class _ImplicitStepper:
         self.fun, self.tab, self.newton, self.stats = fun, tab, newton, stats
 
     def step(self, t0: float, t1: float, y: torch.Tensor) -> torch.Tensor:
-        y1, _ = implicit_step(self.fun, t0, y, t1 - t0, self.tab, self.newton, _stage_times(self.tab, t0, t1))
+        times = _stage_times(self.tab, t0, t1)
+        y1, _ = implicit_step(self.fun, t0, y, t1 - t0, self.tab, self.newton, times, self.fun.shares_time(times))
         if self.stats is not None and not self.fun.backward:
             self.stats.steps_forward += 1
         return y1
@@ -119,7 +133,8 @@ class _ImplicitStepper:
         """The cotangent of the step's start and of ``params`` from ``lam``, that of its end, by the symplectic
         adjoint."""
         times = _stage_times(self.tab, t0, t1)
-        return symplectic_adjoint_step(self.fun, t0, times, y, t1 - t0, self.tab, self.newton, lam, params)
+        batched = self.fun.shares_time(times)
+        return symplectic_adjoint_step(self.fun, t0, times, y, t1 - t0, self.tab, self.newton, lam, params, batched)
 
 
 def integrate_implicit(
