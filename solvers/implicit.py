@@ -484,20 +484,23 @@ def implicit_step(
     newton: Newton = Newton(),
     times: list[float] | None = None,
     batched: bool = False,
+    info: dict | None = None,
 ) -> tuple[torch.Tensor, int]:
     """One step ``(y_1, iterations)`` of ``tab`` from ``y`` ``(B, ...)`` at ``t0`` with step ``h`` (negative steps
     backwards in time). ``fun(t, y)`` is the field on states of ``y``'s shape; ``times``: the
     stage times to evaluate at (default ``t0 + c_i h``). ``batched``: the field is the same at every stage time of
     this step (autonomous, or constant on a piece that holds the step) and treats rows independently, so the
     stages are evaluated in one call on ``s B`` rows (``fun.count(k)``, where it exists, books the other ``s − 1``).
-    Differentiable in ``y`` and in whatever ``fun`` closes over, by the implicit function theorem (see the
-    module)."""
+    ``info``: a dict that receives ``"kind"``, the iteration that converged. Differentiable in ``y`` and in
+    whatever ``fun`` closes over, by the implicit function theorem (see the module)."""
     shape, B = y.shape, y.shape[0]
     flat = y.reshape(B, -1)
     f = FlatField(fun, shape)
     times = [t0 + ci * h for ci in tab.c] if times is None else times
     with torch.no_grad():
         Z, iters, kind = solve_stages(f, t0, times, flat.detach(), h, tab, newton, batched)
+    if info is not None:
+        info["kind"] = kind
     A, b, _, d = coefficients(tab, flat)
     if d is not None and not torch.is_grad_enabled():  # the stages give the value: no evaluation at them
         return (flat + torch.mm(d.view(1, -1), Z.reshape(len(times), -1)).view_as(flat)).reshape(shape), iters

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -119,7 +120,11 @@ class _ImplicitStepper:
 
     def step(self, t0: float, t1: float, y: torch.Tensor) -> torch.Tensor:
         times = _stage_times(self.tab, t0, t1)
-        y1, _ = implicit_step(self.fun, t0, y, t1 - t0, self.tab, self.newton, times, self.fun.shares_time(times))
+        info: dict = {}
+        y1, _ = implicit_step(self.fun, t0, y, t1 - t0, self.tab, self.newton, times, self.fun.shares_time(times), info)
+        if info["kind"] == "simplified" and self.newton.kind == "auto":
+            # the fixed point failed to contract: stiff here, so the later steps of this solve start with Newton
+            self.newton = replace(self.newton, kind="simplified")
         if self.stats is not None and not self.fun.backward:
             self.stats.steps_forward += 1
         return y1
