@@ -6,7 +6,7 @@
   against scipy's Radau at rtol 1e-10, atol 1e-12.
 - Cost: one step of ``gl4`` (stages to rounding with the default ``Newton("auto")``, IFT backward; and with
   ``Newton("simplified")``) against one of ``rk4`` on the H1 field, dim 4 and 64, batch 256, float64: forward time
-  and forward+backward time (loss ``Σ y₁²``, gradients to ``y_0`` and the parameters); targets
+  and forward+backward CPU time (loss ``Σ y₁²``, gradients to ``y_0`` and the parameters); targets
   ``gl4 forward ≤ 3 × rk4 forward`` and ``gl4 backward ≤ 2 × gl4 forward``.
 
 ``python -m cde_nets.benchmarks.implicit_methods [--tiny]`` writes ``benchmarks/results/implicit_methods.json``.
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -112,8 +113,9 @@ def cost(tiny: bool) -> list[dict]:
         for name, sch in schemes.items():
             schemes[name] = sch = sch.for_field(f)
             fns += _step_fns(sch, bound, y0, list(f.parameters()))
-        # run alternately, so that the load of a shared machine hits every method alike
-        medians = interleaved_medians(fns, repeat=3 if tiny else 15, warmup=1 if tiny else 2)
+        # run alternately, so that the load of a shared machine hits every method alike; CPU time, which a loaded
+        # machine's preemption does not inflate (a 20 ms step is preempted far more often than a 0.2 ms one)
+        medians = interleaved_medians(fns, repeat=3 if tiny else 25, warmup=1 if tiny else 2, clock=time.process_time)
         for i, (name, sch) in enumerate(schemes.items()):
             times[name] = (medians[2 * i], medians[2 * i + 1])
             times[name + "_nfe"] = sch.evaluations(0)
@@ -149,6 +151,7 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         "cost": cost(tiny),
     }
     payload["time_s"] = time.perf_counter() - start
+    payload["load_average"] = os.getloadavg()
     write("implicit_methods", payload, out_dir)
     return payload
 
