@@ -335,7 +335,7 @@ def solve_stages(
         dZ = hAF - Z if kind == "fixed_point" else -it.apply(Z - hAF)
         Z = Z + dZ
         norm = dZ.abs().amax((0, 2))
-        if tol is None or newton.tol is None:
+        if tol is None:  # from the first iterate of this kind: ‖Z_b‖ changes by O(h²) relative after it
             tol = (
                 torch.full_like(norm, newton.tol)
                 if newton.tol is not None
@@ -343,11 +343,11 @@ def solve_stages(
             )
         est = norm / tol  # per sample: the increment in tolerances, then the estimated remaining error
         if prev is not None:
-            # linear convergence at rate θ leaves an error of about θ/(1 − θ)·‖ΔZ‖ (Hairer & Wanner, eq. IV.8.13);
-            # at θ ≥ 1/2 the iteration has stalled, on the rounding floor of G if within 1000 tolerances
+            # linear convergence at rate θ leaves an error of about θ/(1 − θ)·‖ΔZ‖ (Hairer & Wanner, eq. IV.8.13)
             theta = norm / prev
-            est = est * torch.where(theta < 0.5, theta / (1 - theta), 1e-3)
-            worst, rate = torch.stack([est.max(), theta.max()]).tolist()
+            worst, rate = torch.stack([(est * theta / (1 - theta)).max(), theta.max()]).tolist()
+            if rate >= 0.5:  # a sample has stalled: on the rounding floor of G if within 1000 tolerances
+                worst = float((est * torch.where(theta < 0.5, theta / (1 - theta), 1e-3)).max())
         else:
             worst, rate = float(est.max()), 0.0
         if newton.kind == "auto" and kind == "fixed_point" and (not math.isfinite(worst) or rate > _AUTO_MAX_RATE):
@@ -368,7 +368,7 @@ def solve_stages(
             )
         if worst <= 1.0:
             return Z, probe + k, kind
-        prev = norm
+        prev = norm.clamp_min(torch.finfo(y.dtype).tiny)  # an exact zero increment gives θ = 0, not 0/0
     largest = float(norm.max())
     raise ImplicitSolveError(
         f"the Newton iteration of an implicit step at t={t0:.6g} (h={h:.3g}) did not converge in "
