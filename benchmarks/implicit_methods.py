@@ -4,9 +4,10 @@
   (the slow branch; eigenvalue ≈ −3000 at the start), float64. The fixed-step implicit methods at 20–80 steps
   against torchdiffeq's dopri5 at rtol 1e-6 / 1e-8: steps, NFE, time and the relative error of ``(x, x')(T)``
   against scipy's Radau at rtol 1e-10, atol 1e-12.
-- Cost: one step of ``gl4`` (Newton to rounding, IFT backward) against one of ``rk4`` on the H1 field, dim 4 and 64,
-  batch 256, float64: forward time and forward+backward time (loss ``Σ y₁²``, gradients to ``y_0`` and the
-  parameters); targets ``gl4 forward ≤ 3 × rk4 forward`` and ``gl4 backward ≤ 2 × gl4 forward``.
+- Cost: one step of ``gl4`` (stages to rounding with the default ``Newton("auto")``, IFT backward; and with
+  ``Newton("simplified")``) against one of ``rk4`` on the H1 field, dim 4 and 64, batch 256, float64: forward time
+  and forward+backward CPU time (loss ``Σ y₁²``, gradients to ``y_0`` and the parameters); targets
+  ``gl4 forward ≤ 3 × rk4 forward`` and ``gl4 backward ≤ 2 × gl4 forward``.
 
 ``python -m cde_nets.benchmarks.implicit_methods [--tiny]`` writes ``benchmarks/results/implicit_methods.json``.
 """
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -107,16 +109,17 @@ def cost(tiny: bool) -> list[dict]:
         f = Hamiltonian(dim, generator=torch.Generator().manual_seed(0)).double()
         y0 = torch.randn(batch, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
         bound, times, fns = BoundField(f), {}, []
-        schemes = {"rk4": get_scheme("rk4"), "gl4": get_scheme("gl4"), "gl4_fixed_point": GL4(Newton("fixed_point"))}
+        schemes = {"rk4": get_scheme("rk4"), "gl4": get_scheme("gl4"), "gl4_simplified": GL4(Newton("simplified"))}
         for name, sch in schemes.items():
             schemes[name] = sch = sch.for_field(f)
             fns += _step_fns(sch, bound, y0, list(f.parameters()))
-        # run alternately, so that the load of a shared machine hits every method alike
-        medians = interleaved_medians(fns, repeat=3 if tiny else 15, warmup=1 if tiny else 2)
+        # run alternately, so that the load of a shared machine hits every method alike; CPU time, which a loaded
+        # machine's preemption does not inflate (a 20 ms step is preempted far more often than a 0.2 ms one)
+        medians = interleaved_medians(fns, repeat=3 if tiny else 25, warmup=1 if tiny else 2, clock=time.process_time)
         for i, (name, sch) in enumerate(schemes.items()):
             times[name] = (medians[2 * i], medians[2 * i + 1])
             times[name + "_nfe"] = sch.evaluations(0)
-        (rf, rfb), (gf, gfb), (pf, pfb) = times["rk4"], times["gl4"], times["gl4_fixed_point"]
+        (rf, rfb), (gf, gfb), (pf, pfb) = times["rk4"], times["gl4"], times["gl4_simplified"]
         rows.append(
             {
                 "dim": dim,
@@ -128,11 +131,11 @@ def cost(tiny: bool) -> list[dict]:
                 "gl4_nfe_per_step": times["gl4_nfe"],
                 "gl4_over_rk4_forward": gf / rf,
                 "gl4_backward_over_forward": (gfb - gf) / gf,
-                "gl4_fixed_point_forward_s": pf,
-                "gl4_fixed_point_forward_backward_s": pfb,
-                "gl4_fixed_point_nfe_per_step": times["gl4_fixed_point_nfe"],
-                "gl4_fixed_point_over_rk4_forward": pf / rf,
-                "gl4_fixed_point_backward_over_forward": (pfb - pf) / pf,
+                "gl4_simplified_forward_s": pf,
+                "gl4_simplified_forward_backward_s": pfb,
+                "gl4_simplified_nfe_per_step": times["gl4_simplified_nfe"],
+                "gl4_simplified_over_rk4_forward": pf / rf,
+                "gl4_simplified_backward_over_forward": (pfb - pf) / pf,
             }
         )
     return rows
@@ -148,6 +151,7 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         "cost": cost(tiny),
     }
     payload["time_s"] = time.perf_counter() - start
+    payload["load_average"] = os.getloadavg()
     write("implicit_methods", payload, out_dir)
     return payload
 
@@ -164,7 +168,7 @@ def main() -> None:
     print("\n| dim | Newton | rk4 fwd ms | gl4 fwd ms | gl4 NFE | gl4/rk4 fwd | gl4 bwd/fwd |")
     print("|---|---|---|---|---|---|---|")
     for r in res["cost"]:
-        for kind, key in (("simplified", "gl4"), ("fixed_point", "gl4_fixed_point")):
+        for kind, key in (("auto", "gl4"), ("simplified", "gl4_simplified")):
             print(
                 f"| {r['dim']} | {kind} | {1e3 * r['rk4_forward_s']:.2f} | {1e3 * r[key + '_forward_s']:.2f} | "
                 f"{r[key + '_nfe_per_step']} | {r[key + '_over_rk4_forward']:.2f} | "

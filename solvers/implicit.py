@@ -9,10 +9,16 @@ and returns ``y_1 = y_0 + h Σ_i b_i F(Y_i)`` (Hairer & Wanner 1996, §IV.8).
 Newton. The stage equations are solved for every sample of the batch at once, each sample with its own
 ``n × n`` Jacobian ``J = ∂F/∂y`` (rows of a batch are independent, as for every cde_nets field; a module that
 mixes samples, e.g. batch norm, needs ``Newton("fixed_point")``, whose backward uses exact vector-Jacobian products
-instead of per-sample Jacobians). ``Newton("simplified")`` (default) factors
+instead of per-sample Jacobians). ``Newton("simplified")`` factors
 ``M = I − h A ⊗ J(t_0, y_0)`` once per step and iterates ``Z ← Z − M^{−1} G(Z)`` (HW 1996, eq. IV.8.10);
 ``Newton("full")`` rebuilds ``M = I − h (A ⊗ I) diag(J(Y_j))`` every iteration (for stiff fields whose Jacobian
-changes within a step). The first iterate is ``Z_i = h c_i F(t_0, y_0)``.
+changes within a step); ``Newton("fixed_point")`` iterates ``Z ← h (A ⊗ I) F(y_0 + Z)`` without a Jacobian, which
+contracts at the rate ``θ ≈ h ‖A‖ ‖∂F/∂y‖`` (HW 1996, §IV.8). ``Newton("auto")`` (default) runs the fixed point
+while it contracts at the observed ``θ < 1/4`` in every sample (no Jacobian, no factorisation: the cheapest for a
+non-stiff field) and otherwise restarts the step with simplified Newton; the gradient uses the linear solve of
+the kind that converged. The first iterate is ``Z_i = h c_i F(t_0, y_0)``. Where the field is the same at every
+stage time of a step (a piecewise-constant or autonomous field, see :func:`implicit_step`), the ``s`` stages are
+evaluated in one call on ``s B`` rows.
 
 Stopping rule: sample ``b`` has converged when its increment ``‖ΔZ_b‖_∞ ≤ tol_b``, with
 ``tol_b = 4 ε max(‖y_b‖_∞, ‖Z_b‖_∞)`` (``ε``: the dtype's machine epsilon, i.e. to rounding) unless
@@ -38,6 +44,7 @@ parameters, a block input ``u``) receives its gradient the ordinary way.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -48,9 +55,22 @@ import torch
 from .errors import Reason, SolverError
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
-__all__ = ["Newton", "ImplicitSolveError", "implicit_step", "stage_jacobian", "get_tableau", "in_backward"]
+__all__ = [
+    "Newton",
+    "ImplicitSolveError",
+    "implicit_step",
+    "stage_jacobian",
+    "get_tableau",
+    "in_backward",
+    "solve_stages",
+    "transposed_stage_solve",
+    "FlatField",
+    "KINDS",
+]
 
 _phase = threading.local()
+KINDS = ("auto", "simplified", "full", "fixed_point")
+_AUTO_MAX_RATE = 0.25  # "auto" leaves the fixed point when it contracts slower than this
 
 
 def in_backward() -> bool:
@@ -61,19 +81,20 @@ def in_backward() -> bool:
 
 @dataclass(frozen=True)
 class Newton:
-    """How the stage equations are solved: ``kind`` ``"simplified"`` (Newton, one Jacobian per step), ``"full"``
-    (Newton, one Jacobian per iteration and stage) or ``"fixed_point"`` (Jacobian-free: ``Z ← h (A ⊗ I) F(y + Z)``
-    forward and the same iteration on the transposed system backward; converges when ``h ‖A‖ ‖∂F/∂y‖ < 1``, so for
-    non-stiff fields, at a cost that does not grow with ``n³``); at most ``max_iters`` iterations; ``tol`` an
-    absolute tolerance on the increment (default ``None``: to rounding, see :mod:`solvers.implicit`)."""
+    """How the stage equations are solved: ``kind`` ``"auto"`` (the fixed point while it contracts fast, else
+    simplified Newton), ``"simplified"`` (Newton, one Jacobian per step), ``"full"`` (Newton, one Jacobian per
+    iteration and stage) or ``"fixed_point"`` (Jacobian-free: ``Z ← h (A ⊗ I) F(y + Z)`` forward and the same
+    iteration on the transposed system backward; converges when ``h ‖A‖ ‖∂F/∂y‖ < 1``, so for non-stiff fields, at
+    a cost that does not grow with ``n³``); at most ``max_iters`` iterations; ``tol`` an absolute tolerance on the
+    increment (default ``None``: to rounding, see :mod:`solvers.implicit`)."""
 
-    kind: str = "simplified"
+    kind: str = "auto"
     max_iters: int = 50
     tol: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("simplified", "full", "fixed_point"):
-            raise ValueError(f"`Newton(kind=...)` must be 'simplified', 'full' or 'fixed_point', got {self.kind!r}.")
+        if self.kind not in KINDS:
+            raise ValueError(f"`Newton(kind=...)` must be one of {KINDS}, got {self.kind!r}.")
         if isinstance(self.max_iters, bool) or not isinstance(self.max_iters, int) or self.max_iters < 1:
             raise ValueError(f"`Newton(max_iters=...)` must be a positive integer, got {self.max_iters!r}.")
         if self.tol is not None and not (isinstance(self.tol, (int, float)) and self.tol > 0):
@@ -111,7 +132,11 @@ def stage_jacobian(fun: Any, t: float, y: torch.Tensor) -> tuple[torch.Tensor, t
         eye = torch.eye(n, dtype=y.dtype, device=y.device).unsqueeze(1).expand(n, B, n)
         try:
             (jac,) = torch.autograd.grad(F, x, eye, is_grads_batched=True, allow_unused=True)
-        except RuntimeError:  # an operation without a batching rule: one product per output coordinate
+        except RuntimeError:
+            # an operation without a batching rule (or a backward with data-dependent control flow, as the
+            # fixed-point solve of an implicit step): one product per output coordinate, on a fresh graph since
+            # the failed attempt may have freed part of the first
+            F = fun(t, x)
             rows = [torch.autograd.grad(F, x, eye[k], retain_graph=True, allow_unused=True)[0] for k in range(n)]
             jac = None if rows[0] is None else torch.stack(rows)
     if jac is None:
@@ -204,48 +229,136 @@ def eigen_solver(tab: ImplicitTableau, J: torch.Tensor, h: float) -> _EigenSolve
     return None if entry is None else _EigenSolver(*entry, J, h)
 
 
-def _stages(fun: Any, times: list[float], y: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
-    return torch.stack([fun(ti, y + Zi) for ti, Zi in zip(times, Z)])
+class _StageFun:
+    """``F`` at the stages ``y + Z_i`` ``(s, B, n)``: ``s`` calls at the stage times, or, when ``batched`` (the
+    field is the same at every stage time of the step and treats rows independently), one call on ``s B`` rows
+    at ``times[0]``, booked as ``s`` evaluations (``fun.count(k)``, where ``fun`` counts)."""
+
+    def __init__(self, fun: Any, times: list[float], batched: bool):
+        self.fun, self.times, self.batched = fun, times, batched
+
+    def __call__(self, y: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+        if not self.batched:
+            return torch.stack([self.fun(ti, y + Zi) for ti, Zi in zip(self.times, Z)])
+        s, B = Z.shape[:2]
+        F = self.fun(self.times[0], (y + Z).reshape(s * B, -1)).reshape(s, B, -1)
+        _count(self.fun, s - 1)
+        return F
+
+    def jacobians(self, Y: torch.Tensor) -> torch.Tensor:
+        """Each stage's per-sample Jacobians ``(s, B, n, n)`` at the stages ``Y`` ``(s, B, n)``."""
+        if not self.batched:
+            return torch.stack([stage_jacobian(self.fun, ti, Yi)[1] for ti, Yi in zip(self.times, Y)])
+        s, B, n = Y.shape
+        J = stage_jacobian(self.fun, self.times[0], Y.reshape(s * B, n))[1]
+        _count(self.fun, s - 1)
+        return J.reshape(s, B, n, n)
+
+
+def _count(fun: Any, k: int) -> None:
+    count = getattr(fun, "count", None)
+    if count is not None and k:
+        count(k)
+
+
+class _Iteration:
+    """The linear map of one iteration, ``ΔZ = M^{−1} G``: the identity for the fixed point, a factorisation of
+    ``I − h A ⊗ J`` for Newton (rebuilt per iteration for ``"full"``)."""
+
+    def __init__(self, kind: str, tab: ImplicitTableau, A: torch.Tensor, h: float):
+        self.kind, self.tab, self.A, self.h = kind, tab, A, h
+        self.eig: _EigenSolver | None = None
+        self.lu: tuple | None = None
+
+    def factor(self, J: torch.Tensor) -> None:
+        self.eig = eigen_solver(self.tab, J, self.h) if J.dim() == 3 else None
+        self.lu = _factor(_kron(self.A, J, self.h)) if self.eig is None else None
+
+    def apply(self, G: torch.Tensor) -> torch.Tensor:
+        if self.kind == "fixed_point":
+            return G
+        if self.eig is not None:
+            return self.eig.solve(G)
+        assert self.lu is not None
+        s, B, n = G.shape
+        dZ = _apply(self.lu, G.permute(1, 0, 2).reshape(B, s * n, 1))
+        return dZ.reshape(B, s, n).permute(1, 0, 2)
+
+
+_Coefficients = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+_COEFFS: dict[tuple, _Coefficients] = {}
+
+
+def coefficients(tab: ImplicitTableau, like: torch.Tensor) -> _Coefficients:
+    """``(A, b, c, d)`` of ``tab`` as tensors of ``like``'s dtype and device (``d``: :func:`_output_weights`,
+    ``None`` where ``A`` is singular and not stiffly accurate), made once per tableau, dtype and device."""
+    key = (tab, like.dtype, like.device)
+    if key not in _COEFFS:
+        d = _output_weights(tab)
+        A, b, c = (torch.tensor(v, dtype=like.dtype, device=like.device) for v in (tab.a, tab.b, tab.c))
+        _COEFFS[key] = (A, b, c, None if d is None else torch.tensor(d, dtype=like.dtype, device=like.device))
+    return _COEFFS[key]
 
 
 def solve_stages(
-    fun: Any, t0: float, times: list[float], y: torch.Tensor, h: float, tab: ImplicitTableau, newton: Newton
-) -> tuple[torch.Tensor, int]:
-    """The converged stage increments ``Z`` ``(s, B, n)`` of one step (no graph) and the iteration count."""
+    fun: Any,
+    t0: float,
+    times: list[float],
+    y: torch.Tensor,
+    h: float,
+    tab: ImplicitTableau,
+    newton: Newton,
+    batched: bool = False,
+) -> tuple[torch.Tensor, int, str]:
+    """The converged stage increments ``Z`` ``(s, B, n)`` of one step (no graph), the iteration count, and the
+    kind of iteration that converged (``"auto"`` resolves to ``"fixed_point"`` or ``"simplified"``). One host
+    read per iteration."""
+    ev = _StageFun(fun, times, batched)
+    A, _, c, _ = coefficients(tab, y)
     s, (B, n) = tab.stages, y.shape
-    A = torch.tensor(tab.a, dtype=y.dtype, device=y.device)
-    c = torch.tensor(tab.c, dtype=y.dtype, device=y.device)
-    eps = torch.finfo(y.dtype).eps
-    lu: tuple | None = None
-    eig: _EigenSolver | None = None
-    if newton.kind == "simplified":
+    hA = h * A
+    kind = "fixed_point" if newton.kind == "auto" else newton.kind
+    it = _Iteration(kind, tab, A, h)
+    if kind == "simplified":
         F0, J0 = stage_jacobian(fun, t0, y)
-        eig = eigen_solver(tab, J0, h)
-        lu = _factor(_kron(A, J0, h)) if eig is None else None
+        it.factor(J0)
     else:
         F0 = fun(t0, y)
     Z = (h * c).view(s, 1, 1) * F0
-    ynorm = y.abs().amax(1)
-    prev: torch.Tensor | None = None
-    step_lu: tuple | None
-    for k in range(1, newton.max_iters + 1):
-        if newton.kind == "full":
-            FJ = [stage_jacobian(fun, ti, y + Zi) for ti, Zi in zip(times, Z)]
-            F = torch.stack([f for f, _ in FJ])
-            step_lu = _factor(_kron(A, torch.stack([j for _, j in FJ]), h))
-        else:
-            F, step_lu = _stages(fun, times, y, Z), lu
-        G = Z - h * torch.einsum("ij,jbn->ibn", A, F)
-        if eig is not None:
-            dZ = eig.solve(G)
-        elif step_lu is None:  # fixed point: Z ← h (A ⊗ I) F(y + Z), no Jacobian
-            dZ = G
-        else:
-            rhs = G.permute(1, 0, 2).reshape(B, s * n, 1)
-            dZ = _apply(step_lu, rhs).reshape(B, s, n).permute(1, 0, 2)
-        Z = Z - dZ
+    ynorm, prev, tol = y.abs().amax(1), None, None
+    k, probe = 0, 0  # iterations of the current kind; fixed-point iterations before a switch to Newton
+    while k < newton.max_iters:
+        k += 1
+        if kind == "full":
+            it.factor(ev.jacobians(y + Z))
+        hAF = torch.mm(hA, ev(y, Z).reshape(s, -1)).view(s, B, n)
+        dZ = hAF - Z if kind == "fixed_point" else -it.apply(Z - hAF)
+        Z = Z + dZ
         norm = dZ.abs().amax((0, 2))
-        if not bool(torch.isfinite(norm).all()):
+        if tol is None:  # from the first iterate of this kind: ‖Z_b‖ changes by O(h²) relative after it
+            tol = (
+                torch.full_like(norm, newton.tol)
+                if newton.tol is not None
+                else (4 * torch.finfo(y.dtype).eps) * torch.maximum(ynorm, Z.abs().amax((0, 2)))
+            )
+        est = norm / tol  # per sample: the increment in tolerances, then the estimated remaining error
+        if prev is not None:
+            # linear convergence at rate θ leaves an error of about θ/(1 − θ)·‖ΔZ‖ (Hairer & Wanner, eq. IV.8.13)
+            theta = norm / prev
+            worst, rate = torch.stack([(est * theta / (1 - theta)).max(), theta.max()]).tolist()
+            if rate >= 0.5:  # a sample has stalled: on the rounding floor of G if within 1000 tolerances
+                worst = float((est * torch.where(theta < 0.5, theta / (1 - theta), 1e-3)).max())
+        else:
+            worst, rate = float(est.max()), 0.0
+        if newton.kind == "auto" and kind == "fixed_point" and (not math.isfinite(worst) or rate > _AUTO_MAX_RATE):
+            # too slow or diverging for a fixed point: restart the step with simplified Newton
+            kind, it, prev, tol = "simplified", _Iteration("simplified", tab, A, h), None, None
+            F0, J0 = stage_jacobian(fun, t0, y)
+            it.factor(J0)
+            Z = (h * c).view(s, 1, 1) * F0
+            probe, k = k, 0
+            continue
+        if not math.isfinite(worst):
             raise ImplicitSolveError(
                 f"the Newton iteration of an implicit step at t={t0:.6g} (h={h:.3g}) went non-finite after {k} "
                 "iteration(s); take smaller steps (`step_size`), use Newton('full'), or float64.",
@@ -253,28 +366,18 @@ def solve_stages(
                 k,
                 float("inf"),
             )
-        if newton.tol is not None:
-            tol = torch.full_like(norm, newton.tol)
-        else:
-            tol = 4 * eps * torch.maximum(ynorm, Z.abs().amax((0, 2)))
-        done = norm <= tol
-        if prev is not None:
-            theta = norm / prev
-            # linear convergence at rate θ leaves an error of about θ/(1 − θ)·‖ΔZ‖ (Hairer & Wanner, eq. IV.8.13)
-            done |= (theta < 0.5) & (theta / (1 - theta) * norm <= tol)
-            done |= (theta >= 0.5) & (norm <= 1000 * tol)
-        if bool(done.all()):
-            return Z, k
-        prev = norm
-    worst = float(norm.max())
+        if worst <= 1.0:
+            return Z, probe + k, kind
+        prev = norm.clamp_min(torch.finfo(y.dtype).tiny)  # an exact zero increment gives θ = 0, not 0/0
+    largest = float(norm.max())
     raise ImplicitSolveError(
         f"the Newton iteration of an implicit step at t={t0:.6g} (h={h:.3g}) did not converge in "
-        f"{newton.max_iters} iterations (largest increment {worst:.3g}, tolerance {float(tol.max()):.3g}); "
+        f"{newton.max_iters} iterations (largest increment {largest:.3g}, tolerance {float(tol.max()):.3g}); "  # type: ignore[union-attr]
         "take smaller steps (`step_size`), raise Newton(max_iters=...), or use Newton('full') for a stiff field "
         "(Newton('simplified') instead of 'fixed_point').",
         Reason.NEWTON_MAX_ITERS,
         newton.max_iters,
-        worst,
+        largest,
     )
 
 
@@ -284,56 +387,92 @@ class _StageSensitivity(torch.autograd.Function):
     (one batched linear solve with the transposed stage Jacobian, see :mod:`solvers.implicit`)."""
 
     @staticmethod
-    def forward(
-        ctx: Any, F: torch.Tensor, Y: torch.Tensor, fun: Any, times: list[float], A: torch.Tensor, h: float, newton
-    ):
-        ctx.fun, ctx.times, ctx.h, ctx.newton = fun, times, h, newton
+    def forward(ctx: Any, F: torch.Tensor, Y: torch.Tensor, ev: _StageFun, A: torch.Tensor, h: float, kind, newton):
+        ctx.ev, ctx.h, ctx.kind, ctx.newton = ev, h, kind, newton
         ctx.save_for_backward(Y, A)
         return F.view_as(F)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor):
         Y, A = ctx.saved_tensors
-        s, B, n = Y.shape
         _phase.backward = True
         try:
-            if ctx.newton.kind == "fixed_point":
-                v = _transposed_fixed_point(ctx.fun, ctx.times, Y, A, ctx.h, g, ctx.newton)
-            else:
-                J = torch.stack([stage_jacobian(ctx.fun, ti, Yi)[1] for ti, Yi in zip(ctx.times, Y)])
-                Q = _kron(A, J, ctx.h, transpose=True)
-                v = torch.linalg.solve(Q, g.permute(1, 0, 2).reshape(B, s * n, 1)).reshape(B, s, n).permute(1, 0, 2)
+            v = _transposed_solve(ctx.ev, Y, A, ctx.h, g, ctx.kind, ctx.newton.max_iters, ctx.newton.tol)
         finally:
             _phase.backward = False
         return v, None, None, None, None, None, None
 
 
-def _transposed_fixed_point(fun, times, Y, A, h, g, newton) -> torch.Tensor:
+def transposed_stage_solve(
+    fun: Any,
+    times: list[float],
+    Y: torch.Tensor,
+    A: torch.Tensor,
+    h: float,
+    g: torch.Tensor,
+    kind: str,
+    batched: bool = False,
+    max_iters: int = 50,
+    tol: float | None = None,
+) -> torch.Tensor:
+    """``v`` ``(s, B, n)`` with ``v_j − h Σ_i a_ij J(Y_i)ᵀ v_i = g_j`` at the converged stages ``Y`` ``(s, B, n)``: a
+    direct batched solve with the stage Jacobians, or, where the forward converged by the fixed point (``kind``, as
+    :func:`solve_stages` returns it), the fixed-point iteration on vector-Jacobian products, which contracts at the
+    same rate (no graph is returned)."""
+    return _transposed_solve(_StageFun(fun, times, batched), Y, A, h, g, kind, max_iters, tol)
+
+
+def _transposed_solve(
+    ev: _StageFun, Y: torch.Tensor, A: torch.Tensor, h: float, g: torch.Tensor, kind: str, max_iters=50, tol=None
+) -> torch.Tensor:
+    if kind == "fixed_point":
+        return _transposed_fixed_point(ev, Y, A, h, g, max_iters, tol)
+    s, B, n = Y.shape
+    Q = _kron(A, ev.jacobians(Y), h, transpose=True)
+    return torch.linalg.solve(Q, g.permute(1, 0, 2).reshape(B, s * n, 1)).reshape(B, s, n).permute(1, 0, 2)
+
+
+def _transposed_fixed_point(ev: _StageFun, Y, A, h, g, max_iters: int, tol: float | None) -> torch.Tensor:
     """``v = g + h (Aᵀ ⊗ I) diag(J_iᵀ) v`` by fixed-point iteration: one vector-Jacobian product of the stages per
     iteration, no Jacobian."""
     eps = torch.finfo(Y.dtype).eps
     with torch.enable_grad():
         x = Y.detach().requires_grad_(True)
-        F = torch.stack([fun(ti, xi) for ti, xi in zip(times, x)])
+        F = ev(torch.zeros_like(x[0]), x)
         v, prev = g, None
-        for _ in range(newton.max_iters):
+        for _ in range(max_iters):
             (u,) = torch.autograd.grad(F, x, v, retain_graph=True)
             new = g + h * torch.einsum("ij,ibn->jbn", A, u)
             norm = float((new - v).abs().max())
             v = new
-            tol = newton.tol if newton.tol is not None else 4 * eps * float(v.abs().max())
-            if norm <= tol or (prev is not None and norm < prev and norm / prev / (1 - norm / prev) * norm <= tol):
+            bound = tol if tol is not None else 4 * eps * float(v.abs().max())
+            if norm <= bound or (prev is not None and norm < prev and norm / prev / (1 - norm / prev) * norm <= bound):
                 return v
-            if prev is not None and norm >= prev and norm <= 1000 * tol:
+            if prev is not None and norm >= prev and norm <= 1000 * bound:
                 return v
             prev = norm
     raise ImplicitSolveError(
-        f"the backward fixed-point iteration of an implicit step did not converge in {newton.max_iters} iterations "
+        f"the backward fixed-point iteration of an implicit step did not converge in {max_iters} iterations "
         f"(last increment {norm:.3g}); use Newton('simplified') (a direct solve), or smaller steps.",
         Reason.NEWTON_MAX_ITERS,
-        newton.max_iters,
+        max_iters,
         norm,
     )
+
+
+class FlatField:
+    """``fun`` on flattened states ``(rows, n)`` for a field on states of shape ``(B, ...)``: one sample's shape
+    for every row, so that ``s B`` stacked stage rows pass through too. Forwards ``count`` to ``fun``."""
+
+    def __init__(self, fun: Any, shape: torch.Size):
+        self.fun, self.tail = fun, tuple(shape[1:])
+        count = getattr(fun, "count", None)
+        if count is not None:
+            self.count = count
+
+    def __call__(self, t: float, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        return self.fun(t, x.reshape(rows, *self.tail)).reshape(rows, -1)
 
 
 def implicit_step(
@@ -344,34 +483,39 @@ def implicit_step(
     tab: ImplicitTableau,
     newton: Newton = Newton(),
     times: list[float] | None = None,
+    batched: bool = False,
+    info: dict | None = None,
 ) -> tuple[torch.Tensor, int]:
     """One step ``(y_1, iterations)`` of ``tab`` from ``y`` ``(B, ...)`` at ``t0`` with step ``h`` (negative steps
     backwards in time). ``fun(t, y)`` is the field on states of ``y``'s shape; ``times``: the
-    stage times to evaluate at (default ``t0 + c_i h``). Differentiable in ``y`` and in whatever ``fun`` closes over,
-    by the implicit function theorem (see the module)."""
+    stage times to evaluate at (default ``t0 + c_i h``). ``batched``: the field is the same at every stage time of
+    this step (autonomous, or constant on a piece that holds the step) and treats rows independently, so the
+    stages are evaluated in one call on ``s B`` rows (``fun.count(k)``, where it exists, books the other ``s − 1``).
+    ``info``: a dict that receives ``"kind"``, the iteration that converged. Differentiable in ``y`` and in
+    whatever ``fun`` closes over, by the implicit function theorem (see the module)."""
     shape, B = y.shape, y.shape[0]
     flat = y.reshape(B, -1)
-
-    def f(t: float, x: torch.Tensor) -> torch.Tensor:
-        return fun(t, x.reshape(shape)).reshape(B, -1)
-
+    f = FlatField(fun, shape)
     times = [t0 + ci * h for ci in tab.c] if times is None else times
     with torch.no_grad():
-        Z, iters = solve_stages(f, t0, times, flat.detach(), h, tab, newton)
+        Z, iters, kind = solve_stages(f, t0, times, flat.detach(), h, tab, newton, batched)
+    if info is not None:
+        info["kind"] = kind
+    A, b, _, d = coefficients(tab, flat)
+    if d is not None and not torch.is_grad_enabled():  # the stages give the value: no evaluation at them
+        return (flat + torch.mm(d.view(1, -1), Z.reshape(len(times), -1)).view_as(flat)).reshape(shape), iters
     # graph in y and θ only: the stages are held fixed, _StageSensitivity supplies their dependence
-    F = _stages(f, times, flat, Z)
+    ev = _StageFun(f, times, batched)
+    F = ev(flat, Z)
     if F.requires_grad:
-        A = torch.tensor(tab.a, dtype=y.dtype, device=y.device)
-        F = _StageSensitivity.apply(F, flat.detach() + Z, f, times, A, h, newton)
-    b = torch.tensor(tab.b, dtype=y.dtype, device=y.device)
+        F = _StageSensitivity.apply(F, flat.detach() + Z, ev, A, h, kind, newton)
     lin = h * torch.einsum("i,ibn->bn", b, F)
     # The value from the stages themselves, y_1 = y_0 + Σ d_i Z_i (dᵀ = bᵀA⁻¹; the last stage when stiffly
     # accurate): h Σ b_i F(Y_i) would multiply the stages' rounding-level residual by h‖∂F/∂y‖, 1e8 on a stiff
     # field (Hairer & Wanner 1996, §IV.8). The derivative is the same; it is taken from the graph of ``lin``.
-    d = _output_weights(tab)
     if d is None:
         return (flat + lin).reshape(shape), iters
-    val = torch.einsum("i,ibn->bn", torch.tensor(d, dtype=y.dtype, device=y.device), Z)
+    val = torch.einsum("i,ibn->bn", d, Z)
     out = flat + val + (lin - lin.detach()) if lin.requires_grad else flat + val
     return out.reshape(shape), iters
 

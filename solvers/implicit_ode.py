@@ -13,6 +13,10 @@ theorem, :mod:`solvers.implicit`):
   forward's up to the Newton tolerance, so the gradient equals ``"checkpoint"``'s to rounding in memory constant
   in the number of steps; for the others the rebuild errs by the method's local error per step, like the
   continuous adjoint's backward solve.
+- ``"symplectic"``: the forward keeps the state at every grid point (no graph); backward re-solves each step's
+  stages without a graph and integrates the adjoint system with the symplectic partner of the method (the method
+  itself for ``implicit_midpoint``, ``gl4``, ``gl6``), one evaluation's graph at a time
+  (:mod:`solvers.implicit_adjoint`). Exact for the integrator's map; memory one state per step.
 
 Stage times at a step's ends are moved one ulp inside the step (as torchdiffeq's ``perturb``), so a step that ends
 on a parameter jump of a piecewise field never evaluates the next piece.
@@ -22,11 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from .implicit import Newton, get_tableau, implicit_step, in_backward
+from .implicit_adjoint import symplectic_adjoint_step
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
 __all__ = [
@@ -39,16 +45,16 @@ __all__ = [
 ]
 
 IMPLICIT_METHODS: dict[str, int] = {name: tab.order for name, tab in IMPLICIT_TABLEAUX.items()}
-IMPLICIT_GRADIENTS = ("backprop", "checkpoint", "adjoint")
+IMPLICIT_GRADIENTS = ("backprop", "checkpoint", "adjoint", "symplectic")
 IMPLICIT_OPTIONS = {"newton", "max_iters", "newton_tol"}
 
 
 def newton_options(options: dict | None) -> Newton:
-    """The :class:`~solvers.implicit.Newton` of an ``options`` dict (``newton``: ``"simplified"``/``"full"``,
-    ``max_iters``, ``newton_tol``)."""
+    """The :class:`~solvers.implicit.Newton` of an ``options`` dict (``newton``: ``"auto"``, ``"simplified"``,
+    ``"full"`` or ``"fixed_point"``; ``max_iters``, ``newton_tol``)."""
     options = options or {}
     return Newton(
-        kind=options.get("newton", "simplified"),
+        kind=options.get("newton", "auto"),
         max_iters=options.get("max_iters", 50),
         tol=options.get("newton_tol"),
     )
@@ -75,12 +81,25 @@ class _Counter:
 
     def __call__(self, t: float, y: torch.Tensor) -> torch.Tensor:
         out = self.field(torch.tensor(t, dtype=y.dtype, device=y.device), y)
+        self.count(1)
+        return out
+
+    def count(self, k: int) -> None:
         if self.stats is not None:
             if self.backward or in_backward():
-                self.stats.nfe_backward += 1
+                self.stats.nfe_backward += k
             else:
-                self.stats.nfe_forward += 1
-        return out
+                self.stats.nfe_forward += k
+
+    def shares_time(self, times: list[float]) -> bool:
+        """Whether the field is the same at all ``times`` (one step's stages) and takes no input: a cde_nets field
+        (not a plain module, which may read the time) whose times all lie on one parameter piece."""
+        bound = self.field
+        inner = getattr(bound, "field", None)
+        grid = getattr(inner, "grid", None)
+        if getattr(bound, "stage_times", True) or getattr(bound, "u", None) is not None or grid is None:
+            return False
+        return grid.index(min(times)) == grid.index(max(times))
 
 
 def _points(t: torch.Tensor, grid: torch.Tensor | None) -> tuple[list[float], list[int]]:
@@ -100,13 +119,27 @@ class _ImplicitStepper:
         self.fun, self.tab, self.newton, self.stats = fun, tab, newton, stats
 
     def step(self, t0: float, t1: float, y: torch.Tensor) -> torch.Tensor:
-        y1, _ = implicit_step(self.fun, t0, y, t1 - t0, self.tab, self.newton, _stage_times(self.tab, t0, t1))
+        times = _stage_times(self.tab, t0, t1)
+        info: dict = {}
+        y1, _ = implicit_step(self.fun, t0, y, t1 - t0, self.tab, self.newton, times, self.fun.shares_time(times), info)
+        if info["kind"] == "simplified" and self.newton.kind == "auto":
+            # the fixed point failed to contract: stiff here, so the later steps of this solve start with Newton
+            self.newton = replace(self.newton, kind="simplified")
         if self.stats is not None and not self.fun.backward:
             self.stats.steps_forward += 1
         return y1
 
     def rebuild(self, t0: float, t1: float, y1: torch.Tensor) -> torch.Tensor:
         return self.step(t1, t0, y1)
+
+    def step_back(
+        self, t0: float, t1: float, y: torch.Tensor, lam: torch.Tensor, params: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """The cotangent of the step's start and of ``params`` from ``lam``, that of its end, by the symplectic
+        adjoint."""
+        times = _stage_times(self.tab, t0, t1)
+        batched = self.fun.shares_time(times)
+        return symplectic_adjoint_step(self.fun, t0, times, y, t1 - t0, self.tab, self.newton, lam, params, batched)
 
 
 def integrate_implicit(
@@ -142,9 +175,10 @@ def sweep(
     params: Sequence[torch.Tensor] | None,
     max_steps: int,
 ) -> torch.Tensor:
-    """Fixed steps of ``stepper`` (``step(t0, t1, y)``; ``rebuild(t0, t1, y1)``: the start from the end) over the
-    grid and ``t``; ``gradient``: ``"backprop"``, ``"checkpoint"`` (states stored) or ``"adjoint"``/
-    ``"reversible"`` (states rebuilt backwards)."""
+    """Fixed steps of ``stepper`` (``step(t0, t1, y)``; ``rebuild(t0, t1, y1)``: the start from the end;
+    ``step_back(t0, t1, y, λ, params)``: the symplectic adjoint of a step) over the grid and ``t``; ``gradient``:
+    ``"backprop"``, ``"checkpoint"`` (states stored), ``"symplectic"`` (states stored, adjoint by
+    ``step_back``) or ``"adjoint"``/``"reversible"`` (states rebuilt backwards)."""
     pts, where = _points(t, grid)
     if len(pts) - 1 > max_steps:
         raise ValueError(f"{len(pts) - 1} steps exceed max_steps={max_steps}; raise `max_steps` or the step size.")
@@ -156,7 +190,7 @@ def sweep(
                 ys.extend([y] * where.count(k + 1))
         return torch.stack(ys)
     leaves = tuple(p for p in (params or ()) if isinstance(p, torch.Tensor) and p.requires_grad)
-    return _Sweep.apply(stepper, pts, where, gradient != "checkpoint", y0, *leaves)
+    return _Sweep.apply(stepper, pts, where, gradient, y0, *leaves)
 
 
 class _Sweep(torch.autograd.Function):
@@ -164,7 +198,8 @@ class _Sweep(torch.autograd.Function):
     stored (``checkpoint``) or rebuilt start and taking its vector-Jacobian product."""
 
     @staticmethod
-    def forward(ctx, stepper, pts, where, rebuild, y0, *params):
+    def forward(ctx, stepper, pts, where, gradient, y0, *params):
+        rebuild = gradient in ("adjoint", "reversible")
         with torch.no_grad():
             y, states, ys = y0, [y0], [y0] if where[0] == 0 else []
             for k in range(len(pts) - 1):
@@ -174,6 +209,7 @@ class _Sweep(torch.autograd.Function):
                 if k + 1 in where:
                     ys.extend([y] * where.count(k + 1))
         ctx.stepper, ctx.pts, ctx.where, ctx.rebuild = stepper, pts, where, rebuild
+        ctx.symplectic = gradient == "symplectic"
         ctx.states = [y] if rebuild else states
         ctx.params = params
         return torch.stack(ys)
@@ -193,10 +229,14 @@ class _Sweep(torch.autograd.Function):
                     a = a + g_ys[i]
             with torch.no_grad():
                 y = stepper.rebuild(pts[k - 1], pts[k], y) if ctx.rebuild else ctx.states[k - 1]
-            with torch.enable_grad():
-                x = y.detach().requires_grad_(True)
-                y1 = stepper.step(pts[k - 1], pts[k], x)
-                grads = torch.autograd.grad(y1, (x, *params), a, allow_unused=True)
+            if ctx.symplectic:
+                a, g_step = stepper.step_back(pts[k - 1], pts[k], y, a, params)
+                grads = (a, *g_step)
+            else:
+                with torch.enable_grad():
+                    x = y.detach().requires_grad_(True)
+                    y1 = stepper.step(pts[k - 1], pts[k], x)
+                    grads = torch.autograd.grad(y1, (x, *params), a, allow_unused=True)
             a = grads[0] if grads[0] is not None else torch.zeros_like(a)
             for i, gp in enumerate(grads[1:]):
                 prev = g_params[i]

@@ -86,8 +86,8 @@ class GradientMethod:
             )
         if method in IMPLICIT_METHODS:
             return (
-                f"method={method!r} (implicit Runge-Kutta) takes gradient='backprop', 'checkpoint' or 'adjoint' "
-                f"(each step's gradient by the implicit function theorem); got {self.name!r}."
+                f"method={method!r} (implicit Runge-Kutta) takes gradient='backprop', 'checkpoint', 'adjoint' or "
+                f"'symplectic' (each step's gradient by the implicit function theorem); got {self.name!r}."
             )
         if method in SPLIT_METHODS:
             return (

@@ -19,6 +19,14 @@ class _Counting:
         self.n += 1
         return self.f.evaluate(self.l, y, t=t)
 
+    def count(self, k: int) -> None:
+        self.n += k
+
+    @property
+    def batched(self) -> bool:
+        """The stages can share one call: the field ignores the stage time within a layer and has no input."""
+        return not getattr(self.f, "stage_times", True) and getattr(self.f, "u", None) is None
+
 
 class ImplicitRungeKutta(Scheme):
     """Layer ``l``: ``y_{l+1} = y_l + h Σ b_i F_l(Y_i)`` with the stages ``Y_i = y_l + h Σ_j a_ij F_l(Y_j)`` solved
@@ -62,7 +70,9 @@ class ImplicitRungeKutta(Scheme):
 
     def step(self, f, l, state, h, coef=None, t=None):
         fun = _Counting(f, l)
-        y, _ = implicit_step(fun, l * h if t is None else t, state[0], h, self.tableau, self.newton)
+        y, _ = implicit_step(
+            fun, l * h if t is None else t, state[0], h, self.tableau, self.newton, batched=fun.batched
+        )
         self._nfe[l] = fun.n
         return (y,)
 
@@ -76,7 +86,8 @@ class ImplicitRungeKutta(Scheme):
 
     def inverse(self, f, l, state, h, coef=None, t=None):
         t = l * h if t is None else t
-        return (implicit_step(_Counting(f, l), t + h, state[0], -h, self.tableau, self.newton)[0],)
+        fun = _Counting(f, l)
+        return (implicit_step(fun, t + h, state[0], -h, self.tableau, self.newton, batched=fun.batched)[0],)
 
 
 class ImplicitMidpoint(ImplicitRungeKutta):
