@@ -50,7 +50,7 @@ class ImplicitGrid:
             raise ValueError(f"`options['interp']` must be 'linear' or 'cubic', got {self.interp!r}.")
         try:
             kind, iters, tol = (
-                options.get("newton", "simplified"),
+                options.get("newton", "auto"),
                 options.get("max_iters", 50),
                 options.get("newton_tol"),
             )
