@@ -36,8 +36,8 @@ RING = [[1 if (i - j) % M in (0, 1, M - 1) else 0 for j in range(M)] for i in ra
 FULL = [[1] * M for _ in range(M)]
 EYE = [[int(i == j) for j in range(M)] for i in range(M)]
 # The input's x in q of node 1, y in p of node 5 (features 8 and 4 of (p, q)): with our p-first step this is the
-# reference code's net step for step (its H2_sparse puts the input at features 0 and 12 and steps that half, q,
-# first; tests/test_hdnn_reference_order.py). The paper's H12-13 order with the input in p₁, q₅ is another net.
+# reference code's net step for step (its H2_sparse puts x at feature 0, y at feature 12 and steps the half holding
+# y first; tests/test_hdnn_reference_order.py). The paper's order with x in p₁, y in q₅ is another net.
 INPUT_CHANNELS = (8, 4)
 # the communication graph S: what eq. H32 needs for ring K (two hops, H Fig. 2's first- and second-order edges)
 S_RING = [[1 if min((i - j) % M, (j - i) % M) <= 2 else 0 for j in range(M)] for i in range(M)]

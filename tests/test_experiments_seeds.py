@@ -81,3 +81,25 @@ def test_verdicts_compare_with_the_reference_spread_then_with_published():
     assert verdict({**row, "ours": 97.9, "n_seeds": 5}) == "outside"
     assert verdict({"published": 100.0, "unit": "%", "ours": 97.9}) == "not judged (one seed)"
     assert verdict({**row, "ours": 100.0, "reference": ref}) == "within published"  # above the reference: at published
+
+
+def test_refresh_rewrites_a_recorded_results_reference_columns_and_nothing_else(tmp_path):
+    from cde_nets.experiments.reference import COMMIT, REFERENCE, refresh
+
+    setting, runs = next(iter(REFERENCE[NAME][1].items()))
+    stale = {"seeds": [0], "values": [1.0], "mean": 1.0, "sd": 0.0}
+    rows = [
+        {"setting": setting, "published": 90.0, "ours": 80.0, "unit": "%", "reference": stale},
+        {"setting": "a row the reference code never ran", "published": 1.0, "ours": 2.0, "reference": stale},
+    ]
+    path = tmp_path / f"{NAME}.json"
+    path.write_text(json.dumps(_result(0, rows)))
+    res = refresh(path)
+    values = list(runs.values())
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    assert res["rows"][0]["reference"] == {"seeds": list(runs), "values": values, "mean": mean, "sd": sd}
+    assert "reference" not in res["rows"][1]
+    assert [r["ours"] for r in res["rows"]] == [80.0, 2.0]
+    assert res["reference_code"]["commit"] == COMMIT
+    assert json.loads(path.read_text()) == res
