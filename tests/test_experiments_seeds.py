@@ -61,7 +61,7 @@ def test_tiny_seed_loop_matches_single_runs_resumes_per_seed_and_shows_the_refer
         assert b == one[r["setting"]]  # a seed in the loop is the plain run with that seed, to the bit
         assert r["ours"] == (a + b) / 2 and r["sd"] == pytest.approx(abs(a - b) / math.sqrt(2), rel=1e-12)
     ref = {r["setting"]: r["reference"] for r in res["rows"] if "reference" in r}
-    assert ref["double moons, H2, 1 layers (test)"]["values"] == [86.2, 90.8]
+    assert ref["swiss roll, H1, 4 layers (test)"]["values"] == [89.4, 85.6, 94.55, 83.4, 91.3]
     assert res["reference_code"]["commit"] == "288ffbef7e454f7d4f8f4e8cb7ba33bca6e50bae"
     assert "| setting | published | reference code | ours |" in capsys.readouterr().out
 
