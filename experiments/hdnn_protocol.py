@@ -104,15 +104,14 @@ class EpochAdam(torch.optim.Adam):
     def __init__(self, params, batches_per_epoch: int, **adam_kw):
         check_positive_int("batches_per_epoch", batches_per_epoch, "the optimiser steps in one epoch")
         super().__init__(params, **adam_kw)
-        self.defaults["batches_per_epoch"] = batches_per_epoch
+        self.defaults["batches_per_epoch"] = batches_per_epoch  # groups added later get it too
         for group in self.param_groups:
             group.setdefault("batches_per_epoch", batches_per_epoch)
-            group.setdefault("updates", 0)
 
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
-            epoch = group["updates"] // group["batches_per_epoch"]
+            epoch = group.setdefault("updates", 0) // group["batches_per_epoch"]
             for p in group["params"]:
                 state = self.state.get(p)
                 if state:  # Adam makes the counter at a parameter's first update, then adds 1 before using it

@@ -4,6 +4,7 @@ place to float64 rounding. The loop below restates what that code does per batch
 10 Adam steps on the frozen features, then one Adam step of the block on BCE + 5e-4 · R_K with Adam's step
 counter set to the epoch number (its bias correction counts epochs, eps added to the corrected √v̂)."""
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -102,3 +103,8 @@ def test_epoch_adam_resumes_its_epoch_count_from_the_state_dict(f64):
         b.grad = g.clone()
         opt_b.step()
     assert torch.equal(a, b)
+
+
+def test_epoch_adam_names_a_bad_batch_count():
+    with pytest.raises(ValueError, match="batches_per_epoch"):
+        EpochAdam([nn.Parameter(torch.ones(1))], batches_per_epoch=0)
