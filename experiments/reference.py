@@ -36,7 +36,7 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
         "setup reproduces (double moons H1 1 layer: 91.25 / 88.375)",
         {
             "swiss roll, H1, 4 layers (test)": {0: 89.4, 1: 85.6, 2: 94.55, 3: 83.4, 4: 91.3},
-            "swiss roll, H2, 4 layers (test)": {0: 86.45, 1: 75.025, 2: 83.85, 3: 72.125},
+            "swiss roll, H2, 4 layers (test)": {0: 86.45, 1: 75.025, 2: 83.85, 3: 72.125, 4: 71.075},
             "swiss roll, H1, 8 layers (test)": {0: 98.3, 1: 96.2},
             "swiss roll, H2, 8 layers (test)": {0: 92.175, 1: 91.45, 2: 87.2, 3: 79.525, 4: 77.75},
             "double moons, H1, 1 layers (test)": {0: 91.25, 1: 88.375},
@@ -55,6 +55,7 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
         "train_2d_example(dataset, 'H2', 16, n_layers=L, t_end=0.5 * L, sparse='sparse' | 'full', seed=N) as "
         "examples/run_distributed.py calls it",
         {
+            "swiss roll, centralised, 2 layers (test)": {0: 98.35, 1: 84.1},
             "swiss roll, centralised, 4 layers (test)": {0: 81.3, 1: 85.175, 2: 75.7, 3: 79.4, 4: 72.25},
         },
     ),
