@@ -39,8 +39,11 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
             "swiss roll, H2, 4 layers (test)": {0: 86.45, 1: 75.025, 2: 83.85, 3: 72.125, 4: 71.075},
             "swiss roll, H1, 8 layers (test)": {0: 98.3, 1: 96.2},
             "swiss roll, H2, 8 layers (test)": {0: 92.175, 1: 91.45, 2: 87.2, 3: 79.525, 4: 77.75},
+            "swiss roll, H2, 16 layers (test)": {0: 84.05, 1: 90.95, 2: 94.25},
             "double moons, H1, 1 layers (test)": {0: 91.25, 1: 88.375},
+            "double moons, H2, 1 layers (test)": {0: 86.175, 1: 90.775},
             "double moons, H1, 2 layers (test)": {0: 100.0, 1: 93.3},
+            "double moons, H2, 2 layers (test)": {0: 99.375, 1: 94.85, 2: 90.2, 3: 95.05, 4: 99.2},
         },
     ),
     "hdnn_fig4": (
@@ -55,7 +58,8 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
         "train_2d_example(dataset, 'H2', 16, n_layers=L, t_end=0.5 * L, sparse='sparse' | 'full', seed=N) as "
         "examples/run_distributed.py calls it",
         {
-            "swiss roll, centralised, 2 layers (test)": {0: 98.35, 1: 84.1},
+            "swiss roll, centralised, 2 layers (test)": {0: 98.35, 1: 84.1, 2: 89.65, 3: 88.55, 4: 80.775},
+            "swiss roll, centralised, 3 layers (test)": {0: 95.075, 1: 69.35, 2: 67.325},
             "swiss roll, centralised, 4 layers (test)": {0: 81.3, 1: 85.175, 2: 75.7, 3: 79.4, 4: 72.25},
         },
     ),
