@@ -93,8 +93,10 @@ def test_refresh_rewrites_a_recorded_results_reference_columns_and_nothing_else(
         {"setting": "a row the reference code never ran", "published": 1.0, "ours": 2.0, "reference": stale},
     ]
     path = tmp_path / f"{NAME}.json"
-    path.write_text(json.dumps(_result(0, rows)))
+    notes = ["The reference code run here (seeds 0 / 1): 1.0 / 2.0 %.", "T = 1.2 for every depth."]
+    path.write_text(json.dumps({**_result(0, rows), "notes": notes}))
     res = refresh(path)
+    assert res["notes"] == ["T = 1.2 for every depth."]  # the column replaces the note that quoted its numbers
     values = list(runs.values())
     mean = sum(values) / len(values)
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
