@@ -17,7 +17,8 @@ __all__ = ["hdnn_classifier", "train_classifier", "HDNN_SCHEMES"]
 # H-DNN Table I architectures: (field builder, scheme). y ∈ R⁴ = the 2-D point padded with two zeros. H2 steps q
 # first, then p from the new q, as the reference implementation does (HamiltonianNet's H2.forward); eqs. H12-13
 # write p first. With the input in p and q the order matters: on double moons, 2 layers, seeds 0-2, q first gave
-# 99.95 / 93.2 / 85.7 % test against 86.6 / 90.6 / 86.1 % p first (the reference code: 99.5 / 94.9 on seeds 0-1).
+# 99.95 / 93.2 / 85.7 % test against 86.6 / 90.6 / 86.1 % p first (the reference code: 99.4 / 94.9 / 90.2 on the same
+# seeds).
 HDNN_SCHEMES = {
     "H1": (lambda L, T: Hamiltonian(4, layers=L, T=T), "euler"),
     "H2": (lambda L, T: Hamiltonian(4, layers=L, T=T, K="blockdiag"), "symplectic_euler_qp"),

@@ -30,16 +30,6 @@ PUBLISHED = {
     ("double moons", 4): (100.0, 100.0),
 }
 
-# The reference code itself (DecodEPFL/HamiltonianNet examples/run.py protocol, N = 8000, 50 epochs, T = 1.2), run
-# on this machine under torch 2.13 with two mechanical patches (out-of-place state update, Adam's step as a tensor),
-# test accuracy % for seeds 0 and 1: single runs scatter by up to 15 points, below several published entries.
-REFERENCE_RUN = (
-    "The reference code run here (test %, seeds 0 / 1): swiss roll H1 4 layers 89.4 / 85.6, 8 layers "
-    "98.3 / 96.2; H2 4 layers 91.7 / 75.1, 16 layers 82.9 / 91.7; double moons H1 1 layer 91.3 / 88.4, "
-    "2 layers 100 / 93.3; H2 1 layer 86.2 / 90.8, 2 layers 99.5 / 94.9. Single seeds scatter this much; "
-    "Table H-I's entries sit at the top of that range."
-)
-
 SETTINGS = {
     "tiny": dict(n=400, epochs=2, swiss=(4,), moons=(1,), baselines=(), T=1.2),
     "quick": dict(n=8000, epochs=50, swiss=(4, 16), moons=(1, 4), baselines=(4,), T=1.2),
@@ -111,7 +101,6 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         "Published: Table H-I (HamiltonianNet). Reference protocol: read-out refit per batch and at the end, "
         "Adam bias correction counted in epochs (experiments/hdnn_protocol.py).",
         f"T = {s['T']} for every depth (h = T/L); N = {s['n']}, {s['epochs']} epochs.",
-        REFERENCE_RUN,
     ]
     return result(
         "hdnn_table1",

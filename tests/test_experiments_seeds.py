@@ -61,7 +61,7 @@ def test_tiny_seed_loop_matches_single_runs_resumes_per_seed_and_shows_the_refer
         assert b == one[r["setting"]]  # a seed in the loop is the plain run with that seed, to the bit
         assert r["ours"] == (a + b) / 2 and r["sd"] == pytest.approx(abs(a - b) / math.sqrt(2), rel=1e-12)
     ref = {r["setting"]: r["reference"] for r in res["rows"] if "reference" in r}
-    assert ref["double moons, H2, 1 layers (test)"]["values"] == [86.2, 90.8]
+    assert ref["swiss roll, H1, 4 layers (test)"]["values"] == [89.4, 85.6, 94.55, 83.4, 91.3]
     assert res["reference_code"]["commit"] == "288ffbef7e454f7d4f8f4e8cb7ba33bca6e50bae"
     assert "| setting | published | reference code | ours |" in capsys.readouterr().out
 
@@ -81,3 +81,27 @@ def test_verdicts_compare_with_the_reference_spread_then_with_published():
     assert verdict({**row, "ours": 97.9, "n_seeds": 5}) == "outside"
     assert verdict({"published": 100.0, "unit": "%", "ours": 97.9}) == "not judged (one seed)"
     assert verdict({**row, "ours": 100.0, "reference": ref}) == "within published"  # above the reference: at published
+
+
+def test_refresh_rewrites_a_recorded_results_reference_columns_and_nothing_else(tmp_path):
+    from cde_nets.experiments.reference import COMMIT, REFERENCE, refresh
+
+    setting, runs = next(iter(REFERENCE[NAME][1].items()))
+    stale = {"seeds": [0], "values": [1.0], "mean": 1.0, "sd": 0.0}
+    rows = [
+        {"setting": setting, "published": 90.0, "ours": 80.0, "unit": "%", "reference": stale},
+        {"setting": "a row the reference code never ran", "published": 1.0, "ours": 2.0, "reference": stale},
+    ]
+    path = tmp_path / f"{NAME}.json"
+    notes = ["The reference code run here (seeds 0 / 1): 1.0 / 2.0 %.", "T = 1.2 for every depth."]
+    path.write_text(json.dumps({**_result(0, rows), "notes": notes}))
+    res = refresh(path)
+    assert res["notes"] == ["T = 1.2 for every depth."]  # the column replaces the note that quoted its numbers
+    values = list(runs.values())
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    assert res["rows"][0]["reference"] == {"seeds": list(runs), "values": values, "mean": mean, "sd": sd}
+    assert "reference" not in res["rows"][1]
+    assert [r["ours"] for r in res["rows"]] == [80.0, 2.0]
+    assert res["reference_code"]["commit"] == COMMIT
+    assert json.loads(path.read_text()) == res
