@@ -104,14 +104,15 @@ def _section(name: str, res: dict, figures: Path) -> list[str]:
         cells = [_cell(r["setting"]), _cell(_fmt(r["published"], r.get("unit", "")))]
         if with_ref:
             cells.append(_cell(reference_cell(r)))
-        cells.append(_cell(summary(r)))
+        note = FOOTNOTES.get((name, r["setting"]))
+        mark = ""
+        if note:
+            notes.append(note)
+            mark = f" [{len(notes)}]"
         if with_ref:
-            v = verdict(r) or "—"
-            note = FOOTNOTES.get((name, r["setting"]))
-            if note:
-                notes.append(note)
-                v += f" [{len(notes)}]"
-            cells.append(v)
+            cells += [_cell(summary(r)), (verdict(r) or "—") + mark]
+        else:
+            cells.append(_cell(summary(r)) + mark)
         body.append("| " + " | ".join(cells) + " |")
     body += [""] + [f"[{i}] {note}\n" for i, note in enumerate(notes, 1)] if notes else []
     if with_ref:

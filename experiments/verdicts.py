@@ -74,6 +74,12 @@ FOOTNOTES: dict[tuple[str, str], str] = {
         "blocks K_p, K_q ~ N(0, 1) and h = 0.5, so ‖h K Kᵀ‖ ≈ 16 per layer at initialisation and training "
         "lands in one of a few basins, in the reference code too (72.25-85.18 % over seeds 0-4)."
     ),
+    ("hauser", "perturbation ratio, 20-layer C0 net"): (
+        "Not yet explained. Seeds 0-4 give 2.02 / 1.52 / 1.42 / 488.2 / 4.54 (median 2.02, published 1.31): the "
+        "mean is seed 3's. The 20-layer C0 net does not learn the disk/annulus task (51.1 ± 2.5 % test), so its "
+        "ratio is that of a net near its random initialisation, which one draw can make expansive. Hauser's code "
+        "is not public; the seed's net was not inspected."
+    ),
 }
 
 
