@@ -30,6 +30,12 @@ class Block(nn.Module):
     field: nn.Module
     T: float
 
+    def __getstate__(self) -> dict:
+        # a regularised block keeps its last call's terms, which carry that call's graph: a copy or a pickle starts
+        # without them (deepcopy refuses non-leaf tensors)
+        state = super().__getstate__()
+        return {**state, "regularisation": {}} if "regularisation" in state else state
+
     def __init__(self, field: nn.Module, T: float | None):
         super().__init__()
         if not isinstance(field, nn.Module) or not callable(getattr(field, "forward", None)):

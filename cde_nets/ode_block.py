@@ -321,11 +321,6 @@ class ODEBlock(Block):
         with self._gathered():
             return solve_per_sample(self, bound, y0, t, t_end)
 
-    def __getstate__(self) -> dict:
-        # the last call's regularisation terms carry that call's graph: a copy or a pickle of the block starts
-        # without them (deepcopy refuses non-leaf tensors)
-        return {**super().__getstate__(), "regularisation": {}}
-
     def _check_steer(self, steer: float) -> float:
         if isinstance(steer, bool) or not isinstance(steer, (int, float)) or not 0 <= steer < self.T:
             raise ValueError(

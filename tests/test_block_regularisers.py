@@ -268,3 +268,16 @@ def test_a_block_is_copied_and_pickled_after_a_regularised_call():
 def test_regularisers_refuse_per_sample_steps():
     with pytest.raises(ValueError, match="controller='batch' with regularisers"):
         ODEBlock(Diagonal(), T=1.0, regularisers=("kinetic",), controller="per_sample")
+
+
+def test_a_discrete_net_is_copied_after_a_regularised_call():
+    """The discrete analogue keeps its terms the same way; deepcopy refused it after a call."""
+    import copy
+
+    net = discretize(Diagonal(), "euler", T=1.0, steps=4, regularisers=("kinetic",))
+    x = _x()
+    y = net(x)
+    clone = copy.deepcopy(net)
+    assert clone.regularisation == {} and net.regularisation
+    torch.testing.assert_close(clone(x), y, rtol=0, atol=0)
+    torch.testing.assert_close(clone.regularisation["kinetic"], net.regularisation["kinetic"], rtol=0, atol=0)
