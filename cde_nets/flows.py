@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .collected_terms import report
+from .compile_boundary import eager_under_compile
 from .functional import odeint
 from .regularisers import AugmentedField, check_flow_settings, draw_probe, integrate_augmented, steer_time
 from .solution import Solution
@@ -106,6 +107,9 @@ class ContinuousFlow(nn.Module):
         z, logdet, regs, _ = self._transform(x, generator)
         return z, logdet, regs
 
+    # the adaptive loop is data-dependent control flow: under torch.compile the solve runs eagerly (one graph
+    # break) and the model around it is compiled, as for the blocks
+    @eager_under_compile
     def _transform(
         self, x: torch.Tensor, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], int]:
@@ -131,6 +135,7 @@ class ContinuousFlow(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.log_prob(x)
 
+    @eager_under_compile
     def sample(
         self,
         n: int,
