@@ -59,6 +59,7 @@ __all__ = [
     "evaluate",
     "task_loss",
     "checkpointing",
+    "checkpoint_file",
     "save_checkpoint",
     "load_checkpoint",
     "CheckpointError",
@@ -648,6 +649,13 @@ def checkpointing(directory: str | Path, resume: bool = False) -> Iterator[Path]
         yield directory
     finally:
         _CHECKPOINTING.reset(token)
+
+
+def checkpoint_file(desc: str) -> tuple[Path, bool] | None:
+    """For a training loop of one's own inside a :func:`checkpointing` block: its next file (numbered as the
+    Trainer's fits are) and whether to resume from it; ``None`` outside such a block."""
+    block = _CHECKPOINTING.get()
+    return None if block is None else (block.next_path(desc), block.resume)
 
 
 def _data_signature(x: torch.Tensor, y: torch.Tensor) -> list:
