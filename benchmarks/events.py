@@ -62,7 +62,7 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     with torch.no_grad():
         block.solve(y0[:8], event=event)  # warm-up
         t_ours, sol = _timed(lambda: block.solve(y0, event=event))
-        stats = dict(block.stats)
+        stats = sol.stats.as_dict()
         t_last = float(sol.stop_times.max())
         times = torch.tensor([0.0, t_last], dtype=torch.float64)
         field.accepted.clear()

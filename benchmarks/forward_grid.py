@@ -76,8 +76,7 @@ def _size(dim: int, batch: int, repeat: int, backward: bool, backsolve: bool) ->
     t = torch.tensor([0.0, T], dtype=torch.float64)
     block = ODEBlock(field, rtol=RTOL, atol=ATOL)
     with torch.no_grad():
-        block(y0)
-    nfe = block.stats["nfe_forward"]
+        nfe = block.solve(y0).stats["nfe_forward"]
     tt = torch.tensor(1.0)
     tode = None if to is None else _torchode(field, "autodiff")
 

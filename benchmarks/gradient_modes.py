@@ -59,10 +59,10 @@ def _loss_grads(block: ODEBlock, field, y0, u):
 def _measure(block: ODEBlock, field, y0, u, repeat: int) -> dict:
     params = [p for p in field.parameters()]
     with SavedTensorMemory(exclude=[*params, y0] + ([u] if u is not None else [])) as mem:
-        y = block(y0, u)
+        sol = block.solve(y0, u)
     saved = mem.peak_bytes
-    grads = torch.autograd.grad(y.pow(2).mean(), params)
-    stats = block.stats
+    grads = torch.autograd.grad(sol.y.pow(2).mean(), params)
+    stats = sol.stats
     (t,) = interleaved_medians([lambda: _loss_grads(block, field, y0, u)], repeat=repeat, warmup=1)
     return {
         "nfe_forward": stats["nfe_forward"],

@@ -71,15 +71,16 @@ def stiff(tiny: bool) -> list[dict]:
         block = ODEBlock(field, T=T, method=method, max_steps=1_000_000, **kw)
         start = time.perf_counter()
         with torch.no_grad():
-            y = block(y0)[0].numpy()
+            sol = block.solve(y0)
+            y = sol.y[0].numpy()
         wall = time.perf_counter() - start
         rows.append(
             {
                 "problem": f"van der pol mu={mu:g}",
                 "method": method,
                 **{k: v for k, v in kw.items() if k != "atol"},
-                "steps": block.stats["steps_forward"] + block.stats["rejected_forward"],
-                "nfe": block.stats["nfe_forward"],
+                "steps": sol.stats["steps_forward"] + sol.stats["rejected_forward"],
+                "nfe": sol.stats["nfe_forward"],
                 "time_s": wall,
                 "rel_error": float(np.abs(y - ref).max() / np.abs(ref).max()),
             }

@@ -2,12 +2,12 @@
 
 from . import diagnostics, fields
 from .block import Block
+from .collected_terms import IntegratedTerms, integrated_terms
 from .discrete import DiscreteNet, discretize
 from .flows import ContinuousFlow
 from .functional import odeint, odeint_adjoint, odeint_event
 from .ode_block import ODEBlock
 from .pieces import Pieces, TimeGrid, smoothness
-from .regularisers import RegularisedODE
 from .sde_block import SDEBlock
 from .solution import Solution
 from .solvers.gradients import Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic
@@ -23,7 +23,8 @@ __all__ = [
     "discretize",
     "DiscreteNet",
     "ContinuousFlow",
-    "RegularisedODE",
+    "integrated_terms",
+    "IntegratedTerms",
     "Solution",
     "Stop",
     "Pieces",

@@ -3,7 +3,9 @@ and discrete (:class:`~cde_nets.DiscreteNet`): one way to call, one result type,
 
 ``block(y0, u=None)`` returns the final state, a tensor, whatever the options; ``block.solve(y0, u=None, t=None)``
 returns a :class:`~cde_nets.solution.Solution` with everything else (saved states, statistics, per-sample
-stopping). The block input ``u`` of a non-autonomous field travels with the call and is never stored.
+stopping, integrated regularisers). The block input ``u`` of a non-autonomous field travels with the call, and
+everything a call produces travels with its result: a block keeps nothing between calls (every solve also reports
+its solution into the open :func:`~cde_nets.integrated_terms` collections).
 """
 
 from __future__ import annotations
@@ -30,12 +32,6 @@ class Block(nn.Module):
     field: nn.Module
     T: float
 
-    def __getstate__(self) -> dict:
-        # a regularised block keeps its last call's terms, which carry that call's graph: a copy or a pickle starts
-        # without them (deepcopy refuses non-leaf tensors)
-        state = super().__getstate__()
-        return {**state, "regularisation": {}} if "regularisation" in state else state
-
     def __init__(self, field: nn.Module, T: float | None):
         super().__init__()
         if not isinstance(field, nn.Module) or not callable(getattr(field, "forward", None)):
@@ -55,7 +51,6 @@ class Block(nn.Module):
                 f"`T`={self.T} differs from the field's T={grid.T}, over which its {grid.L} parameter pieces "
                 "are laid out; leave `T` unset or build the field with this T."
             )
-        self._last_stats: dict[str, int] = {}
 
     # -- the one way to call ---------------------------------------------------------------------------
     def forward(self, y0: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
@@ -69,11 +64,6 @@ class Block(nn.Module):
         """Solve from ``y0`` and return a :class:`~cde_nets.solution.Solution`; ``t``: times at which to save the
         state (increasing, within ``[0, T]``)."""
         raise NotImplementedError
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """The counts of the last call (``nfe_backward`` and ``*_backward`` fill in when its backward runs)."""
-        return dict(self._last_stats)
 
     # -- shared validation -----------------------------------------------------------------------------
     def bind(self, y0: torch.Tensor, u: torch.Tensor | None) -> BoundField:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .regularisers import NOISES, AugmentedField, check_regularisers, draw_probe
+from .regularisers import NOISES, AugmentedCall, AugmentedField, check_regularisers, draw_probe
 
 __all__ = ["TrajectoryRegularisers", "AugmentedBound", "DiscreteIntegrands"]
 
@@ -49,11 +49,10 @@ class TrajectoryRegularisers:
     def augment(self, bound: Any, y0: torch.Tensor) -> tuple[AugmentedBound, torch.Tensor]:
         """The bound field over the flat state ``[y.flatten(1), r]`` and its start ``[y0, 0]``."""
         aug = AugmentedField(_Call(bound), None, self.names)
-        if aug.needs_probe:
-            aug.probe = draw_probe(y0, self.noise)
+        call = aug.bind(draw_probe(y0, self.noise) if aug.needs_probe else None)
         n, k = y0[0].numel(), len(self.names)
         Y0 = torch.cat([y0.reshape(y0.shape[0], n), y0.new_zeros(y0.shape[0], k)], 1)
-        return AugmentedBound(bound, aug, y0.shape[1:], n), Y0
+        return AugmentedBound(bound, call, y0.shape[1:], n), Y0
 
     def split(self, Ys: torch.Tensor, shape: torch.Size, sign: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The states ``(len(t), *shape)`` and each integral's batch mean at the last time; ``sign = −1`` for a
@@ -68,7 +67,7 @@ class AugmentedBound:
     differentiates it), :meth:`norm` the RMS error norm over the columns of ``y`` alone (torchdiffeq's default
     norm, restricted: the integrals feed nothing back, and their error would only add steps)."""
 
-    def __init__(self, bound: Any, aug: AugmentedField, shape: torch.Size, n: int):
+    def __init__(self, bound: Any, aug: AugmentedCall, shape: torch.Size, n: int):
         self.bound, self.aug, self.shape, self.n = bound, aug, shape, n
         self.u = getattr(bound, "u", None)
 
@@ -114,7 +113,7 @@ class DiscreteIntegrands:
         self.stage += 1
         graph = torch.is_grad_enabled()
         with torch.enable_grad():
-            if self.probe is not None and not y.requires_grad:
+            if self.probe is not None and (not graph or not y.requires_grad):
                 y = y.detach().requires_grad_(True)
             F = self.bound.evaluate(l, y, t=t)
             for i, name in enumerate(self.names):

@@ -22,6 +22,7 @@ from cde_nets.solvers.stopping import unroll
 
 from .block import Block
 from .block_regularisers import DiscreteIntegrands, TrajectoryRegularisers
+from .collected_terms import report
 from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField, as_field
@@ -80,7 +81,6 @@ class DiscreteNet(Block):
             self.scheme.check_invertible(field)
         self.stop = self._check_stop(as_stop(stop, "discrete"))
         self.regularisers = self._check_regularisers(TrajectoryRegularisers(regularisers, noise))
-        self.regularisation: dict[str, torch.Tensor] = {}
         shape = tuple(getattr(field, "state_shape", ()) or ())
         channels = shape[0] if shape and isinstance(shape[0], int) else 1  # plain modules: one value per layer
         dtype = next((p.dtype for p in field.parameters() if p.is_floating_point()), torch.get_default_dtype())
@@ -193,7 +193,13 @@ class DiscreteNet(Block):
 
         ``event``: a per-sample event on the layer index, ``g(l, y_l) -> (batch,)``, evaluated on ``y_0`` and after
         every layer: each sample stops after the first layer ``l`` at which ``g`` changes sign (or reaches 0) and
-        leaves the batch; ``depths``/``stop_times`` say where, ``fired`` whether it happened within ``L`` layers."""
+        leaves the batch; ``depths``/``stop_times`` say where, ``fired`` whether it happened within ``L`` layers.
+
+        The result's ``stats`` count the call's layers and field evaluations, its ``regularisation`` the
+        integrated terms of a net built with ``regularisers=``; the net keeps nothing between calls."""
+        return report(self._solve_call(y0, u, t, stop, event))
+
+    def _solve_call(self, y0: torch.Tensor, u: torch.Tensor | None, t, stop, event) -> Solution:
         f = self.bind(y0, u)
         if self.regularisers and (event is not None or stop not in (_NET_STOP, None)):
             raise ValueError(
@@ -235,9 +241,9 @@ class DiscreteNet(Block):
                 if save is not None and l + 1 in save:
                     ys.append(scheme.readout(state))
             y = scheme.readout(state)
-            if isinstance(g, DiscreteIntegrands):
-                self.regularisation = g.means()
         sol = Solution(y=y, ts=ts, ys=None if save is None else torch.stack(ys), stats=self._stats(self.field.grid.L))
+        if isinstance(g, DiscreteIntegrands):
+            sol.regularisation = g.means()
         return self._finite(sol, f, y0)
 
     def _weights(self) -> tuple[float, ...]:
@@ -342,7 +348,6 @@ class DiscreteNet(Block):
         L = self.field.grid.L
         stats = SolverStats(nfe_forward=sum(self.scheme.evaluations(min(i, L - 1)) for i in range(steps)))
         stats.steps_forward = steps
-        self._last_stats = stats.as_dict()
         return stats
 
     def _layer_indices(self, t: Sequence[float] | torch.Tensor, device: torch.device) -> tuple[torch.Tensor, list]:
@@ -420,8 +425,9 @@ def discretize(
         regularisers: ``"kinetic"`` and/or ``"jacobian"`` for the explicit Runge-Kutta schemes: the layer's own
             quadrature of ``∫‖F‖²`` and ``∫‖∂F/∂y‖²_F`` (Hutchinson, one probe per call drawn from ``noise``) —
             for forward Euler the Riemann sums ``Σ_l h ‖F(y_l)‖²``, ``Σ_l h ‖∂F/∂y(y_l)‖²_F``
-            (:mod:`~cde_nets.block_regularisers`); after each call :attr:`DiscreteNet.regularisation` maps them
-            to their batch means, which the Trainer's ``kinetic_energy(λ)``, ... terms read.
+            (:mod:`~cde_nets.block_regularisers`); each call's ``Solution.regularisation`` maps them to their
+            batch means, which reach the Trainer's ``kinetic_energy(λ)``, ... terms through
+            :func:`~cde_nets.integrated_terms`.
 
     On an order-2 field (state ``(x, v)``, e.g. ``SecondOrder``) the momentum scheme uses the field's own velocity
     (:class:`solvers.schemes.Momentum`): ``m = 1 − hγ`` and ``η = hη`` come from the field, and the output keeps

@@ -21,8 +21,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .collected_terms import report
+from .compile_boundary import eager_under_compile
 from .functional import odeint
 from .regularisers import AugmentedField, check_flow_settings, draw_probe, integrate_augmented, steer_time
+from .solution import Solution
+from .solvers.counting import SolverStats
 from .solvers.gradients import GradientMethod
 
 __all__ = ["ContinuousFlow", "standard_normal_log_prob", "bits_per_dim"]
@@ -49,13 +53,16 @@ class ContinuousFlow(nn.Module):
         T: end time of the flow.
         trace: ``"exact"`` (small dimensions) or ``"hutchinson"``.
         noise: Hutchinson's probe, ``"gaussian"`` or ``"rademacher"``, drawn once per solve.
-        regularisers: names from ``("kinetic", "jacobian", "taylor2")`` integrated with the flow; after each
-            :meth:`log_prob` :attr:`regularisation` maps them to their batch means (in the graph).
+        regularisers: names from ``("kinetic", "jacobian", "taylor2")`` integrated with the flow: :meth:`transform`
+            returns them per sample, and every :meth:`log_prob` reports their batch means (in the graph) into the
+            open :func:`~cde_nets.integrated_terms` collections, as the blocks do.
         steer: ``b`` of STEER's random end time ``U(T − b, T + b)`` in training mode (0: off).
         method, rtol, atol, options: the solver, as in :func:`cde_nets.odeint`.
         gradient: ``"backprop"``, ``"adjoint"``, ``"checkpoint"``, ``"symplectic"`` or a gradient-method object.
 
-    ``forward(x)`` is :meth:`log_prob`; :attr:`nfe` holds the last solve's forward field evaluations.
+    ``forward(x)`` is :meth:`log_prob`. The flow keeps nothing between calls: a call's forward field evaluations
+    and regularisers reach the caller through ``with integrated_terms() as terms:`` (``terms.nfe_forward``,
+    ``terms["kinetic"]``).
     """
 
     def __init__(
@@ -80,9 +87,6 @@ class ContinuousFlow(nn.Module):
         self.aug = AugmentedField(field, trace, regularisers)
         self.T, self.noise, self.steer = float(T), noise, float(steer)
         self.method, self.rtol, self.atol, self.options, self.gradient = method, rtol, atol, options, gradient
-        self.regularisation: dict[str, torch.Tensor] = {}
-        self.nfe = 0
-        self.event_shape: tuple[int, ...] | None = None  # one sample's shape, from the last data seen
 
     @property
     def field(self) -> nn.Module:
@@ -100,30 +104,38 @@ class ContinuousFlow(nn.Module):
         self, x: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """``(z(T), ℓ(T), regularisers)`` per sample: the flow map, ``log |det ∂φ/∂x|`` and the integrals."""
+        z, logdet, regs, _ = self._transform(x, generator)
+        return z, logdet, regs
+
+    # the adaptive loop is data-dependent control flow: under torch.compile the solve runs eagerly (one graph
+    # break) and the model around it is compiled, as for the blocks
+    @eager_under_compile
+    def _transform(
+        self, x: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], int]:
         if not isinstance(x, torch.Tensor) or x.dim() < 2 or not x.is_floating_point():
             raise ValueError("`x` must be a floating-point tensor of shape (batch, dim).")
-        self.event_shape = tuple(x.shape[1:])
         zero = x.new_zeros(x.shape[0])
-        if self.aug.needs_probe:
-            self.aug.probe = draw_probe(x, self.noise, generator)
+        call = self.aug.bind(draw_probe(x, self.noise, generator) if self.aug.needs_probe else None)
         t = torch.stack([zero.new_zeros(()), steer_time(self.T, self.steer, self.training, x)])
         state = (x, zero, *[zero] * len(self.regularisers))
-        out, self.nfe = integrate_augmented(
-            self.aug, state, t, method=self.method, rtol=self.rtol, atol=self.atol, options=self.options,
+        out, nfe = integrate_augmented(
+            call, state, t, method=self.method, rtol=self.rtol, atol=self.atol, options=self.options,
             gradient=self.gradient, params=self._params(),
         )  # fmt: skip
-        regs = dict(zip(self.regularisers, out[2:]))
-        return out[0], out[1], regs
+        return out[0], out[1], dict(zip(self.regularisers, out[2:])), nfe
 
     def log_prob(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """``log p(x) = log N(z(T)) + ∫₀ᵀ Tr ∂F/∂z dt`` per sample ``(batch,)``; ``generator`` draws the probe."""
-        z, logdet, regs = self.transform(x, generator)
-        self.regularisation = {k: v.mean() for k, v in regs.items()}
+        z, logdet, regs, nfe = self._transform(x, generator)
+        means = {k: v.mean() for k, v in regs.items()}
+        report(Solution(y=z, stats=SolverStats(nfe_forward=nfe), regularisation=means))
         return standard_normal_log_prob(z) + logdet
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.log_prob(x)
 
+    @eager_under_compile
     def sample(
         self,
         n: int,
@@ -135,17 +147,20 @@ class ContinuousFlow(nn.Module):
     ) -> torch.Tensor:
         """``n`` samples ``x = φ⁻¹(z)``, ``z ~ N(0, I)``: the field solved from ``T`` back to 0.
 
-        ``dtype``/``device`` default to the field's parameters'; ``shape`` (one sample's) defaults to the last
-        data shape seen by :meth:`log_prob`.
+        ``dtype``/``device`` default to the field's parameters'; ``shape`` (one sample's) defaults to the field's
+        ``state_shape`` where it declares one (a plain module declares none: pass ``shape``).
         """
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             raise ValueError(f"`n` must be a positive int, got {n!r}.")
         ref = next(iter(self.field.parameters()), None)
         dtype = dtype or (ref.dtype if ref is not None else torch.get_default_dtype())
         device = device or (ref.device if ref is not None else None)
-        shape = tuple(shape) if shape is not None else self.event_shape
-        if shape is None:
-            raise ValueError("pass `shape` (one sample's shape): this flow has not seen data yet.")
+        shape = tuple(shape) if shape is not None else getattr(self.field, "state_shape", None)
+        if not shape or not all(isinstance(d, int) for d in shape):
+            raise ValueError(
+                f"pass `shape`, one sample's shape (e.g. shape=(2,)): {type(self.field).__name__} declares no "
+                "`state_shape` to sample in."
+            )
         z = torch.randn((n, *shape), dtype=dtype, device=device, generator=generator)
         t = torch.tensor([self.T, 0.0], dtype=dtype, device=device)
         kw: dict = dict(rtol=self.rtol, atol=self.atol, method=self.method, options=self.options)

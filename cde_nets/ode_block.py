@@ -23,12 +23,13 @@ from cde_nets.solvers.times import check_times
 
 from .block import Block
 from .block_regularisers import AugmentedBound, TrajectoryRegularisers
+from .collected_terms import report
 from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField
 from .nonfinite import Watch, check_result, nonfinite_parameter
 from .per_sample_block import solve_per_sample
-from .pieces import gathered, piece_modules
+from .pieces import gathered, piece_modules, set_views
 from .solution import Solution
 from .stop import Stop, as_stop
 
@@ -45,7 +46,7 @@ EventFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def _piecewise(field: nn.Module) -> list[PiecewiseParam]:
     """The field's trainable pieces, for the adjoint to differentiate one piece at a time."""
     return [
-        PiecewiseParam(p.data, p.grid.boundaries.tolist(), p.grid.index, partial(object.__setattr__, p, "_unbound"))
+        PiecewiseParam(p.data, p.grid.boundaries.tolist(), p.grid.index, partial(set_views, p))
         for p in piece_modules(field)
     ]
 
@@ -132,17 +133,18 @@ class ODEBlock(Block):
         regularisers: names from ``("kinetic", "jacobian", "taylor2")``: ``∫‖F‖²``, ``∫‖∂F/∂y‖²_F`` (Hutchinson,
             one probe per solve, drawn from ``noise``: ``"gaussian"``, the default, or ``"rademacher"``) and
             ``∫‖d²y/dt²‖²`` (RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et al. 2020, eq. 3), integrated
-            with the state in the same solve (:mod:`~cde_nets.block_regularisers`); after each call
-            :attr:`regularisation` maps each to its batch mean, which the :class:`~cde_nets.training.Trainer`'s
+            with the state in the same solve (:mod:`~cde_nets.block_regularisers`); each call's
+            ``Solution.regularisation`` maps each to its batch mean, and every call reports its solution into the
+            open :func:`~cde_nets.integrated_terms` collection, which the :class:`~cde_nets.training.Trainer`'s
             ``kinetic_energy(λ)``, ... terms read. The adaptive steps stay those of the unregularised block.
         steer: ``b`` of STEER's random end time (Ghosh et al. 2020, §3): in training mode each call integrates
             to ``T + U(−b, b)`` (``0 <= b < T``; a field whose parameters are laid out in pieces over ``[0, T]``
             has no end time to move); in evaluation mode to ``T``.
 
     Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.solution.Solution` (states at
-    requested times, statistics, stopping times). :attr:`stats` holds the counts of the last call:
-    ``nfe_forward``, ``nfe_backward`` (filled in by ``backward()``), accepted (``steps_*``) and rejected
-    (``rejected_*``) steps of the forward and backward solves.
+    requested times, statistics, stopping times); its ``stats`` hold the call's counts: ``nfe_forward``,
+    ``nfe_backward`` (filled in by ``backward()``), accepted (``steps_*``) and rejected (``rejected_*``) steps of
+    the forward and backward solves. The block keeps nothing between calls.
     """
 
     def __init__(
@@ -184,9 +186,7 @@ class ODEBlock(Block):
                     f"max_steps={solver.max_steps}; use a larger `step_size` or raise `max_steps`."
                 )
         self.stop = as_stop(stop, "continuous")
-        self._stats = SolverStats()
         self.regularisers = TrajectoryRegularisers(regularisers, noise)
-        self.regularisation: dict[str, torch.Tensor] = {}
         self.steer = self._check_steer(steer)
         if self.regularisers and (self.stop is not None or solver.method not in {**ADAPTIVE_METHODS, **FIXED_METHODS}):
             raise ValueError(
@@ -208,11 +208,6 @@ class ODEBlock(Block):
     jumps = property(lambda self: self.solver.jumps)
     max_steps = property(lambda self: self.solver.max_steps)
     options = property(lambda self: self.solver.options)
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """Counts of the last call (``nfe_backward`` is filled in when its backward pass runs)."""
-        return self._stats.as_dict()
 
     def _bounds(self) -> list[float]:
         """Piece boundaries over [0, T]; a field of one piece (or none) spans the block's own T, which may differ
@@ -274,11 +269,13 @@ class ODEBlock(Block):
         often with per-call data, and the block stays a pure function of ``(y0, u)``. The block's own ``stop``
         rule is the event ``‖F(t, y)‖ − eps``.
         """
+        return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats()))
+
+    def _solve_call(self, y0, u, t, event, t_end, dense: bool, event_tol: float, stats: SolverStats) -> Solution:
         bound = self.bind(y0, u)
         self._check_resolution(y0)
-        self._stats = SolverStats()
         if self.solver.controller == "per_sample":
-            return self._solve_per_sample(bound, y0, t, event, t_end, dense)
+            return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats)
         per_sample = self.stop is not None or event is not None or t_end is not None
         self._check_events(event, t, t_end, dense)
         if self.regularisers and (per_sample or dense or (isinstance(t, torch.Tensor) and t.requires_grad)):
@@ -294,22 +291,24 @@ class ODEBlock(Block):
         tend = None if t_end is None else self._check_t_end(t_end, y0)
         check_positive("event_tol", event_tol, "It is the width in t to which event times are located.")
         if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to solve, but every parameter in the graph
-            return _empty(bound, y0, self.T, t, self._stats, per_sample)
+            return _empty(bound, y0, self.T, t, stats, per_sample)
         if per_sample or dense:
             g = None if event is None else (lambda s, y, idx: event(s, y))
             with self._gathered():
-                res = self._solve_events(bound, y0, g, tend, dense, event_tol)
+                res = self._solve_events(bound, y0, g, tend, dense, event_tol, stats)
             dense_out = None if res.knots is None else HermiteDense(*res.knots)
             return Solution(
                 y=res.y,
-                stats=self._stats,
+                stats=stats,
                 stop_times=None if dense else res.times,
                 fired=None if dense else res.fired,
                 interpolant=dense_out,
             )
-        return self._solve_at(bound, y0, t)
+        return self._solve_at(bound, y0, t, stats)
 
-    def _solve_per_sample(self, bound: BoundField, y0: torch.Tensor, t, event, t_end, dense: bool) -> Solution:
+    def _solve_per_sample(
+        self, bound: BoundField, y0: torch.Tensor, t, event, t_end, dense: bool, stats: SolverStats
+    ) -> Solution:
         """Every sample on its own steps (``controller="per_sample"``, :mod:`cde_nets.per_sample_block`)."""
         if event is not None or self.stop is not None or dense:
             raise ValueError(
@@ -317,9 +316,9 @@ class ODEBlock(Block):
                 "`dense=True` run on the shared step: use controller='batch' for them."
             )
         if y0.shape[0] == 0:
-            return _empty(bound, y0, self.T, t, self._stats, False)
+            return _empty(bound, y0, self.T, t, stats, False)
         with self._gathered():
-            return solve_per_sample(self, bound, y0, t, t_end)
+            return solve_per_sample(self, bound, y0, t, t_end, stats)
 
     def _check_steer(self, steer: float) -> float:
         if isinstance(steer, bool) or not isinstance(steer, (int, float)) or not 0 <= steer < self.T:
@@ -355,12 +354,13 @@ class ODEBlock(Block):
                 "(build the block without `stop`, or fold ‖F‖ − eps into your `event`)."
             )
 
-    def _solve_at(self, bound: BoundField, y0: torch.Tensor, t) -> Solution:
+    def _solve_at(self, bound: BoundField, y0: torch.Tensor, t, stats: SolverStats) -> Solution:
         """The whole batch to ``T`` (``t`` None), or through the requested times ``t``."""
         if t is None:
             end = self.T + (2 * float(torch.rand(())) - 1) * self.steer if self.steer and self.training else self.T
             times = torch.tensor([0.0, end], dtype=torch.float64, device=y0.device)
-            return Solution(y=self._solve(bound, y0, times)[-1], stats=self._stats)
+            ys, terms = self._solve(bound, y0, times, stats)
+            return Solution(y=ys[-1], stats=stats, regularisation=terms)
         tt = _check_times(t, self.T, y0.device)
         origin = 0.0 if float(tt[-1]) >= float(tt[0]) else self.T
         start = float(tt[0]) != origin
@@ -370,12 +370,12 @@ class ODEBlock(Block):
             y0 = with_start_time(bound, y0, tg[0])
         if start:  # integrate from the origin (0, or T backwards) to the first requested time as well
             tt = torch.cat([tt.new_full((1,), origin), tt])
-        ys = self._solve(bound, y0, tt)
+        ys, terms = self._solve(bound, y0, tt, stats)
         if start:
             ys, tt = ys[1:], tt[1:]
         if tg is not None and torch.is_grad_enabled():
             ys = with_output_times(bound, ys, tg)
-        return Solution(y=ys[-1], ts=tt, ys=ys, stats=self._stats)
+        return Solution(y=ys[-1], ts=tt, ys=ys, stats=stats, regularisation=terms)
 
     def _check_resolution(self, y0: torch.Tensor) -> None:
         """Refuse half precision for adaptive methods, and a relative tolerance finer than the state's dtype
@@ -442,6 +442,7 @@ class ODEBlock(Block):
         t: torch.Tensor,
         jump_t,
         grid,
+        stats: SolverStats,
         solver: SolverOptions | None = None,
     ) -> torch.Tensor:
         try:
@@ -455,7 +456,7 @@ class ODEBlock(Block):
                 pieces=_piecewise(self.field),
                 jump_t=jump_t,
                 grid=grid,
-                stats=self._stats,
+                stats=stats,
                 norm=bound.norm if isinstance(bound, AugmentedBound) else None,
             )
         except SolverError as exc:
@@ -496,7 +497,14 @@ class ODEBlock(Block):
         )
 
     def _solve_events(
-        self, bound: BoundField, y0: torch.Tensor, event, t_end: torch.Tensor | None, dense: bool, tol: float
+        self,
+        bound: BoundField,
+        y0: torch.Tensor,
+        event,
+        t_end: torch.Tensor | None,
+        dense: bool,
+        tol: float,
+        stats: SolverStats,
     ):
         """The per-sample event loop of :func:`~cde_nets.solvers.events.integrate_events` over ``[0, T]``: solves
         of a few steps on the rows still running (``u`` restricted to them), the state asked at sub-points."""
@@ -538,9 +546,9 @@ class ODEBlock(Block):
             if grid is None and "dt" in est and "first_step" not in self.options:
                 # no fresh initial-step search per segment
                 solver = self.solver.replace(options={**self.options, "first_step": est["dt"]})
-            before = self._stats.steps_forward
-            ys = self._integrate(bound_rows(idx), y, times, jump_t, g, solver)
-            span, steps, intervals = float(times[-1] - times[0]), self._stats.steps_forward - before, len(times) - 1
+            before = stats.steps_forward
+            ys = self._integrate(bound_rows(idx), y, times, jump_t, g, stats, solver)
+            span, steps, intervals = float(times[-1] - times[0]), stats.steps_forward - before, len(times) - 1
             if steps_to_points and steps <= intervals:
                 est["dt"] = 2 * span / intervals
             else:
@@ -573,15 +581,17 @@ class ODEBlock(Block):
             dense=dense,
         )
 
-    def _solve(self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def _solve(
+        self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, stats: SolverStats
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The states at ``t`` and the integrated regularisers' batch means (empty without regularisers)."""
         jump_t, grid = self._grids(self.field)
         with self._gathered():
             if not self.regularisers:
-                return self._integrate(bound, y0, t, jump_t, grid)
+                return self._integrate(bound, y0, t, jump_t, grid, stats), {}
             augmented, Y0 = self.regularisers.augment(bound, y0)
-            Ys = self._integrate(augmented, Y0, t, jump_t, grid)
-        ys, self.regularisation = self.regularisers.split(Ys, y0.shape, 1.0 if float(t[-1]) > float(t[0]) else -1.0)
-        return ys
+            Ys = self._integrate(augmented, Y0, t, jump_t, grid, stats)
+        return self.regularisers.split(Ys, y0.shape, 1.0 if float(t[-1]) > float(t[0]) else -1.0)
 
     def extra_repr(self) -> str:
         return f"T={self.T}, method={self.method!r}, rtol={self.rtol}, atol={self.atol}, gradient={self.gradient!r}"

@@ -60,9 +60,12 @@ class _Rows:
         return out
 
 
-def solve_per_sample(block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_end: Any) -> Solution:
+def solve_per_sample(
+    block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_end: Any, stats: SolverStats
+) -> Solution:
     """The block's solve with per-sample control from ``y0`` at time 0: through the times ``t`` (``(n,)`` or
-    ``(batch, n)``, increasing within ``[0, T]``) or to the end times ``t_end`` (``(batch,)``), else to ``T``."""
+    ``(batch, n)``, increasing within ``[0, T]``) or to the end times ``t_end`` (``(batch,)``), else to ``T``;
+    the call's counts go into ``stats``."""
     T, B = block.T, y0.shape[0]
     field = _Rows(bound)
     if field.jumps is not None and block.gradient.name == "adjoint":
@@ -93,7 +96,6 @@ def solve_per_sample(block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_
     )
     if start:
         out, times = out[1:], times[:, 1:]
-    stats: SolverStats = block._stats
     stats.nfe_forward = info.nfe
     stats.steps_forward = int(info.steps.max())
     stats.rejected_forward = int(info.rejected.max())

@@ -179,7 +179,7 @@ def gathered(module: nn.Module, stacked: bool = True) -> Iterator[nn.Module]:
     # plain attributes, not parameters or submodules: object.__setattr__ skips nn.Module's registration checks,
     # which cost more than the whole of a small layer
     for p in pieces:
-        object.__setattr__(p, "_unbound", ())
+        set_views(p, ())
     for f in fields:
         object.__setattr__(f, "_memo", {})
         object.__setattr__(f, "_constants", {} if stacked else None)
@@ -187,10 +187,20 @@ def gathered(module: nn.Module, stacked: bool = True) -> Iterator[nn.Module]:
         yield module
     finally:
         for p in pieces:
-            object.__setattr__(p, "_unbound", None)
+            set_views(p, None)
         for f in fields:
-            object.__setattr__(f, "_memo", None)
-            object.__setattr__(f, "_constants", None)
+            # back to the class defaults (None): a module keeps nothing of a call, not even an attribute
+            vars(f).pop("_memo", None)
+            vars(f).pop("_constants", None)
+
+
+def set_views(p: Pieces, views: tuple[torch.Tensor, ...] | None) -> None:
+    """Make ``p`` hand out ``views[l]`` for piece ``l`` (``()``: one ``unbind`` at the first read), or, with
+    ``None``, its own ``data[l]`` again (the class default, so nothing of the call stays on the module)."""
+    if views is None:
+        vars(p).pop("_unbound", None)
+    else:
+        object.__setattr__(p, "_unbound", views)
 
 
 def smoothness(module: nn.Module, scale: float | None = None) -> torch.Tensor:

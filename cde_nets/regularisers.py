@@ -18,10 +18,10 @@ controlled on ``(z, ℓ)`` only: the regularisers feed nothing back, and their e
 
 STEER (Ghosh et al. 2020) draws the end time from ``U(T − b, T + b)`` at every training forward pass.
 
-:class:`RegularisedODE` is the continuous block that returns ``z(T)`` and keeps the integrated regularisers;
+:class:`~cde_nets.ODEBlock` (``regularisers=``) is the continuous block that integrates them with its state;
 :class:`~cde_nets.flows.ContinuousFlow` is the density model. For the :class:`~cde_nets.training.Trainer`,
 :func:`kinetic_energy`, :func:`jacobian_frobenius` and :func:`taylor` are :class:`Regulariser` terms that read
-the values the model's last forward pass integrated.
+the values the step's forward pass integrated, reported into the step's :func:`~cde_nets.integrated_terms`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .collected_terms import current_terms
 from .functional import odeint
 from .solvers.dropin import ADAPTIVE
 from .solvers.gradients import GradientMethod
@@ -41,7 +42,7 @@ from .training import Regulariser
 __all__ = [
     "REGULARISERS",
     "AugmentedField",
-    "RegularisedODE",
+    "AugmentedCall",
     "check_regularisers",
     "kinetic_energy",
     "jacobian_frobenius",
@@ -85,8 +86,9 @@ class AugmentedField(nn.Module):
     """``(z, ℓ, r_1, …) ↦ (F, Tr ∂F/∂z, integrand_1, …)``: a field with its log-density change and regularisers.
 
     ``trace`` is ``"exact"`` (``dim`` reverse passes, small dimensions), ``"hutchinson"`` (one pass with the probe
-    :attr:`probe`, which the caller sets once per solve), or ``None`` (no density term: a regularised block). The
-    state is a tuple ``(z (batch, dim), ℓ (batch,), r (batch,) per regulariser)``; ``nfe`` counts field calls.
+    ``probe``, drawn once per solve and passed with every evaluation: :class:`AugmentedCall`), or ``None`` (no
+    density term: a regularised block). The state is a tuple ``(z (batch, dim), ℓ (batch,), r (batch,) per
+    regulariser)``.
     """
 
     def __init__(self, field: nn.Module, trace: str | None, regularisers: Sequence[str] = ()):
@@ -96,28 +98,33 @@ class AugmentedField(nn.Module):
         self.field = field
         self.trace = trace
         self.regularisers = check_regularisers(regularisers)
-        self.probe: torch.Tensor | None = None
-        self.nfe = 0
 
     @property
     def needs_probe(self) -> bool:
         return self.trace == "hutchinson" or (self.trace is None and "jacobian" in self.regularisers)
 
-    def forward(self, t: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def bind(self, probe: torch.Tensor | None) -> AugmentedCall:
+        """This field for one solve: the probe fixed, the evaluations counted."""
+        return AugmentedCall(self, probe)
+
+    def forward(
+        self, t: torch.Tensor, state: tuple[torch.Tensor, ...], probe: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
         z = state[0]
         differentiate = torch.is_grad_enabled()  # the gradient needs the graph of these derivatives
         with torch.enable_grad():
-            if not z.requires_grad:
+            # outside a graph (the no-grad forward solve of checkpoint and adjoint) z may still say it requires
+            # grad — a view taken without grad of a state that does — yet derivatives would flow to its base
+            if not differentiate or not z.requires_grad:
                 z = z.detach().requires_grad_(True)
             taylor = "taylor2" in self.regularisers
             # a t already in the graph (backprop through adaptive steps) must stay there: its path cancels z's
-            t_in = t.detach().requires_grad_(True) if taylor and not t.requires_grad else t
+            t_in = t.detach().requires_grad_(True) if taylor and (not differentiate or not t.requires_grad) else t
             F = self.field(t_in, z)
-            self.nfe += 1
             if not isinstance(F, torch.Tensor) or F.shape != z.shape:
                 got = tuple(F.shape) if isinstance(F, torch.Tensor) else type(F).__name__
                 raise ValueError(f"the field must return a tensor shaped like z {tuple(z.shape)}, got {got}.")
-            trace, frob = self._trace_and_frobenius(F, z, differentiate or taylor)
+            trace, frob = self._trace_and_frobenius(F, z, probe, differentiate or taylor)
             out: list[torch.Tensor] = [F]
             if self.trace is not None:
                 out.append(trace)
@@ -132,7 +139,9 @@ class AugmentedField(nn.Module):
             out = [o.detach() for o in out]
         return tuple(out)
 
-    def _trace_and_frobenius(self, F: torch.Tensor, z: torch.Tensor, graph: bool) -> tuple[Any, Any]:
+    def _trace_and_frobenius(
+        self, F: torch.Tensor, z: torch.Tensor, probe: torch.Tensor | None, graph: bool
+    ) -> tuple[Any, Any]:
         frobenius = "jacobian" in self.regularisers
         if self.trace == "exact":
             if z.dim() != 2:
@@ -148,9 +157,9 @@ class AugmentedField(nn.Module):
             return trace, frob
         if not self.needs_probe:
             return None, None
-        if self.probe is None or self.probe.shape != z.shape:
-            raise RuntimeError("AugmentedField.probe must be set (shaped like z) before a Hutchinson solve.")
-        eps = self.probe.to(z.dtype)
+        if probe is None or probe.shape != z.shape:
+            raise RuntimeError("a Hutchinson solve needs its probe shaped like z: `AugmentedField.bind(probe)`.")
+        eps = probe.to(z.dtype)
         (vjp,) = torch.autograd.grad(F, z, eps, create_graph=graph, retain_graph=True)
         return (vjp * eps).flatten(1).sum(1), vjp.square().flatten(1).sum(1)
 
@@ -164,8 +173,24 @@ class AugmentedField(nn.Module):
         return jvp
 
 
+class AugmentedCall:
+    """An :class:`AugmentedField` for one solve: ``probe`` (or ``None``) passed with every evaluation, and
+    :attr:`nfe` counting them — per call, so the module itself keeps nothing."""
+
+    def __init__(self, aug: AugmentedField, probe: torch.Tensor | None):
+        self.aug, self.probe, self.nfe = aug, probe, 0
+
+    @property
+    def regularisers(self) -> tuple[str, ...]:
+        return self.aug.regularisers
+
+    def __call__(self, t: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        self.nfe += 1
+        return self.aug(t, state, self.probe)
+
+
 def integrate_augmented(
-    aug: AugmentedField,
+    aug: AugmentedCall,
     state: tuple[torch.Tensor, ...],
     t: torch.Tensor,
     *,
@@ -182,12 +207,11 @@ def integrate_augmented(
     are quadratures that feed nothing back, and letting their error steer the steps would make a regularised
     solve take more steps than an unregularised one of the same field.
     """
-    aug.nfe = 0
     if aug.regularisers and method in ADAPTIVE and "norm" not in (options or {}):
         options = {**(options or {}), "norm": controlled_norm(len(state) - len(aug.regularisers))}
     kw: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options, gradient=gradient)
-    if gradient not in ("backprop",) and params is not None:
-        kw["adjoint_params"] = tuple(params)
+    if gradient not in ("backprop",):
+        kw["adjoint_params"] = tuple(params or ())
     ys = odeint(aug, state, t, **kw)
     return tuple(y[-1] for y in ys), aug.nfe
 
@@ -200,55 +224,6 @@ def controlled_norm(k: int) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor
         return torch.cat([p.reshape(-1) for p in parts[:k]]).square().mean().sqrt()
 
     return norm
-
-
-class RegularisedODE(nn.Module):
-    """``z(T)`` of ``dz/dt = field(t, z)``, ``z(0) = x``, with the regularisers integrated along the trajectory.
-
-    After each forward pass :attr:`regularisation` maps each regulariser's name to its batch mean (a tensor in
-    the graph) and :attr:`nfe` holds the forward field evaluations. ``steer=b`` draws ``T`` from ``U(T−b, T+b)``
-    in training mode (STEER). ``gradient`` is any of the library's gradient methods (as in :func:`cde_nets.odeint`).
-    """
-
-    def __init__(
-        self,
-        field: nn.Module,
-        T: float = 1.0,
-        *,
-        regularisers: Sequence[str] = ("kinetic", "jacobian"),
-        noise: str = "gaussian",
-        steer: float = 0.0,
-        method: str = "dopri5",
-        rtol: float = 1e-5,
-        atol: float = 1e-5,
-        options: dict | None = None,
-        gradient: str | GradientMethod = "backprop",
-    ):
-        super().__init__()
-        check_flow_settings(T, noise, steer)
-        self.aug = AugmentedField(field, None, regularisers)
-        self.T, self.noise, self.steer = float(T), noise, float(steer)
-        self.method, self.rtol, self.atol, self.options, self.gradient = method, rtol, atol, options, gradient
-        self.regularisation: dict[str, torch.Tensor] = {}
-        self.nfe = 0
-
-    @property
-    def field(self) -> nn.Module:
-        """The vector field ``F(t, z)`` (held once, inside :attr:`aug`)."""
-        return self.aug.field
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        zero = x.new_zeros(x.shape[0])
-        if self.aug.needs_probe:
-            self.aug.probe = draw_probe(x, self.noise)
-        t = torch.stack([zero.new_zeros(()), steer_time(self.T, self.steer, self.training, x)])
-        state = (x, *[zero] * len(self.aug.regularisers))
-        out, self.nfe = integrate_augmented(
-            self.aug, state, t, method=self.method, rtol=self.rtol, atol=self.atol, options=self.options,
-            gradient=self.gradient, params=tuple(p for p in self.field.parameters() if p.requires_grad),
-        )  # fmt: skip
-        self.regularisation = {n: r.mean() for n, r in zip(self.aug.regularisers, out[1:])}
-        return out[0]
 
 
 def check_flow_settings(T: float, noise: str, steer: float) -> None:
@@ -264,14 +239,13 @@ def check_flow_settings(T: float, noise: str, steer: float) -> None:
 
 def _integrated(name: str) -> Callable[[nn.Module], torch.Tensor]:
     def fn(model: nn.Module) -> torch.Tensor:
-        found = (getattr(m, "regularisation", None) for m in model.modules())
-        values = [r[name] for r in found if isinstance(r, dict) and name in r]
-        if not values:
+        terms = current_terms()
+        if name not in terms:
             raise ValueError(
-                f"no submodule of the model integrated {name!r} in its last forward pass: build its continuous "
+                f"no block of the model integrated {name!r} in this step's forward pass: build its continuous "
                 f"blocks as ODEBlock/DiscreteNet/ContinuousFlow with regularisers=(..., {name!r})."
             )
-        return torch.stack(values).sum()
+        return terms[name]
 
     return fn
 

@@ -29,6 +29,7 @@ from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.grids import aligned_grid
 
 from .block import Block
+from .collected_terms import report
 from .compile_boundary import eager_under_compile
 from .fields.bound import BoundField
 from .nonfinite import check_result, nonfinite_parameter
@@ -213,7 +214,6 @@ class SDEBlock(Block):
         self.paths = check_positive_int("paths", paths, "Brownian paths averaged per sample")
         self._shape_hint = tuple(getattr(field, "state_shape", ()) or ())
         self.rho = self._diffusion(field, noise, sigma, channels)
-        self._stats = SolverStats()
 
     # -- construction helpers --------------------------------------------------------------------------
     @staticmethod
@@ -325,11 +325,6 @@ class SDEBlock(Block):
         return None if self.rho is None else nnf.softplus(self.rho)
 
     @property
-    def stats(self) -> dict[str, int]:
-        """Counts of the last call (``nfe_backward`` and ``steps_backward`` are filled in by its backward)."""
-        return self._stats.as_dict()
-
-    @property
     def times(self) -> torch.Tensor:
         """The step grid (float64): the times at which :meth:`solve` can save the state."""
         return self._grid.clone()
@@ -360,7 +355,11 @@ class SDEBlock(Block):
     @eager_under_compile
     def solve(self, y0: torch.Tensor, u: torch.Tensor | None = None, t=None, bm=None) -> Solution:
         """As calling the block, and the (path-averaged) states at times ``t``, which must be points of the step
-        grid :attr:`times` (the block never interpolates a Brownian path)."""
+        grid :attr:`times` (the block never interpolates a Brownian path). Its ``stats`` hold the call's counts
+        (``nfe_backward`` and ``steps_backward`` are filled in by its backward)."""
+        return report(self._solve_call(y0, u, t, bm, SolverStats()))
+
+    def _solve_call(self, y0: torch.Tensor, u: torch.Tensor | None, t, bm, stats: SolverStats) -> Solution:
         import torchsde  # imported by the first solve, not by `import cde_nets`
 
         bound = self.bind(y0, u)
@@ -380,7 +379,7 @@ class SDEBlock(Block):
             if self.rho is not None:
                 y = y + 0 * self.rho.sum()
             ys = None if save is None else y.unsqueeze(0).expand(len(save), *y.shape)
-            return Solution(y=y, ts=None if save is None else self._grid[save].clone(), ys=ys, stats=self._stats)
+            return Solution(y=y, ts=None if save is None else self._grid[save].clone(), ys=ys, stats=stats)
         stochastic = self.stochastic
         paths = self.paths if stochastic else 1
         shape = tuple(y0.shape[1:])
@@ -390,7 +389,6 @@ class SDEBlock(Block):
             y = y.repeat(paths, 1)
             if u is not None:
                 bound = BoundField(self.field, u.repeat(paths, *([1] * (u.dim() - 1))))
-        self._stats = SolverStats()
         rho = self.rho if stochastic else None
         pieces = getattr(getattr(self.field, "grid", None), "L", 1)
         sdes = [
@@ -400,7 +398,7 @@ class SDEBlock(Block):
                 rho,
                 self.noise == "diagonal",
                 self.sde_type,
-                self._stats,
+                stats,
                 count_vjp=self.gradient.counts_vjp,
                 l=l,
             )
@@ -425,13 +423,13 @@ class SDEBlock(Block):
         extra = [u] if u is not None and u.requires_grad else []
         states = self._integrate(sdes, y, grid, bm, extra)
         check_result(states[-1], lambda: self._nonfinite(states, grid))
-        self._stats.steps_forward = len(grid) - 1
+        stats.steps_forward = len(grid) - 1
         for sde in sdes:
             sde.backward_phase = True
         y = states[-1]
         if y.requires_grad:
             steps = len(grid) - 1
-            y.register_hook(lambda g: setattr(self._stats, "steps_backward", steps))
+            y.register_hook(lambda g: setattr(stats, "steps_backward", steps))
 
         def average(z: torch.Tensor) -> torch.Tensor:
             z = z.reshape(paths, batch, *shape)
@@ -441,7 +439,7 @@ class SDEBlock(Block):
         if save is not None:
             ys = torch.stack([average(states[i]) for i in save])
             ts = self._grid[save].clone()
-        return Solution(y=average(y), ts=ts, ys=ys, stats=self._stats)
+        return Solution(y=average(y), ts=ts, ys=ys, stats=stats)
 
     def _nonfinite(self, states: list[torch.Tensor], grid: torch.Tensor) -> str:
         name = nonfinite_parameter(self)

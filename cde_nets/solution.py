@@ -41,6 +41,9 @@ class Solution:
             break its stability condition never converges), else ``None``.
         interpolant: the dense output of a ``solve(..., dense=True)`` (anything with ``evaluate(t)``), read
             through :meth:`evaluate`; else ``None``.
+        regularisation: a block built with ``regularisers=``: each integrated term's batch mean (in the graph),
+            e.g. ``{"kinetic": ∫‖F‖² dt, "jacobian": ∫‖∂F/∂y‖²_F dt}`` (:mod:`~cde_nets.block_regularisers`);
+            else empty. Calls nested in a model reach the loss through :func:`~cde_nets.integrated_terms`.
     """
 
     y: torch.Tensor
@@ -52,6 +55,7 @@ class Solution:
     fired: torch.Tensor | None = None
     interpolant: Any = None
     unconverged: int | None = None
+    regularisation: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def evaluate(self, t: float | Sequence[float] | torch.Tensor) -> torch.Tensor:
         """States at any times ``t`` within the solved span, from the solver's interpolant: ``(batch, ...)`` for

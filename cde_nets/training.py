@@ -40,6 +40,7 @@ from torch import nn
 from cde_nets.solvers.errors import check_positive_int
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .collected_terms import integrated_terms
 from .distributed import data_parallel as dp
 from .pieces import smoothness
 from .progress import progress
@@ -58,6 +59,7 @@ __all__ = [
     "evaluate",
     "task_loss",
     "checkpointing",
+    "checkpoint_file",
     "save_checkpoint",
     "load_checkpoint",
     "CheckpointError",
@@ -453,16 +455,18 @@ class Trainer:
             idx, n, weight = dp.shard(idx)
             xb, yb = x_tr[idx], y_tr[idx]
             opt.zero_grad(set_to_none=True)
-            out = net(xb)
-            if not labels_checked and self.task == "classification":
-                _check_labels(y_tr, out.shape[-1])
-                labels_checked = True
-            loss = task_loss(self.task, out, yb)
-            total = loss * weight
-            for reg in self.regularisers:
-                value = reg.fn(model)
-                reg_sums[reg.name] += float(torch.as_tensor(value).detach())
-                total = total + reg.weight * value
+            # the blocks report this step's integrated regularisers into it: the modules keep nothing
+            with integrated_terms():
+                out = net(xb)
+                if not labels_checked and self.task == "classification":
+                    _check_labels(y_tr, out.shape[-1])
+                    labels_checked = True
+                loss = task_loss(self.task, out, yb)
+                total = loss * weight
+                for reg in self.regularisers:
+                    value = reg.fn(model)
+                    reg_sums[reg.name] += float(torch.as_tensor(value).detach())
+                    total = total + reg.weight * value
             correct = _correct(out.detach(), yb) if self.task == "classification" and n else 0
             loss_sum, correct, n, finite = dp.reduce_batch_stats(
                 float(loss.detach()) * n, correct, n, bool(torch.isfinite(total))
@@ -645,6 +649,13 @@ def checkpointing(directory: str | Path, resume: bool = False) -> Iterator[Path]
         yield directory
     finally:
         _CHECKPOINTING.reset(token)
+
+
+def checkpoint_file(desc: str) -> tuple[Path, bool] | None:
+    """For a training loop of one's own inside a :func:`checkpointing` block: its next file (numbered as the
+    Trainer's fits are) and whether to resume from it; ``None`` outside such a block."""
+    block = _CHECKPOINTING.get()
+    return None if block is None else (block.next_path(desc), block.resume)
 
 
 def _data_signature(x: torch.Tensor, y: torch.Tensor) -> list:

@@ -24,6 +24,7 @@ import time
 import torch
 from torch import nn
 
+from cde_nets import integrated_terms
 from cde_nets.datasets import density_2d, density_2d_log_prob
 from cde_nets.flows import ContinuousFlow
 from cde_nets.regularisers import controlled_norm
@@ -94,13 +95,14 @@ class FlowRun:
         t0, c0, n0 = time.perf_counter(), time.thread_time(), self.nfe_total
         for _ in range(s["steps"]):
             x = self.data.x_train[torch.randint(len(self.data.x_train), (s["batch"],), generator=self.gen)]
-            loss = -flow.log_prob(x).mean()
-            total = loss + sum(w * flow.regularisation[k] for k, w in self.weights.items())
+            with integrated_terms() as terms:
+                loss = -flow.log_prob(x).mean()
+            total = loss + sum(w * terms[k] for k, w in self.weights.items())
             self.opt.zero_grad(set_to_none=True)
             total.backward()
             self.opt.step()
             nll += float(loss.detach())
-            self.nfe_total += flow.nfe
+            self.nfe_total += terms.nfe_forward
         self.wall += time.perf_counter() - t0
         self.cpu += time.thread_time() - c0
         nfe = (self.nfe_total - n0) / s["steps"]

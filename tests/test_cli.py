@@ -12,7 +12,7 @@ from cde_nets.benchmarks.__main__ import BENCHMARKS
 from cde_nets.benchmarks.__main__ import main as benchmarks_main
 from cde_nets.cli import main as cli
 from cde_nets.experiments.__main__ import main as experiments_main
-from cde_nets.experiments.registry import REPRODUCTIONS, times
+from cde_nets.experiments.registry import FULL_RUN_PENDING, REPRODUCTIONS, times
 
 
 def test_no_name_lists_the_reproductions_with_times_and_runs_nothing(capsys, tmp_path, monkeypatch):
@@ -29,7 +29,8 @@ def test_no_name_lists_the_reproductions_with_times_and_runs_nothing(capsys, tmp
 def test_every_reproduction_has_a_time_for_each_setting_it_was_run_in():
     for name in REPRODUCTIONS:
         t = times(name)
-        assert "tiny" in t and "full" in t, (name, t)
+        # a reproduction awaiting its first full run says so, and stops saying so once it is recorded
+        assert "tiny" in t and ("full" in t) != (name in FULL_RUN_PENDING), (name, t)
         assert all(v > 0 for v in t.values())
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from cde_nets import odeint
+from cde_nets import ODEBlock, integrated_terms, odeint
 from cde_nets.flows import ContinuousFlow, standard_normal_log_prob
-from cde_nets.regularisers import RegularisedODE, jacobian_frobenius, kinetic_energy, taylor
+from cde_nets.regularisers import jacobian_frobenius, kinetic_energy, taylor
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 
@@ -126,8 +126,9 @@ def test_hutchinson_probe_is_fixed_per_solve_so_the_adjoint_matches_backprop():
             field, 0.9, trace="hutchinson", noise="rademacher", regularisers=("kinetic", "jacobian", "taylor2"),
             gradient=gradient, **TOL,
         )  # fmt: skip
-        lp = flow.log_prob(_x(3), generator=torch.Generator().manual_seed(5))
-        loss = -lp.mean() + sum(flow.regularisation.values())
+        with integrated_terms() as terms:
+            lp = flow.log_prob(_x(3), generator=torch.Generator().manual_seed(5))
+        loss = -lp.mean() + sum(terms.values())
         grads[gradient] = torch.autograd.grad(loss, list(field.parameters()))
     for gradient in ("adjoint", "checkpoint", "symplectic"):
         for a, b in zip(grads[gradient], grads["backprop"]):
@@ -139,7 +140,8 @@ def test_log_prob_gradient_against_finite_differences():
     flow = ContinuousFlow(field, 0.6, trace="exact", regularisers=("kinetic",), gradient="adjoint", **TOL)
 
     def loss():
-        return -flow.log_prob(x).mean() + flow.regularisation["kinetic"]
+        z, logdet, regs = flow.transform(x)
+        return -(standard_normal_log_prob(z) + logdet).mean() + regs["kinetic"].mean()
 
     (g,) = torch.autograd.grad(loss(), [field.b1])
     fd = torch.zeros_like(g)
@@ -158,14 +160,17 @@ def test_sample_inverts_the_flow_map():
     x = flow.sample(5, generator=torch.Generator().manual_seed(0), shape=(2,))
     z, _, _ = flow.transform(x)
     torch.testing.assert_close(z, torch.randn(5, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
-    assert flow.sample(3).shape == (3, 2)  # the shape remembered from the data
+    with pytest.raises(ValueError, match="pass `shape`, one sample's shape"):
+        flow.sample(3)  # a plain module declares no state_shape, and the flow keeps none from its data
 
 
 def test_float32_input_gives_float32_density_and_counts_evaluations():
     flow = ContinuousFlow(TanhField().float(), trace="hutchinson", regularisers=("kinetic", "jacobian"))
-    lp = flow.log_prob(_x().float())
+    with integrated_terms() as terms:
+        lp = flow.log_prob(_x().float())
     assert lp.dtype == torch.float32 and lp.shape == (4,)
-    assert flow.nfe >= 8 and set(flow.regularisation) == {"kinetic", "jacobian"}
+    assert terms.nfe_forward >= 8 and set(terms) == {"kinetic", "jacobian"}
+    assert terms["kinetic"].dtype == torch.float32
 
 
 def test_steer_draws_the_end_time_in_training_only():
@@ -179,19 +184,27 @@ def test_steer_draws_the_end_time_in_training_only():
     assert float(flow.transform(x)[1][0].detach()) == pytest.approx(0.75, rel=1e-9)
 
 
-def test_regularised_ode_with_the_trainer_regularisers():
+def test_regularised_blocks_with_the_trainer_regularisers():
     field, x = TanhField(), _x()
-    block = RegularisedODE(field, 0.5, regularisers=("kinetic", "jacobian", "taylor2"), **TOL)
-    y = block(x)
-    torch.testing.assert_close(y, odeint(field, x, torch.tensor([0.0, 0.5], dtype=torch.float64), **TOL)[-1])
-    second = RegularisedODE(TanhField(seed=3), 0.5, regularisers=("kinetic", "jacobian", "taylor2"), **TOL)
+    regs = ("kinetic", "jacobian", "taylor2")
+    block = ODEBlock(field, 0.5, regularisers=regs, **TOL)
+    torch.manual_seed(0)
+    first = block.solve(x)
+    torch.testing.assert_close(first.y, odeint(field, x, torch.tensor([0.0, 0.5], dtype=torch.float64), **TOL)[-1])
+    second = ODEBlock(TanhField(seed=3), 0.5, regularisers=regs, **TOL)
+    torch.manual_seed(1)
+    after = second.solve(first.y)
     model = nn.Sequential(block, second, nn.Linear(2, 1).double())
-    model(x)
-    for make, name in ((kinetic_energy, "kinetic"), (jacobian_frobenius, "jacobian"), (taylor, "taylor2")):
-        reg = make(0.1)
-        both = block.regularisation[name] + second.regularisation[name]
-        assert reg.name == name and float(reg.fn(model).detach()) == float(both.detach()) > 0
-    with pytest.raises(ValueError, match="no submodule of the model integrated 'kinetic'"):
+    with integrated_terms():
+        torch.manual_seed(0)
+        y = block(x)
+        torch.manual_seed(1)
+        model[2](second(y))
+        for make, name in ((kinetic_energy, "kinetic"), (jacobian_frobenius, "jacobian"), (taylor, "taylor2")):
+            reg = make(0.1)
+            both = first.regularisation[name] + after.regularisation[name]
+            assert reg.name == name and float(reg.fn(model).detach()) == float(both.detach()) > 0
+    with integrated_terms(), pytest.raises(ValueError, match="no block of the model integrated 'kinetic'"):
         kinetic_energy(1.0).fn(nn.Sequential(nn.Linear(2, 2)))
 
 
@@ -252,7 +265,7 @@ def test_image_shaped_states_take_hutchinson_and_exact_names_the_fix():
 
     x = torch.rand(3, 1, 8, 8)
     flow = ContinuousFlow(Conv(), trace="hutchinson", regularisers=("kinetic", "jacobian", "taylor2"))
-    assert flow.log_prob(x).shape == (3,) and flow.sample(2).shape == (2, 1, 8, 8)
+    assert flow.log_prob(x).shape == (3,) and flow.sample(2, shape=(1, 8, 8)).shape == (2, 1, 8, 8)
     with pytest.raises(ValueError, match="trace='exact' needs a \\(batch, dim\\) state.*use 'hutchinson'"):
         ContinuousFlow(Conv()).log_prob(x)
 
@@ -267,19 +280,22 @@ def test_regularisers_do_not_steer_the_step_size():
     x = _x(64, seed=9)
     plain = ContinuousFlow(field, rtol=1e-6, atol=1e-6)
     regularised = ContinuousFlow(field, rtol=1e-6, atol=1e-6, regularisers=("kinetic", "jacobian", "taylor2"))
-    lp_plain, lp_reg = plain.log_prob(x), regularised.log_prob(x)
-    assert regularised.nfe == plain.nfe
+    with integrated_terms() as counted_plain:
+        lp_plain = plain.log_prob(x)
+    with integrated_terms() as counted_reg:
+        lp_reg = regularised.log_prob(x)
+    assert counted_reg.nfe_forward == counted_plain.nfe_forward
     torch.testing.assert_close(lp_reg, lp_plain, rtol=0, atol=1e-9)
 
 
-def test_regularised_ode_gradients_agree_across_gradient_methods():
+def test_regularised_block_gradients_agree_across_gradient_methods():
     grads = {}
     for gradient in ("backprop", "adjoint", "checkpoint"):
         field = TanhField(seed=10)
-        block = RegularisedODE(field, 0.7, regularisers=("kinetic", "jacobian", "taylor2"), gradient=gradient, **TOL)
+        block = ODEBlock(field, 0.7, regularisers=("kinetic", "jacobian", "taylor2"), gradient=gradient, **TOL)
         torch.manual_seed(0)  # the same Hutchinson probe in every mode
-        y = block(_x(3))
-        loss = y.square().sum() + sum(block.regularisation.values())
+        sol = block.solve(_x(3))
+        loss = sol.y.square().sum() + sum(sol.regularisation.values())
         grads[gradient] = torch.autograd.grad(loss, list(field.parameters()))
     for gradient in ("adjoint", "checkpoint"):
         for a, b in zip(grads[gradient], grads["backprop"]):

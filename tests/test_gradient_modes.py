@@ -62,10 +62,11 @@ def _grads(name: str, method: str, gradient: str, times=TIMES, **kw):
     if u is not None:
         u.requires_grad_(True)
     block = ODEBlock(field, method=method, gradient=gradient, **{**_kw(method), **kw})
-    ys = block.solve(y0, u, t=times).ys
+    sol = block.solve(y0, u, t=times)
+    ys = sol.ys
     loss = (ys.pow(2) * torch.linspace(1.0, 2.0, len(times)).view(-1, 1, 1)).sum()
     inputs = [y0] + ([u] if u is not None else []) + list(field.parameters())
-    return ys.detach(), torch.autograd.grad(loss, inputs), block.stats
+    return ys.detach(), torch.autograd.grad(loss, inputs), sol.stats
 
 
 def _rel(new, old) -> float:

@@ -100,21 +100,23 @@ def test_fixed_grid_euler_uses_the_right_piece(dtype):
     for l in range(L):
         y = y + h * y @ As[l].T
     tol = 1e-13 if dtype == torch.float64 else 1e-5
-    assert torch.allclose(block(y0), y, atol=tol, rtol=tol)
-    assert block.stats["nfe_forward"] == L and block.stats["steps_forward"] == L
+    sol = block.solve(y0)
+    assert torch.allclose(sol.y, y, atol=tol, rtol=tol)
+    assert sol.stats["nfe_forward"] == L and sol.stats["steps_forward"] == L
 
 
 def test_stats_count_evaluations_exactly(f64):
     field = Linear(skew(2, 4), layers=5)
     y0 = torch.ones(1, 2, requires_grad=True)
     block = ODEBlock(field, method="rk4", gradient="backprop", step_size=0.1)
-    block(y0).sum().backward()
-    assert block.stats["nfe_forward"] == 4 * 10  # two rk4 steps per piece of width 0.2
-    assert block.stats["nfe_backward"] == 40
-    block = ODEBlock(field, method="rk4", gradient="adjoint")
-    block(y0).sum().backward()
-    assert block.stats["nfe_forward"] == 4 * 5 and block.stats["nfe_backward"] == 4 * 5
-    assert block.stats["steps_backward"] == 5
+    sol = block.solve(y0)
+    sol.y.sum().backward()
+    assert sol.stats["nfe_forward"] == 4 * 10  # two rk4 steps per piece of width 0.2
+    assert sol.stats["nfe_backward"] == 40
+    sol = ODEBlock(field, method="rk4", gradient="adjoint").solve(y0)
+    sol.y.sum().backward()
+    assert sol.stats["nfe_forward"] == 4 * 5 and sol.stats["nfe_backward"] == 4 * 5
+    assert sol.stats["steps_backward"] == 5
 
 
 def test_jumps_save_evaluations_and_error(f64):
@@ -126,9 +128,9 @@ def test_jumps_save_evaluations_and_error(f64):
     runs = {}
     for jumps in (True, False):
         block = ODEBlock(field, rtol=1e-6, atol=1e-6, jumps=jumps, gradient="adjoint")
-        y = block(y0)
-        y.square().sum().backward()
-        runs[jumps] = dict(block.stats, err=(y - ref).abs().max().item())
+        sol = block.solve(y0)
+        sol.y.square().sum().backward()
+        runs[jumps] = dict(sol.stats.as_dict(), err=(sol.y - ref).abs().max().item())
     assert runs[True]["rejected_forward"] == 0 and runs[False]["rejected_forward"] > 16
     assert 5 * runs[True]["nfe_forward"] < runs[False]["nfe_forward"]
     assert 5 * runs[True]["nfe_backward"] < runs[False]["nfe_backward"]
@@ -236,7 +238,8 @@ def test_fixed_step_grid_spans_the_blocks_T_for_a_one_piece_field(f64):
     field = NAIS(3, 2, layers=1, T=0.5, generator=torch.Generator().manual_seed(0))
     x, u = torch.zeros(2, 3), torch.randn(2, 2, generator=torch.Generator().manual_seed(1))
     block = ODEBlock(field, T=5.0, method="rk4", step_size=0.05)
-    y = block(x, u=u)
-    assert block.stats["steps_forward"] == 100
+    sol = block.solve(x, u=u)
+    y = sol.y
+    assert sol.stats["steps_forward"] == 100
     ref = ODEBlock(field, T=5.0, rtol=1e-11, atol=1e-12)(x, u=u)
     assert (y - ref).abs().max() < 1e-7

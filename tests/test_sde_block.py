@@ -59,8 +59,9 @@ def test_ornstein_uhlenbeck_moments(f64):
 def _grads(field, y0, dt, gradient):
     block = SDEBlock(field, noise="diagonal", sigma=0.3, method="midpoint", step_size=dt, seed=7, gradient=gradient)
     field.zero_grad()
-    block(y0).pow(2).sum().backward()
-    return torch.cat([block.rho.grad] + [p.grad.flatten() for p in field.parameters()]), block.stats
+    sol = block.solve(y0)
+    sol.y.pow(2).sum().backward()
+    return torch.cat([block.rho.grad] + [p.grad.flatten() for p in field.parameters()]), sol.stats
 
 
 def test_adjoint_matches_backprop_on_a_fixed_path(f64):
@@ -93,8 +94,9 @@ def test_adaptive_error_follows_tolerance(f64):
         errors, nfes = [], []
         for tol in (1e-5, 1e-7):
             block = SDEBlock(Linear(1.0), noise=None, method=method, adaptive=True, rtol=tol, atol=tol)
-            errors.append(abs(block(y0)[0, 0].item() - math.exp(-1.0)))
-            nfes.append(block.stats["nfe_forward"])
+            sol = block.solve(y0)
+            errors.append(abs(sol.y[0, 0].item() - math.exp(-1.0)))
+            nfes.append(sol.stats["nfe_forward"])
         assert abs(math.log(errors[0] / errors[1]) / math.log(factor) - 1) < 0.15
         assert nfes[1] > nfes[0]
 

@@ -10,9 +10,9 @@ Three ways to the gradient of ``loss(y(T))`` with respect to the field's paramet
   autograd: the gradient of the network itself, which differs from the ODE's gradient by the scheme's error.
 
 Each row's ``rel_grad_error`` is ``‖g − g_ref‖ / ‖g_ref‖`` against backprop through dopri5 at ``rtol 1e-10``
-in float64 (configurable). NFE come from ``block.stats`` (for ``discrete``: field evaluations, a half field
-``evaluate_part`` counting ½; its backward does one VJP per evaluation). Memory is the peak of bytes saved for
-backward over the forward pass (:class:`~cde_nets.diagnostics.memory.SavedTensorMemory`, which says why not
+in float64 (configurable). NFE come from each call's ``Solution.stats`` (for ``discrete``: field evaluations, a
+half field ``evaluate_part`` counting ½; its backward does one VJP per evaluation). Memory is the peak of bytes
+saved for backward over the forward pass (:class:`~cde_nets.diagnostics.memory.SavedTensorMemory`, which says why not
 ``getrusage``); time is the median over ``repeat`` forward+backward runs.
 """
 
@@ -33,6 +33,7 @@ from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE
 
 from ..ode_block import ODEBlock
 from ..pieces import TimeGrid
+from ..solution import Solution
 from .memory import SavedTensorMemory
 
 __all__ = ["adjoint_study", "markdown_table", "discrete_forward"]
@@ -103,8 +104,15 @@ def _timed(field, forward, loss_fn, extra, repeat: int) -> float:
 
 
 def _block_runs(block: ODEBlock, y0: torch.Tensor) -> tuple[Callable[[], torch.Tensor], Callable[[], dict]]:
-    """A study row's forward and statistics callables, bound to this block (not to a loop variable)."""
-    return (lambda: block(y0)), (lambda: block.stats)
+    """A study row's forward and statistics callables, bound to this block (not to a loop variable); the
+    statistics are those of the last forward's solution (its backward counts fill in when it is differentiated)."""
+    last: list[Solution] = []
+
+    def forward() -> torch.Tensor:
+        last[:] = [block.solve(y0)]
+        return last[0].y
+
+    return forward, (lambda: last[-1].stats.as_dict())
 
 
 def _counted_stats(counter: _CountEvaluations) -> Callable[[], dict]:
@@ -175,8 +183,9 @@ def adjoint_study(
     y64 = y0.detach().to(torch.float64)
     extra64 = tuple(e.to(torch.float64) if isinstance(e, torch.Tensor) and e.is_floating_point() else e for e in extra)
     ref_block = ODEBlock(field64, gradient="backprop", **ref_cfg)
-    g_ref, loss_ref, _ = _gradient(field64, lambda: ref_block(y64), loss_fn, extra64, y64)
-    ref_stats = ref_block.stats
+    ref_forward, ref_counts = _block_runs(ref_block, y64)
+    g_ref, loss_ref, _ = _gradient(field64, ref_forward, loss_fn, extra64, y64)
+    ref_stats = ref_counts()
 
     field = copy.deepcopy(base).to(dtype)
     yd = y0.detach().to(dtype)
