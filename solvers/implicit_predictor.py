@@ -37,22 +37,23 @@ def extrapolation_matrix(tab: ImplicitTableau, ratio: float) -> np.ndarray | Non
     """``E(r)`` ``(s, s)`` with ``Z' = E Z`` for a next step ``r`` times the last (see the module); ``None`` where
     ``A`` is singular or the nodes repeat."""
     key = (tab, ratio)
-    if key not in _E:
-        c, A = np.array(tab.c), tab.A
-        if len(set(tab.c)) < len(c) or abs(np.linalg.det(A)) < 1e-12:
-            _E[key] = None
-        else:
-            s = len(c)
-            # ℓ_i(σ) = Σ_k W[k, i] σ^k with W = V^{-1}, V[i, k] = c_i^k; β_i(τ) = Σ_k W[k, i] τ^{k+1} / (k + 1)
-            W = np.linalg.inv(np.vander(c, s, increasing=True))
-            powers = np.arange(1, s + 1)
+    if key in _E:
+        return _E[key]
+    c, A = np.array(tab.c), tab.A
+    E = None
+    if len(set(tab.c)) == len(c) and abs(np.linalg.det(A)) >= 1e-12:
+        s = len(c)
+        # ℓ_i(σ) = Σ_k W[k, i] σ^k with W = V^{-1}, V[i, k] = c_i^k; β_i(τ) = Σ_k W[k, i] τ^{k+1} / (k + 1)
+        W = np.linalg.inv(np.vander(c, s, increasing=True))
+        powers = np.arange(1, s + 1)
 
-            def beta(tau: np.ndarray) -> np.ndarray:
-                return (tau[:, None] ** powers / powers) @ W
+        def beta(tau: np.ndarray) -> np.ndarray:
+            return (tau[:, None] ** powers / powers) @ W
 
-            B = beta(1.0 + ratio * c) - beta(np.array([1.0]))
-            _E[key] = B @ np.linalg.inv(A)
-    return _E[key]
+        E = (beta(1.0 + ratio * c) - beta(np.array([1.0]))) @ np.linalg.inv(A)
+    if ratio in (1.0, -1.0):  # equal steps, and a step undone: the only ratios kept (any other is computed anew)
+        _E[key] = E
+    return E
 
 
 class StagePredictor:
