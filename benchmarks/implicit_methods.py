@@ -7,7 +7,9 @@
 - Cost: one step of ``gl4`` (stages to rounding with the default ``Newton("auto")``, IFT backward; and with
   ``Newton("simplified")``) against one of ``rk4`` on the H1 field, dim 4 and 64, batch 256, float64: forward time
   and forward+backward CPU time (loss ``Σ y₁²``, gradients to ``y_0`` and the parameters); targets
-  ``gl4 forward ≤ 3 × rk4 forward`` and ``gl4 backward ≤ 2 × gl4 forward``.
+  ``gl4 forward ≤ 3 × rk4 forward`` and ``gl4 backward ≤ 2 × gl4 forward``. Also per step of a chain of 10 steps
+  (each from the last one's output, as in a solve or a stack of layers: gl4 then starts from the previous step's
+  collocation polynomial, and rk4's field constants are already built), with each chained step's evaluations.
 
 ``python -m cde_nets.benchmarks.implicit_methods [--tiny]`` writes ``benchmarks/results/implicit_methods.json``.
 """
@@ -100,7 +102,26 @@ def _step_fns(sch, bound, y0: torch.Tensor, params: list):
         loss = sch.step(bound, 0, (y,), 0.1, None, 0.0)[0].square().sum()
         torch.autograd.grad(loss, [y, *params])
 
-    return [fwd, fwd_bwd]
+    def chain():  # CHAIN steps, each from the last one's output: an implicit step starts from its prediction
+        state = (y0,)
+        with torch.no_grad():
+            for _ in range(CHAIN):
+                state = sch.step(bound, 0, state, 0.1, None, 0.0)
+
+    return [fwd, fwd_bwd, chain]
+
+
+CHAIN = 10
+
+
+def _chain_nfe(sch, bound, y0: torch.Tensor) -> list[int]:
+    """The evaluations of each step of a chain (Newton iterations included)."""
+    state, nfe = (y0,), []
+    with torch.no_grad():
+        for _ in range(CHAIN):
+            state = sch.step(bound, 0, state, 0.1, None, 0.0)
+            nfe.append(sch.evaluations(0))
+    return nfe
 
 
 def cost(tiny: bool) -> list[dict]:
@@ -118,9 +139,12 @@ def cost(tiny: bool) -> list[dict]:
         # machine's preemption does not inflate (a 20 ms step is preempted far more often than a 0.2 ms one)
         medians = interleaved_medians(fns, repeat=3 if tiny else 25, warmup=1 if tiny else 2, clock=time.process_time)
         for i, (name, sch) in enumerate(schemes.items()):
-            times[name] = (medians[2 * i], medians[2 * i + 1])
+            times[name] = (medians[3 * i], medians[3 * i + 1], medians[3 * i + 2] / CHAIN)
+            sch.step(bound, 0, (y0,), 0.1, None, 0.0)
             times[name + "_nfe"] = sch.evaluations(0)
-        (rf, rfb), (gf, gfb), (pf, pfb) = times["rk4"], times["gl4"], times["gl4_simplified"]
+            chained = _chain_nfe(sch, bound, y0)
+            times[name + "_chain_nfe"] = chained
+        (rf, rfb, rc), (gf, gfb, gc), (pf, pfb, pc) = times["rk4"], times["gl4"], times["gl4_simplified"]
         rows.append(
             {
                 "dim": dim,
@@ -137,6 +161,13 @@ def cost(tiny: bool) -> list[dict]:
                 "gl4_simplified_nfe_per_step": times["gl4_simplified_nfe"],
                 "gl4_simplified_over_rk4_forward": pf / rf,
                 "gl4_simplified_backward_over_forward": (pfb - pf) / pf,
+                "chain": CHAIN,
+                "rk4_chain_step_s": rc,
+                "gl4_chain_step_s": gc,
+                "gl4_chain_nfe_per_step": times["gl4_chain_nfe"],
+                "gl4_chain_over_rk4_chain": gc / rc,
+                "gl4_simplified_chain_step_s": pc,
+                "gl4_simplified_chain_over_rk4_chain": pc / rc,
             }
         )
     return rows
@@ -166,14 +197,14 @@ def main() -> None:
     for r in res["rows"]:
         setting = f"h = {r['step_size']:g}" if "step_size" in r else f"rtol {r['rtol']:.0e}"
         print(f"| {r['method']} | {setting} | {r['steps']} | {r['nfe']} | {r['time_s']:.3f} | {r['rel_error']:.1e} |")
-    print("\n| dim | Newton | rk4 fwd ms | gl4 fwd ms | gl4 NFE | gl4/rk4 fwd | gl4 bwd/fwd |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| dim | Newton | rk4 fwd ms | gl4 fwd ms | gl4 NFE | gl4/rk4 fwd | gl4 bwd/fwd | chained gl4/rk4 |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in res["cost"]:
         for kind, key in (("auto", "gl4"), ("simplified", "gl4_simplified")):
             print(
                 f"| {r['dim']} | {kind} | {1e3 * r['rk4_forward_s']:.2f} | {1e3 * r[key + '_forward_s']:.2f} | "
                 f"{r[key + '_nfe_per_step']} | {r[key + '_over_rk4_forward']:.2f} | "
-                f"{r[key + '_backward_over_forward']:.2f} |"
+                f"{r[key + '_backward_over_forward']:.2f} | {r[key + '_chain_over_rk4_chain']:.2f} |"
             )
 
 

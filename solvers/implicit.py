@@ -309,10 +309,12 @@ def solve_stages(
     tab: ImplicitTableau,
     newton: Newton,
     batched: bool = False,
+    guess: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int, str]:
     """The converged stage increments ``Z`` ``(s, B, n)`` of one step (no graph), the iteration count, and the
     kind of iteration that converged (``"auto"`` resolves to ``"fixed_point"`` or ``"simplified"``). One host
-    read per iteration."""
+    read per iteration. ``guess``: the first iterate (:mod:`solvers.implicit_predictor`) instead of
+    ``Z_i = h c_i F(t_0, y_0)`` (a restart with simplified Newton after a failed fixed point takes the latter)."""
     ev = _StageFun(fun, times, batched)
     A, _, c, _ = coefficients(tab, y)
     s, (B, n) = tab.stages, y.shape
@@ -322,9 +324,9 @@ def solve_stages(
     if kind == "simplified":
         F0, J0 = stage_jacobian(fun, t0, y)
         it.factor(J0)
-    else:
+    elif guess is None:
         F0 = fun(t0, y)
-    Z = (h * c).view(s, 1, 1) * F0
+    Z = (h * c).view(s, 1, 1) * F0 if guess is None else guess
     ynorm, prev, tol = y.abs().amax(1), None, None
     k, probe = 0, 0  # iterations of the current kind; fixed-point iterations before a switch to Newton
     while k < newton.max_iters:
@@ -332,9 +334,12 @@ def solve_stages(
         if kind == "full":
             it.factor(ev.jacobians(y + Z))
         hAF = torch.mm(hA, ev(y, Z).reshape(s, -1)).view(s, B, n)
-        dZ = hAF - Z if kind == "fixed_point" else -it.apply(Z - hAF)
-        Z = Z + dZ
-        norm = dZ.abs().amax((0, 2))
+        if kind == "fixed_point":
+            dZ, Z = hAF - Z, hAF
+        else:
+            dZ = -it.apply(Z - hAF)
+            Z = Z + dZ
+        norm = dZ.abs().amax(2).amax(0)  # per sample (two reductions: faster than one over dims (0, 2) on CPU)
         if tol is None:  # from the first iterate of this kind: ‖Z_b‖ changes by O(h²) relative after it
             tol = (
                 torch.full_like(norm, newton.tol)
@@ -345,12 +350,15 @@ def solve_stages(
         if prev is not None:
             # linear convergence at rate θ leaves an error of about θ/(1 − θ)·‖ΔZ‖ (Hairer & Wanner, eq. IV.8.13)
             theta = norm / prev
-            worst, rate = torch.stack([(est * theta / (1 - theta)).max(), theta.max()]).tolist()
+            # "auto" judges the rate of the samples above the rounding floor of G (1000 tolerances) only: below
+            # it, increments are rounding noise, an exact zero followed by 1e-17 reads as θ ≈ 1e291
+            judged = torch.where(est > 1000, theta, 0.0)
+            worst, rate, slow = torch.stack([est * theta / (1 - theta), theta, judged]).amax(1).tolist()
             if rate >= 0.5:  # a sample has stalled: on the rounding floor of G if within 1000 tolerances
                 worst = float((est * torch.where(theta < 0.5, theta / (1 - theta), 1e-3)).max())
         else:
-            worst, rate = float(est.max()), 0.0
-        if newton.kind == "auto" and kind == "fixed_point" and (not math.isfinite(worst) or rate > _AUTO_MAX_RATE):
+            worst, rate, slow = float(est.max()), 0.0, 0.0
+        if newton.kind == "auto" and kind == "fixed_point" and (not math.isfinite(worst) or slow > _AUTO_MAX_RATE):
             # too slow or diverging for a fixed point: restart the step with simplified Newton
             kind, it, prev, tol = "simplified", _Iteration("simplified", tab, A, h), None, None
             F0, J0 = stage_jacobian(fun, t0, y)
@@ -485,22 +493,25 @@ def implicit_step(
     times: list[float] | None = None,
     batched: bool = False,
     info: dict | None = None,
+    guess: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """One step ``(y_1, iterations)`` of ``tab`` from ``y`` ``(B, ...)`` at ``t0`` with step ``h`` (negative steps
     backwards in time). ``fun(t, y)`` is the field on states of ``y``'s shape; ``times``: the
     stage times to evaluate at (default ``t0 + c_i h``). ``batched``: the field is the same at every stage time of
     this step (autonomous, or constant on a piece that holds the step) and treats rows independently, so the
     stages are evaluated in one call on ``s B`` rows (``fun.count(k)``, where it exists, books the other ``s − 1``).
-    ``info``: a dict that receives ``"kind"``, the iteration that converged. Differentiable in ``y`` and in
-    whatever ``fun`` closes over, by the implicit function theorem (see the module)."""
+    ``info``: a dict that receives ``"kind"``, the iteration that converged, and ``"stages"``, the converged
+    increments ``Z`` ``(s, B, n)``; ``guess``: the first iterate of ``Z`` (see :func:`solve_stages`).
+    Differentiable in ``y`` and in whatever ``fun`` closes over, by the implicit function theorem (see the
+    module)."""
     shape, B = y.shape, y.shape[0]
     flat = y.reshape(B, -1)
     f = FlatField(fun, shape)
     times = [t0 + ci * h for ci in tab.c] if times is None else times
     with torch.no_grad():
-        Z, iters, kind = solve_stages(f, t0, times, flat.detach(), h, tab, newton, batched)
+        Z, iters, kind = solve_stages(f, t0, times, flat.detach(), h, tab, newton, batched, guess)
     if info is not None:
-        info["kind"] = kind
+        info["kind"], info["stages"] = kind, Z
     A, b, _, d = coefficients(tab, flat)
     if d is not None and not torch.is_grad_enabled():  # the stages give the value: no evaluation at them
         return (flat + torch.mm(d.view(1, -1), Z.reshape(len(times), -1)).view_as(flat)).reshape(shape), iters

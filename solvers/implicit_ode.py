@@ -18,6 +18,10 @@ theorem, :mod:`solvers.implicit`):
   itself for ``implicit_midpoint``, ``gl4``, ``gl6``), one evaluation's graph at a time
   (:mod:`solvers.implicit_adjoint`). Exact for the integrator's map; memory one state per step.
 
+Each step after the first starts its stage iteration from the previous step's collocation polynomial
+(:mod:`solvers.implicit_predictor`), and under ``Newton("auto")`` a solve whose fixed point once failed to contract
+keeps simplified Newton for its later steps.
+
 Stage times at a step's ends are moved one ulp inside the step (as torchdiffeq's ``perturb``), so a step that ends
 on a parameter jump of a piecewise field never evaluates the next piece.
 """
@@ -33,6 +37,7 @@ import torch
 
 from .implicit import Newton, get_tableau, implicit_step, in_backward
 from .implicit_adjoint import symplectic_adjoint_step
+from .implicit_predictor import StagePredictor
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
 __all__ = [
@@ -117,11 +122,14 @@ class _ImplicitStepper:
 
     def __init__(self, fun: _Counter, tab: ImplicitTableau, newton: Newton, stats: Any):
         self.fun, self.tab, self.newton, self.stats = fun, tab, newton, stats
+        self.predictor = StagePredictor()
 
     def step(self, t0: float, t1: float, y: torch.Tensor) -> torch.Tensor:
-        times = _stage_times(self.tab, t0, t1)
+        times, h = _stage_times(self.tab, t0, t1), t1 - t0
         info: dict = {}
-        y1, _ = implicit_step(self.fun, t0, y, t1 - t0, self.tab, self.newton, times, self.fun.shares_time(times), info)
+        guess, batched = self.predictor.guess(self.tab, y, h), self.fun.shares_time(times)
+        y1, _ = implicit_step(self.fun, t0, y, h, self.tab, self.newton, times, batched, info, guess)
+        self.predictor.record(y1, h, info["stages"], info["kind"])
         if info["kind"] == "simplified" and self.newton.kind == "auto":
             # the fixed point failed to contract: stiff here, so the later steps of this solve start with Newton
             self.newton = replace(self.newton, kind="simplified")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..implicit import Newton, get_tableau, implicit_step
+from ..implicit_predictor import StagePredictor
 from ..implicit_tableaux import ImplicitTableau
 from .base import Scheme
 
@@ -45,6 +47,7 @@ class ImplicitRungeKutta(Scheme):
     def __init__(self, newton: Newton | None = None):
         self.newton = Newton() if newton is None else newton
         self._nfe: dict[int, int] = {}
+        self._chain = StagePredictor()
 
     @property
     def tableau(self) -> ImplicitTableau:
@@ -60,7 +63,7 @@ class ImplicitRungeKutta(Scheme):
     def for_field(self, field: Any, split: tuple[int, int] | None = None) -> Scheme:
         s = super().for_field(field, split)
         assert isinstance(s, ImplicitRungeKutta)
-        s._nfe = {}
+        s._nfe, s._chain = {}, StagePredictor()
         hamiltonian = bool(getattr(field, "hamiltonian", False))
         s.properties = frozenset({"symplectic"}) if hamiltonian and self.tableau.symplectic else frozenset()
         return s
@@ -69,12 +72,21 @@ class ImplicitRungeKutta(Scheme):
         return self._nfe.get(l, self.tableau.stages)
 
     def step(self, f, l, state, h, coef=None, t=None):
-        fun = _Counting(f, l)
-        y, _ = implicit_step(
-            fun, l * h if t is None else t, state[0], h, self.tableau, self.newton, batched=fun.batched
-        )
+        return (self._layer(f, l, state[0], l * h if t is None else t, h),)
+
+    def _layer(self, f: Any, l: int, y: Any, t0: float, h: float) -> Any:
+        """One step; a layer that takes the previous layer's output continues its chain, as the steps of a
+        continuous solve do: it starts from the previous stages' extrapolation and, under ``Newton("auto")``,
+        with simplified Newton if the previous layer needed it."""
+        fun, chain, newton = _Counting(f, l), self._chain, self.newton
+        if newton.kind == "auto" and chain.kind == "simplified" and chain.carries_from(y):
+            newton = replace(newton, kind="simplified")
+        info: dict = {}
+        guess = chain.guess(self.tableau, y, h)
+        y1, _ = implicit_step(fun, t0, y, h, self.tableau, newton, batched=fun.batched, info=info, guess=guess)
+        chain.record(y1, h, info["stages"], info["kind"])
         self._nfe[l] = fun.n
-        return (y,)
+        return y1
 
     def check_invertible(self, field):
         if not self.invertible:
@@ -86,8 +98,7 @@ class ImplicitRungeKutta(Scheme):
 
     def inverse(self, f, l, state, h, coef=None, t=None):
         t = l * h if t is None else t
-        fun = _Counting(f, l)
-        return (implicit_step(fun, t + h, state[0], -h, self.tableau, self.newton, batched=fun.batched)[0],)
+        return (self._layer(f, l, state[0], t + h, -h),)
 
 
 class ImplicitMidpoint(ImplicitRungeKutta):

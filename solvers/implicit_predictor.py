@@ -1,0 +1,103 @@
+r"""Starting stages for an implicit step from the previous step's collocation polynomial.
+
+After a step from ``(t_0, y_0)`` with stage increments ``Z`` (``Z = h (A ⊗ I) K``, ``K_i = F(Y_i)``), the polynomial
+``u(t_0 + τ h) = y_0 + Σ_i β_i(τ) h K_i``, ``β_i(τ) = ∫_0^τ ℓ_i``, with ``ℓ_i`` the Lagrange basis on the nodes
+``c``, is the method's continuous output: for a collocation method (Gauss-Legendre, Radau IIA) it passes through
+``y_0`` and every stage value, ``u(t_0 + c_i h) = Y_i``, and stays within ``O(h^{s+1})`` of the exact solution.
+The next step, of size ``r h`` from ``y_1``, then starts from the extrapolated stages
+
+    ``Z'_j = u(t_0 + h + r c_j h) − u(t_0 + h) = Σ_i (β_i(1 + r c_j) − β_i(1)) (A^{−1} Z)_i``,
+
+i.e. ``Z' = E(r) Z`` with an ``s × s`` matrix ``E`` fixed by the tableau (Hairer & Wanner 1996, "Solving ordinary
+differential equations II", §IV.8, starting values for the simplified Newton iterations). Its error is
+``O(h^{s+1})`` against the ``O(h²)`` of ``Z_i = h c_i F(t_0, y_0)``, and it needs no evaluation of the field; the
+iteration then runs to the same stopping rule, so the converged stages do not depend on the start beyond it.
+
+Tableaux with a singular ``A`` (an explicit first stage: ``trapezoid``, ``trbdf2``) or repeated nodes get no
+predictor.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+from .implicit_tableaux import ImplicitTableau
+
+__all__ = ["StagePredictor", "extrapolation_matrix"]
+
+_MAX_RATIO = 2.0  # beyond, the polynomial is extrapolated too far to beat the default start
+_E: dict[tuple[ImplicitTableau, float], np.ndarray | None] = {}
+
+
+def extrapolation_matrix(tab: ImplicitTableau, ratio: float) -> np.ndarray | None:
+    """``E(r)`` ``(s, s)`` with ``Z' = E Z`` for a next step ``r`` times the last (see the module); ``None`` where
+    ``A`` is singular or the nodes repeat."""
+    key = (tab, ratio)
+    if key in _E:
+        return _E[key]
+    c, A = np.array(tab.c), tab.A
+    E = None
+    if len(set(tab.c)) == len(c) and abs(np.linalg.det(A)) >= 1e-12:
+        s = len(c)
+        # ℓ_i(σ) = Σ_k W[k, i] σ^k with W = V^{-1}, V[i, k] = c_i^k; β_i(τ) = Σ_k W[k, i] τ^{k+1} / (k + 1)
+        W = np.linalg.inv(np.vander(c, s, increasing=True))
+        powers = np.arange(1, s + 1)
+
+        def beta(tau: np.ndarray) -> np.ndarray:
+            return (tau[:, None] ** powers / powers) @ W
+
+        E = (beta(1.0 + ratio * c) - beta(np.array([1.0]))) @ np.linalg.inv(A)
+    if ratio in (1.0, -1.0):  # equal steps, and a step undone: the only ratios kept (any other is computed anew)
+        _E[key] = E
+    return E
+
+
+class StagePredictor:
+    """The last step of a chain of steps (its output, its stage increments, its size), to start the next step from
+    when that one starts where it ended. Holds the output by weak reference, so that only a step taken from that
+    very tensor is predicted; dropped (not copied) by ``copy.deepcopy`` and pickling."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Any, float, torch.Tensor, str] | None = None
+
+    def guess(self, tab: ImplicitTableau, y: torch.Tensor, h: float) -> torch.Tensor | None:
+        """Starting increments ``(s, B, n)`` for the step of size ``h`` from ``y``, or ``None`` if ``y`` is not the
+        last step's output (the identical tensor: a step from it continues the chain, whatever time the caller
+        labels it with)."""
+        last = self._last
+        if last is None or last[0]() is not y or last[2].shape[1:] != y.reshape(len(y), -1).shape:
+            return None
+        ratio = h / last[1]
+        if abs(ratio) > _MAX_RATIO:
+            return None
+        E = extrapolation_matrix(tab, ratio)
+        Z = last[2]
+        if E is None or E.shape[0] != Z.shape[0]:
+            return None
+        return torch.mm(torch.as_tensor(E, dtype=Z.dtype, device=Z.device), Z.reshape(len(E), -1)).view_as(Z)
+
+    @property
+    def kind(self) -> str | None:
+        """The iteration that converged in the last step (``"fixed_point"`` or ``"simplified"`` for ``"auto"``)."""
+        return None if self._last is None else self._last[3]
+
+    def carries_from(self, y: torch.Tensor) -> bool:
+        """Whether ``y`` is the last step's output."""
+        return self._last is not None and self._last[0]() is y
+
+    def record(self, y1: torch.Tensor, h: float, Z: torch.Tensor, kind: str) -> None:
+        """The step of size ``h`` that gave ``y1`` from its converged increments ``Z`` and iteration ``kind``."""
+        self._last = (weakref.ref(y1), h, Z.detach(), kind)
+
+    def clear(self) -> None:
+        self._last = None
+
+    def __deepcopy__(self, memo: dict) -> StagePredictor:
+        return StagePredictor()
+
+    def __getstate__(self) -> dict:
+        return {"_last": None}
