@@ -71,6 +71,12 @@ class ImplicitRungeKutta(Scheme):
     def evaluations(self, l: int) -> int:
         return self._nfe.get(l, self.tableau.stages)
 
+    def init(self, y0):
+        # a pass through the layers starts its own chain: a net fed its own output must not continue the last
+        # pass's chain, or its result would depend on the call history
+        self._chain.clear()
+        return super().init(y0)
+
     def step(self, f, l, state, h, coef=None, t=None):
         return (self._layer(f, l, state[0], l * h if t is None else t, h),)
 
