@@ -123,6 +123,7 @@ def _count(info: Any, ids: torch.Tensor, passed: torch.Tensor, last: torch.Tenso
 
 
 def _failure(rd: Round, rows: Rows, nfe: int) -> SolverError:
+    assert rd.bad is not None
     row = int(rd.bad.nonzero()[0])
     b = int(rows.ids[row])
     nonfinite = not math.isfinite(float(rd.ratio[row]))
