@@ -9,12 +9,13 @@ block input ``u`` is restricted to the running rows.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 
 from cde_nets.solvers.counting import SolverStats
-from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.per_sample import PerSampleInfo, odeint_per_sample
 
 from .fields.base import Field
 from .fields.bound import BoundField
@@ -33,6 +34,7 @@ class _Rows:
         field = bound.field
         self.pieces = isinstance(field, Field) and type(field).forward is Field.forward and field.grid.L > 1
         self.jumps = field.grid.jumps if self.pieces else None
+        self.vjps: SolverStats | None = None  # backprop: count the vector-Jacobian products through each evaluation
 
     def _bound(self, ids: torch.Tensor) -> BoundField:
         if self.bound.u is None:
@@ -44,6 +46,12 @@ class _Rows:
         return self.cache[1]
 
     def __call__(self, t: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        out = self._evaluate(t, y, ids)
+        if self.vjps is not None and out.requires_grad:
+            out.register_hook(self.vjps.count_vjp)
+        return out
+
+    def _evaluate(self, t: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         bound = self._bound(ids)
         if self.jumps is None:
             return bound(t, y)
@@ -65,6 +73,8 @@ def solve_per_sample(block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_
     ``(batch, n)``, increasing within ``[0, T]``) or to the end times ``t_end`` (``(batch,)``), else to ``T``."""
     T, B = block.T, y0.shape[0]
     field = _Rows(bound)
+    if block.gradient.counts_vjp:
+        field.vjps = block._stats
     if field.jumps is not None and block.gradient.name == "adjoint":
         raise ValueError(
             "gradient='adjoint' with controller='per_sample' integrates the parameter gradient by each step's "
@@ -97,10 +107,19 @@ def solve_per_sample(block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_
     stats.nfe_forward = info.nfe
     stats.steps_forward = int(info.steps.max())
     stats.rejected_forward = int(info.rejected.max())
+    info.on_backward = partial(_backward_counts, stats)
     ts = times if t is not None and torch.as_tensor(t).dim() == 2 else times[0]
     if t_end is not None:
         return Solution(y=out[-1], stats=stats, stop_times=times[:, -1], fired=torch.zeros_like(times[:, -1] > 0))
     return Solution(y=out[-1], ts=None if t is None else ts, ys=None if t is None else out, stats=stats)
+
+
+def _backward_counts(stats: SolverStats, back: PerSampleInfo) -> None:
+    """The backward pass's counts, as the shared step reports them: field evaluations (the adjoint's backward
+    solve, or the replay's), and the most accepted and rejected steps of a sample."""
+    stats.nfe_backward = back.nfe
+    stats.steps_backward = int(back.steps.max())
+    stats.rejected_backward = int(back.rejected.max())
 
 
 def _times(t: Any, t_end: Any, T: float, y0: torch.Tensor) -> torch.Tensor:

@@ -121,7 +121,7 @@ class _Field:
     def __init__(self, func: Callable, shape: torch.Size, info: PerSampleInfo, rows: bool):
         self.func, self.shape, self.info, self.rows = func, shape, info, rows
         self.flat = len(shape) == 1  # a (batch, N) state: no reshaping
-        self.counting = True  # off once the forward solve is done: replays and backward solves count their own
+        self.counts: PerSampleInfo | None = info  # once the forward solve is done: the backward pass's, if any
 
     def __call__(self, t: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         m = y.shape[0]
@@ -145,9 +145,9 @@ class _Field:
                 "(e.g. t[:, None]) and gather per-sample data for the rows running (odeint_per_sample(..., "
                 "rows=True)), or use the shared step (controller='batch')."
             )
-        if self.counting:
-            self.info.nfe += 1
-            self.info.rows += m
+        if self.counts is not None:
+            self.counts.nfe += 1
+            self.counts.rows += m
         return k if self.flat else k.reshape(m, -1)
 
 
@@ -212,8 +212,8 @@ def odeint_per_sample(
     graph = torch.is_grad_enabled()
     if name in ("checkpoint", "symplectic", "adjoint") and graph:
         params = _params(func, params, name)
-    if name == "adjoint" and graph:
         info.backward = PerSampleInfo.zeros(B, y0.device)
+    if name == "adjoint" and graph:
         cfg = dict(
             stepper=stepper,
             times=times,
@@ -232,7 +232,7 @@ def odeint_per_sample(
         advance = advance_for(mode, stepper, params or ())
         kw: dict[str, Any] = dict(max_steps=max_steps, first_step=opts.get("first_step"), advance=advance)
         out = integrate_rows(stepper, y, times, rt, at, info, **kw)
-    F.counting = False
+    F.counts = info.backward
     out = out.view(times.shape[1], *y0.shape)
     return (out, info) if return_info else out
 

@@ -147,9 +147,25 @@ class _ReplayedRound(torch.autograd.Function):
             rd = stepper.round(y, k0, rows, graph=False)
         box.append(rd)
         ctx.stepper, ctx.rows, ctx.ok, ctx.outs = stepper, rows, rd.ok, list(zip(rd.out_rows, rd.out_w))
-        ctx.jumped = rd.jumped
+        ctx.jumped, ctx.first = rd.jumped, stepper.recorded == 0
+        stepper.recorded += 1
         ctx.save_for_backward(y, k0, *params)
         return (rd.y, rd.k0, *rd.values)
+
+
+def _replayed(ctx) -> None:
+    """Count a replayed round: the replay of the forward's first round ends the backward pass (every output
+    depends on it), and the backward counts are then complete."""
+    info = ctx.stepper.F.info
+    back = info.backward
+    if back is None:
+        return
+    back.rounds += 1
+    if ctx.first:
+        back.steps.copy_(info.steps)
+        back.rejected.copy_(info.rejected)
+        if info.on_backward is not None:
+            info.on_backward(back)
 
 
 class _CheckpointRound(_ReplayedRound):
@@ -174,6 +190,7 @@ class _CheckpointRound(_ReplayedRound):
             grads = torch.autograd.grad(
                 [o for o, _ in pairs], [yv, kv, *params], [g for _, g in pairs], allow_unused=True
             )
+        _replayed(ctx)
         return (None, None, None, *grads)
 
 
@@ -229,6 +246,7 @@ class _SymplecticRound(_ReplayedRound):
                 if a != 0.0:
                     kappa[j] = _add(kappa[j], (a * h) * mu)
         lam_k = _add(lam_k, kappa[0])
+        _replayed(ctx)
         return (None, None, None, lam_y, lam_k, *grads)
 
 

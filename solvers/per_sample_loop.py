@@ -15,6 +15,7 @@ gradient methods (:mod:`solvers.per_sample_grads`) recompute it from its stored 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -42,7 +43,9 @@ class PerSampleInfo:
     """What one per-sample solve did: ``steps``/``rejected``: ``(batch,)`` accepted and rejected steps of each
     sample; ``rounds``: batched steps taken (the most any sample attempted); ``nfe``: batched field calls;
     ``rows``: field evaluations summed over rows (the work a row-parallel field does); ``backward``: the same for
-    the adjoint's backward solve (steps summed over its output intervals), once it has run."""
+    the backward pass, once it has run: the adjoint's backward solve (steps summed over its output intervals) or
+    the replay of the rounds (``checkpoint``, ``symplectic``: the forward's steps, and the evaluations the replay
+    made); ``on_backward``, if set, is called with ``backward`` when the backward pass is done."""
 
     steps: torch.Tensor
     rejected: torch.Tensor
@@ -50,6 +53,7 @@ class PerSampleInfo:
     nfe: int = 0
     rows: int = 0
     backward: PerSampleInfo | None = None
+    on_backward: Callable[[PerSampleInfo], None] | None = None
 
     @staticmethod
     def zeros(B: int, device: torch.device) -> PerSampleInfo:
@@ -150,6 +154,7 @@ class Stepper:
         self.clip: bool | None = None  # True: the last step of each row ends on its end time (the adjoint's)
         self.jumps: torch.Tensor | None = None  # times where the field jumps (float64, increasing), + inf
         self.work: _Work | None = None
+        self.recorded = 0  # rounds recorded for a replay in the backward pass
 
     def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
         """The next step of every row: ``t1 = t0 + dt``, shortened to land on the end (``clip``) or on the next
