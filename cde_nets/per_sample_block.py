@@ -2,20 +2,22 @@
 (:mod:`cde_nets.solvers.per_sample`), its own output times ``t`` (``(batch, n)``) or end time ``t_end``.
 
 The field sees the running rows and one time per row. A :class:`~cde_nets.fields.base.Field` whose time enters only
-through its piece (the inherited ``forward``) is evaluated once per piece in force among the rows, each row on its
-own piece; any other module is called with ``t`` of shape ``(m,)`` and must broadcast it against its rows. A
-block input ``u`` is restricted to the running rows.
+through its piece (the inherited ``forward``) is evaluated on the running rows once per piece the round's times
+span, and each row takes the value of its own piece, found on the device (no read per evaluation); any other
+module is called with ``t`` of shape ``(m,)`` and must broadcast it against its rows. A block input ``u`` is
+restricted to the running rows.
 """
 
 from __future__ import annotations
 
+import bisect
 from functools import partial
 from typing import Any
 
 import torch
 
 from cde_nets.solvers.counting import SolverStats
-from cde_nets.solvers.per_sample import PerSampleInfo, odeint_per_sample
+from cde_nets.solvers.per_sample import TIME_SPAN, PerSampleInfo, odeint_per_sample
 
 from .fields.base import Field
 from .fields.bound import BoundField
@@ -34,6 +36,8 @@ class _Rows:
         field = bound.field
         self.pieces = isinstance(field, Field) and type(field).forward is Field.forward and field.grid.L > 1
         self.jumps = field.grid.jumps if self.pieces else None
+        self.bounds = [] if self.jumps is None else self.jumps.tolist()
+        self.on_device: torch.Tensor | None = None
         self.vjps: SolverStats | None = None  # backprop: count the vector-Jacobian products through each evaluation
 
     def _bound(self, ids: torch.Tensor) -> BoundField:
@@ -52,19 +56,24 @@ class _Rows:
         return out
 
     def _evaluate(self, t: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Each row on the piece its time is in (``grid.index``: the boundaries passed, ``bucketize``), found on
+        the device: the span of the times (carried on the host, :data:`TIME_SPAN`) says which pieces can be in
+        force; the field is evaluated once on each of them and every row takes its own piece's value."""
         bound = self._bound(ids)
         if self.jumps is None:
             return bound(t, y)
-        jumps = self.jumps.to(t.device)
-        keys = torch.bucketize(t.to(torch.float64), jumps, right=True)  # the piece of each row, as grid.index
-        found = torch.unique(keys).tolist()
-        if len(found) == 1:
-            return bound(t[0], y)
-        out = y.new_empty(y.shape)
-        for k in found:
-            sel = (keys == k).nonzero()[:, 0]
-            part = bound.rows(sel) if bound.u is not None else bound
-            out = out.index_put((sel,), part(t[sel[0]], y[sel]))
+        span = getattr(t, TIME_SPAN, None)
+        if span is None:  # a time without its span (the solve's first two evaluations): read it
+            span = torch.stack(torch.aminmax(t)).tolist()
+        lo, hi = (bisect.bisect_right(self.bounds, v) for v in span)
+        out = bound.evaluate(lo, y)
+        if hi == lo:
+            return out
+        if self.on_device is None or self.on_device.device != t.device:
+            self.on_device = self.jumps.to(device=t.device)
+        keys = torch.bucketize(t.to(torch.float64), self.on_device, right=True).view(-1, *(1,) * (y.dim() - 1))
+        for k in range(lo + 1, hi + 1):
+            out = torch.where(keys == k, bound.evaluate(k, y), out)
         return out
 
 
@@ -96,6 +105,7 @@ def solve_per_sample(block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_
         options=dict(s.options),
         max_steps=s.max_steps,
         rows=True,
+        time_spans=field.pieces,
         gradient=block.gradient,
         params=block._params(bound),
         jump_t=field.jumps if block.solver.jumps else None,

@@ -40,12 +40,13 @@ from torch import nn
 from .options import PER_SAMPLE_METHODS, validate_tolerances
 from .per_sample_adjoint import adjoint_rows
 from .per_sample_grads import advance_for, integrate_rows
-from .per_sample_loop import PerSampleInfo, Stepper
+from .per_sample_loop import TIME_SPAN, PerSampleInfo, Stepper
 from .tableaux import TABLEAUX
 
 __all__ = [
     "PER_SAMPLE_GRADIENTS",
     "PER_SAMPLE_METHODS",
+    "TIME_SPAN",
     "PerSampleInfo",
     "check_per_sample_gradient",
     "odeint_per_sample",
@@ -166,6 +167,7 @@ def odeint_per_sample(
     gradient: Any = "backprop",
     params: Sequence[torch.Tensor] | None = None,
     jump_t: Any = None,
+    time_spans: bool = False,
     return_info: bool = False,
 ) -> Any:
     """Solve ``y_b' = func(t, y)_b`` for every sample ``b`` of ``y0`` (``(batch, *state)``) on its own steps.
@@ -185,6 +187,9 @@ def odeint_per_sample(
             gradients are wanted (default: ``func``'s parameters when it is a module).
         jump_t: times where ``func`` jumps (torchdiffeq's ``jump_t``, common to all samples): a step that would
             cross one is shortened to end on it, and the next step's first stage is read just after it.
+        time_spans: every time tensor ``func`` sees carries the least and greatest of its values on the host,
+            ``getattr(t, TIME_SPAN)``, read with each round's counts:
+            a piecewise field finds the pieces in force without a read of its own.
         return_info: also return the :class:`PerSampleInfo`.
 
     Returns ``(n, batch, *state)``: ``out[j, b]`` is sample ``b`` at ``t[b, j]`` (and the info if asked).
@@ -207,6 +212,7 @@ def odeint_per_sample(
     F = _Field(func, y0.shape[1:], info, rows)
     stepper = Stepper(F, TABLEAUX[method], y0, opts, B)
     stepper.jumps = _jumps(jump_t, y0.device)
+    stepper.spans = time_spans
     rt, at = _tolerance("rtol", rtol, B, y0), _tolerance("atol", atol, B, y0)
     y = y0.reshape(B, -1)
     graph = torch.is_grad_enabled()

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["Controller", "Decision"]
+__all__ = ["Controller", "Decision", "in_dtype"]
 
 LANES = 16  # a multiple of every CPU vector width in float64
 
@@ -29,8 +29,9 @@ class Decision(NamedTuple):
     the rows' time after it, ``dt``/``t1`` the next step and its end, ``alive`` still short of the last output,
     ``due`` owing an output within the accepted step, ``moved`` whose next step advances its clock (false for a
     NaN or underflowed step, and for finished rows, frozen at zero steps), ``norm`` ``√N · r`` (in a buffer the
-    next round reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed, and the
-    accepted steps that ended on a jump of the field (``None`` without jumps)."""
+    next round reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed, the
+    accepted steps that ended on a jump of the field (``None`` without jumps), and, if asked, the span of the next
+    round's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype."""
 
     ok: torch.Tensor
     ay: torch.Tensor
@@ -45,6 +46,7 @@ class Decision(NamedTuple):
     n_due: int
     n_bad: int
     jumped: torch.Tensor | None
+    span: tuple[float, float] | None
 
 
 class Controller:
@@ -79,10 +81,13 @@ class Controller:
             s = self._safety[N] = s.to(self.device)
         return s
 
-    def decide(self, rows: Any, errT: torch.Tensor, e: torch.Tensor, Y: torch.Tensor, jumps: bool) -> Decision:
+    def decide(
+        self, rows: Any, errT: torch.Tensor, e: torch.Tensor, Y: torch.Tensor, jumps: bool, span: bool = False
+    ) -> Decision:
         """The decisions after an attempted step: ``errT`` the stages times the step, stage-minor (``(m N, s)``),
         ``e`` the error weights, ``Y`` the attempted new state ``(m, N)`` (no graph), ``jumps`` whether the field
-        has jumps (``rows.on_jump`` marks the steps that end on one)."""
+        has jumps (``rows.on_jump`` marks the steps that end on one), ``span`` whether to read the span of the
+        next round's times with the counts."""
         m, N = Y.shape
         full, norm = self._root_buffer(m)
         ay = Y.abs()
@@ -107,7 +112,20 @@ class Controller:
         flags = [alive, rows.t_next <= t_new, t1 > t_new]
         if jumps:
             flags.append(ok & rows.on_jump)
-        n_alive, n_due, n_moved, *n_jumped = torch.stack(flags).sum(1).tolist()
+        if span:  # one read all the same: the counts (exact in float64) with the least and greatest time
+            ends = torch.stack((t_new.min(), t1.max()))
+            *counts, lo, hi = torch.cat((torch.stack(flags).sum(1, dtype=torch.float64), ends)).tolist()
+            n_alive, n_due, n_moved, *n_jumped = (int(c) for c in counts)
+            times: tuple[float, float] | None = in_dtype(lo, Y.dtype), in_dtype(hi, Y.dtype)
+        else:
+            n_alive, n_due, n_moved, *n_jumped = torch.stack(flags).sum(1).tolist()
+            times = None
         jumped = flags[3] if n_jumped and n_jumped[0] else None
         n_bad = n_alive - n_moved
-        return Decision(ok, ay, t_new, dt, t1, alive, flags[1], flags[2], norm, n_alive, n_due, n_bad, jumped)
+        return Decision(ok, ay, t_new, dt, t1, alive, flags[1], flags[2], norm, n_alive, n_due, n_bad, jumped, times)
+
+
+def in_dtype(x: float, dtype: torch.dtype) -> float:
+    """A float64 time as the state's dtype rounds it (the field sees its times in that dtype; rounding is
+    monotone, so the span of the rounded times is the rounded span)."""
+    return x if dtype == torch.float64 else float(torch.tensor(x, dtype=torch.float64).to(dtype))

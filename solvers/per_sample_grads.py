@@ -183,7 +183,7 @@ class _CheckpointRound(_ReplayedRound):
             k_new = torch.where(okc, k_last, kv)
             jr = ctx.jumped
             if jr is not None:
-                k_new = k_new.index_put((jr,), st.after_jump(rows.t1[jr], Y[jr], rows.ids[jr]))
+                k_new = k_new.index_put((jr,), st.after_jump(rows.t1[jr], Y[jr], rows.ids[jr], rows.span))
             outs = [torch.where(okc, Y, yv), k_new]
             outs += [yv[r] + torch.einsum("rs,srn->rn", w, K[:, r]) for r, w in ctx.outs]
             pairs = [(o, g) for o, g in zip(outs, (g_y, g_k, *g_values)) if g is not None]
@@ -214,7 +214,7 @@ class _SymplecticRound(_ReplayedRound):
         if jr is not None:  # k_1 re-read past a jump from the new state: its cotangent goes to that state
             with torch.enable_grad():
                 Y = inputs[-1][jr].detach().requires_grad_()
-                f = st.after_jump(rows.t1[jr], Y, rows.ids[jr])
+                f = st.after_jump(rows.t1[jr], Y, rows.ids[jr], rows.span)
                 mu, *gp = torch.autograd.grad(f, [Y, *params], g_k[jr], allow_unused=True)
             grads = list(gp)
             g_y = g_y.index_add(0, jr, mu)
@@ -231,7 +231,7 @@ class _SymplecticRound(_ReplayedRound):
                 wh = w * h[r]  # the dense output's weights on the stages themselves
                 for i in range(st.s):
                     kappa[i] = _add(kappa[i], torch.zeros_like(y).index_add_(0, r, wh[:, i : i + 1] * g))
-        ts = st.stage_times(rows.t0, rows.dt, rows.t1)
+        ts = st.stage_times(rows.t0, rows.dt, rows.t1, rows.span)
         for i in range(st.s - 1, 0, -1):
             kap = kappa[i]
             if kap is None:

@@ -22,12 +22,15 @@ from typing import Any
 import torch
 
 from .fast_rk import _dense_weights
-from .per_sample_control import Controller
+from .per_sample_control import Controller, in_dtype
 from .tableaux import MethodTableau
 
-__all__ = ["PerSampleInfo", "Round", "Rows", "Stepper", "root"]
+__all__ = ["TIME_SPAN", "PerSampleInfo", "Round", "Rows", "Stepper", "root"]
 
 _LANES = 16  # a multiple of every CPU vector width in float64
+
+# attribute of the time tensors a field sees, with ``spans``: ``(least, greatest)`` of their values, on the host
+TIME_SPAN = "_time_span"
 
 
 def root(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -66,7 +69,8 @@ class Rows:
     """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
     ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
     was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time, ``ay``
-    ``|y|`` carried from the last accepted step, ``rtol``/``atol`` ``(m, 1)`` in the state's dtype."""
+    ``|y|`` carried from the last accepted step, ``rtol``/``atol`` ``(m, 1)`` in the state's dtype; ``span`` the
+    least and greatest time of the round on the host (with ``Stepper.spans``)."""
 
     ids: torch.Tensor
     t0: torch.Tensor
@@ -80,15 +84,17 @@ class Rows:
     ay: torch.Tensor
     rtol: torch.Tensor
     atol: torch.Tensor
+    span: tuple[float, float] | None = None
 
     def select(self, keep: torch.Tensor) -> Rows:
-        return Rows(*(getattr(self, f.name).index_select(0, keep) for f in fields(self)))
+        kept: list[Any] = [getattr(self, f.name) for f in fields(self)]
+        selected: list[Any] = [v.index_select(0, keep) if isinstance(v, torch.Tensor) else v for v in kept]
+        return Rows(*selected)
 
     def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> Rows:
         """These rows with new clocks (a direct construction: ``dataclasses.replace`` costs a round ~10 µs)."""
-        return Rows(
-            self.ids, t0, dt, t1, on_jump, self.tl, self.tt, self.cursor, self.t_next, self.ay, self.rtol, self.atol
-        )
+        clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.ay, self.rtol, self.atol, self.span)
+        return Rows(self.ids, t0, dt, t1, *clocks)
 
 
 @dataclass
@@ -155,6 +161,7 @@ class Stepper:
         self.jumps: torch.Tensor | None = None  # times where the field jumps (float64, increasing), + inf
         self.work: _Work | None = None
         self.recorded = 0  # rounds recorded for a replay in the backward pass
+        self.spans = False  # True: every time tensor the field sees carries its span (TIME_SPAN)
 
     def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
         """The next step of every row: ``t1 = t0 + dt``, shortened to land on the end (``clip``) or on the next
@@ -170,15 +177,20 @@ class Stepper:
             dt, t1 = torch.where(on_jump, jump - t0, dt), torch.where(on_jump, jump, t1)
         return rows.clocks(t0, dt, t1, on_jump)
 
-    def stage_times(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def stage_times(
+        self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None, span: tuple | None = None
+    ) -> list[torch.Tensor]:
         """The ``s`` stage times (``(m,)`` each, in the state's dtype); those at ``c = 1`` just before ``t_1``, as
-        the shared step evaluates them."""
+        the shared step evaluates them. Each carries ``span`` (:data:`TIME_SPAN`) when given."""
         ts = torch.addcmul(t0, self.c, dt)
         end = t0 + dt if t1 is None else t1
         if self.dtype != torch.float64:
             ts, end = ts.to(self.dtype), end.to(self.dtype)
         out = list(ts.unbind(0))
         out[self.tail :] = [torch.nextafter(end, self.neg_inf)] * (self.s - self.tail)
+        if span is not None:
+            for t in out[: self.tail + 1]:
+                setattr(t, TIME_SPAN, span)
         return out
 
     def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None, ts: list | None = None):
@@ -187,7 +199,7 @@ class Stepper:
         ``Y_i = y + Σ_j a_ij (h k_j)``: one product with the stored stages, as the shared step's ``addmv``."""
         m, N, s = y.shape[0], y.shape[1], self.s
         h = (rows.dt if self.dtype == torch.float64 else rows.dt.to(self.dtype))[:, None]
-        tsr = self.stage_times(rows.t0, rows.dt, rows.t1) if ts is None else ts
+        tsr = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span) if ts is None else ts
         a, F, ids = self.a, self.F, rows.ids
         Y, k = y, k0
         if inputs is not None:
@@ -219,16 +231,16 @@ class Stepper:
     def round(self, y: torch.Tensor, k0: torch.Tensor, rows: Rows, graph: bool) -> Round:
         """One attempted step of every row (``graph``: keep the autograd graph of the values); the control
         (:mod:`solvers.per_sample_control`) works on detached values."""
-        ts = self.stage_times(rows.t0, rows.dt, rows.t1)
+        ts = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span)
         if not self.fsal:
             k0 = self.F(ts[0], y, rows.ids)
         K, flat, Y, k_last = self.stages(y, k0, rows, graph, ts=ts)
         if graph:
             with torch.no_grad():
-                d = self.control.decide(rows, flat.detach().t(), self.e, Y.detach(), self.jumps is not None)
+                d = self.control.decide(rows, flat.detach().t(), self.e, Y.detach(), self.jumps is not None, self.spans)
         else:  # run under no-grad already (the stages went to buffers)
             assert self.work is not None
-            d = self.control.decide(rows, self.work.KT[self.s], self.e, Y, self.jumps is not None)
+            d = self.control.decide(rows, self.work.KT[self.s], self.e, Y, self.jumps is not None, self.spans)
         outs = _Outputs()
         cursor, t_next, due, n_due = rows.cursor, rows.t_next, d.due, d.n_due
         t0, t1 = rows.t0, rows.t1
@@ -241,15 +253,14 @@ class Stepper:
             n_due = int(due.sum())
         okc = d.ok[:, None]
         ay = torch.where(okc, d.ay, rows.ay)
-        new = Rows(
-            rows.ids, d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, ay, rows.rtol, rows.atol
-        )
+        clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, ay, rows.rtol, rows.atol)
+        new = Rows(rows.ids, *clocks, d.span)
         if not d.n_bad and (self.clip is not None or self.jumps is not None):
             new = self.plan(new, d.t_new, d.dt, d.t1)
         k_new = torch.where(okc, k_last, k0)
         jr = d.jumped.nonzero()[:, 0] if d.jumped is not None and not d.n_bad else None
         if jr is not None:  # past a jump of the field: the next step's first stage on its far side
-            k_new = k_new.index_put((jr,), self.after_jump(t1[jr], Y[jr], rows.ids[jr]))
+            k_new = k_new.index_put((jr,), self.after_jump(t1[jr], Y[jr], rows.ids[jr], rows.span))
         return Round(
             y=torch.where(okc, Y, y),
             k0=k_new,
@@ -267,9 +278,13 @@ class Stepper:
             n_bad=d.n_bad,
         )
 
-    def after_jump(self, t1: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """``F`` just after the jump ``t1`` (as torchdiffeq re-reads it, ``nextafter(t1, +inf)``)."""
-        return self.F(torch.nextafter(t1.to(self.dtype), -self.neg_inf), y, ids)
+    def after_jump(self, t1: torch.Tensor, y: torch.Tensor, ids: torch.Tensor, span: tuple | None) -> torch.Tensor:
+        """``F`` just after the jump ``t1`` (as torchdiffeq re-reads it, ``nextafter(t1, +inf)``); ``span``
+        that of the round ending on it."""
+        t = torch.nextafter(t1.to(self.dtype), -self.neg_inf)
+        if span is not None:
+            setattr(t, TIME_SPAN, (span[0], math.nextafter(span[1], math.inf)))
+        return self.F(t, y, ids)
 
 
 class _Outputs:
@@ -334,4 +349,8 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         dt = initial_step(stepper, t0, y.detach(), k0.detach(), rows)
     else:
         dt = torch.full((B,), float(first_step), dtype=torch.float64, device=device)
-    return k0, stepper.plan(rows, t0, dt.clamp(stepper.min_step, stepper.max_step))
+    rows = stepper.plan(rows, t0, dt.clamp(stepper.min_step, stepper.max_step))
+    if stepper.spans:  # the first round's span (later rounds read theirs with the controller's counts)
+        lo, hi = torch.stack((rows.t0.min(), rows.t1.max())).tolist()
+        rows.span = (in_dtype(lo, stepper.dtype), in_dtype(hi, stepper.dtype))
+    return k0, rows

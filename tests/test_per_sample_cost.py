@@ -67,3 +67,36 @@ def test_a_dopri5_round_is_few_tensor_ops_and_one_read():
     calls, reads = _per_round(solve)
     assert calls <= 56, calls
     assert reads == 1
+
+
+def test_piecewise_field_finds_its_pieces_without_reads():
+    """A piecewise NAIS block, per-sample control stopping on the piece boundaries, the samples on different
+    pieces in most rounds (``y0`` of different sizes: they reach the boundaries in different rounds): each row's
+    piece is found on the device from the span the round's read brings, so the reads per round stay at the
+    controller's one (before: one or more per field evaluation), and each sample's result is that of its solve
+    alone with the shared step, to rounding."""
+    from cde_nets import ODEBlock
+    from cde_nets.fields.nais import NAIS
+
+    g = torch.Generator().manual_seed(5)
+    field = NAIS(3, 2, layers=4, T=2.0, eps=0.1, init_std=1.0, generator=g).double()
+    x0 = torch.randn(6, 3, generator=g, dtype=torch.float64) * torch.linspace(0.1, 3.0, 6, dtype=torch.float64)[:, None]
+    u = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    mode = _Calls()
+    counts = []
+    for tol in (1e-5, 1e-9):
+        block = ODEBlock(field, controller="per_sample", rtol=tol, atol=tol)
+        with torch.no_grad():
+            block(x0, u)
+            mode.calls.clear()
+            with mode:
+                y = block(x0, u)
+        rounds = block.stats["steps_forward"] + block.stats["rejected_forward"]
+        counts.append((rounds, sum(mode.calls[r] for r in READS)))
+        shared = ODEBlock(field, rtol=tol, atol=tol)
+        with torch.no_grad():
+            for b in range(6):
+                torch.testing.assert_close(y[b], shared(x0[b : b + 1], u[b : b + 1])[0], rtol=0, atol=1e-13)
+    (r0, h0), (r1, h1) = counts
+    assert r1 > r0 + 20
+    assert (h1 - h0) / (r1 - r0) <= 1.0
