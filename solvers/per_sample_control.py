@@ -60,9 +60,7 @@ class Controller:
         self.ifactor = float(opts.get("ifactor", 10.0))
         self.dfactor = float(opts.get("dfactor", 0.2))
         self.bounded = self.min_step > 0 or self.max_step < math.inf
-        kw: dict[str, Any] = dict(dtype=torch.float64, device=device)
-        self.one, self.zero = torch.ones((), **kw), torch.zeros((), **kw)
-        self.dfactor_t, self.ifactor_t = torch.tensor(self.dfactor, **kw), torch.tensor(self.ifactor, **kw)
+        self.one, self.zero, self.dfactor_t, self.ifactor_t = _scalars(device, 1.0, 0.0, self.dfactor, self.ifactor)
         self.device = device
         self._safety: dict[int, torch.Tensor] = {}
         self._buffer: tuple[int, torch.Tensor, torch.Tensor] | None = None
@@ -77,8 +75,8 @@ class Controller:
     def _scaled_safety(self, N: int) -> torch.Tensor:
         s = self._safety.get(N)
         if s is None:
-            s = self._safety[N] = torch.tensor(self.safety * N ** (0.5 / self.order), dtype=torch.float64)
-            s = self._safety[N] = s.to(self.device)
+            (s,) = _scalars(self.device, self.safety * N ** (0.5 / self.order))
+            self._safety[N] = s
         return s
 
     def decide(
@@ -123,6 +121,20 @@ class Controller:
         jumped = flags[3] if n_jumped and n_jumped[0] else None
         n_bad = n_alive - n_moved
         return Decision(ok, ay, t_new, dt, t1, alive, flags[1], flags[2], norm, n_alive, n_due, n_bad, jumped, times)
+
+
+_SCALARS: dict[tuple, torch.Tensor] = {}
+
+
+def _scalars(device: torch.device, *values: float) -> list[torch.Tensor]:
+    """0-d float64 tensors of ``values`` on ``device``, made once each (read only)."""
+    out = []
+    for v in values:
+        t = _SCALARS.get((device, v))
+        if t is None:
+            t = _SCALARS[(device, v)] = torch.tensor(v, dtype=torch.float64, device=device)
+        out.append(t)
+    return out
 
 
 def in_dtype(x: float, dtype: torch.dtype) -> float:

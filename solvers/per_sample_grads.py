@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .errors import Reason, SolverError
-from .per_sample_loop import Round, Rows, Stepper, start
+from .per_sample_loop import Round, Rows, Stepper, dense, start
 
 __all__ = ["advance_for", "integrate_rows"]
 
@@ -185,7 +185,7 @@ class _CheckpointRound(_ReplayedRound):
             if jr is not None:
                 k_new = k_new.index_put((jr,), st.after_jump(rows.t1[jr], Y[jr], rows.ids[jr], rows.span))
             outs = [torch.where(okc, Y, yv), k_new]
-            outs += [yv[r] + torch.einsum("rs,srn->rn", w, K[:, r]) for r, w in ctx.outs]
+            outs += [dense(yv, K, r, w) for r, w in ctx.outs]
             pairs = [(o, g) for o, g in zip(outs, (g_y, g_k, *g_values)) if g is not None]
             grads = torch.autograd.grad(
                 [o for o, _ in pairs], [yv, kv, *params], [g for _, g in pairs], allow_unused=True

@@ -25,7 +25,7 @@ from .fast_rk import _dense_weights
 from .per_sample_control import Controller, in_dtype
 from .tableaux import MethodTableau
 
-__all__ = ["TIME_SPAN", "PerSampleInfo", "Round", "Rows", "Stepper", "root"]
+__all__ = ["TIME_SPAN", "PerSampleInfo", "Round", "Rows", "Stepper", "dense", "root"]
 
 _LANES = 16  # a multiple of every CPU vector width in float64
 
@@ -121,19 +121,46 @@ class Round:
 
 class _Work:
     """Buffers of a round without a graph for ``m`` running rows: the stages ``K`` (``s × m × N``), the views
-    of their combinations and the stage inputs, made once per batch size (nothing of a round outlives it: the
-    new state is a fresh ``torch.where``)."""
+    of their combinations and the stage inputs (nothing of a round outlives it: the new state is a fresh
+    ``torch.where``). Made once per solve, for the whole batch; a compacted batch takes views of the same
+    memory."""
 
-    def __init__(self, s: int, m: int, N: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, s: int, m: int, N: int, dtype: torch.dtype, device: torch.device, old: _Work | None):
+        if old is None or old.store[0].shape[1] < m or old.store[0].shape[2] != N:
+            # one tensor each: a field that differentiates its input (the adjoint's) keeps it in a graph, and
+            # views of one tensor share its version counter, so writing the next stage input would void that graph
+            inputs = [torch.empty(m * N, dtype=dtype, device=device) for _ in range(s)]
+            self.store = (torch.empty((s, m, N), dtype=dtype, device=device), inputs)
+        else:
+            self.store = old.store
+        K, inputs = self.store
         self.m = m
-        self.K = torch.empty((s, m, N), dtype=dtype, device=device)
-        self.flat = self.K.view(s, m * N)
+        self.K = K[:, :m]
+        self.flat = K.view(s, -1)[:, : m * N]
         self.KT = [self.flat[:i].t() for i in range(s + 1)]
         self.rows = list(self.K.unbind(0))
-        # one tensor each: a field that differentiates its input (the adjoint's) keeps it in a graph, and views
-        # of one tensor share its version counter, so writing the next stage input would void that graph
-        self.inputs_flat = [torch.empty(m * N, dtype=dtype, device=device) for _ in range(s)]
+        self.inputs_flat = [v[: m * N] for v in inputs]
         self.inputs = [v.view(m, N) for v in self.inputs_flat]
+
+
+_CONSTANTS: dict[tuple, tuple] = {}
+
+
+def _constants(tab: MethodTableau, dtype: torch.dtype, device: torch.device) -> tuple:
+    """A method's tensors, made once per dtype and device (read only): error weights ``e``, dense-output
+    weights ``P`` (``(4, s)``), the rows of ``a``, the nodes ``c`` (``(s, 1)``, float64) and ``−inf``."""
+    key = (tab.name, dtype, device)
+    made = _CONSTANTS.get(key)
+    if made is None:
+        kw: dict[str, Any] = dict(dtype=dtype, device=device)
+        made = _CONSTANTS[key] = (
+            torch.tensor(tab.error, **kw),
+            torch.tensor(_dense_weights(tab), **kw),
+            [torch.tensor(row, **kw) for row in tab.tableau.a],
+            torch.tensor(tab.tableau.c, dtype=torch.float64, device=device)[:, None],
+            torch.tensor(-math.inf, **kw),
+        )
+    return made
 
 
 class Stepper:
@@ -143,19 +170,15 @@ class Stepper:
     def __init__(self, F: Any, tab: MethodTableau, y0: torch.Tensor, opts: dict, B: int):
         self.F, self.tab, self.B, self.options = F, tab, B, opts
         self.dtype, self.device = y0.dtype, y0.device
-        kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
         self.order, self.s = tab.order, tab.stages
         self.control = Controller(tab.order, opts, y0.device)
         self.min_step, self.max_step = self.control.min_step, self.control.max_step
-        self.e = torch.tensor(tab.error, **kw)
-        self.P = torch.tensor(_dense_weights(tab), **kw)  # (4, s)
-        self.a = [torch.tensor(row, **kw) for row in tab.tableau.a]
+        self.e, self.P, self.a, self.c, self.neg_inf = _constants(tab, y0.dtype, y0.device)
+        self.P_rows = self.P.unbind(0)
         self.b = tab.tableau.b
         c = tab.tableau.c
-        self.c = torch.tensor(c, dtype=torch.float64, device=y0.device)[:, None]
         self.tail = c.index(1.0)  # the stages at c = 1 close the tableau (dopri5: the last two; bosh3: the last)
         assert all(ci == 1.0 for ci in c[self.tail :])
-        self.neg_inf = torch.tensor(-math.inf, dtype=y0.dtype, device=y0.device)
         self.fsal = True  # k_1 of a step is the last stage of the step before (the adjoint re-evaluates it)
         self.clip: bool | None = None  # True: the last step of each row ends on its end time (the adjoint's)
         self.jumps: torch.Tensor | None = None  # times where the field jumps (float64, increasing), + inf
@@ -216,7 +239,7 @@ class Stepper:
             return K, K.view(s, m * N), Y, k
         W = self.work
         if W is None or W.m != m:  # stages in a reused stage-major buffer, each combination one product
-            W = self.work = _Work(s, m, N, self.dtype, self.device)
+            W = self.work = _Work(s, m, N, self.dtype, self.device, W)
         torch.mul(k0, h, out=W.rows[0])
         yf = y.view(m * N)
         for i in range(1, s):
@@ -299,12 +322,19 @@ class _Outputs:
     def add(self, st: Stepper, y, K, r: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
         with torch.no_grad():
             x = x.to(st.dtype)[:, None]
-            P = st.P
-            w = x * (P[0] + x * (P[1] + x * (P[2] + x * P[3])))  # (r, s)
-        self.values.append(y[r] + torch.einsum("rs,srn->rn", w, K[:, r]))
+            P0, P1, P2, P3 = st.P_rows
+            w = torch.addcmul(P2, x, P3)
+            w = torch.addcmul(P1, x, w)
+            w = torch.addcmul(P0, x, w).mul_(x)  # (r, s)
+        self.values.append(dense(y, K, r, w))
         self.positions.append(positions)
         self.rows.append(r)
         self.weights.append(w)
+
+
+def dense(y: torch.Tensor, K: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``y_0 + Σ_i w_i (h k_i)`` on rows ``r``: ``w`` ``(r, s)``, the stages times the step ``K`` ``(s, m, N)``."""
+    return y[r] + torch.bmm(w[:, None], K[:, r].transpose(0, 1))[:, 0]
 
 
 def initial_step(stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: Rows) -> torch.Tensor:
