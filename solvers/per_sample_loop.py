@@ -125,6 +125,8 @@ class _Work:
     ``torch.where``). Made once per solve, for the whole batch; a compacted batch takes views of the same
     memory."""
 
+    store: tuple[torch.Tensor, list[torch.Tensor]]  # the stages (s, B, N) and the stage inputs (B N,)
+
     def __init__(self, s: int, m: int, N: int, dtype: torch.dtype, device: torch.device, old: _Work | None):
         if old is None or old.store[0].shape[1] < m or old.store[0].shape[2] != N:
             # one tensor each: a field that differentiates its input (the adjoint's) keeps it in a graph, and
