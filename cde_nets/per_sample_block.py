@@ -18,6 +18,7 @@ import torch
 
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.per_sample import TIME_SPAN, PerSampleInfo, odeint_per_sample
+from cde_nets.solvers.times import HOST_TIME
 
 from .fields.base import Field
 from .fields.bound import BoundField
@@ -38,6 +39,7 @@ class _Rows:
         self.jumps = field.grid.jumps if self.pieces else None
         self.bounds = [] if self.jumps is None else self.jumps.tolist()
         self.on_device: torch.Tensor | None = None
+        self.starts: dict[tuple, torch.Tensor] = {}
         self.vjps: SolverStats | None = None  # backprop: count the vector-Jacobian products through each evaluation
 
     def _bound(self, ids: torch.Tensor) -> BoundField:
@@ -66,15 +68,26 @@ class _Rows:
         if span is None:  # a time without its span (the solve's first two evaluations): read it
             span = torch.stack(torch.aminmax(t)).tolist()
         lo, hi = (bisect.bisect_right(self.bounds, v) for v in span)
-        out = bound.evaluate(lo, y)
+        out = bound(self._start(lo, y), y)
         if hi == lo:
             return out
         if self.on_device is None or self.on_device.device != t.device:
             self.on_device = self.jumps.to(device=t.device)
         keys = torch.bucketize(t.to(torch.float64), self.on_device, right=True).view(-1, *(1,) * (y.dim() - 1))
         for k in range(lo + 1, hi + 1):
-            out = torch.where(keys == k, bound.evaluate(k, y), out)
+            out = torch.where(keys == k, bound(self._start(k, y), y), out)
         return out
+
+    def _start(self, k: int, y: torch.Tensor) -> torch.Tensor:
+        """The start of piece ``k`` as a time tensor carrying its value on the host (the field finds its piece
+        without a read, and is called as a module: its hooks run)."""
+        key = (k, y.dtype, y.device)
+        t = self.starts.get(key)
+        if t is None:
+            value = 0.0 if k == 0 else self.bounds[k - 1]
+            t = self.starts[key] = torch.tensor(value, dtype=y.dtype, device=y.device)
+            setattr(t, HOST_TIME, value)
+        return t
 
 
 def solve_per_sample(block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_end: Any) -> Solution:
