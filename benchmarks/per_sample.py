@@ -6,9 +6,9 @@ Van der Pol oscillators ``x' = v``, ``v' = μ (1 − x²) v − x`` from ``(2, 0
 an MLP ``2 → 256 → 256 → 2`` (tanh, weights scaled by 0.1; ``mixed_mlp``). For each: the shared step
 (:func:`cde_nets.functional.odeint`, torchdiffeq's steps) and per-sample control
 (:func:`~cde_nets.solvers.per_sample.odeint_per_sample`): batched field calls, steps (shared; per-sample mean and
-max), and interleaved median times forward and forward+backward (backprop to ``y0`` and ``μ``), with torchode's
-per-sample ``Dopri5`` + ``IntegralController`` (``AutoDiffAdjoint``) in the same interleaving where it is installed
-(an optional benchmark peer; its columns are ``None`` otherwise).
+max), and interleaved median CPU times (one thread) forward and forward+backward (backprop to ``y0`` and ``μ``),
+with torchode's per-sample ``Dopri5`` + ``IntegralController`` (``AutoDiffAdjoint``) in the same interleaving where
+it is installed (an optional benchmark peer; its columns are ``None`` otherwise).
 
 ``neural``: the small neural ODE of diffrax's benchmark (MLP ``2 → 64 → 2``, tanh, batch 512, ``rtol = atol =
 1e-6``, ``T = 1``, float64): per-sample forward against the same number of field calls in a bare loop, the shared
@@ -20,6 +20,7 @@ batched backward solve) against solving every sample's backward problem alone (b
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from torch import nn
@@ -30,6 +31,12 @@ from cde_nets.solvers.per_sample import odeint_per_sample
 from cde_nets.solvers.per_sample_adjoint import SeparateAdjoint
 
 from .common import interleaved_medians, write
+
+
+def _medians(fns, repeat: int, warmup: int) -> list[float]:
+    """Interleaved medians of CPU time (one thread: the preemption of a busy machine does not count)."""
+    return interleaved_medians(fns, repeat, warmup, clock=time.process_time)
+
 
 try:  # the peer is optional (a benchmark-only dependency): without it, its columns are None
     import torchode as to
@@ -114,7 +121,7 @@ def _case(name: str, batch: int, T: float, repeat: int, warmup: int) -> list[dic
     for mode, fns in modes:
         if tode is not None:
             fns.append(tode[0] if mode == "forward" else bwd(tode[1]))
-        shared_s, per_s, *tode_s = interleaved_medians(fns, repeat, warmup)
+        shared_s, per_s, *tode_s = _medians(fns, repeat, warmup)
         print(name, mode, f"shared {shared_s:.4f} s, per-sample {per_s:.4f} s, torchode {tode_s}", flush=True)
         steps = info.steps.double()
         rows.append(
@@ -203,7 +210,7 @@ def _neural(batch: int, repeat: int, warmup: int) -> list[dict]:
         fns = [] if mode == "forward+backward" else [field_alone]
         for solve in solves.values():
             fns.append(_timed(solve, y0, field, mode == "forward"))
-        times = interleaved_medians(fns, repeat, warmup)
+        times = _medians(fns, repeat, warmup)
         named = dict(zip((["field_alone"] if mode == "forward" else []) + list(solves), times))
         print("neural", mode, named, flush=True)
         rows.append(
@@ -267,9 +274,7 @@ def _adjoint_design(batch: int, repeat: int, warmup: int) -> dict:
 
         return run
 
-    separate_s, joint_s = interleaved_medians(
-        [design(SeparateAdjoint(), "separate"), design(Adjoint(), "joint")], repeat, warmup
-    )
+    separate_s, joint_s = _medians([design(SeparateAdjoint(), "separate"), design(Adjoint(), "joint")], repeat, warmup)
     print("adjoint design", f"separate {separate_s:.4f} s, joint {joint_s:.4f} s", flush=True)
     return {
         "case": "adjoint_design",
@@ -294,7 +299,15 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     rows += _neural(8 if tiny else 512, repeat, warmup)
     rows.append(_adjoint_design(4 if tiny else 32, repeat, warmup))
     res = {
-        "setting": {"batch": batch, "T": T, "method": "dopri5", **TOL, "dtype": "float64", "threads": 1},
+        "setting": {
+            "batch": batch,
+            "T": T,
+            "method": "dopri5",
+            **TOL,
+            "dtype": "float64",
+            "threads": 1,
+            "clock": "process_time (CPU seconds; interleaved medians)",
+        },
         "goal": (
             "mixed: per-sample batched calls <= torchode's; equal: per-sample time <= 1.1x shared; neural: "
             "forward <= 2x the field alone, ahead of torchdiffeq and torchode"

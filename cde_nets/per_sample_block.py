@@ -2,19 +2,23 @@
 (:mod:`cde_nets.solvers.per_sample`), its own output times ``t`` (``(batch, n)``) or end time ``t_end``.
 
 The field sees the running rows and one time per row. A :class:`~cde_nets.fields.base.Field` whose time enters only
-through its piece (the inherited ``forward``) is evaluated once per piece in force among the rows, each row on its
-own piece; any other module is called with ``t`` of shape ``(m,)`` and must broadcast it against its rows. A
-block input ``u`` is restricted to the running rows.
+through its piece (the inherited ``forward``) is evaluated on the running rows once per piece the round's times
+span, and each row takes the value of its own piece, found on the device (no read per evaluation); any other
+module is called with ``t`` of shape ``(m,)`` and must broadcast it against its rows. A block input ``u`` is
+restricted to the running rows.
 """
 
 from __future__ import annotations
 
+import bisect
+from functools import partial
 from typing import Any
 
 import torch
 
 from cde_nets.solvers.counting import SolverStats
-from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.per_sample import TIME_SPAN, PerSampleInfo, odeint_per_sample
+from cde_nets.solvers.times import HOST_TIME
 
 from .fields.base import Field
 from .fields.bound import BoundField
@@ -33,6 +37,10 @@ class _Rows:
         field = bound.field
         self.pieces = isinstance(field, Field) and type(field).forward is Field.forward and field.grid.L > 1
         self.jumps = field.grid.jumps if self.pieces else None
+        self.bounds = [] if self.jumps is None else self.jumps.tolist()
+        self.on_device: torch.Tensor | None = None
+        self.starts: dict[tuple, torch.Tensor] = {}
+        self.vjps: SolverStats | None = None  # backprop: count the vector-Jacobian products through each evaluation
 
     def _bound(self, ids: torch.Tensor) -> BoundField:
         if self.bound.u is None:
@@ -44,20 +52,42 @@ class _Rows:
         return self.cache[1]
 
     def __call__(self, t: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        out = self._evaluate(t, y, ids)
+        if self.vjps is not None and out.requires_grad:
+            out.register_hook(self.vjps.count_vjp)
+        return out
+
+    def _evaluate(self, t: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Each row on the piece its time is in (``grid.index``: the boundaries passed, ``bucketize``), found on
+        the device: the span of the times (carried on the host, :data:`TIME_SPAN`) says which pieces can be in
+        force; the field is evaluated once on each of them and every row takes its own piece's value."""
         bound = self._bound(ids)
         if self.jumps is None:
             return bound(t, y)
-        jumps = self.jumps.to(t.device)
-        keys = torch.bucketize(t.to(torch.float64), jumps, right=True)  # the piece of each row, as grid.index
-        found = torch.unique(keys).tolist()
-        if len(found) == 1:
-            return bound(t[0], y)
-        out = y.new_empty(y.shape)
-        for k in found:
-            sel = (keys == k).nonzero()[:, 0]
-            part = bound.rows(sel) if bound.u is not None else bound
-            out = out.index_put((sel,), part(t[sel[0]], y[sel]))
+        span = getattr(t, TIME_SPAN, None)
+        if span is None:  # a time without its span (the solve's first two evaluations): read it
+            span = torch.stack(torch.aminmax(t)).tolist()
+        lo, hi = (bisect.bisect_right(self.bounds, v) for v in span)
+        out = bound(self._start(lo, y), y)
+        if hi == lo:
+            return out
+        if self.on_device is None or self.on_device.device != t.device:
+            self.on_device = self.jumps.to(device=t.device)
+        keys = torch.bucketize(t.to(torch.float64), self.on_device, right=True).view(-1, *(1,) * (y.dim() - 1))
+        for k in range(lo + 1, hi + 1):
+            out = torch.where(keys == k, bound(self._start(k, y), y), out)
         return out
+
+    def _start(self, k: int, y: torch.Tensor) -> torch.Tensor:
+        """The start of piece ``k`` as a time tensor carrying its value on the host (the field finds its piece
+        without a read, and is called as a module: its hooks run)."""
+        key = (k, y.dtype, y.device)
+        t = self.starts.get(key)
+        if t is None:
+            value = 0.0 if k == 0 else self.bounds[k - 1]
+            t = self.starts[key] = torch.tensor(value, dtype=y.dtype, device=y.device)
+            setattr(t, HOST_TIME, value)
+        return t
 
 
 def solve_per_sample(
@@ -68,6 +98,8 @@ def solve_per_sample(
     the call's counts go into ``stats``."""
     T, B = block.T, y0.shape[0]
     field = _Rows(bound)
+    if block.gradient.counts_vjp:
+        field.vjps = block._stats
     if field.jumps is not None and block.gradient.name == "adjoint":
         raise ValueError(
             "gradient='adjoint' with controller='per_sample' integrates the parameter gradient by each step's "
@@ -89,6 +121,7 @@ def solve_per_sample(
         options=dict(s.options),
         max_steps=s.max_steps,
         rows=True,
+        time_spans=field.pieces,
         gradient=block.gradient,
         params=block._params(bound),
         jump_t=field.jumps if block.solver.jumps else None,
@@ -99,10 +132,19 @@ def solve_per_sample(
     stats.nfe_forward = info.nfe
     stats.steps_forward = int(info.steps.max())
     stats.rejected_forward = int(info.rejected.max())
+    info.on_backward = partial(_backward_counts, stats)
     ts = times if t is not None and torch.as_tensor(t).dim() == 2 else times[0]
     if t_end is not None:
         return Solution(y=out[-1], stats=stats, stop_times=times[:, -1], fired=torch.zeros_like(times[:, -1] > 0))
     return Solution(y=out[-1], ts=None if t is None else ts, ys=None if t is None else out, stats=stats)
+
+
+def _backward_counts(stats: SolverStats, back: PerSampleInfo) -> None:
+    """The backward pass's counts, as the shared step reports them: field evaluations (the adjoint's backward
+    solve, or the replay's), and the most accepted and rejected steps of a sample."""
+    stats.nfe_backward = back.nfe
+    stats.steps_backward = int(back.steps.max())
+    stats.rejected_backward = int(back.rejected.max())
 
 
 def _times(t: Any, t_end: Any, T: float, y0: torch.Tensor) -> torch.Tensor:

@@ -40,12 +40,13 @@ from torch import nn
 from .options import PER_SAMPLE_METHODS, validate_tolerances
 from .per_sample_adjoint import adjoint_rows
 from .per_sample_grads import advance_for, integrate_rows
-from .per_sample_loop import PerSampleInfo, Stepper
+from .per_sample_loop import TIME_SPAN, PerSampleInfo, Stepper
 from .tableaux import TABLEAUX
 
 __all__ = [
     "PER_SAMPLE_GRADIENTS",
     "PER_SAMPLE_METHODS",
+    "TIME_SPAN",
     "PerSampleInfo",
     "check_per_sample_gradient",
     "odeint_per_sample",
@@ -121,7 +122,7 @@ class _Field:
     def __init__(self, func: Callable, shape: torch.Size, info: PerSampleInfo, rows: bool):
         self.func, self.shape, self.info, self.rows = func, shape, info, rows
         self.flat = len(shape) == 1  # a (batch, N) state: no reshaping
-        self.counting = True  # off once the forward solve is done: replays and backward solves count their own
+        self.counts: PerSampleInfo | None = info  # once the forward solve is done: the backward pass's, if any
 
     def __call__(self, t: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         m = y.shape[0]
@@ -145,9 +146,9 @@ class _Field:
                 "(e.g. t[:, None]) and gather per-sample data for the rows running (odeint_per_sample(..., "
                 "rows=True)), or use the shared step (controller='batch')."
             )
-        if self.counting:
-            self.info.nfe += 1
-            self.info.rows += m
+        if self.counts is not None:
+            self.counts.nfe += 1
+            self.counts.rows += m
         return k if self.flat else k.reshape(m, -1)
 
 
@@ -166,6 +167,7 @@ def odeint_per_sample(
     gradient: Any = "backprop",
     params: Sequence[torch.Tensor] | None = None,
     jump_t: Any = None,
+    time_spans: bool = False,
     return_info: bool = False,
 ) -> Any:
     """Solve ``y_b' = func(t, y)_b`` for every sample ``b`` of ``y0`` (``(batch, *state)``) on its own steps.
@@ -185,6 +187,9 @@ def odeint_per_sample(
             gradients are wanted (default: ``func``'s parameters when it is a module).
         jump_t: times where ``func`` jumps (torchdiffeq's ``jump_t``, common to all samples): a step that would
             cross one is shortened to end on it, and the next step's first stage is read just after it.
+        time_spans: every time tensor ``func`` sees carries the least and greatest of its values on the host,
+            ``getattr(t, TIME_SPAN)``, read with each round's counts:
+            a piecewise field finds the pieces in force without a read of its own.
         return_info: also return the :class:`PerSampleInfo`.
 
     Returns ``(n, batch, *state)``: ``out[j, b]`` is sample ``b`` at ``t[b, j]`` (and the info if asked).
@@ -207,13 +212,14 @@ def odeint_per_sample(
     F = _Field(func, y0.shape[1:], info, rows)
     stepper = Stepper(F, TABLEAUX[method], y0, opts, B)
     stepper.jumps = _jumps(jump_t, y0.device)
+    stepper.spans = time_spans
     rt, at = _tolerance("rtol", rtol, B, y0), _tolerance("atol", atol, B, y0)
     y = y0.reshape(B, -1)
     graph = torch.is_grad_enabled()
     if name in ("checkpoint", "symplectic", "adjoint") and graph:
         params = _params(func, params, name)
-    if name == "adjoint" and graph:
         info.backward = PerSampleInfo.zeros(B, y0.device)
+    if name == "adjoint" and graph:
         cfg = dict(
             stepper=stepper,
             times=times,
@@ -232,7 +238,7 @@ def odeint_per_sample(
         advance = advance_for(mode, stepper, params or ())
         kw: dict[str, Any] = dict(max_steps=max_steps, first_step=opts.get("first_step"), advance=advance)
         out = integrate_rows(stepper, y, times, rt, at, info, **kw)
-    F.counting = False
+    F.counts = info.backward
     out = out.view(times.shape[1], *y0.shape)
     return (out, info) if return_info else out
 

@@ -74,16 +74,19 @@ class _Adjoint(torch.autograd.Function):
         out, *params = ctx.saved_tensors
         B = cfg["times"].shape[0]
         outs, gs = out.view(-1, B, out.shape[1]), g.view(-1, B, out.shape[1])
-        cfg["stepper"].F.counting = False
+        info = cfg["info"]
         if cfg["design"] == "joint":
-            a, grads = _backward(cfg, outs, gs, params, torch.arange(B, device=out.device))
-            return (None, a, *grads)
-        a_rows, total = [], [None] * len(params)
-        for b in range(B):
-            a_b, grads = _backward(cfg, outs, gs, params, torch.tensor([b], device=out.device))
-            a_rows.append(a_b)
-            total = [gp if t is None else (t if gp is None else t + gp) for t, gp in zip(total, grads)]
-        return (None, torch.cat(a_rows), *total)
+            a, total = _backward(cfg, outs, gs, params, torch.arange(B, device=out.device))
+        else:
+            a_rows, total = [], [None] * len(params)
+            for b in range(B):
+                a_b, grads = _backward(cfg, outs, gs, params, torch.tensor([b], device=out.device))
+                a_rows.append(a_b)
+                total = [gp if t is None else (t if gp is None else t + gp) for t, gp in zip(total, grads)]
+            a = torch.cat(a_rows)
+        if info.on_backward is not None:
+            info.on_backward(info.backward)
+        return (None, a, *total)
 
 
 class _Augmented:
@@ -92,7 +95,7 @@ class _Augmented:
 
     def __init__(self, F: Any, N: int, sel: torch.Tensor, params: Sequence[torch.Tensor]):
         self.F, self.N, self.sel, self.params = F, N, sel, list(params)
-        self.nfe = self.rows = 0
+        self.nfe = 0  # for the error of a failed backward solve (the totals are counted by the forward's field)
         self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.grads: list[torch.Tensor | None] = [None] * len(self.params)
 
@@ -108,7 +111,6 @@ class _Augmented:
         if self.params:
             self.records.append((f, a))
         self.nfe += 1
-        self.rows += z.shape[0]
         return torch.cat((-f.detach(), vjp), 1)
 
     def quadrature(self, stepper: Stepper, rd: Round, rows: Rows) -> None:
@@ -161,6 +163,4 @@ def _backward(cfg: dict, outs: torch.Tensor, gs: torch.Tensor, params, sel: torc
         total.rejected[sel] += seg.rejected
         total.rounds += seg.rounds
         a = end.view(2, len(sel), 2 * N)[1, :, N:] + gs[j - 1, sel]
-    total.nfe += aug.nfe
-    total.rows += aug.rows
     return a, aug.grads

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .errors import Reason, SolverError
-from .per_sample_loop import Round, Rows, Stepper, start
+from .per_sample_loop import Round, Rows, Stepper, dense, start
 
 __all__ = ["advance_for", "integrate_rows"]
 
@@ -123,6 +123,7 @@ def _count(info: Any, ids: torch.Tensor, passed: torch.Tensor, last: torch.Tenso
 
 
 def _failure(rd: Round, rows: Rows, nfe: int) -> SolverError:
+    assert rd.bad is not None
     row = int(rd.bad.nonzero()[0])
     b = int(rows.ids[row])
     nonfinite = not math.isfinite(float(rd.ratio[row]))
@@ -146,9 +147,25 @@ class _ReplayedRound(torch.autograd.Function):
             rd = stepper.round(y, k0, rows, graph=False)
         box.append(rd)
         ctx.stepper, ctx.rows, ctx.ok, ctx.outs = stepper, rows, rd.ok, list(zip(rd.out_rows, rd.out_w))
-        ctx.jumped = rd.jumped
+        ctx.jumped, ctx.first = rd.jumped, stepper.recorded == 0
+        stepper.recorded += 1
         ctx.save_for_backward(y, k0, *params)
         return (rd.y, rd.k0, *rd.values)
+
+
+def _replayed(ctx) -> None:
+    """Count a replayed round: the replay of the forward's first round ends the backward pass (every output
+    depends on it), and the backward counts are then complete."""
+    info = ctx.stepper.F.info
+    back = info.backward
+    if back is None:
+        return
+    back.rounds += 1
+    if ctx.first:
+        back.steps.copy_(info.steps)
+        back.rejected.copy_(info.rejected)
+        if info.on_backward is not None:
+            info.on_backward(back)
 
 
 class _CheckpointRound(_ReplayedRound):
@@ -166,13 +183,14 @@ class _CheckpointRound(_ReplayedRound):
             k_new = torch.where(okc, k_last, kv)
             jr = ctx.jumped
             if jr is not None:
-                k_new = k_new.index_put((jr,), st.after_jump(rows.t1[jr], Y[jr], rows.ids[jr]))
+                k_new = k_new.index_put((jr,), st.after_jump(rows.t1[jr], Y[jr], rows.ids[jr], rows.span))
             outs = [torch.where(okc, Y, yv), k_new]
-            outs += [yv[r] + torch.einsum("rs,srn->rn", w, K[:, r]) for r, w in ctx.outs]
+            outs += [dense(yv, K, r, w) for r, w in ctx.outs]
             pairs = [(o, g) for o, g in zip(outs, (g_y, g_k, *g_values)) if g is not None]
             grads = torch.autograd.grad(
                 [o for o, _ in pairs], [yv, kv, *params], [g for _, g in pairs], allow_unused=True
             )
+        _replayed(ctx)
         return (None, None, None, *grads)
 
 
@@ -196,7 +214,7 @@ class _SymplecticRound(_ReplayedRound):
         if jr is not None:  # k_1 re-read past a jump from the new state: its cotangent goes to that state
             with torch.enable_grad():
                 Y = inputs[-1][jr].detach().requires_grad_()
-                f = st.after_jump(rows.t1[jr], Y, rows.ids[jr])
+                f = st.after_jump(rows.t1[jr], Y, rows.ids[jr], rows.span)
                 mu, *gp = torch.autograd.grad(f, [Y, *params], g_k[jr], allow_unused=True)
             grads = list(gp)
             g_y = g_y.index_add(0, jr, mu)
@@ -213,7 +231,7 @@ class _SymplecticRound(_ReplayedRound):
                 wh = w * h[r]  # the dense output's weights on the stages themselves
                 for i in range(st.s):
                     kappa[i] = _add(kappa[i], torch.zeros_like(y).index_add_(0, r, wh[:, i : i + 1] * g))
-        ts = st.stage_times(rows.t0, rows.dt, rows.t1)
+        ts = st.stage_times(rows.t0, rows.dt, rows.t1, rows.span)
         for i in range(st.s - 1, 0, -1):
             kap = kappa[i]
             if kap is None:
@@ -228,6 +246,7 @@ class _SymplecticRound(_ReplayedRound):
                 if a != 0.0:
                     kappa[j] = _add(kappa[j], (a * h) * mu)
         lam_k = _add(lam_k, kappa[0])
+        _replayed(ctx)
         return (None, None, None, lam_y, lam_k, *grads)
 
 

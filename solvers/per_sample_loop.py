@@ -15,17 +15,22 @@ gradient methods (:mod:`solvers.per_sample_grads`) recompute it from its stored 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
 from .fast_rk import _dense_weights
+from .per_sample_control import Controller, in_dtype
 from .tableaux import MethodTableau
 
-__all__ = ["PerSampleInfo", "Round", "Rows", "Stepper", "root"]
+__all__ = ["TIME_SPAN", "PerSampleInfo", "Round", "Rows", "Stepper", "dense", "root"]
 
 _LANES = 16  # a multiple of every CPU vector width in float64
+
+# attribute of the time tensors a field sees, with ``spans``: ``(least, greatest)`` of their values, on the host
+TIME_SPAN = "_time_span"
 
 
 def root(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -41,7 +46,9 @@ class PerSampleInfo:
     """What one per-sample solve did: ``steps``/``rejected``: ``(batch,)`` accepted and rejected steps of each
     sample; ``rounds``: batched steps taken (the most any sample attempted); ``nfe``: batched field calls;
     ``rows``: field evaluations summed over rows (the work a row-parallel field does); ``backward``: the same for
-    the adjoint's backward solve (steps summed over its output intervals), once it has run."""
+    the backward pass, once it has run: the adjoint's backward solve (steps summed over its output intervals) or
+    the replay of the rounds (``checkpoint``, ``symplectic``: the forward's steps, and the evaluations the replay
+    made); ``on_backward``, if set, is called with ``backward`` when the backward pass is done."""
 
     steps: torch.Tensor
     rejected: torch.Tensor
@@ -49,6 +56,7 @@ class PerSampleInfo:
     nfe: int = 0
     rows: int = 0
     backward: PerSampleInfo | None = None
+    on_backward: Callable[[PerSampleInfo], None] | None = None
 
     @staticmethod
     def zeros(B: int, device: torch.device) -> PerSampleInfo:
@@ -61,7 +69,8 @@ class Rows:
     """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
     ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
     was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time, ``ay``
-    ``|y|`` carried from the last accepted step, ``rtol``/``atol`` ``(m, 1)`` in the state's dtype."""
+    ``|y|`` carried from the last accepted step, ``rtol``/``atol`` ``(m, 1)`` in the state's dtype; ``span`` the
+    least and greatest time of the round on the host (with ``Stepper.spans``)."""
 
     ids: torch.Tensor
     t0: torch.Tensor
@@ -75,9 +84,17 @@ class Rows:
     ay: torch.Tensor
     rtol: torch.Tensor
     atol: torch.Tensor
+    span: tuple[float, float] | None = None
 
     def select(self, keep: torch.Tensor) -> Rows:
-        return Rows(*(getattr(self, f.name).index_select(0, keep) for f in fields(self)))
+        kept: list[Any] = [getattr(self, f.name) for f in fields(self)]
+        selected: list[Any] = [v.index_select(0, keep) if isinstance(v, torch.Tensor) else v for v in kept]
+        return Rows(*selected)
+
+    def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> Rows:
+        """These rows with new clocks (a direct construction: ``dataclasses.replace`` costs a round ~10 µs)."""
+        clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.ay, self.rtol, self.atol, self.span)
+        return Rows(self.ids, t0, dt, t1, *clocks)
 
 
 @dataclass
@@ -95,25 +112,57 @@ class Round:
     rows: Rows  # the clocks after the round
     jumped: torch.Tensor | None  # rows whose accepted step ended on a jump: k_1 re-read on its far side
     ok: torch.Tensor
-    ratio: torch.Tensor
+    ratio: torch.Tensor  # √N times the error ratio (valid until the next round)
     alive: torch.Tensor
-    bad: torch.Tensor
+    bad: torch.Tensor | None  # running rows whose step failed, when there are any
     n_alive: int
     n_bad: int
 
 
 class _Work:
-    """Buffers of a round without a graph for ``m`` running rows: the stages ``K`` (``s × m × N``) and the views
-    of their combinations, made once per batch size."""
+    """Buffers of a round without a graph for ``m`` running rows: the stages ``K`` (``s × m × N``), the views
+    of their combinations and the stage inputs (nothing of a round outlives it: the new state is a fresh
+    ``torch.where``). Made once per solve, for the whole batch; a compacted batch takes views of the same
+    memory."""
 
-    def __init__(self, s: int, m: int, N: int, dtype: torch.dtype, device: torch.device):
+    store: tuple[torch.Tensor, list[torch.Tensor]]  # the stages (s, B, N) and the stage inputs (B N,)
+
+    def __init__(self, s: int, m: int, N: int, dtype: torch.dtype, device: torch.device, old: _Work | None):
+        if old is None or old.store[0].shape[1] < m or old.store[0].shape[2] != N:
+            # one tensor each: a field that differentiates its input (the adjoint's) keeps it in a graph, and
+            # views of one tensor share its version counter, so writing the next stage input would void that graph
+            inputs = [torch.empty(m * N, dtype=dtype, device=device) for _ in range(s)]
+            self.store = (torch.empty((s, m, N), dtype=dtype, device=device), inputs)
+        else:
+            self.store = old.store
+        K, inputs = self.store
         self.m = m
-        self.K = torch.empty((s, m, N), dtype=dtype, device=device)
-        self.flat = self.K.view(s, m * N)
+        self.K = K[:, :m]
+        self.flat = K.view(s, -1)[:, : m * N]
         self.KT = [self.flat[:i].t() for i in range(s + 1)]
         self.rows = list(self.K.unbind(0))
-        self.buf = torch.empty(m * N, dtype=dtype, device=device)
-        self.bufv = self.buf.view(m, N)
+        self.inputs_flat = [v[: m * N] for v in inputs]
+        self.inputs = [v.view(m, N) for v in self.inputs_flat]
+
+
+_CONSTANTS: dict[tuple, tuple] = {}
+
+
+def _constants(tab: MethodTableau, dtype: torch.dtype, device: torch.device) -> tuple:
+    """A method's tensors, made once per dtype and device (read only): error weights ``e``, dense-output
+    weights ``P`` (``(4, s)``), the rows of ``a``, the nodes ``c`` (``(s, 1)``, float64) and ``−inf``."""
+    key = (tab.name, dtype, device)
+    made = _CONSTANTS.get(key)
+    if made is None:
+        kw: dict[str, Any] = dict(dtype=dtype, device=device)
+        made = _CONSTANTS[key] = (
+            torch.tensor(tab.error, **kw),
+            torch.tensor(_dense_weights(tab), **kw),
+            [torch.tensor(row, **kw) for row in tab.tableau.a],
+            torch.tensor(tab.tableau.c, dtype=torch.float64, device=device)[:, None],
+            torch.tensor(-math.inf, **kw),
+        )
+    return made
 
 
 class Stepper:
@@ -123,34 +172,26 @@ class Stepper:
     def __init__(self, F: Any, tab: MethodTableau, y0: torch.Tensor, opts: dict, B: int):
         self.F, self.tab, self.B, self.options = F, tab, B, opts
         self.dtype, self.device = y0.dtype, y0.device
-        kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
         self.order, self.s = tab.order, tab.stages
-        self.min_step = float(opts.get("min_step", 0.0))
-        self.max_step = float(opts.get("max_step", math.inf))
-        self.safety = float(opts.get("safety", 0.9))
-        self.ifactor = float(opts.get("ifactor", 10.0))
-        self.dfactor = float(opts.get("dfactor", 0.2))
-        self.e = torch.tensor(tab.error, **kw)
-        self.P = torch.tensor(_dense_weights(tab), **kw)  # (4, s)
-        self.a = [torch.tensor(row, **kw) for row in tab.tableau.a]
+        self.control = Controller(tab.order, opts, y0.device)
+        self.min_step, self.max_step = self.control.min_step, self.control.max_step
+        self.e, self.P, self.a, self.c, self.neg_inf = _constants(tab, y0.dtype, y0.device)
+        self.P_rows = self.P.unbind(0)
         self.b = tab.tableau.b
         c = tab.tableau.c
-        self.c = torch.tensor(c, dtype=torch.float64, device=y0.device)[:, None]
         self.tail = c.index(1.0)  # the stages at c = 1 close the tableau (dopri5: the last two; bosh3: the last)
         assert all(ci == 1.0 for ci in c[self.tail :])
-        self.neg_inf = torch.tensor(-math.inf, dtype=y0.dtype, device=y0.device)
-        self.zero, self.one, self.dfactor_t = (
-            torch.tensor(v, dtype=torch.float64, device=y0.device) for v in (0.0, 1.0, self.dfactor)
-        )
         self.fsal = True  # k_1 of a step is the last stage of the step before (the adjoint re-evaluates it)
         self.clip: bool | None = None  # True: the last step of each row ends on its end time (the adjoint's)
         self.jumps: torch.Tensor | None = None  # times where the field jumps (float64, increasing), + inf
         self.work: _Work | None = None
+        self.recorded = 0  # rounds recorded for a replay in the backward pass
+        self.spans = False  # True: every time tensor the field sees carries its span (TIME_SPAN)
 
-    def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor) -> Rows:
+    def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
         """The next step of every row: ``t1 = t0 + dt``, shortened to land on the end (``clip``) or on the next
         jump of the field strictly inside it (as torchdiffeq's ``jump_t``: ``dt = t_jump − t0``)."""
-        t1 = t0 + dt
+        t1 = t0 + dt if t1 is None else t1
         if self.clip is not None:
             end = dt >= rows.tl - t0
             dt, t1 = torch.where(end, rows.tl - t0, dt), torch.where(end, rows.tl, t1)
@@ -159,22 +200,31 @@ class Stepper:
             jump = self.jumps[torch.searchsorted(self.jumps, t0, right=True)]
             on_jump = (t0 < jump) & (jump < t1)
             dt, t1 = torch.where(on_jump, jump - t0, dt), torch.where(on_jump, jump, t1)
-        return replace(rows, t0=t0, dt=dt, t1=t1, on_jump=on_jump)
+        return rows.clocks(t0, dt, t1, on_jump)
 
-    def stage_times(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> torch.Tensor:
-        """``(s, m)`` stage times in the state's dtype; those at ``c = 1`` just before ``t_1``, as the shared
-        step evaluates them."""
-        ts = torch.addcmul(t0, self.c, dt).to(self.dtype)
-        ts[self.tail :] = torch.nextafter((t0 + dt if t1 is None else t1).to(self.dtype), self.neg_inf)
-        return ts
+    def stage_times(
+        self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None, span: tuple | None = None
+    ) -> list[torch.Tensor]:
+        """The ``s`` stage times (``(m,)`` each, in the state's dtype); those at ``c = 1`` just before ``t_1``, as
+        the shared step evaluates them. Each carries ``span`` (:data:`TIME_SPAN`) when given."""
+        ts = torch.addcmul(t0, self.c, dt)
+        end = t0 + dt if t1 is None else t1
+        if self.dtype != torch.float64:
+            ts, end = ts.to(self.dtype), end.to(self.dtype)
+        out = list(ts.unbind(0))
+        out[self.tail :] = [torch.nextafter(end, self.neg_inf)] * (self.s - self.tail)
+        if span is not None:
+            for t in out[: self.tail + 1]:
+                setattr(t, TIME_SPAN, span)
+        return out
 
-    def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None, ts: torch.Tensor | None = None):
+    def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None, ts: list | None = None):
         """The stages times the step, ``h k_i`` (``(s, m, N)``), their flat view, the last stage input ``Y_s``
         and the last stage ``k_s`` itself; ``inputs`` collects every stage input ``Y_i``. Each stage input is
         ``Y_i = y + Σ_j a_ij (h k_j)``: one product with the stored stages, as the shared step's ``addmv``."""
         m, N, s = y.shape[0], y.shape[1], self.s
-        h = rows.dt.to(self.dtype)[:, None]
-        tsr = (self.stage_times(rows.t0, rows.dt, rows.t1) if ts is None else ts).unbind(0)
+        h = (rows.dt if self.dtype == torch.float64 else rows.dt.to(self.dtype))[:, None]
+        tsr = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span) if ts is None else ts
         a, F, ids = self.a, self.F, rows.ids
         Y, k = y, k0
         if inputs is not None:
@@ -191,66 +241,51 @@ class Stepper:
             return K, K.view(s, m * N), Y, k
         W = self.work
         if W is None or W.m != m:  # stages in a reused stage-major buffer, each combination one product
-            W = self.work = _Work(s, m, N, self.dtype, self.device)
+            W = self.work = _Work(s, m, N, self.dtype, self.device, W)
         torch.mul(k0, h, out=W.rows[0])
         yf = y.view(m * N)
         for i in range(1, s):
-            Y = torch.addmv(yf, W.KT[i], a[i]).view(m, N)
+            Y = W.inputs[i]
+            torch.addmv(yf, W.KT[i], a[i], out=W.inputs_flat[i])
             if inputs is not None:
                 inputs.append(Y)
             k = F(tsr[i], Y, ids)
             torch.mul(k, h, out=W.rows[i])
         return W.K, W.flat, Y, k
 
-    def next_step(self, dt: torch.Tensor, ratio: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
-        """``h · min(ifactor, max(safety · r^(−1/p), dfactor))``, ``dfactor`` only after a rejection (``r = 0``
-        gives ``ifactor``: ``safety / 0 = inf``)."""
-        ratio = ratio.to(torch.float64)  # the step in float64 whatever the state's dtype
-        factor = torch.maximum(self.safety / root(ratio, self.order), torch.where(ok, self.one, self.dfactor_t))
-        factor.clamp_(max=self.ifactor).mul_(dt)
-        return factor.clamp_(self.min_step, self.max_step) if self.min_step > 0 or self.max_step < math.inf else factor
-
     def round(self, y: torch.Tensor, k0: torch.Tensor, rows: Rows, graph: bool) -> Round:
-        """One attempted step of every row (``graph``: keep the autograd graph of the values)."""
-        t0, dt, t1 = rows.t0, rows.dt, rows.t1
-        ts = self.stage_times(t0, dt, t1)
+        """One attempted step of every row (``graph``: keep the autograd graph of the values); the control
+        (:mod:`solvers.per_sample_control`) works on detached values."""
+        ts = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span)
         if not self.fsal:
             k0 = self.F(ts[0], y, rows.ids)
         K, flat, Y, k_last = self.stages(y, k0, rows, graph, ts=ts)
-        m, N = y.shape
-        with torch.no_grad():
-            err = torch.mv((flat.detach() if graph else flat).t(), self.e).view(m, N)
-            ay = (Y.detach() if graph else Y).abs()
-            tol = torch.addcmul(rows.atol, torch.maximum(rows.ay, ay), rows.rtol)
-            ratio = torch.linalg.vector_norm(err.div_(tol), dim=1).div_(math.sqrt(N))
-            ok = ratio <= 1
-            if self.min_step > 0:
-                ok |= dt <= self.min_step
-            t_new = torch.where(ok, t1, t0)
-            due = ok & (rows.t_next <= t1)
-            alive = t_new < rows.tl
-            # a finished row rides along frozen (zero steps at its end), never evaluated past its end
-            dt_next = torch.where(alive, self.next_step(dt, ratio, ratio < 1), self.zero)
-            # NaN, or a step lost in rounding (finished rows, at zero steps, count here too)
-            stuck = ~(t_new + dt_next > t_new)
-            flags = [alive, due, stuck] if self.jumps is None else [alive, due, stuck, ok & rows.on_jump]
-            n_alive, n_due, n_stuck, *n_jumped = torch.stack(flags).sum(1).tolist()
-            n_bad = n_stuck - (m - n_alive)
+        if graph:
+            with torch.no_grad():
+                d = self.control.decide(rows, flat.detach().t(), self.e, Y.detach(), self.jumps is not None, self.spans)
+        else:  # run under no-grad already (the stages went to buffers)
+            assert self.work is not None
+            d = self.control.decide(rows, self.work.KT[self.s], self.e, Y, self.jumps is not None, self.spans)
         outs = _Outputs()
-        cursor, t_next = rows.cursor, rows.t_next
-        while n_due and not n_bad:  # outputs within this round's accepted steps, from the dense output
+        cursor, t_next, due, n_due = rows.cursor, rows.t_next, d.due, d.n_due
+        t0, t1 = rows.t0, rows.t1
+        while n_due and not d.n_bad:  # outputs within this round's accepted steps, from the dense output
             r = due.nonzero()[:, 0]
             outs.add(self, y, K, r, (t_next[r] - t0[r]) / (t1[r] - t0[r]), cursor[r] * self.B + rows.ids[r])
             cursor = cursor + due
             t_next = rows.tt.gather(1, cursor[:, None])[:, 0]
             due = due & (t_next <= t1)
             n_due = int(due.sum())
-        okc = ok[:, None]
-        new = replace(rows, cursor=cursor, t_next=t_next, ay=torch.where(okc, ay, rows.ay))
+        okc = d.ok[:, None]
+        ay = torch.where(okc, d.ay, rows.ay)
+        clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, ay, rows.rtol, rows.atol)
+        new = Rows(rows.ids, *clocks, d.span)
+        if not d.n_bad and (self.clip is not None or self.jumps is not None):
+            new = self.plan(new, d.t_new, d.dt, d.t1)
         k_new = torch.where(okc, k_last, k0)
-        jr = flags[3].nonzero()[:, 0] if n_jumped and n_jumped[0] and not n_bad else None
+        jr = d.jumped.nonzero()[:, 0] if d.jumped is not None and not d.n_bad else None
         if jr is not None:  # past a jump of the field: the next step's first stage on its far side
-            k_new = k_new.index_put((jr,), self.after_jump(t1[jr], Y[jr], rows.ids[jr]))
+            k_new = k_new.index_put((jr,), self.after_jump(t1[jr], Y[jr], rows.ids[jr], rows.span))
         return Round(
             y=torch.where(okc, Y, y),
             k0=k_new,
@@ -259,18 +294,22 @@ class Stepper:
             positions=outs.positions,
             out_rows=outs.rows,
             out_w=outs.weights,
-            rows=self.plan(new, t_new, dt_next) if not n_bad else new,
-            ok=ok,
-            ratio=ratio,
-            alive=alive,
-            bad=stuck & alive,
-            n_alive=n_alive,
-            n_bad=n_bad,
+            rows=new,
+            ok=d.ok,
+            ratio=d.norm,
+            alive=d.alive,
+            bad=d.alive & ~d.moved if d.n_bad else None,
+            n_alive=d.n_alive,
+            n_bad=d.n_bad,
         )
 
-    def after_jump(self, t1: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """``F`` just after the jump ``t1`` (as torchdiffeq re-reads it, ``nextafter(t1, +inf)``)."""
-        return self.F(torch.nextafter(t1.to(self.dtype), -self.neg_inf), y, ids)
+    def after_jump(self, t1: torch.Tensor, y: torch.Tensor, ids: torch.Tensor, span: tuple | None) -> torch.Tensor:
+        """``F`` just after the jump ``t1`` (as torchdiffeq re-reads it, ``nextafter(t1, +inf)``); ``span``
+        that of the round ending on it."""
+        t = torch.nextafter(t1.to(self.dtype), -self.neg_inf)
+        if span is not None:
+            setattr(t, TIME_SPAN, (span[0], math.nextafter(span[1], math.inf)))
+        return self.F(t, y, ids)
 
 
 class _Outputs:
@@ -285,12 +324,19 @@ class _Outputs:
     def add(self, st: Stepper, y, K, r: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
         with torch.no_grad():
             x = x.to(st.dtype)[:, None]
-            P = st.P
-            w = x * (P[0] + x * (P[1] + x * (P[2] + x * P[3])))  # (r, s)
-        self.values.append(y[r] + torch.einsum("rs,srn->rn", w, K[:, r]))
+            P0, P1, P2, P3 = st.P_rows
+            w = torch.addcmul(P2, x, P3)
+            w = torch.addcmul(P1, x, w)
+            w = torch.addcmul(P0, x, w).mul_(x)  # (r, s)
+        self.values.append(dense(y, K, r, w))
         self.positions.append(positions)
         self.rows.append(r)
         self.weights.append(w)
+
+
+def dense(y: torch.Tensor, K: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``y_0 + Σ_i w_i (h k_i)`` on rows ``r``: ``w`` ``(r, s)``, the stages times the step ``K`` ``(s, m, N)``."""
+    return y[r] + torch.bmm(w[:, None], K[:, r].transpose(0, 1))[:, 0]
 
 
 def initial_step(stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: Rows) -> torch.Tensor:
@@ -335,4 +381,8 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         dt = initial_step(stepper, t0, y.detach(), k0.detach(), rows)
     else:
         dt = torch.full((B,), float(first_step), dtype=torch.float64, device=device)
-    return k0, stepper.plan(rows, t0, dt.clamp(stepper.min_step, stepper.max_step))
+    rows = stepper.plan(rows, t0, dt.clamp(stepper.min_step, stepper.max_step))
+    if stepper.spans:  # the first round's span (later rounds read theirs with the controller's counts)
+        lo, hi = torch.stack((rows.t0.min(), rows.t1.max())).tolist()
+        rows.span = (in_dtype(lo, stepper.dtype), in_dtype(hi, stepper.dtype))
+    return k0, rows

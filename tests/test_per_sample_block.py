@@ -139,3 +139,51 @@ def test_refusals_name_the_fix():
     with pytest.raises((RuntimeError, ValueError)) as info:
         ODEBlock(ScalarTime(), T=1.0, controller="per_sample").solve(torch.ones(3, 1))
     assert "controller='batch'" in "".join(getattr(info.value, "__notes__", [])) + str(info.value)
+
+
+class _Counted(nn.Module):
+    """``y' = −w y + sin t`` (per-row ``t``), counting its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(1.3, dtype=torch.float64))
+        self.calls = 0
+
+    def forward(self, t, y):
+        self.calls += 1
+        return -self.w * y + torch.sin(t)[:, None]
+
+
+@pytest.mark.parametrize("gradient", ["adjoint", "checkpoint", "symplectic", "backprop"])
+def test_backward_counts_in_stats(gradient):
+    """``stats`` report the backward pass under the shared step's keys: ``nfe_backward`` the field evaluations
+    ``backward()`` makes (the adjoint's backward solve, the replays) or the vector-Jacobian products (backprop),
+    ``steps_backward``/``rejected_backward`` the most of a sample. For one sample over one output interval the
+    adjoint's backward solve makes ``2 + 7 (steps + rejected)`` evaluations (dopri5 re-evaluates each step's first
+    stage; the start adds the first stage and the initial step's probe), and a checkpoint replay re-evaluates
+    stages 2-7 of each forward step: ``6 (steps + rejected)``."""
+    field = _Counted()
+    y0 = torch.tensor([[1.0, -0.5], [0.3, 2.0], [2.0, 0.1]], dtype=torch.float64)
+    for rows in (slice(0, 1), slice(0, 3)):
+        block = ODEBlock(field, T=2.0, controller="per_sample", gradient=gradient, rtol=1e-8, atol=1e-10)
+        out = block(y0[rows])
+        before, forward = field.calls, dict(block.stats.items())
+        out.square().sum().backward()
+        stats = block.stats
+        assert forward["nfe_backward"] == 0 and stats["nfe_forward"] == forward["nfe_forward"]
+        if gradient == "backprop":
+            assert 0 < stats["nfe_backward"] <= stats["nfe_forward"]
+            continue
+        assert stats["nfe_backward"] == field.calls - before
+        attempts = stats["steps_backward"] + stats["rejected_backward"]
+        if gradient == "adjoint":
+            assert stats["steps_backward"] > 0
+            if rows.stop == 1:
+                assert stats["nfe_backward"] == 2 + 7 * attempts
+        else:  # the replay takes the forward's steps
+            assert (stats["steps_backward"], stats["rejected_backward"]) == (
+                stats["steps_forward"],
+                stats["rejected_forward"],
+            )
+            if gradient == "checkpoint" and rows.stop == 1:
+                assert stats["nfe_backward"] == 6 * attempts

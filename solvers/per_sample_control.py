@@ -1,0 +1,143 @@
+r"""The per-sample step-size controller: accept/reject, the next step and the rows' clocks, in few batched ops.
+
+For every running row ``b`` (Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4):
+
+    ``r_b = ‖err_b / (atol_b + rtol_b max(|y_b|, |Y_b|))‖_2 / √N``,   accepted where ``r_b ≤ 1``,
+    ``h_b ← h_b · min(ifactor, max(safety · r_b^(−1/p), dfactor if r_b ≥ 1 else 1))``.
+
+The ``1/√N`` of the RMS norm is folded into the constants (``‖·‖_2 ≤ √N`` for ``r ≤ 1``, ``safety · N^(1/2p)``
+over ``‖·‖_2^(1/p)``), the bounds are one ``clamp``, and the ``1/p``-th root runs on a buffer padded to whole
+SIMD vectors (a vectorised ``pow`` and the scalar one of a short tail differ in the last bit, which would make a
+sample's steps depend on its place in the batch). Everything stays on the device; the round's one host read is
+the three counts (rows running, rows owing an output, rows whose clock moved).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+
+__all__ = ["Controller", "Decision", "in_dtype"]
+
+LANES = 16  # a multiple of every CPU vector width in float64
+
+
+class Decision(NamedTuple):
+    """One round's decisions for ``m`` rows: ``ok`` accepted, ``ay`` ``|Y|`` of the attempted step, ``t_new``
+    the rows' time after it, ``dt``/``t1`` the next step and its end, ``alive`` still short of the last output,
+    ``due`` owing an output within the accepted step, ``moved`` whose next step advances its clock (false for a
+    NaN or underflowed step, and for finished rows, frozen at zero steps), ``norm`` ``√N · r`` (in a buffer the
+    next round reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed, the
+    accepted steps that ended on a jump of the field (``None`` without jumps), and, if asked, the span of the next
+    round's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype."""
+
+    ok: torch.Tensor
+    ay: torch.Tensor
+    t_new: torch.Tensor
+    dt: torch.Tensor
+    t1: torch.Tensor
+    alive: torch.Tensor
+    due: torch.Tensor
+    moved: torch.Tensor
+    norm: torch.Tensor
+    n_alive: int
+    n_due: int
+    n_bad: int
+    jumped: torch.Tensor | None
+    span: tuple[float, float] | None
+
+
+class Controller:
+    """The controller's constants (made once) and its padded root buffer (made once per row count)."""
+
+    def __init__(self, order: int, opts: dict, device: torch.device):
+        self.order = order
+        self.min_step = float(opts.get("min_step", 0.0))
+        self.max_step = float(opts.get("max_step", math.inf))
+        self.safety = float(opts.get("safety", 0.9))
+        self.ifactor = float(opts.get("ifactor", 10.0))
+        self.dfactor = float(opts.get("dfactor", 0.2))
+        self.bounded = self.min_step > 0 or self.max_step < math.inf
+        self.one, self.zero, self.dfactor_t, self.ifactor_t = _scalars(device, 1.0, 0.0, self.dfactor, self.ifactor)
+        self.device = device
+        self._safety: dict[int, torch.Tensor] = {}
+        self._buffer: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def _root_buffer(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A float64 buffer of ``m`` rows padded with ones to whole SIMD vectors, and its first ``m``."""
+        if self._buffer is None or self._buffer[0] != m:
+            full = torch.ones(m + (-m % LANES), dtype=torch.float64, device=self.device)
+            self._buffer = (m, full, full[:m])
+        return self._buffer[1], self._buffer[2]
+
+    def _scaled_safety(self, N: int) -> torch.Tensor:
+        s = self._safety.get(N)
+        if s is None:
+            (s,) = _scalars(self.device, self.safety * N ** (0.5 / self.order))
+            self._safety[N] = s
+        return s
+
+    def decide(
+        self, rows: Any, errT: torch.Tensor, e: torch.Tensor, Y: torch.Tensor, jumps: bool, span: bool = False
+    ) -> Decision:
+        """The decisions after an attempted step: ``errT`` the stages times the step, stage-minor (``(m N, s)``),
+        ``e`` the error weights, ``Y`` the attempted new state ``(m, N)`` (no graph), ``jumps`` whether the field
+        has jumps (``rows.on_jump`` marks the steps that end on one), ``span`` whether to read the span of the
+        next round's times with the counts."""
+        m, N = Y.shape
+        full, norm = self._root_buffer(m)
+        ay = Y.abs()
+        tol = torch.addcmul(rows.atol, torch.maximum(rows.ay, ay), rows.rtol)
+        err = torch.mv(errT, e).view(m, N).div_(tol)
+        torch.linalg.vector_norm(err, dim=1, dtype=torch.float64, out=norm)
+        sqrt_n = math.sqrt(N)
+        ok = norm <= sqrt_n
+        if self.min_step > 0:
+            ok |= rows.dt <= self.min_step
+        t_new = torch.where(ok, rows.t1, rows.t0)
+        factor = torch.div(self._scaled_safety(N), full.pow(1.0 / self.order))[:m]
+        low = torch.where(norm < sqrt_n, self.one, self.dfactor_t)
+        dt = torch.clamp(factor, low, self.ifactor_t).mul_(rows.dt)
+        if self.bounded:
+            dt.clamp_(self.min_step, self.max_step)
+        alive = t_new < rows.tl
+        # a finished row rides along frozen (zero steps at its end), never evaluated past its end
+        dt = torch.where(alive, dt, self.zero)
+        t1 = t_new + dt
+        # an output is due once the row's time reaches it: the next output always lies after the step's start
+        flags = [alive, rows.t_next <= t_new, t1 > t_new]
+        if jumps:
+            flags.append(ok & rows.on_jump)
+        if span:  # one read all the same: the counts (exact in float64) with the least and greatest time
+            ends = torch.stack((t_new.min(), t1.max()))
+            *counts, lo, hi = torch.cat((torch.stack(flags).sum(1, dtype=torch.float64), ends)).tolist()
+            n_alive, n_due, n_moved, *n_jumped = (int(c) for c in counts)
+            times: tuple[float, float] | None = in_dtype(lo, Y.dtype), in_dtype(hi, Y.dtype)
+        else:
+            n_alive, n_due, n_moved, *n_jumped = torch.stack(flags).sum(1).tolist()
+            times = None
+        jumped = flags[3] if n_jumped and n_jumped[0] else None
+        n_bad = n_alive - n_moved
+        return Decision(ok, ay, t_new, dt, t1, alive, flags[1], flags[2], norm, n_alive, n_due, n_bad, jumped, times)
+
+
+_SCALARS: dict[tuple, torch.Tensor] = {}
+
+
+def _scalars(device: torch.device, *values: float) -> list[torch.Tensor]:
+    """0-d float64 tensors of ``values`` on ``device``, made once each (read only)."""
+    out = []
+    for v in values:
+        t = _SCALARS.get((device, v))
+        if t is None:
+            t = _SCALARS[(device, v)] = torch.tensor(v, dtype=torch.float64, device=device)
+        out.append(t)
+    return out
+
+
+def in_dtype(x: float, dtype: torch.dtype) -> float:
+    """A float64 time as the state's dtype rounds it (the field sees its times in that dtype; rounding is
+    monotone, so the span of the rounded times is the rounded span)."""
+    return x if dtype == torch.float64 else float(torch.tensor(x, dtype=torch.float64).to(dtype))
