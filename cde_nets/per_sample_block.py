@@ -99,7 +99,7 @@ def solve_per_sample(
     T, B = block.T, y0.shape[0]
     field = _Rows(bound)
     if block.gradient.counts_vjp:
-        field.vjps = block._stats
+        field.vjps = stats
     if field.jumps is not None and block.gradient.name == "adjoint":
         raise ValueError(
             "gradient='adjoint' with controller='per_sample' integrates the parameter gradient by each step's "
