@@ -154,3 +154,18 @@ def test_a_heavy_tailed_row_cannot_meet_a_margin_by_its_spread(tmp_path):
     (r,) = [r for r in check(tmp_path) if r["reproduction"] == "hauser" and r["setting"] == rows[0]["setting"]]
     # mean 1052 ± 2208 held the bound 80; the median 91 ± 1.48 does not
     assert r["status"] == "missed" and r["ours"] == 91.0 and r["interval"] == pytest.approx((88.03, 93.97), abs=0.01)
+
+
+def test_every_reference_row_is_a_row_of_ours_over_seeds_0_to_4():
+    """A setting spelled differently from our row would drop its column silently; a test accuracy over the 4000
+    test points is a multiple of 0.025 % (two-decimal entries are rounded to 0.005)."""
+    from cde_nets.experiments.margins import RECORDED
+    from cde_nets.experiments.reference import REFERENCE
+
+    for name, (command, table) in REFERENCE.items():
+        ours = {r["setting"] for r in json.loads((RECORDED / f"{name}.json").read_text())["rows"]}
+        assert command and set(table) <= ours, (name, set(table) - ours)
+        for setting, runs in table.items():
+            assert list(runs) == [0, 1, 2, 3, 4], (setting, list(runs))
+            for v in runs.values():
+                assert 0 <= v <= 100 and abs(v / 0.025 - round(v / 0.025)) <= 0.2 + 1e-9, (setting, v)
