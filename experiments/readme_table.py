@@ -62,6 +62,9 @@ A training reproduction at the full setting runs over seeds (`--seeds N`, 5 by d
 parallel; each seed's JSON is kept and `--resume` reads finished seeds back): its rows read mean ± sample standard
 deviation (min–max, number of seeds), the per-seed numbers are in the JSON. Where the reference implementation was
 run here on the same seeds, a "reference code" column gives its mean ± sd (commit and command under the table).
+The verdict column (`experiments/verdicts.py`) compares ours with the reference code's mean ± 2 sd, else with the
+published number: an accuracy may lie above it, a row without unit is judged two-sided (or by its margin). Where a
+row's sd exceeds its mean (one seed far out) the row says so and is judged by its median ± 2 MAD-sd.
 H-DNN runs use the reference's training protocol (`experiments/hdnn_protocol.py`: read-out refit from zero per
 batch and at the end, Adam bias correction counted in epochs). Paper letters (H, R, B, S, N) are defined in the
 [bibliography](bibliography.md).
