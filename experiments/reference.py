@@ -73,10 +73,12 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
             "swiss roll, centralised, 3 layers (test)": {0: 95.075, 1: 69.35, 2: 67.325, 3: 82.175, 4: 78.15},
             "swiss roll, distributed, 4 layers (test)": {0: 97.65, 1: 88.375, 2: 99.075, 3: 94.45, 4: 100.0},
             "swiss roll, centralised, 4 layers (test)": {0: 81.3, 1: 85.175, 2: 75.7, 3: 79.4, 4: 72.25},
+            "double circles, distributed, 2 layers (test)": {0: 96.0, 1: 96.55, 2: 77.7, 3: 94.3, 4: 89.925},
             "double circles, centralised, 2 layers (test)": {0: 98.625, 1: 98.775, 2: 98.55, 3: 97.35, 4: 99.8},
             "double circles, distributed, 3 layers (test)": {0: 97.825, 1: 98.05, 2: 99.125, 3: 99.775, 4: 99.85},
             "double circles, centralised, 3 layers (test)": {0: 99.375, 1: 89.85, 2: 97.8, 3: 98.35, 4: 99.6},
             "double circles, distributed, 4 layers (test)": {0: 99.175, 1: 99.325, 2: 99.575, 3: 99.725, 4: 99.5},
+            "double circles, centralised, 4 layers (test)": {0: 91.55, 1: 93.2, 2: 99.95, 3: 95.275, 4: 84.875},
         },
     ),
 }
