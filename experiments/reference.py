@@ -43,6 +43,10 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
             "swiss roll, H2, 8 layers (test)": {0: 92.175, 1: 91.45, 2: 87.2, 3: 79.525, 4: 77.75},
             "swiss roll, H1, 16 layers (test)": {0: 97.05, 1: 98.625, 2: 95.525, 3: 94.25, 4: 98.975},
             "swiss roll, H2, 16 layers (test)": {0: 84.05, 1: 90.95, 2: 94.25, 3: 91.475, 4: 90.025},
+            "swiss roll, H1, 32 layers (test)": {0: 99.425, 1: 92.325, 2: 98.95, 3: 96.6, 4: 98.6},
+            "swiss roll, H2, 32 layers (test)": {0: 95.825, 1: 87.575, 2: 96.75, 3: 90.85, 4: 95.275},
+            "swiss roll, H1, 64 layers (test)": {0: 99.5, 1: 79.475, 2: 98.95, 3: 97.475, 4: 98.875},
+            "swiss roll, H2, 64 layers (test)": {0: 91.25, 1: 96.975, 2: 94.075, 3: 83.575, 4: 82.9},
             "double moons, H1, 1 layers (test)": {0: 91.25, 1: 88.375, 2: 90.3, 3: 99.55, 4: 90.225},
             "double moons, H2, 1 layers (test)": {0: 86.175, 1: 90.775, 2: 86.05, 3: 93.4, 4: 85.75},
             "double moons, H1, 2 layers (test)": {0: 100.0, 1: 93.3, 2: 99.925, 3: 100.0, 4: 99.425},
@@ -61,7 +65,7 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
     ),
     "hdnn_table2": (
         "train_2d_example(dataset, 'H2', 16, n_layers=L, t_end=0.5 * L, sparse='sparse' | 'full', seed=N) as "
-        "examples/run_distributed.py calls it",
+        "examples/run_distributed.py calls it (dataset swiss_roll or double_circles)",
         {
             "swiss roll, distributed, 2 layers (test)": {0: 97.675, 1: 100.0, 2: 90.125, 3: 85.65, 4: 87.125},
             "swiss roll, centralised, 2 layers (test)": {0: 98.35, 1: 84.1, 2: 89.65, 3: 88.55, 4: 80.775},
@@ -69,6 +73,12 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
             "swiss roll, centralised, 3 layers (test)": {0: 95.075, 1: 69.35, 2: 67.325, 3: 82.175, 4: 78.15},
             "swiss roll, distributed, 4 layers (test)": {0: 97.65, 1: 88.375, 2: 99.075, 3: 94.45, 4: 100.0},
             "swiss roll, centralised, 4 layers (test)": {0: 81.3, 1: 85.175, 2: 75.7, 3: 79.4, 4: 72.25},
+            "double circles, distributed, 2 layers (test)": {0: 96.0, 1: 96.55, 2: 77.7, 3: 94.3, 4: 89.925},
+            "double circles, centralised, 2 layers (test)": {0: 98.625, 1: 98.775, 2: 98.55, 3: 97.35, 4: 99.8},
+            "double circles, distributed, 3 layers (test)": {0: 97.825, 1: 98.05, 2: 99.125, 3: 99.775, 4: 99.85},
+            "double circles, centralised, 3 layers (test)": {0: 99.375, 1: 89.85, 2: 97.8, 3: 98.35, 4: 99.6},
+            "double circles, distributed, 4 layers (test)": {0: 99.175, 1: 99.325, 2: 99.575, 3: 99.725, 4: 99.5},
+            "double circles, centralised, 4 layers (test)": {0: 91.55, 1: 93.2, 2: 99.95, 3: 95.275, 4: 84.875},
         },
     ),
 }

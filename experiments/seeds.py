@@ -22,6 +22,7 @@ from typing import Any
 
 from .registry import runner
 from .report import _fmt, write_result
+from .spread import of_row
 
 __all__ = ["TRAINING", "default_seeds", "default_workers", "aggregate", "run_seeds", "seed_path", "summary"]
 
@@ -164,12 +165,17 @@ def run_seeds(
 
 
 def summary(row: dict, digits: int = 4) -> str:
-    """``mean ± sd (min–max, n seeds)`` for a row aggregated over several seeds, the plain value otherwise."""
+    """``mean ± sd (min–max, n seeds)`` for a row aggregated over several seeds, the plain value otherwise; a
+    heavy-tailed row (``sd > |mean|``) adds the median and MAD-sd it is judged by (:mod:`experiments.spread`)."""
     unit = row.get("unit", "")
     if row.get("n_seeds", 1) < 2 or "sd" not in row:
         return _fmt(row["ours"], unit)
     g = f".{digits}g"
-    return (
+    text = (
         f"{row['ours']:{g}} ± {row['sd']:.2g}{(' ' + unit) if unit else ''} "
         f"({row['min']:{g}}–{row['max']:{g}}, {row['n_seeds']} seeds)"
     )
+    s = of_row(row)
+    if s and s.by_median:  # the mean is one far seed's: say so, and what the row is judged by
+        text += f"; sd > mean: median {s.centre:{g}} ± {s.spread:.2g} (MAD)"
+    return text

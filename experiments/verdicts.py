@@ -2,14 +2,26 @@
 the cause of every row outside it, with what was tried.
 
 A row is *within reference* when our mean lies within two of the reference code's standard deviations of its mean
-(two or more reference seeds), else *within published* when the published number lies within our mean ± 2 sd or
-our mean is above it. Otherwise it is *outside* and needs a footnote (:data:`FOOTNOTES`), or *not judged* where a
-single seed of ours has no spread to compare.
-"""
+(two or more reference seeds), else *within published* when the published number lies within our mean ± 2 sd or,
+for an accuracy (``%``), our mean is above it. A row without unit has no better direction and is judged two-sided,
+or one-sided by its margin where :mod:`experiments.margins` declares one; one whose seeds all give the same number
+has no spread to judge a difference by and is *not judged* unless it equals the published one. Where a row's seeds
+are heavy-tailed (``sd > |mean|``) the median and the MAD-sd stand in for the mean and sd
+(:mod:`experiments.spread`) and the verdict says ``(median)``. Otherwise the row is *outside* and needs a footnote
+(:data:`FOOTNOTES`), or *not judged* where a single seed of ours has no spread to compare."""
 
 from __future__ import annotations
 
+import math
+
+from .margins import MARGINS, met
+from .spread import of_reference, of_row
+
 __all__ = ["FOOTNOTES", "verdict"]
+
+# (reproduction, row setting) -> (comparison, bound) of its margin: a bound-type row is judged one-sided by it
+_MARGIN = {(name, setting): (op, bound) for name, setting, op, bound, _ in MARGINS}
+_NO_SPREAD = 1e-9  # a relative sd below this is rounding, not seed spread
 
 # (reproduction, row setting) -> the cause found, or what was tried where none was.
 _SAME_LOOP = (
@@ -83,17 +95,31 @@ FOOTNOTES: dict[tuple[str, str], str] = {
 }
 
 
-def verdict(row: dict) -> str | None:
-    """``within reference``, ``within published``, ``outside`` (footnoted), or None where nothing is compared."""
-    mean, ref, published = row.get("ours"), row.get("reference"), row.get("published")
-    if not isinstance(mean, (int, float)):
+def verdict(row: dict, name: str | None = None) -> str | None:
+    """``within reference``, ``within published``, ``outside`` (footnoted), ``not judged (...)``, or None where
+    nothing is compared; ``(median)`` is added where a heavy tail put the median in place of the mean
+    (:mod:`experiments.spread`). ``name`` (the reproduction) lets a row with a declared margin be judged by it."""
+    ours = of_row(row)
+    if ours is None:
         return None
-    spread = bool(ref) and len(ref["values"]) > 1
-    if spread and abs(mean - ref["mean"]) <= 2 * ref["sd"]:
-        return "within reference"
-    judged = isinstance(published, (int, float)) and row.get("unit") == "%"
-    if judged and (mean >= published or abs(mean - published) <= 2 * row.get("sd", 0.0)):
-        return "within published"
-    if spread or (judged and row.get("n_seeds", 1) > 1):
-        return "outside"
-    return "not judged (one seed)" if judged else None
+    ref = row.get("reference")
+    theirs = of_reference(ref) if ref and len(ref["values"]) > 1 else None
+    tag = " (median)" if ours.by_median or (theirs and theirs.by_median) else ""
+    if theirs and abs(ours.centre - theirs.centre) <= 2 * theirs.spread:
+        return "within reference" + tag
+    published = row.get("published")
+    if not (isinstance(published, (int, float)) and math.isfinite(published)):
+        return "outside" + tag if theirs else None
+    if row.get("unit") == "%":  # an accuracy: above the published one is as good
+        within = met(">=", published, ours.centre, ours.spread)
+    elif (name, row["setting"]) in _MARGIN:
+        within = met(*_MARGIN[(name, row["setting"])], ours.centre, ours.spread)
+    elif ours.spread <= _NO_SPREAD * abs(ours.centre):  # no seed spread to judge a difference by
+        within = math.isclose(ours.centre, published, rel_tol=_NO_SPREAD)
+        if not within and not theirs and ours.n > 1:
+            return "not judged (no seed spread)"
+    else:  # no direction is better: two-sided
+        within = abs(ours.centre - published) <= 2 * ours.spread
+    if within:
+        return "within published" + tag
+    return "outside" + tag if theirs or ours.n > 1 else "not judged (one seed)"

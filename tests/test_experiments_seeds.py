@@ -105,3 +105,67 @@ def test_refresh_rewrites_a_recorded_results_reference_columns_and_nothing_else(
     assert [r["ours"] for r in res["rows"]] == [80.0, 2.0]
     assert res["reference_code"]["commit"] == COMMIT
     assert json.loads(path.read_text()) == res
+
+
+# Hauser's 20-layer C0 perturbation ratio over seeds 0-4: one seed (488) makes sd exceed the mean
+C0_RATIO = [2.0177433490753174, 1.5167417526245117, 1.4175506830215454, 488.151611328125, 4.536653518676758]
+
+
+def _seeded_row(values, published, unit=""):
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return {"setting": "s", "published": published, "unit": unit, "ours": mean, "sd": sd, "per_seed": values,
+            "n_seeds": len(values), "min": min(values), "max": max(values)}  # fmt: skip
+
+
+def test_a_heavy_tailed_row_is_judged_by_its_median_and_says_so():
+    from cde_nets.experiments.spread import MAD_TO_SD, of_row
+    from cde_nets.experiments.verdicts import verdict
+
+    row = _seeded_row(C0_RATIO, 1.31)
+    assert row["sd"] > row["ours"] > 99  # mean ± 2 sd = [−335, 534] would hold any ratio
+    s = of_row(row)
+    # median 2.0177; |x − median| = 0.501, 0.600, 0, 486.1, 2.519: their median 0.6002, times 1/Φ⁻¹(3/4)
+    assert s.by_median and s.centre == C0_RATIO[0]
+    assert s.spread == pytest.approx((C0_RATIO[0] - C0_RATIO[2]) * 1.482602218505602, rel=1e-15)
+    assert MAD_TO_SD == pytest.approx(1.482602218505602, rel=1e-15)
+    assert verdict(row) == "within published (median)"  # 1.31 within 2.018 ± 2 · 0.890
+    assert verdict({**row, "published": 50.0}) == "outside (median)"  # the mean's ± 2 sd held 50
+    assert summary(row) == "99.53 ± 2.2e+02 (1.418–488.2, 5 seeds); sd > mean: median 2.018 ± 0.89 (MAD)"
+
+
+def test_a_row_without_unit_is_judged_two_sided_or_by_its_margin():
+    from cde_nets.experiments.margins import FLOAT32_ONE
+    from cde_nets.experiments.verdicts import verdict
+
+    row = _seeded_row([0.08, 0.09, 0.10], 0.0389)  # mean 0.09, sd 0.01: 0.0389 is 5.1 sd below
+    assert verdict(row) == "outside"
+    assert verdict({**row, "published": 0.11}) == "within published"  # 2 sd above, either side counts
+    assert verdict({**row, "published": 0.111}) == "outside"  # not "above is better" as for an accuracy
+    bsm = _seeded_row([FLOAT32_ONE] * 5, 1.0)  # >= 1 up to float32 rounding: its margin says so
+    bsm["setting"] = "H2-DNN, 32 layers: min per-sample ‖Φ_ℓ‖₂ over training (>= 1)"
+    assert verdict(bsm) == "not judged (no seed spread)" and verdict(bsm, "hdnn_fig4") == "within published"
+    assert verdict(_seeded_row([601.0] * 5, 601)) == "within published"  # the same number from every seed
+
+
+def test_a_heavy_tailed_row_cannot_meet_a_margin_by_its_spread(tmp_path):
+    rows = [{**_seeded_row([90.0, 91.0, 89.0, 92.0, 5000.0], None), "setting": "1-D bands, 1 node, C1 (test)"}]
+    (tmp_path / "hauser.json").write_text(json.dumps({**_result(0, rows), "name": "hauser"}))
+    (r,) = [r for r in check(tmp_path) if r["reproduction"] == "hauser" and r["setting"] == rows[0]["setting"]]
+    # mean 1052 ± 2208 held the bound 80; the median 91 ± 1.48 does not
+    assert r["status"] == "missed" and r["ours"] == 91.0 and r["interval"] == pytest.approx((88.03, 93.97), abs=0.01)
+
+
+def test_every_reference_row_is_a_row_of_ours_over_seeds_0_to_4():
+    """A setting spelled differently from our row would drop its column silently; a test accuracy over the 4000
+    test points is a multiple of 0.025 % (two-decimal entries are rounded to 0.005)."""
+    from cde_nets.experiments.margins import RECORDED
+    from cde_nets.experiments.reference import REFERENCE
+
+    for name, (command, table) in REFERENCE.items():
+        ours = {r["setting"] for r in json.loads((RECORDED / f"{name}.json").read_text())["rows"]}
+        assert command and set(table) <= ours, (name, set(table) - ours)
+        for setting, runs in table.items():
+            assert list(runs) == [0, 1, 2, 3, 4], (setting, list(runs))
+            for v in runs.values():
+                assert 0 <= v <= 100 and abs(v / 0.025 - round(v / 0.025)) <= 0.2 + 1e-9, (setting, v)
