@@ -34,8 +34,8 @@ OLD_NOTE = "The reference code run here"  # how runs began the note that quoted 
 REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
     "hdnn_table1": (
         "train_2d_example(dataset, net_type, nf=4, n_layers=L, t_end=1.2, seed=N) as examples/run.py calls it "
-        "(net_type H1_J1 for H1); the H1 rows' seeds 0-1 in one decimal are from an earlier run here, which this "
-        "setup reproduces (double moons H1 1 layer: 91.25 / 88.375)",
+        "(net_type H1_J1 for H1, MS1, MS2, MS3 for the baselines); the H1 rows' seeds 0-1 in one decimal are "
+        "from an earlier run here, which this setup reproduces (double moons H1 1 layer: 91.25 / 88.375)",
         {
             "swiss roll, H1, 4 layers (test)": {0: 89.4, 1: 85.6, 2: 94.55, 3: 83.4, 4: 91.3},
             "swiss roll, H2, 4 layers (test)": {0: 86.45, 1: 75.025, 2: 83.85, 3: 72.125, 4: 71.075},
@@ -47,6 +47,15 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
             "swiss roll, H2, 32 layers (test)": {0: 95.825, 1: 87.575, 2: 96.75, 3: 90.85, 4: 95.275},
             "swiss roll, H1, 64 layers (test)": {0: 99.5, 1: 79.475, 2: 98.95, 3: 97.475, 4: 98.875},
             "swiss roll, H2, 64 layers (test)": {0: 91.25, 1: 96.975, 2: 94.075, 3: 83.575, 4: 82.9},
+            "swiss roll, MS1 baseline, 4 layers (test)": {0: 66.725, 1: 70.9, 2: 60.675, 3: 67.575, 4: 66.975},
+            "swiss roll, MS2 baseline, 4 layers (test)": {0: 67.275, 1: 65.975, 2: 64.35, 3: 65.75, 4: 68.5},
+            "swiss roll, MS3 baseline, 4 layers (test)": {0: 88.75, 1: 82.575, 2: 79.95, 3: 69.675, 4: 92.025},
+            "swiss roll, MS1 baseline, 16 layers (test)": {0: 73.4, 1: 67.6, 2: 73.075, 3: 63.075, 4: 58.65},
+            "swiss roll, MS2 baseline, 16 layers (test)": {0: 76.55, 1: 81.725, 2: 79.125, 3: 90.4, 4: 74.75},
+            "swiss roll, MS3 baseline, 16 layers (test)": {0: 77.8, 1: 85.575, 2: 90.425, 3: 89.4, 4: 89.475},
+            "swiss roll, MS1 baseline, 64 layers (test)": {0: 66.525, 1: 64.9, 2: 72.65, 3: 63.325, 4: 63.625},
+            "swiss roll, MS2 baseline, 64 layers (test)": {0: 82.85, 1: 81.275, 2: 81.5, 3: 87.1, 4: 85.75},
+            "swiss roll, MS3 baseline, 64 layers (test)": {0: 99.25, 1: 96.375, 2: 93.4, 3: 96.125, 4: 96.15},
             "double moons, H1, 1 layers (test)": {0: 91.25, 1: 88.375, 2: 90.3, 3: 99.55, 4: 90.225},
             "double moons, H2, 1 layers (test)": {0: 86.175, 1: 90.775, 2: 86.05, 3: 93.4, 4: 85.75},
             "double moons, H1, 2 layers (test)": {0: 100.0, 1: 93.3, 2: 99.925, 3: 100.0, 4: 99.425},
