@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 
-from .margins import MARGINS, met
+from cde_nets.datasets import DENSITIES_2D
+
+from .margins import FLOW_VARIANTS, MARGINS, met
 from .spread import of_reference, of_row
 
 __all__ = ["FOOTNOTES", "verdict"]
@@ -127,9 +129,7 @@ _FLOW_TIME = (
     "longer training, where unregularised dynamics grow stiffer, and larger λ."
 )
 FOOTNOTES |= {
-    ("flows_2d", f"{d}: time ratio (unreg / reg){vs}"): _FLOW_TIME
-    for d in ("eight_gaussians", "checkerboard", "two_moons", "pinwheel", "rings")
-    for vs in ("", " (kinetic+jacobian, rk4)", " (unregularised, rk4)")
+    ("flows_2d", f"{d}: time ratio (unreg / reg){vs}"): _FLOW_TIME for d in DENSITIES_2D for vs in FLOW_VARIANTS
 }
 
 
