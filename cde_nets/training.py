@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cde_nets.solvers.errors import check_positive_int
+from cde_nets.solvers.errors import Reason, SolverError, check_positive_int
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .collected_terms import integrated_terms
@@ -152,22 +152,45 @@ def _correct(out: torch.Tensor, y: torch.Tensor) -> int:
 def evaluate(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "classification", batch_size: int = 1024
 ) -> dict:
-    """Mean loss and (classification) accuracy of ``model`` on ``x (n, …)``, ``y (n,)``, in evaluation mode."""
+    """Mean loss and (classification) accuracy of ``model`` on ``x (n, …)``, ``y (n,)``, in evaluation mode.
+
+    A sample whose state goes non-finite in a block (the block's ``SolverError``; a conditionally stable discrete
+    net such as an explicit cubic-friction stack meets inputs it cannot carry) has no prediction: it counts as
+    wrong, is left out of the mean loss, and ``nonfinite`` says how many there were (the batch holding it is
+    evaluated again sample by sample to find them)."""
     was = model.training
     model.eval()
-    total, correct = 0.0, 0
+    total, correct, lost = 0.0, 0, 0
     try:
         for i in range(0, len(y), batch_size):
-            out = model(x[i : i + batch_size])
-            total += float(task_loss(task, out, y[i : i + batch_size])) * len(out)
-            if task == "classification":
-                correct += _correct(out, y[i : i + batch_size])
+            try:
+                loss, right = _scored(model, x[i : i + batch_size], y[i : i + batch_size], task)
+            except SolverError as exc:
+                if exc.reason is not Reason.NONFINITE:
+                    raise
+                for j in range(i, min(i + batch_size, len(y))):
+                    try:
+                        loss, right = _scored(model, x[j : j + 1], y[j : j + 1], task)
+                    except SolverError as one:
+                        if one.reason is not Reason.NONFINITE:
+                            raise
+                        lost += 1
+                        continue
+                    total, correct = total + loss, correct + right
+                continue
+            total, correct = total + loss, correct + right
     finally:
         model.train(was)
-    res = {"loss": total / len(y)}
+    res = {"loss": total / (len(y) - lost) if lost < len(y) else float("nan"), "nonfinite": lost}
     if task == "classification":
         res["accuracy"] = correct / len(y)
     return res
+
+
+def _scored(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str) -> tuple[float, int]:
+    """Summed loss and correct count of one batch."""
+    out = model(x)
+    return float(task_loss(task, out, y)) * len(out), _correct(out, y) if task == "classification" else 0
 
 
 class NonFiniteError(FloatingPointError):
@@ -237,9 +260,11 @@ class Trainer:
             ``scheduler_interval="batch"``.
         seed: fixes the batch order and every random draw of the training (its own generators; the global random
             state is restored afterwards).
-        nonfinite: what a non-finite loss or gradient does: ``"raise"`` (:class:`NonFiniteError` naming the epoch,
-            the batch and the last good checkpoint) or ``"skip"`` (the step is skipped and counted in the epoch's
-            ``skipped_steps``). Either way non-finite values never reach the parameters nor a checkpoint.
+        nonfinite: what a non-finite loss or gradient does, or a block's state gone non-finite in the forward pass
+            (its :class:`~cde_nets.solvers.errors.SolverError`): ``"raise"`` (:class:`NonFiniteError` naming the
+            epoch, the batch and the last good checkpoint, the solver's error as its cause) or ``"skip"`` (the step
+            is skipped and counted in the epoch's ``skipped_steps``). Either way non-finite values never reach the
+            parameters nor a checkpoint.
         checkpoints: a :class:`Checkpoints` policy (or a path: every epoch, no resume). Inside
             :func:`checkpointing`, ``None`` means the block's next file.
         hooks: :class:`Hooks` into the run.
@@ -455,22 +480,33 @@ class Trainer:
             idx, n, weight = dp.shard(idx)
             xb, yb = x_tr[idx], y_tr[idx]
             opt.zero_grad(set_to_none=True)
-            # the blocks report this step's integrated regularisers into it: the modules keep nothing
-            with integrated_terms():
-                out = net(xb)
-                if not labels_checked and self.task == "classification":
-                    _check_labels(y_tr, out.shape[-1])
-                    labels_checked = True
-                loss = task_loss(self.task, out, yb)
-                total = loss * weight
-                for reg in self.regularisers:
-                    value = reg.fn(model)
-                    reg_sums[reg.name] += float(torch.as_tensor(value).detach())
-                    total = total + reg.weight * value
-            correct = _correct(out.detach(), yb) if self.task == "classification" and n else 0
-            loss_sum, correct, n, finite = dp.reduce_batch_stats(
-                float(loss.detach()) * n, correct, n, bool(torch.isfinite(total))
-            )
+            diverged: SolverError | None = None
+            try:
+                # the blocks report this step's integrated regularisers into it: the modules keep nothing
+                with integrated_terms():
+                    out = net(xb)
+                    if not labels_checked and self.task == "classification":
+                        _check_labels(y_tr, out.shape[-1])
+                        labels_checked = True
+                    loss = task_loss(self.task, out, yb)
+                    total = loss * weight
+                    for reg in self.regularisers:
+                        value = reg.fn(model)
+                        reg_sums[reg.name] += float(torch.as_tensor(value).detach())
+                        total = total + reg.weight * value
+            except SolverError as exc:
+                # a block whose state went non-finite in the forward pass is a non-finite loss: the policy
+                # decides, as it does for NaN reaching the loss itself
+                if exc.reason is not Reason.NONFINITE:
+                    raise
+                diverged = exc
+            if diverged is None:
+                correct = _correct(out.detach(), yb) if self.task == "classification" and n else 0
+                loss_sum, correct, n, finite = dp.reduce_batch_stats(
+                    float(loss.detach()) * n, correct, n, bool(torch.isfinite(total))
+                )
+            else:
+                loss_sum, correct, n, finite = dp.reduce_batch_stats(0.0, 0, n, False)
             if finite:
                 total.backward()
                 # one fused norm over every gradient: NaN/inf anywhere makes it non-finite (DDP has already
@@ -481,19 +517,23 @@ class Trainer:
                 )
                 what = "gradient"
             else:
-                what = "loss"
+                what = "loss" if diverged is None else "state"
             if not finite:
                 if self.nonfinite == "raise":
                     where = (
                         f"the last good checkpoint is {str(last_good)!r}" if last_good else "no checkpoint was written"
                     )
-                    raise NonFiniteError(
-                        f"the {what} became non-finite in epoch {epoch}, batch {b} (the loss was "
-                        f"{float(total.detach()):.6g}); the parameters were not updated with it and {where}. Lower "
-                        "the learning rate, tighten the solver tolerance, or train with nonfinite='skip' to skip "
-                        "such steps.",
-                        last_good,
+                    cause = (
+                        f"the state became non-finite in the forward pass ({diverged})"
+                        if diverged is not None
+                        else f"the loss was {float(total.detach()):.6g}"
                     )
+                    raise NonFiniteError(
+                        f"the {what} became non-finite in epoch {epoch}, batch {b} ({cause}); the parameters were "
+                        f"not updated with it and {where}. Lower the learning rate, tighten the solver tolerance, "
+                        "or train with nonfinite='skip' to skip such steps.",
+                        last_good,
+                    ) from diverged
                 opt.zero_grad(set_to_none=True)
                 skipped += 1
                 continue

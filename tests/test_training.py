@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from cde_nets import ODEBlock
+from cde_nets import ODEBlock, discretize
 from cde_nets.datasets import Split
-from cde_nets.fields import NAIS
+from cde_nets.fields import NAIS, CubicFriction
 from cde_nets.models import Classifier
 from cde_nets.pieces import Pieces, TimeGrid
+from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.training import (
     CheckpointError,
     Checkpoints,
@@ -421,3 +422,47 @@ def test_out_of_range_labels_for_several_logits():
 def test_trainer_settings_are_checked(kw, exc, match):
     with pytest.raises(exc, match=match):
         Trainer(**kw)
+
+
+class _BlowsUpOnCall(torch.nn.Module):
+    """A discrete cubic-friction net whose ``h = 1`` steps diverge once ``γ x² > 2``: fed a huge input on one
+    given training step, its block raises the library's non-finite state error in the forward pass."""
+
+    def __init__(self, call_of_nan: int):
+        super().__init__()
+        self.net = discretize(CubicFriction(2, layers=4, T=4.0, gamma=0.1), "euler")
+        self.out = torch.nn.Linear(2, 1)
+        self.calls, self.call_of_nan = 0, call_of_nan
+
+    def forward(self, x):
+        self.calls += self.training  # training steps only: the per-epoch test evaluation is not counted
+        return self.out(self.net(x * (1e3 if self.training and self.calls == self.call_of_nan else 1.0)))
+
+
+def test_a_block_diverging_in_the_forward_pass_follows_the_nonfinite_policy():
+    data = separable(n=40)
+    with seeded(0):
+        model = _BlowsUpOnCall(call_of_nan=6)
+    with pytest.raises(NonFiniteError, match=r"state became non-finite in epoch 1, batch 0 \(the state became") as e:
+        Trainer(progress=False).fit(model, data, epochs=3, batch_size=8)  # 5 batches an epoch: call 6 is epoch 1
+    assert isinstance(e.value.__cause__, SolverError) and e.value.__cause__.reason is Reason.NONFINITE
+    with seeded(0):
+        model = _BlowsUpOnCall(call_of_nan=6)
+    hist = Trainer(progress=False, nonfinite="skip").fit(model, data, epochs=3, batch_size=8)
+    assert [h["skipped_steps"] for h in hist] == [0, 1, 0]
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_evaluate_counts_a_sample_whose_state_diverges_as_wrong_and_says_how_many():
+    with seeded(0):
+        model = torch.nn.Sequential(
+            discretize(CubicFriction(2, layers=4, T=4.0, gamma=0.1), "euler"), torch.nn.Linear(2, 3)
+        )
+    x = torch.randn(10, 2, generator=torch.Generator().manual_seed(1))
+    x[[3, 7]] *= 1e3  # γ x² ≫ 2 for these two: the h = 1 step blows up
+    y = model(x[[0, 1, 2, 4, 5, 6, 8, 9]]).argmax(-1)  # the others' own predictions: all right
+    y = torch.cat([y[:3], torch.tensor([0]), y[3:6], torch.tensor([0]), y[6:]])
+    res = evaluate(model, x, y, batch_size=4)
+    finite = evaluate(model, x[[0, 1, 2, 4, 5, 6, 8, 9]], y[[0, 1, 2, 4, 5, 6, 8, 9]])
+    assert res["nonfinite"] == 2 and res["accuracy"] == 8 / 10
+    assert res["loss"] == pytest.approx(finite["loss"], rel=1e-6) and finite["nonfinite"] == 0
