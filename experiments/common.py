@@ -10,9 +10,9 @@ from torch import nn
 from cde_nets import discretize
 from cde_nets.fields import MS1, MS2, MS3, Hamiltonian
 from cde_nets.models import Classifier
-from cde_nets.training import Trainer, seeded, smoothness_RK
+from cde_nets.training import NonFiniteError, Trainer, seeded, smoothness_RK
 
-__all__ = ["hdnn_classifier", "train_classifier", "HDNN_SCHEMES"]
+__all__ = ["hdnn_classifier", "train_classifier", "HDNN_SCHEMES", "diverged"]
 
 # H-DNN Table I architectures: (field builder, scheme). y ∈ R⁴ = the 2-D point padded with two zeros. H2 steps q
 # first, then p from the new q, as the reference implementation does (HamiltonianNet's H2.forward); eqs. H12-13
@@ -76,3 +76,10 @@ def parameter_count(model: nn.Module) -> int:
 def threads() -> None:
     """Experiments are small: two intra-op threads match the 2-core machines they are meant for."""
     torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def diverged(exc: NonFiniteError) -> str:
+    """What a row records for a training run stopped by a non-finite step: the Trainer's message up to its advice,
+    with the solver's own (which names the layer or time) when a block's state blew up."""
+    head = str(exc).split("; the parameters were not updated", 1)[0]
+    return head if exc.__cause__ is None else f"{head.split(' (', 1)[0]}: {exc.__cause__}"

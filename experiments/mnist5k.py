@@ -28,9 +28,9 @@ from cde_nets.fields import CubicFrictionConv, NAISConv
 from cde_nets.fields.base import Field
 from cde_nets.models import Classifier
 from cde_nets.pieces import Pieces
-from cde_nets.training import Hooks, Trainer, evaluate, seeded, smoothness_R82
+from cde_nets.training import Hooks, NonFiniteError, Trainer, evaluate, seeded, smoothness_R82
 
-from .common import parameter_count, threads
+from .common import diverged, parameter_count, threads
 from .report import result, row, save_figure
 
 PUBLISHED = {"Ruseckas cubic friction, L = 20": 97.8, "H1-DNN (Table III)": (98.04, 98.38), "NAIS-Net": 97.28}
@@ -153,11 +153,22 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
             progress=size != "tiny",
             desc=name,
         )
-        hist = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
-        curves[name] = hist
-        acc = 100 * evaluate(model, data.x_test, data.y_test)["accuracy"]
         pub = f"{published[0]}-{published[1]}" if isinstance(published, tuple) else published
-        rows.append(row(f"{name} (test)", pub, acc, "%", parameters=parameter_count(model)))
+        try:
+            curves[name] = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
+        except NonFiniteError as exc:
+            # the papers' protocol has no step skipping: a seed whose net diverges is recorded as such (no number)
+            # and the other nets of the seed still train
+            why = diverged(exc)
+            rows.append(row(f"{name} (test)", pub, None, "%", parameters=parameter_count(model), diverged=why))
+            if name.startswith("Ruseckas"):
+                rows.append(row(f"{name}: learned γ̃", RUSECKAS_GAMMA, None, diverged=why))
+            continue
+        scores = evaluate(model, data.x_test, data.y_test)
+        extra = {"nonfinite_test_images": scores["nonfinite"]} if scores["nonfinite"] else {}
+        rows.append(
+            row(f"{name} (test)", pub, 100 * scores["accuracy"], "%", parameters=parameter_count(model), **extra)
+        )
         if name.startswith("Ruseckas"):
             rows.append(row(f"{name}: learned γ̃", RUSECKAS_GAMMA, float(model.block.field.gamma.detach())))
     rows.append(row("Ruseckas model parameters (L = 20)", RUSECKAS_PARAMS, parameter_count(ruseckas(20))))

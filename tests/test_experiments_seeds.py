@@ -31,6 +31,16 @@ def test_aggregate_gives_mean_sample_sd_range_and_keeps_each_seed():
     assert mixed["rows"][0]["ours"] == "yes / no"  # a disagreement is shown, never averaged away
 
 
+def test_a_diverged_seed_measures_nothing_and_the_row_says_which():
+    why = "the state became non-finite in epoch 27, batch 3: at layer 17 of 20"
+    rows = [[{"setting": "a", "ours": v, "published": 99.0, "unit": "%"}] for v in (90, 92, 97)]
+    rows.insert(1, [{"setting": "a", "ours": None, "published": 99.0, "unit": "%", "diverged": why}])
+    (row,) = aggregate([_result(s, r) for s, r in enumerate(rows)])["rows"]
+    assert row["ours"] == 93.0 and row["sd"] == math.sqrt(13.0) and row["n_seeds"] == 3
+    assert row["per_seed"] == [90, None, 92, 97] and row["diverged"] == {1: why}
+    assert summary(row) == "93 ± 3.6 % (90–97, 3 seeds; seed 1 diverged)"
+
+
 def test_only_training_reproductions_at_the_full_setting_default_to_five_seeds():
     assert default_seeds("hdnn_table1", "full") == 5
     assert default_seeds("hdnn_table1", "quick") == default_seeds("hdnn_table1", "tiny") == 1
