@@ -60,6 +60,15 @@ def test_flows_digits_tiny(tmp_path):
         assert rows[f"{variant}: steps in the budget"] == s["max_steps"]
         assert math.isfinite(rows[f"{variant}: held-out bits/dim"])
         assert rows[f"{variant}: forward NFE per step"] >= 6  # dopri5: at least one step of six evaluations
+        # early stopping: the held-out number is that of the weights at the lowest validation bits/dim
+        hist = next(r["history"] for r in res["rows"] if r["setting"] == f"{variant}: held-out bits/dim")
+        assert len(hist) == s["max_steps"]  # checkpoint_s = 0: a record, with its validation, after every step
+        best = min(hist, key=lambda h: h["val_bpd"])
+        assert rows[f"{variant}: step of the best validation"] == best["steps"]
+        if best is hist[-1]:
+            assert (
+                rows[f"{variant}: held-out bits/dim"] == rows[f"{variant}: held-out bits/dim at the end of the budget"]
+            )
 
 
 def test_a_resumed_run_ends_as_an_uninterrupted_one(tmp_path):
