@@ -175,6 +175,8 @@ def summary(row: dict, digits: int = 4) -> str:
     unit = row.get("unit", "")
     if row.get("n_seeds", 1) < 2 or "sd" not in row:
         return _fmt(row["ours"], unit)
+    if row["min"] == row["max"]:  # a count or a closed form: every seed gives the same number
+        return f"{_fmt(row['min'], unit)} (all {row['n_seeds']} seeds)"  # min: the recorded number, an int stays one
     g = f".{digits}g"
     text = (
         f"{row['ours']:{g}} ± {row['sd']:.2g}{(' ' + unit) if unit else ''} "

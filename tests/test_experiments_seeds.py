@@ -25,6 +25,8 @@ def test_aggregate_gives_mean_sample_sd_range_and_keeps_each_seed():
     assert row["ours"] == 93.0 and row["sd"] == math.sqrt(13.0)
     assert (row["min"], row["max"], row["per_seed"], row["n_seeds"]) == (90, 97, [90, 92, 97], 3)
     assert summary(row) == "93 ± 3.6 % (90–97, 3 seeds)"
+    (count,) = aggregate([_result(s, [{"setting": "n", "ours": 18201, "unit": ""}]) for s in range(5)])["rows"]
+    assert summary(count) == "18201 (all 5 seeds)"
     same = aggregate([_result(s, [{"setting": "check", "ours": "holds"}]) for s in range(2)])["rows"][0]
     assert same["ours"] == "holds"
     mixed = aggregate([_result(s, [{"setting": "check", "ours": v}]) for s, v in enumerate(("yes", "no"))])
