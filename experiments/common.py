@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -19,19 +20,21 @@ __all__ = ["hdnn_classifier", "train_classifier", "HDNN_SCHEMES", "diverged"]
 # write p first. With the input in p and q the order matters: on double moons, 2 layers, seeds 0-2, q first gave
 # 99.95 / 93.2 / 85.7 % test against 86.6 / 90.6 / 86.1 % p first (the reference code: 99.4 / 94.9 / 90.2 on the same
 # seeds).
+# MS3 too steps q first in the reference (its MS3.forward), where eq. 40 of H App. I writes p first.
 HDNN_SCHEMES = {
     "H1": (lambda L, T: Hamiltonian(4, layers=L, T=T), "euler"),
     "H2": (lambda L, T: Hamiltonian(4, layers=L, T=T, K="blockdiag"), "symplectic_euler_qp"),
     "MS1": (lambda L, T: MS1(4, layers=L, T=T), "symplectic_euler_qp"),
     "MS2": (lambda L, T: MS2(4, layers=L, T=T), "euler"),
-    "MS3": (lambda L, T: MS3(4, layers=L, T=T), "symplectic_euler"),
+    "MS3": (lambda L, T: MS3(4, layers=L, T=T), "symplectic_euler_qp"),
 }
 
 
 def hdnn_classifier(arch: str, layers: int, T: float, seed: int) -> nn.Module:
     """``sigmoid(linear)`` read-out of a discrete H-DNN / MS net on ``R⁴`` (Galimberti et al., Table H-I).
 
-    Weights and biases of the block start standard normal, as in the reference implementation.
+    Weights and biases of the block start standard normal, as in the reference implementation; MS2's ``K = S − Sᵀ``
+    starts as the reference's ``M − Mᵀ`` with ``M ~ N(0, 1)``: ``S ~ N(0, 2)``.
     """
     build, scheme = HDNN_SCHEMES[arch]
     with seeded(seed):
@@ -39,6 +42,8 @@ def hdnn_classifier(arch: str, layers: int, T: float, seed: int) -> nn.Module:
         with torch.no_grad():
             for p in field.parameters():
                 p.normal_()
+            if arch == "MS2":
+                field.S.data.mul_(math.sqrt(2.0))
         return Classifier(discretize(field, scheme), in_features=2, state_dim=4, n_out=1)
 
 

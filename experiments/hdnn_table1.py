@@ -3,7 +3,7 @@
 Setting of the reference implementation: N = 8000 points (train = even, test = odd indices), the 2-D
 point in features 0 and 3 of R⁴ (zeros elsewhere), J = [[0, −I], [I, 0]], sigmoid(linear) read-out, BCE, Adam
 lr 0.05, batch 125, 50 epochs, smoothness penalty 5e-4 · R_K, and its read-out refits and epoch-counted Adam bias
-correction (:mod:`experiments.hdnn_protocol`). H2 updates ``q`` first, as the reference code does
+correction (:mod:`experiments.hdnn_protocol`). H2 and MS3 update ``q`` first, as the reference code does
 (:data:`experiments.common.HDNN_SCHEMES`).
 """
 
@@ -12,10 +12,9 @@ from __future__ import annotations
 import time
 
 from cde_nets.datasets import double_moons, swiss_roll
-from cde_nets.training import smoothness_RK
 
 from .common import hdnn_classifier, threads
-from .hdnn_protocol import train_hdnn
+from .hdnn_protocol import reference_RK, train_hdnn
 from .report import result, row, save_figure
 
 # Table H-I test accuracies (%): (data set, layers) -> (H1, H2)
@@ -53,7 +52,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
             data,
             epochs=s["epochs"],
             seed=seed,
-            regularisers=[smoothness_RK(5e-4, s["T"] / L)],
+            regularisers=[reference_RK(5e-4, s["T"] / L)],
             desc=desc,
         )
 

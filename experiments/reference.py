@@ -65,9 +65,12 @@ REFERENCE: dict[str, tuple[str, dict[str, dict[int, float]]]] = {
         },
     ),
     "hdnn_fig4": (
-        "examples/run_MLP.py with n_layers = L, torch.manual_seed(N) and numpy.random.seed(N) first, the plots "
-        "left out",
+        "MLP rows: examples/run_MLP.py with n_layers = L, torch.manual_seed(N) and numpy.random.seed(N) first, the "
+        "plots left out; H2 row: train_2d_example('double_moons', 'H2', nf=4, n_layers=32, t_end=1.2, seed=N) with "
+        "its hard-coded max_iteration = 50 set to the figure's 30 by our driver (the epochs of the block's "
+        "training and of the final read-out refit, as ours)",
         {
+            "H2-DNN, 32 layers: test accuracy": {0: 100.0, 1: 100.0, 2: 100.0, 3: 99.925, 4: 99.95},
             "tanh MLP, 8 layers: test accuracy": {0: 96.60, 1: 95.03, 2: 94.40, 3: 90.75, 4: 94.95},
             "tanh MLP, 32 layers: test accuracy": {0: 49.83, 1: 49.90, 2: 49.80, 3: 48.53, 4: 49.88},
         },
