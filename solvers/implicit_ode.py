@@ -128,7 +128,8 @@ class _ImplicitStepper:
         times, h = _stage_times(self.tab, t0, t1), t1 - t0
         info: dict = {}
         guess, batched = self.predictor.guess(self.tab, y, h), self.fun.shares_time(times)
-        y1, _ = implicit_step(self.fun, t0, y, h, self.tab, self.newton, times, batched, info, guess)
+        carry = self.predictor.carry(y)
+        y1, _ = implicit_step(self.fun, t0, y, h, self.tab, self.newton, times, batched, info, guess, carry)
         self.predictor.record(y1, h, info["stages"], info["kind"])
         if info["kind"] == "simplified" and self.newton.kind == "auto":
             # the fixed point failed to contract: stiff here, so the later steps of this solve start with Newton
