@@ -10,10 +10,13 @@ Newton. The stage equations are solved for every sample of the batch at once, ea
 ``n × n`` Jacobian ``J = ∂F/∂y`` (rows of a batch are independent, as for every cde_nets field; a module that
 mixes samples, e.g. batch norm, needs ``Newton("fixed_point")``, whose backward uses exact vector-Jacobian products
 instead of per-sample Jacobians). ``Newton("simplified")`` factors
-``M = I − h A ⊗ J(t_0, y_0)`` once per step and iterates ``Z ← Z − M^{−1} G(Z)`` (HW 1996, eq. IV.8.10);
+``M = I − h A ⊗ J(t_0, y_0)`` and iterates ``Z ← Z − M^{−1} G(Z)`` (HW 1996, eq. IV.8.10); along a chain of steps
+the factored ``M`` is reused while the iteration contracts at ``θ ≤ 0.05`` and re-evaluated at the step that sees
+it contract slower (:class:`~solvers.implicit_linear.Carry`, HW 1996, §IV.8);
 ``Newton("full")`` rebuilds ``M = I − h (A ⊗ I) diag(J(Y_j))`` every iteration (for stiff fields whose Jacobian
-changes within a step); ``Newton("fixed_point")`` iterates ``Z ← h (A ⊗ I) F(y_0 + Z)`` without a Jacobian, which
-contracts at the rate ``θ ≈ h ‖A‖ ‖∂F/∂y‖`` (HW 1996, §IV.8). ``Newton("auto")`` (default) runs the fixed point
+changes within a step); ``Newton("fixed_point")`` iterates ``Z ← h (A ⊗ I) F(y_0 + Z)`` without a Jacobian (on the
+stage derivatives: one field call and one fused product per iteration), which contracts at the rate
+``θ ≈ h ‖A‖ ‖∂F/∂y‖`` (HW 1996, §IV.8). ``Newton("auto")`` (default) runs the fixed point
 while it contracts at the observed ``θ < 1/4`` in every sample (no Jacobian, no factorisation: the cheapest for a
 non-stiff field) and otherwise restarts the step with simplified Newton; the gradient uses the linear solve of
 the kind that converged. The first iterate is ``Z_i = h c_i F(t_0, y_0)``. Where the field is the same at every
@@ -26,7 +29,11 @@ Stopping rule: sample ``b`` has converged when its increment ``‖ΔZ_b‖_∞ �
 the observed rate ``θ = ‖ΔZ_k‖ / ‖ΔZ_{k−1}‖ < 1/2``, is below ``tol_b`` (HW 1996, eq. IV.8.13); or when the
 contraction has stopped (``θ ≥ 1/2``) within ``1000 tol_b``: the iteration sits on the rounding floor of ``G``. The
 step is accepted once every sample has; after ``max_iters`` iterations, or on a non-finite iterate,
-:class:`ImplicitSolveError` names the iteration count, the largest increment and the fix.
+:class:`ImplicitSolveError` names the iteration count, the largest increment and the fix. The test costs a host
+read, so it is made only where it may pass: after two checked iterations give ``θ``, the next check is the
+iteration before the one at which ``θ/(1 − θ) θ^j ‖ΔZ‖`` reaches ``tol`` (with ``θ`` over the ``j`` unchecked
+iterations in between, ``θ = (‖ΔZ_k‖ / ‖ΔZ_{k−j}‖)^{1/j}``); a fixed point that continues a chain of steps checks
+first two iterations before the previous step converged.
 
 Gradients. The converged stages are a function ``Z(y_0, θ)`` defined implicitly by ``G = 0``; differentiating
 ``G`` (implicit function theorem) gives, for the cotangent ``g`` of ``y_1``, the cotangent ``v`` of the stage
