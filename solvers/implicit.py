@@ -33,7 +33,8 @@ step is accepted once every sample has; after ``max_iters`` iterations, or on a 
 read, so it is made only where it may pass: after two checked iterations give ``θ``, the next check is the
 iteration before the one at which ``θ/(1 − θ) θ^j ‖ΔZ‖`` reaches ``tol`` (with ``θ`` over the ``j`` unchecked
 iterations in between, ``θ = (‖ΔZ_k‖ / ‖ΔZ_{k−j}‖)^{1/j}``); a fixed point that continues a chain of steps checks
-first two iterations before the previous step converged.
+first one iteration before the previous step converged, and judges that increment by the previous step's rate
+(HW 1996, §IV.8).
 
 Gradients. The converged stages are a function ``Z(y_0, θ)`` defined implicitly by ``G = 0``; differentiating
 ``G`` (implicit function theorem) gives, for the cotangent ``g`` of ``y_1``, the cotangent ``v`` of the stage
@@ -225,9 +226,9 @@ def solve_stages(
 
     def run(kind: str, it: Iteration | None, judge: float | None, F0: torch.Tensor | None = None) -> _Run:
         Z = guess if guess is not None else (h * c).view(-1, 1, 1) * (fun(t0, y) if F0 is None else F0)
-        out = _iterate(ev, y, Z, hA, it, newton, judge, kind == "full", carry.first_check(kind))
+        out = _iterate(ev, y, Z, hA, it, newton, judge, kind == "full", *carry.first_check(kind))
         if out.status == "converged":
-            carry.converged_at[kind] = out.k
+            carry.converged(kind, out.k, out.rate)
         return out
 
     if newton.kind in ("auto", "fixed_point"):
@@ -301,12 +302,13 @@ def _iterate(
     judge: float | None,
     full: bool = False,
     check: int = 1,
+    rate0: float = 0.0,
 ) -> _Run:
     """Iterate ``Z ← h (A ⊗ I) F(y + Z)`` (``it`` ``None``: the fixed point) or ``Z ← Z − M^{−1} G(Z)`` (Newton;
     ``full``: ``M`` re-factored at every iterate) to the stopping rule of :mod:`solvers.implicit`. ``judge``: stop
     with ``"slow"`` once the observed rate exceeds it above the rounding floor. ``check``: the first iteration whose
-    increment is checked; after it, an iteration is checked (one host read) only where the rate observed so far
-    does not already say that it cannot have converged."""
+    increment is checked, ``rate0`` (if positive) the rate that judges it; after it, an iteration is checked (one
+    host read) only where the rate observed so far does not already say that it cannot have converged."""
     s, B, n = Z.shape
     scale, last, k_last, rate, K_prev = None, None, 0, 0.0, None
     y_row, Y, check = y.reshape(1, -1), y + Z, min(check, newton.max_iters)
@@ -331,8 +333,9 @@ def _iterate(
         if scale is None:  # tolerances from the first iterate: ‖Z_b‖ changes by O(h²) relative after it
             scale = _tolerance(y, Z, newton.tol).reciprocal()
         rb = dZ.abs().amax(2).amax(0).mul_(scale)  # per sample, in tolerances (faster than one amax over (0, 2))
-        if last is None:
-            r, worst, theta = (float(rb.max()),) * 2 + (0.0,)
+        if last is None:  # no rate yet: the one given (the last step's), else the increment itself
+            r, theta = float(rb.max()), 0.0
+            worst = r * rate0 / (1.0 - rate0) if 0.0 < rate0 < 0.5 else r
         else:
             r, worst, theta = _judge(rb, last, k - k_last)
             rate = max(rate, theta)

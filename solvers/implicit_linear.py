@@ -133,14 +133,15 @@ class Carry:
     Jacobian at its own start and goes on from its last iterate. So the Jacobian is re-evaluated only when the
     observed rate grows (Hairer & Wanner 1996, §IV.8); the stage equations and the stopping rule are the same,
     so a stale matrix costs iterations, never accuracy. And the iteration at which the last step's fixed point
-    converged: the next step checks its first increment two iterations before it
-    (:func:`solvers.implicit.solve_stages`)."""
+    converged and its rate: the next step checks its first increment one iteration before it
+    (:meth:`first_check`)."""
 
     def __init__(self) -> None:
         self.iteration: Iteration | None = None
         self.key: tuple | None = None
         self.rate = float("inf")
         self.converged_at: dict[str, int] = {}
+        self.rates: dict[str, float] = {}
 
     @staticmethod
     def key_of(tab: ImplicitTableau, y: torch.Tensor, h: float) -> tuple:
@@ -154,12 +155,22 @@ class Carry:
     def keep(self, tab: ImplicitTableau, y: torch.Tensor, h: float, iteration: Iteration, rate: float) -> None:
         self.iteration, self.key, self.rate = iteration, self.key_of(tab, y, h), rate
 
-    def first_check(self, kind: str) -> int:
-        """The first iteration of ``kind`` whose increment is worth checking: for the fixed point, two before the
-        last step converged, so that the rate is known (and the stopping rule may stop) one iteration before it;
-        for Newton the first (its iteration count changes with the age of its matrix)."""
-        return max(1, self.converged_at.get(kind, 1) - 2) if kind == "fixed_point" else 1
+    def first_check(self, kind: str) -> tuple[int, float]:
+        """The first iteration of ``kind`` whose increment is worth checking, and the rate to judge it by: for the
+        fixed point, the one before the last step converged, with that step's rate (Hairer & Wanner 1996, §IV.8,
+        start the next step's stopping rule from the last step's rate); for Newton the first (its iteration count
+        changes with the age of its matrix)."""
+        if kind != "fixed_point" or kind not in self.converged_at:
+            return 1, 0.0
+        return max(1, self.converged_at[kind] - 1), self.rates.get(kind, 0.0)
+
+    def converged(self, kind: str, k: int, rate: float) -> None:
+        """Record that an iteration of ``kind`` converged at iteration ``k``, observed contracting at ``rate``."""
+        self.converged_at[kind] = k
+        if rate > 0.0:
+            self.rates[kind] = rate
 
     def clear(self) -> None:
         self.iteration, self.key, self.rate = None, None, float("inf")
         self.converged_at.clear()
+        self.rates.clear()
