@@ -20,7 +20,8 @@ theorem, :mod:`solvers.implicit`):
 
 Each step after the first starts its stage iteration from the previous step's collocation polynomial
 (:mod:`solvers.implicit_predictor`), and under ``Newton("auto")`` a solve whose fixed point once failed to contract
-keeps simplified Newton for its later steps.
+keeps simplified Newton for its later steps, reusing its factored matrix while it contracts fast
+(:class:`~solvers.implicit_linear.Carry`).
 
 Stage times at a step's ends are moved one ulp inside the step (as torchdiffeq's ``perturb``), so a step that ends
 on a parameter jump of a piecewise field never evaluates the next piece.
