@@ -441,18 +441,23 @@ def _transposed_fixed_point(ev: _StageFun, Y, A, h, g, max_iters: int, tol: floa
     with torch.enable_grad():
         x = Y.detach().requires_grad_(True)
         F = ev(x)
-        v, prev = g, None
-        for _ in range(max_iters):
+        v, prev, k_prev, check = g, 0.0, 0, 1
+        for k in range(1, max_iters + 1):
             (u,) = torch.autograd.grad(F, x, v, retain_graph=True)
             new = torch.addmm(g_rows, hAT, u.reshape(s, -1)).view_as(g)
+            if k < check:  # as forward: checked only where the rate so far allows convergence
+                v = new
+                continue
             norm, size = torch.stack([(new - v).abs().max(), new.abs().max()]).tolist()  # one host read
             v = new
             bound = tol if tol is not None else 4 * eps * size
-            if norm <= bound or (prev is not None and norm < prev and norm / prev / (1 - norm / prev) * norm <= bound):
+            theta = (norm / prev) ** (1.0 / (k - k_prev)) if prev else 0.0
+            if norm <= bound or (prev and theta < 1 and theta / (1 - theta) * norm <= bound):
                 return v
-            if prev is not None and norm >= prev and norm <= 1000 * bound:
+            if prev and theta >= 1 and norm <= 1000 * bound:
                 return v
-            prev = norm
+            prev, k_prev = norm, k
+            check = min(k + 1 + (_unchecked(norm / bound, theta) if bound else 0), max_iters)
     raise ImplicitSolveError(
         f"the backward fixed-point iteration of an implicit step did not converge in {max_iters} iterations "
         f"(last increment {norm:.3g}); use Newton('simplified') (a direct solve), or smaller steps.",
