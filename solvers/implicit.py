@@ -10,10 +10,13 @@ Newton. The stage equations are solved for every sample of the batch at once, ea
 ``n × n`` Jacobian ``J = ∂F/∂y`` (rows of a batch are independent, as for every cde_nets field; a module that
 mixes samples, e.g. batch norm, needs ``Newton("fixed_point")``, whose backward uses exact vector-Jacobian products
 instead of per-sample Jacobians). ``Newton("simplified")`` factors
-``M = I − h A ⊗ J(t_0, y_0)`` once per step and iterates ``Z ← Z − M^{−1} G(Z)`` (HW 1996, eq. IV.8.10);
+``M = I − h A ⊗ J(t_0, y_0)`` and iterates ``Z ← Z − M^{−1} G(Z)`` (HW 1996, eq. IV.8.10); along a chain of steps
+the factored ``M`` is reused while the iteration contracts at ``θ ≤ 0.05`` and re-evaluated at the step that sees
+it contract slower (:class:`~solvers.implicit_linear.Carry`, HW 1996, §IV.8);
 ``Newton("full")`` rebuilds ``M = I − h (A ⊗ I) diag(J(Y_j))`` every iteration (for stiff fields whose Jacobian
-changes within a step); ``Newton("fixed_point")`` iterates ``Z ← h (A ⊗ I) F(y_0 + Z)`` without a Jacobian, which
-contracts at the rate ``θ ≈ h ‖A‖ ‖∂F/∂y‖`` (HW 1996, §IV.8). ``Newton("auto")`` (default) runs the fixed point
+changes within a step); ``Newton("fixed_point")`` iterates ``Z ← h (A ⊗ I) F(y_0 + Z)`` without a Jacobian (on the
+stage derivatives: one field call and one fused product per iteration), which contracts at the rate
+``θ ≈ h ‖A‖ ‖∂F/∂y‖`` (HW 1996, §IV.8). ``Newton("auto")`` (default) runs the fixed point
 while it contracts at the observed ``θ < 1/4`` in every sample (no Jacobian, no factorisation: the cheapest for a
 non-stiff field) and otherwise restarts the step with simplified Newton; the gradient uses the linear solve of
 the kind that converged. The first iterate is ``Z_i = h c_i F(t_0, y_0)``. Where the field is the same at every
@@ -26,7 +29,12 @@ Stopping rule: sample ``b`` has converged when its increment ``‖ΔZ_b‖_∞ �
 the observed rate ``θ = ‖ΔZ_k‖ / ‖ΔZ_{k−1}‖ < 1/2``, is below ``tol_b`` (HW 1996, eq. IV.8.13); or when the
 contraction has stopped (``θ ≥ 1/2``) within ``1000 tol_b``: the iteration sits on the rounding floor of ``G``. The
 step is accepted once every sample has; after ``max_iters`` iterations, or on a non-finite iterate,
-:class:`ImplicitSolveError` names the iteration count, the largest increment and the fix.
+:class:`ImplicitSolveError` names the iteration count, the largest increment and the fix. The test costs a host
+read, so it is made only where it may pass: after two checked iterations give ``θ``, the next check is the
+iteration before the one at which ``θ/(1 − θ) θ^j ‖ΔZ‖`` reaches ``tol`` (with ``θ`` over the ``j`` unchecked
+iterations in between, ``θ = (‖ΔZ_k‖ / ‖ΔZ_{k−j}‖)^{1/j}``); a fixed point that continues a chain of steps checks
+first one iteration before the previous step converged, and judges that increment by the previous step's rate
+(HW 1996, §IV.8).
 
 Gradients. The converged stages are a function ``Z(y_0, θ)`` defined implicitly by ``G = 0``; differentiating
 ``G`` (implicit function theorem) gives, for the cotangent ``g`` of ``y_1``, the cotangent ``v`` of the stage
@@ -53,6 +61,7 @@ import numpy as np
 import torch
 
 from .errors import Reason, SolverError
+from .implicit_linear import REUSE_MAX_RATE, Carry, Iteration, kron_matrix
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
 __all__ = [
@@ -144,105 +153,22 @@ def stage_jacobian(fun: Any, t: float, y: torch.Tensor) -> tuple[torch.Tensor, t
     return F.detach(), jac.transpose(0, 1)
 
 
-def _kron(A: torch.Tensor, J: torch.Tensor, h: float, transpose: bool = False) -> torch.Tensor:
-    """``I − h (A ⊗ I) diag(J_j)`` per sample, ``(B, s n, s n)``: block ``(i, j)`` is ``δ_ij I − h a_ij J_j``. ``J``
-    is ``(B, n, n)`` (one for all stages) or ``(s, B, n, n)``. ``transpose``: the transposed matrix,
-    block ``(j, i)`` is ``δ_ij I − h a_ij J_iᵀ``. Assembled block by block (an einsum over the 5-d product is ~50×
-    slower on CPU)."""
-    s = A.shape[0]
-    B, n = J.shape[-3], J.shape[-1]
-    M = torch.zeros(B, s, n, s, n, dtype=J.dtype, device=J.device)
-    a = A.tolist()
-    for i in range(s):
-        for j in range(s):
-            if a[i][j]:
-                if transpose:
-                    Ji = J if J.dim() == 3 else J[i]
-                    M[:, j, :, i, :] = (-h * a[i][j]) * Ji.transpose(1, 2)
-                else:
-                    M[:, i, :, j, :] = (-h * a[i][j]) * (J if J.dim() == 3 else J[j])
-    M = M.reshape(B, s * n, s * n)
-    M.diagonal(dim1=1, dim2=2).add_(1.0)
-    return M
-
-
-def _factor(M: torch.Tensor) -> tuple:
-    """A batched factorisation to apply with :func:`_apply`: small matrices are inverted (one batched matmul per
-    Newton iteration beats per-matrix triangular solves), larger ones LU-factored."""
-    if M.shape[-1] <= 32:
-        return ("inv", torch.linalg.inv(M))
-    return ("lu", *torch.linalg.lu_factor(M))
-
-
-def _apply(fac: tuple, rhs: torch.Tensor) -> torch.Tensor:
-    return fac[1] @ rhs if fac[0] == "inv" else torch.linalg.lu_solve(fac[1], fac[2], rhs)
-
-
-class _EigenSolver:
-    """``(I − h A ⊗ J)^{−1}`` in the eigenbasis of ``A = T Λ T^{−1}``: ``I − h Λ ⊗ J`` is block diagonal, so one
-    ``n × n`` factorisation per eigenvalue (one complex one per conjugate pair) replaces the ``s n × s n`` one
-    (Hairer & Wanner 1996, §IV.8, "transformation to Jordan canonical form"). For tableaux with distinct
-    eigenvalues and a well-conditioned ``T`` (Gauss, Radau IIA); :func:`eigen_solver` returns ``None`` otherwise."""
-
-    def __init__(self, lam: np.ndarray, T: torch.Tensor, Tinv: torch.Tensor, J: torch.Tensor, h: float):
-        cdtype = torch.complex128 if J.dtype == torch.float64 else torch.complex64
-        self.T, self.Tinv = T.to(device=J.device, dtype=cdtype), Tinv.to(device=J.device, dtype=cdtype)
-        n, self.lus, self.partner = J.shape[-1], {}, {}
-        eye = torch.eye(n, dtype=J.dtype, device=J.device)
-        for k, lk in enumerate(lam):
-            if lk.imag < 0:
-                self.partner[k] = int(np.argmin(np.abs(lam - lk.conjugate())))
-                continue
-            if lk.imag == 0:
-                self.lus[k] = _factor(eye - (h * lk.real) * J)
-            else:
-                self.lus[k] = _factor(eye - (h * complex(lk)) * J.to(cdtype))
-        self.real = J.dtype
-
-    def solve(self, G: torch.Tensor) -> torch.Tensor:
-        Gt = torch.einsum("ki,ibn->kbn", self.Tinv, G.to(self.T.dtype))
-        out = torch.empty_like(Gt)
-        for k, lu in self.lus.items():
-            rhs = Gt[k].unsqueeze(-1)
-            sol = _apply(lu, rhs.real if lu[1].dtype == self.real else rhs).squeeze(-1)
-            out[k] = sol
-        for k, j in self.partner.items():
-            out[k] = out[j].conj()
-        return torch.einsum("ik,kbn->ibn", self.T, out).real.to(self.real)
-
-
-_EIGEN: dict[str, tuple[np.ndarray, torch.Tensor, torch.Tensor] | None] = {}
-_EIGEN_MIN_SIZE = 32  # below s·n = 32 the dense factorisation is cheaper than the complex arithmetic
-
-
-def eigen_solver(tab: ImplicitTableau, J: torch.Tensor, h: float) -> _EigenSolver | None:
-    if tab.stages * J.shape[-1] < _EIGEN_MIN_SIZE:
-        return None
-    key = f"{tab.name}:{tab.a}"
-    if key not in _EIGEN:
-        lam, T = np.linalg.eig(tab.A)
-        distinct = all(abs(a - b) > 1e-8 for i, a in enumerate(lam) for b in lam[i + 1 :])
-        ok = distinct and np.linalg.cond(T) < 1e6 and tab.stages > 1
-        Tt = torch.from_numpy(T.astype(np.complex128))
-        _EIGEN[key] = (lam, Tt, torch.linalg.inv(Tt)) if ok else None
-    entry = _EIGEN[key]
-    return None if entry is None else _EigenSolver(*entry, J, h)
-
-
 class _StageFun:
-    """``F`` at the stages ``y + Z_i`` ``(s, B, n)``: ``s`` calls at the stage times, or, when ``batched`` (the
+    """``F`` at the stages ``Y_i`` ``(s, B, n)``: ``s`` calls at the stage times, or, when ``batched`` (the
     field is the same at every stage time of the step and treats rows independently), one call on ``s B`` rows
     at ``times[0]``, booked as ``s`` evaluations (``fun.count(k)``, where ``fun`` counts)."""
 
     def __init__(self, fun: Any, times: list[float], batched: bool):
         self.fun, self.times, self.batched = fun, times, batched
+        self.count = getattr(fun, "count", None) if batched and len(times) > 1 else None
 
-    def __call__(self, y: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+    def __call__(self, Y: torch.Tensor) -> torch.Tensor:
         if not self.batched:
-            return torch.stack([self.fun(ti, y + Zi) for ti, Zi in zip(self.times, Z)])
-        s, B = Z.shape[:2]
-        F = self.fun(self.times[0], (y + Z).reshape(s * B, -1)).reshape(s, B, -1)
-        _count(self.fun, s - 1)
+            return torch.stack([self.fun(ti, Yi) for ti, Yi in zip(self.times, Y)])
+        s, B, n = Y.shape
+        F = self.fun(self.times[0], Y.reshape(s * B, n)).reshape(s, B, n)
+        if self.count is not None:
+            self.count(s - 1)
         return F
 
     def jacobians(self, Y: torch.Tensor) -> torch.Tensor:
@@ -259,30 +185,6 @@ def _count(fun: Any, k: int) -> None:
     count = getattr(fun, "count", None)
     if count is not None and k:
         count(k)
-
-
-class _Iteration:
-    """The linear map of one iteration, ``ΔZ = M^{−1} G``: the identity for the fixed point, a factorisation of
-    ``I − h A ⊗ J`` for Newton (rebuilt per iteration for ``"full"``)."""
-
-    def __init__(self, kind: str, tab: ImplicitTableau, A: torch.Tensor, h: float):
-        self.kind, self.tab, self.A, self.h = kind, tab, A, h
-        self.eig: _EigenSolver | None = None
-        self.lu: tuple | None = None
-
-    def factor(self, J: torch.Tensor) -> None:
-        self.eig = eigen_solver(self.tab, J, self.h) if J.dim() == 3 else None
-        self.lu = _factor(_kron(self.A, J, self.h)) if self.eig is None else None
-
-    def apply(self, G: torch.Tensor) -> torch.Tensor:
-        if self.kind == "fixed_point":
-            return G
-        if self.eig is not None:
-            return self.eig.solve(G)
-        assert self.lu is not None
-        s, B, n = G.shape
-        dZ = _apply(self.lu, G.permute(1, 0, 2).reshape(B, s * n, 1))
-        return dZ.reshape(B, s, n).permute(1, 0, 2)
 
 
 _Coefficients = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -310,83 +212,174 @@ def solve_stages(
     newton: Newton,
     batched: bool = False,
     guess: torch.Tensor | None = None,
+    carry: Carry | None = None,
 ) -> tuple[torch.Tensor, int, str]:
     """The converged stage increments ``Z`` ``(s, B, n)`` of one step (no graph), the iteration count, and the
-    kind of iteration that converged (``"auto"`` resolves to ``"fixed_point"`` or ``"simplified"``). One host
-    read per iteration. ``guess``: the first iterate (:mod:`solvers.implicit_predictor`) instead of
-    ``Z_i = h c_i F(t_0, y_0)`` (a restart with simplified Newton after a failed fixed point takes the latter)."""
+    kind of iteration that converged (``"auto"`` resolves to ``"fixed_point"`` or ``"simplified"``). ``guess``: the
+    first iterate (:mod:`solvers.implicit_predictor`) instead of ``Z_i = h c_i F(t_0, y_0)`` (a restart with
+    simplified Newton after a failed fixed point takes the latter). ``carry``: what the previous step of a chain
+    hands on (:class:`~solvers.implicit_linear.Carry`: simplified Newton's matrix, where iterations converged),
+    used and updated here."""
     ev = _StageFun(fun, times, batched)
     A, _, c, _ = coefficients(tab, y)
-    s, (B, n) = tab.stages, y.shape
-    hA = h * A
-    kind = "fixed_point" if newton.kind == "auto" else newton.kind
-    it = _Iteration(kind, tab, A, h)
-    if kind == "simplified":
-        F0, J0 = stage_jacobian(fun, t0, y)
-        it.factor(J0)
-    elif guess is None:
-        F0 = fun(t0, y)
-    Z = (h * c).view(s, 1, 1) * F0 if guess is None else guess
-    ynorm, prev, tol = y.abs().amax(1), None, None
-    k, probe = 0, 0  # iterations of the current kind; fixed-point iterations before a switch to Newton
-    while k < newton.max_iters:
-        k += 1
-        if kind == "full":
-            it.factor(ev.jacobians(y + Z))
-        hAF = torch.mm(hA, ev(y, Z).reshape(s, -1)).view(s, B, n)
-        if kind == "fixed_point":
-            dZ, Z = hAF - Z, hAF
-        else:
-            dZ = -it.apply(Z - hAF)
-            Z = Z + dZ
-        norm = dZ.abs().amax(2).amax(0)  # per sample (two reductions: faster than one over dims (0, 2) on CPU)
-        if tol is None:  # from the first iterate of this kind: ‖Z_b‖ changes by O(h²) relative after it
-            tol = (
-                torch.full_like(norm, newton.tol)
-                if newton.tol is not None
-                else (4 * torch.finfo(y.dtype).eps) * torch.maximum(ynorm, Z.abs().amax((0, 2)))
-            )
-        est = norm / tol  # per sample: the increment in tolerances, then the estimated remaining error
-        if prev is not None:
-            # linear convergence at rate θ leaves an error of about θ/(1 − θ)·‖ΔZ‖ (Hairer & Wanner, eq. IV.8.13)
-            theta = norm / prev
-            # "auto" judges the rate of the samples above the rounding floor of G (1000 tolerances) only: below
-            # it, increments are rounding noise, an exact zero followed by 1e-17 reads as θ ≈ 1e291
-            judged = torch.where(est > 1000, theta, 0.0)
-            worst, rate, slow = torch.stack([est * theta / (1 - theta), theta, judged]).amax(1).tolist()
-            if rate >= 0.5:  # a sample has stalled: on the rounding floor of G if within 1000 tolerances
-                worst = float((est * torch.where(theta < 0.5, theta / (1 - theta), 1e-3)).max())
-        else:
-            worst, rate, slow = float(est.max()), 0.0, 0.0
-        if newton.kind == "auto" and kind == "fixed_point" and (not math.isfinite(worst) or slow > _AUTO_MAX_RATE):
-            # too slow or diverging for a fixed point: restart the step with simplified Newton
-            kind, it, prev, tol = "simplified", _Iteration("simplified", tab, A, h), None, None
-            F0, J0 = stage_jacobian(fun, t0, y)
-            it.factor(J0)
-            Z = (h * c).view(s, 1, 1) * F0
-            probe, k = k, 0
-            continue
-        if not math.isfinite(worst):
+    hA, iters, carry = h * A, 0, Carry() if carry is None else carry
+
+    def run(kind: str, it: Iteration | None, judge: float | None, F0: torch.Tensor | None = None) -> _Run:
+        Z = guess if guess is not None else (h * c).view(-1, 1, 1) * (fun(t0, y) if F0 is None else F0)
+        out = _iterate(ev, y, Z, hA, it, newton, judge, kind == "full", *carry.first_check(kind))
+        if out.status == "converged":
+            carry.converged(kind, out.k, out.rate)
+        return out
+
+    if newton.kind in ("auto", "fixed_point"):
+        out = run("fixed_point", None, _AUTO_MAX_RATE if newton.kind == "auto" else None)
+        if out.status == "converged" or newton.kind == "fixed_point":
+            return out.result(t0, h, 0, "fixed_point")
+        iters, guess = out.k, None  # too slow or diverging for a fixed point: restart the step with Newton
+    if newton.kind == "full":
+        return run("full", Iteration(tab, A, h), None).result(t0, h, iters, "full")
+    kept = carry.reusable(tab, y, h)
+    if kept is not None:  # an earlier step's matrix, while it contracts fast; else re-evaluated at this step
+        out = run("simplified", kept, REUSE_MAX_RATE)
+        if out.status == "converged":
+            carry.keep(tab, y, h, kept, out.rate)
+            return out.result(t0, h, iters, "simplified")
+        iters, guess = iters + out.k, out.Z if out.status == "slow" else guess  # continue from where it got
+    F0, J0 = stage_jacobian(fun, t0, y)
+    it = Iteration(tab, A, h).factor(J0)
+    out = run("simplified", it, None, F0)
+    if out.status == "converged":
+        carry.keep(tab, y, h, it, out.rate)
+    return out.result(t0, h, iters, "simplified")
+
+
+_FLOOR = 1000.0  # increments within this many tolerances may be the rounding noise of G: no rate is judged there
+
+
+@dataclass
+class _Run:
+    """One run of the stage iteration: the last iterate, its iteration count, ``status`` (``"converged"``,
+    ``"slow"``: contracting slower than asked, ``"diverged"``: non-finite, ``"max_iters"``), the largest rate
+    observed above the rounding floor, and the last increment and tolerance (for the error message)."""
+
+    Z: torch.Tensor
+    k: int
+    status: str
+    rate: float
+    increment: float
+    tol: float
+
+    def result(self, t0: float, h: float, before: int, kind: str) -> tuple[torch.Tensor, int, str]:
+        """``(Z, iterations, kind)``, or the named error of a run that did not converge."""
+        if self.status == "converged":
+            return self.Z, before + self.k, kind
+        where = f"the Newton iteration of an implicit step at t={t0:.6g} (h={h:.3g})"
+        if self.status == "diverged":
             raise ImplicitSolveError(
-                f"the Newton iteration of an implicit step at t={t0:.6g} (h={h:.3g}) went non-finite after {k} "
-                "iteration(s); take smaller steps (`step_size`), use Newton('full'), or float64.",
+                f"{where} went non-finite after {self.k} iteration(s); take smaller steps (`step_size`), use "
+                "Newton('full'), or float64.",
                 Reason.NEWTON_DIVERGED,
-                k,
+                self.k,
                 float("inf"),
             )
+        raise ImplicitSolveError(
+            f"{where} did not converge in {self.k} iterations (largest increment {self.increment:.3g}, tolerance "
+            f"{self.tol:.3g}); take smaller steps (`step_size`), raise Newton(max_iters=...), or use "
+            "Newton('full') for a stiff field (Newton('simplified') instead of 'fixed_point').",
+            Reason.NEWTON_MAX_ITERS,
+            self.k,
+            self.increment,
+        )
+
+
+def _iterate(
+    ev: _StageFun,
+    y: torch.Tensor,
+    Z: torch.Tensor,
+    hA: torch.Tensor,
+    it: Iteration | None,
+    newton: Newton,
+    judge: float | None,
+    full: bool = False,
+    check: int = 1,
+    rate0: float = 0.0,
+) -> _Run:
+    """Iterate ``Z ← h (A ⊗ I) F(y + Z)`` (``it`` ``None``: the fixed point) or ``Z ← Z − M^{−1} G(Z)`` (Newton;
+    ``full``: ``M`` re-factored at every iterate) to the stopping rule of :mod:`solvers.implicit`. ``judge``: stop
+    with ``"slow"`` once the observed rate exceeds it above the rounding floor. ``check``: the first iteration whose
+    increment is checked, ``rate0`` (if positive) the rate that judges it; after it, an iteration is checked (one
+    host read) only where the rate observed so far does not already say that it cannot have converged."""
+    s, B, n = Z.shape
+    scale, last, k_last, rate, K_prev = None, None, 0, 0.0, None
+    y_row, Y, check = y.reshape(1, -1), y + Z, min(check, newton.max_iters)
+    for k in range(1, newton.max_iters + 1):
+        if full:
+            assert it is not None
+            it.factor(ev.jacobians(Y))
+        K = ev(Y).reshape(s, -1)
+        if it is None:  # the fixed point, on the stage derivatives K: Y ← y + h (A ⊗ I) K, one fused product
+            if k < check:
+                Y, K_prev = torch.addmm(y_row, hA, K).view(s, B, n), K
+                continue
+            new = torch.mm(hA, K).view(s, B, n)
+            dZ = new - Z if K_prev is None else torch.mm(hA, K - K_prev).view(s, B, n)
+            K_prev = K
+        else:
+            dZ = -it.apply(Z - torch.mm(hA, K).view(s, B, n))
+            new = Z + dZ
+        Z, Y = new, y + new
+        if k < check:
+            continue
+        if scale is None:  # tolerances from the first iterate: ‖Z_b‖ changes by O(h²) relative after it
+            scale = _tolerance(y, Z, newton.tol).reciprocal()
+        rb = dZ.abs().amax(2).amax(0).mul_(scale)  # per sample, in tolerances (faster than one amax over (0, 2))
+        if last is None:  # no rate yet: the one given (the last step's), else the increment itself
+            r, theta = float(rb.max()), 0.0
+            worst = r * rate0 / (1.0 - rate0) if 0.0 < rate0 < 0.5 else r
+        else:
+            r, worst, theta = _judge(rb, last, k - k_last)
+            rate = max(rate, theta)
+        if not math.isfinite(worst):
+            return _Run(Z, k, "diverged", rate, r, 0.0)
         if worst <= 1.0:
-            return Z, probe + k, kind
-        prev = norm.clamp_min(torch.finfo(y.dtype).tiny)  # an exact zero increment gives θ = 0, not 0/0
-    largest = float(norm.max())
-    raise ImplicitSolveError(
-        f"the Newton iteration of an implicit step at t={t0:.6g} (h={h:.3g}) did not converge in "
-        f"{newton.max_iters} iterations (largest increment {largest:.3g}, tolerance {float(tol.max()):.3g}); "  # type: ignore[union-attr]
-        "take smaller steps (`step_size`), raise Newton(max_iters=...), or use Newton('full') for a stiff field "
-        "(Newton('simplified') instead of 'fixed_point').",
-        Reason.NEWTON_MAX_ITERS,
-        newton.max_iters,
-        largest,
-    )
+            return _Run(Z, k, "converged", rate, r, 0.0)
+        if judge is not None and theta > judge:
+            return _Run(Z, k, "slow", rate, r, 0.0)
+        last, k_last = rb.clamp_min(torch.finfo(rb.dtype).tiny), k  # an exact zero increment: θ = 0, not 0/0
+        check = min(k + 1 + _unchecked(r, theta), newton.max_iters)
+    largest = float(dZ.abs().max())
+    return _Run(Z, newton.max_iters, "max_iters", rate, largest, float(1.0 / scale.min()))  # type: ignore[union-attr]
+
+
+def _judge(rb: torch.Tensor, last: torch.Tensor, span: int) -> tuple[float, float, float]:
+    """From each sample's increment ``r_b`` and the one ``span`` iterations before (in tolerances): the largest
+    increment, the largest estimated remaining error, and the slowest rate ``θ_b = (r_b / r_b^{last})^{1/span}``
+    among the samples above the rounding floor. Linear convergence at rate ``θ`` leaves an error of about
+    ``θ/(1 − θ)·r`` (Hairer & Wanner 1996, eq. IV.8.13); a sample whose contraction stalled (``θ ≥ 1/2``) within
+    1000 tolerances sits on the rounding floor of ``G`` (its increments are noise: an exact zero then 1e-17 reads
+    as ``θ ≈ 1e291``) and is accepted there."""
+    theta = rb / last if span == 1 else (rb / last).pow(1.0 / span)
+    left = rb * torch.where(theta < 0.5, theta / (1 - theta), 1 / _FLOOR)
+    judged = torch.where(last > _FLOOR, theta, 0.0)
+    r, worst, slow = torch.stack([rb, left, judged]).amax(1).tolist()
+    return r, worst, slow
+
+
+def _unchecked(r: float, theta: float) -> int:
+    """Iterations that cannot reach the stopping rule at the rate ``θ`` from ``r`` tolerances: the first one that
+    may, by ``θ/(1 − θ) θ^j r ≤ 1``, is checked, and the one before it (a rate observed early may flatter)."""
+    if not 0.0 < theta < 0.5 or r <= 1.0:
+        return 0
+    j = math.ceil(math.log(theta / (1.0 - theta) * r) / -math.log(theta))
+    return max(0, j - 2)
+
+
+def _tolerance(y: torch.Tensor, Z: torch.Tensor, tol: float | None) -> torch.Tensor:
+    """Each sample's tolerance on the increment ``(B,)``: ``4 ε max(‖y_b‖_∞, ‖Z_b‖_∞)`` (to rounding), or ``tol``."""
+    if tol is not None:
+        return torch.full_like(y[:, 0], tol)
+    eps, tiny = torch.finfo(y.dtype).eps, torch.finfo(y.dtype).tiny
+    return (4 * eps * torch.maximum(y.abs().amax(1), Z.abs().amax((0, 2)))).clamp_min(tiny)
 
 
 class _StageSensitivity(torch.autograd.Function):
@@ -436,29 +429,35 @@ def _transposed_solve(
     if kind == "fixed_point":
         return _transposed_fixed_point(ev, Y, A, h, g, max_iters, tol)
     s, B, n = Y.shape
-    Q = _kron(A, ev.jacobians(Y), h, transpose=True)
+    Q = kron_matrix(A, ev.jacobians(Y), h, transpose=True)
     return torch.linalg.solve(Q, g.permute(1, 0, 2).reshape(B, s * n, 1)).reshape(B, s, n).permute(1, 0, 2)
 
 
 def _transposed_fixed_point(ev: _StageFun, Y, A, h, g, max_iters: int, tol: float | None) -> torch.Tensor:
     """``v = g + h (Aᵀ ⊗ I) diag(J_iᵀ) v`` by fixed-point iteration: one vector-Jacobian product of the stages per
     iteration, no Jacobian."""
-    eps = torch.finfo(Y.dtype).eps
+    eps, s = torch.finfo(Y.dtype).eps, Y.shape[0]
+    hAT, g_rows = h * A.T, g.reshape(s, -1)
     with torch.enable_grad():
         x = Y.detach().requires_grad_(True)
-        F = ev(torch.zeros_like(x[0]), x)
-        v, prev = g, None
-        for _ in range(max_iters):
+        F = ev(x)
+        v, prev, k_prev, check = g, 0.0, 0, 1
+        for k in range(1, max_iters + 1):
             (u,) = torch.autograd.grad(F, x, v, retain_graph=True)
-            new = g + h * torch.einsum("ij,ibn->jbn", A, u)
-            norm = float((new - v).abs().max())
+            new = torch.addmm(g_rows, hAT, u.reshape(s, -1)).view_as(g)
+            if k < check:  # as forward: checked only where the rate so far allows convergence
+                v = new
+                continue
+            norm, size = torch.stack([(new - v).abs().max(), new.abs().max()]).tolist()  # one host read
             v = new
-            bound = tol if tol is not None else 4 * eps * float(v.abs().max())
-            if norm <= bound or (prev is not None and norm < prev and norm / prev / (1 - norm / prev) * norm <= bound):
+            bound = tol if tol is not None else 4 * eps * size
+            theta = (norm / prev) ** (1.0 / (k - k_prev)) if prev else 0.0
+            if norm <= bound or (prev and theta < 1 and theta / (1 - theta) * norm <= bound):
                 return v
-            if prev is not None and norm >= prev and norm <= 1000 * bound:
+            if prev and theta >= 1 and norm <= 1000 * bound:
                 return v
-            prev = norm
+            prev, k_prev = norm, k
+            check = min(k + 1 + (_unchecked(norm / bound, theta) if bound else 0), max_iters)
     raise ImplicitSolveError(
         f"the backward fixed-point iteration of an implicit step did not converge in {max_iters} iterations "
         f"(last increment {norm:.3g}); use Newton('simplified') (a direct solve), or smaller steps.",
@@ -494,6 +493,7 @@ def implicit_step(
     batched: bool = False,
     info: dict | None = None,
     guess: torch.Tensor | None = None,
+    carry: Carry | None = None,
 ) -> tuple[torch.Tensor, int]:
     """One step ``(y_1, iterations)`` of ``tab`` from ``y`` ``(B, ...)`` at ``t0`` with step ``h`` (negative steps
     backwards in time). ``fun(t, y)`` is the field on states of ``y``'s shape; ``times``: the
@@ -501,15 +501,16 @@ def implicit_step(
     this step (autonomous, or constant on a piece that holds the step) and treats rows independently, so the
     stages are evaluated in one call on ``s B`` rows (``fun.count(k)``, where it exists, books the other ``s − 1``).
     ``info``: a dict that receives ``"kind"``, the iteration that converged, and ``"stages"``, the converged
-    increments ``Z`` ``(s, B, n)``; ``guess``: the first iterate of ``Z`` (see :func:`solve_stages`).
+    increments ``Z`` ``(s, B, n)``; ``guess``: the first iterate of ``Z``; ``carry``: what the previous step of a
+    chain hands on (see :func:`solve_stages`).
     Differentiable in ``y`` and in whatever ``fun`` closes over, by the implicit function theorem (see the
     module)."""
     shape, B = y.shape, y.shape[0]
     flat = y.reshape(B, -1)
-    f = FlatField(fun, shape)
+    f = fun if y.dim() == 2 else FlatField(fun, shape)
     times = [t0 + ci * h for ci in tab.c] if times is None else times
     with torch.no_grad():
-        Z, iters, kind = solve_stages(f, t0, times, flat.detach(), h, tab, newton, batched, guess)
+        Z, iters, kind = solve_stages(f, t0, times, flat.detach(), h, tab, newton, batched, guess, carry)
     if info is not None:
         info["kind"], info["stages"] = kind, Z
     A, b, _, d = coefficients(tab, flat)
@@ -517,7 +518,7 @@ def implicit_step(
         return (flat + torch.mm(d.view(1, -1), Z.reshape(len(times), -1)).view_as(flat)).reshape(shape), iters
     # graph in y and θ only: the stages are held fixed, _StageSensitivity supplies their dependence
     ev = _StageFun(f, times, batched)
-    F = ev(flat, Z)
+    F = ev(flat + Z)
     if F.requires_grad:
         F = _StageSensitivity.apply(F, flat.detach() + Z, ev, A, h, kind, newton)
     lin = h * torch.einsum("i,ibn->bn", b, F)

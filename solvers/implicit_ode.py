@@ -20,7 +20,8 @@ theorem, :mod:`solvers.implicit`):
 
 Each step after the first starts its stage iteration from the previous step's collocation polynomial
 (:mod:`solvers.implicit_predictor`), and under ``Newton("auto")`` a solve whose fixed point once failed to contract
-keeps simplified Newton for its later steps.
+keeps simplified Newton for its later steps, reusing its factored matrix while it contracts fast
+(:class:`~solvers.implicit_linear.Carry`).
 
 Stage times at a step's ends are moved one ulp inside the step (as torchdiffeq's ``perturb``), so a step that ends
 on a parameter jump of a piecewise field never evaluates the next piece.
@@ -128,7 +129,8 @@ class _ImplicitStepper:
         times, h = _stage_times(self.tab, t0, t1), t1 - t0
         info: dict = {}
         guess, batched = self.predictor.guess(self.tab, y, h), self.fun.shares_time(times)
-        y1, _ = implicit_step(self.fun, t0, y, h, self.tab, self.newton, times, batched, info, guess)
+        carry = self.predictor.carry(y)
+        y1, _ = implicit_step(self.fun, t0, y, h, self.tab, self.newton, times, batched, info, guess, carry)
         self.predictor.record(y1, h, info["stages"], info["kind"])
         if info["kind"] == "simplified" and self.newton.kind == "auto":
             # the fixed point failed to contract: stiff here, so the later steps of this solve start with Newton

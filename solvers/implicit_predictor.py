@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .implicit_linear import Carry
 from .implicit_tableaux import ImplicitTableau
 
 __all__ = ["StagePredictor", "extrapolation_matrix"]
@@ -58,11 +59,14 @@ def extrapolation_matrix(tab: ImplicitTableau, ratio: float) -> np.ndarray | Non
 
 class StagePredictor:
     """The last step of a chain of steps (its output, its stage increments, its size), to start the next step from
-    when that one starts where it ended. Holds the output by weak reference, so that only a step taken from that
-    very tensor is predicted; dropped (not copied) by ``copy.deepcopy`` and pickling."""
+    when that one starts where it ended, and what else the chain carries (:meth:`carry`). Holds
+    the output by weak reference, so that only a step taken from that very tensor is predicted; dropped (not
+    copied) by ``copy.deepcopy`` and pickling."""
 
     def __init__(self) -> None:
         self._last: tuple[Any, float, torch.Tensor, str] | None = None
+        self._E: tuple[tuple, torch.Tensor] | None = None
+        self._carry = Carry()
 
     def guess(self, tab: ImplicitTableau, y: torch.Tensor, h: float) -> torch.Tensor | None:
         """Starting increments ``(s, B, n)`` for the step of size ``h`` from ``y``, or ``None`` if ``y`` is not the
@@ -78,7 +82,10 @@ class StagePredictor:
         Z = last[2]
         if E is None or E.shape[0] != Z.shape[0]:
             return None
-        return torch.mm(torch.as_tensor(E, dtype=Z.dtype, device=Z.device), Z.reshape(len(E), -1)).view_as(Z)
+        key = (tab, ratio, Z.dtype, Z.device)
+        if self._E is None or self._E[0] != key:  # one conversion per chain, not per step
+            self._E = (key, torch.as_tensor(E, dtype=Z.dtype, device=Z.device))
+        return torch.mm(self._E[1], Z.reshape(len(E), -1)).view_as(Z)
 
     @property
     def kind(self) -> str | None:
@@ -93,11 +100,20 @@ class StagePredictor:
         """The step of size ``h`` that gave ``y1`` from its converged increments ``Z`` and iteration ``kind``."""
         self._last = (weakref.ref(y1), h, Z.detach(), kind)
 
+    def carry(self, y: torch.Tensor) -> Carry:
+        """What the chain hands on to a step from ``y`` (:class:`~solvers.implicit_linear.Carry`): the earlier
+        steps', if ``y`` is the last step's output, else emptied (a step that does not continue the chain evaluates
+        its own Jacobian and checks its iteration from the first)."""
+        if not self.carries_from(y):
+            self._carry.clear()
+        return self._carry
+
     def clear(self) -> None:
         self._last = None
+        self._carry.clear()
 
     def __deepcopy__(self, memo: dict) -> StagePredictor:
         return StagePredictor()
 
     def __getstate__(self) -> dict:
-        return {"_last": None}
+        return {"_last": None, "_E": None, "_carry": Carry()}

@@ -295,7 +295,7 @@ def test_fixed_point_kind_gives_the_newton_step_and_gradient_without_jacobians()
 def test_eigenbasis_newton_gives_the_dense_newton_step(method, monkeypatch):
     """From s·n = 32 the simplified Newton matrix is factored in the eigenbasis of A (one complex n × n system per
     conjugate pair); the converged step is the dense factorisation's to rounding. SDIRK's A is defective: dense."""
-    import cde_nets.solvers.implicit as implicit
+    import cde_nets.solvers.implicit_linear as implicit
 
     g = torch.Generator().manual_seed(11)
     W = torch.randn(16, 16, dtype=D, generator=g) / 4

@@ -88,8 +88,10 @@ class ImplicitRungeKutta(Scheme):
         if newton.kind == "auto" and chain.kind == "simplified" and chain.carries_from(y):
             newton = replace(newton, kind="simplified")
         info: dict = {}
-        guess = chain.guess(self.tableau, y, h)
-        y1, _ = implicit_step(fun, t0, y, h, self.tableau, newton, batched=fun.batched, info=info, guess=guess)
+        guess, carry = chain.guess(self.tableau, y, h), chain.carry(y)
+        y1, _ = implicit_step(
+            fun, t0, y, h, self.tableau, newton, batched=fun.batched, info=info, guess=guess, carry=carry
+        )
         chain.record(y1, h, info["stages"], info["kind"])
         self._nfe[l] = fun.n
         return y1
