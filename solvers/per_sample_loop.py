@@ -271,8 +271,11 @@ class Stepper:
         t0, t1 = rows.t0, rows.t1
         while n_due and not d.n_bad:  # outputs within this round's accepted steps, from the dense output
             r = due.nonzero()[:, 0]
-            outs.add(self, y, K, r, (t_next[r] - t0[r]) / (t1[r] - t0[r]), cursor[r] * self.B + rows.ids[r])
+            outs.add(self, y, K, r, ((t_next - t0) / (t1 - t0))[r], (cursor * self.B + rows.ids)[r])
             cursor = cursor + due
+            if rows.tt.shape[1] == 3:  # one output after the start: none is left to fall due in this step
+                t_next = t_next.masked_fill(due, math.inf)
+                break
             t_next = rows.tt.gather(1, cursor[:, None])[:, 0]
             due = due & (t_next <= t1)
             n_due = int(due.sum())
