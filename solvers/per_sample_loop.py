@@ -229,9 +229,9 @@ class Stepper:
         if inputs is not None:
             inputs.append(y)
         if graph:  # every stage its own tensor, stacked for each combination
-            hks = [h * k0]
+            hks, yf = [h * k0], y.view(m * N)
             for i in range(1, s):
-                Y = torch.addmv(y.view(m * N), torch.stack(hks).view(i, m * N).t(), a[i]).view(m, N)
+                Y = torch.addmv(yf, torch.stack(hks).view(i, m * N).t(), a[i]).view(m, N)
                 if inputs is not None:
                     inputs.append(Y)
                 k = F(tsr[i], Y, ids)
