@@ -25,7 +25,7 @@ LANES = 16  # a multiple of every CPU vector width in float64
 
 
 class Decision(NamedTuple):
-    """One round's decisions for ``m`` rows: ``ok`` accepted, ``ay`` ``|Y|`` of the attempted step, ``t_new``
+    """One round's decisions for ``m`` rows: ``ok`` accepted, ``t_new``
     the rows' time after it, ``dt``/``t1`` the next step and its end, ``alive`` still short of the last output,
     ``due`` owing an output within the accepted step, ``moved`` whose next step advances its clock (false for a
     NaN or underflowed step, and for finished rows, frozen at zero steps), ``norm`` ``√N · r`` (in a buffer the
@@ -34,7 +34,6 @@ class Decision(NamedTuple):
     round's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype."""
 
     ok: torch.Tensor
-    ay: torch.Tensor
     t_new: torch.Tensor
     dt: torch.Tensor
     t1: torch.Tensor
@@ -80,16 +79,22 @@ class Controller:
         return s
 
     def decide(
-        self, rows: Any, errT: torch.Tensor, e: torch.Tensor, Y: torch.Tensor, jumps: bool, span: bool = False
+        self,
+        rows: Any,
+        errT: torch.Tensor,
+        e: torch.Tensor,
+        y: torch.Tensor,
+        Y: torch.Tensor,
+        jumps: bool,
+        span: bool = False,
     ) -> Decision:
         """The decisions after an attempted step: ``errT`` the stages times the step, stage-minor (``(m N, s)``),
-        ``e`` the error weights, ``Y`` the attempted new state ``(m, N)`` (no graph), ``jumps`` whether the field
-        has jumps (``rows.on_jump`` marks the steps that end on one), ``span`` whether to read the span of the
-        next round's times with the counts."""
+        ``e`` the error weights, ``y`` the step's start and ``Y`` its attempted end ``(m, N)`` (no graph; the
+        error's scale is ``max(|y|, |Y|)``), ``jumps`` whether the field has jumps (``rows.on_jump`` marks the
+        steps that end on one), ``span`` whether to read the span of the next round's times with the counts."""
         m, N = Y.shape
         full, norm = self._root_buffer(m)
-        ay = Y.abs()
-        tol = torch.addcmul(rows.atol, torch.maximum(rows.ay, ay), rows.rtol)
+        tol = torch.addcmul(rows.atol, torch.maximum(y.abs(), Y.abs()), rows.rtol)
         err = torch.mv(errT, e).view(m, N).div_(tol)
         torch.linalg.vector_norm(err, dim=1, dtype=torch.float64, out=norm)
         sqrt_n = math.sqrt(N)
@@ -120,7 +125,7 @@ class Controller:
             times = None
         jumped = flags[3] if n_jumped and n_jumped[0] else None
         n_bad = n_alive - n_moved
-        return Decision(ok, ay, t_new, dt, t1, alive, flags[1], flags[2], norm, n_alive, n_due, n_bad, jumped, times)
+        return Decision(ok, t_new, dt, t1, alive, flags[1], flags[2], norm, n_alive, n_due, n_bad, jumped, times)
 
 
 _SCALARS: dict[tuple, torch.Tensor] = {}

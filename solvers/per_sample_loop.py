@@ -68,9 +68,9 @@ class PerSampleInfo:
 class Rows:
     """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
     ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
-    was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time, ``ay``
-    ``|y|`` carried from the last accepted step, ``rtol``/``atol`` ``(m, 1)`` in the state's dtype; ``span`` the
-    least and greatest time of the round on the host (with ``Stepper.spans``)."""
+    was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time,
+    ``rtol``/``atol`` ``(m, 1)`` in the state's dtype; ``span`` the least and greatest time of the round on the
+    host (with ``Stepper.spans``)."""
 
     ids: torch.Tensor
     t0: torch.Tensor
@@ -81,7 +81,6 @@ class Rows:
     tt: torch.Tensor
     cursor: torch.Tensor
     t_next: torch.Tensor
-    ay: torch.Tensor
     rtol: torch.Tensor
     atol: torch.Tensor
     span: tuple[float, float] | None = None
@@ -93,7 +92,7 @@ class Rows:
 
     def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> Rows:
         """These rows with new clocks (a direct construction: ``dataclasses.replace`` costs a round ~10 µs)."""
-        clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.ay, self.rtol, self.atol, self.span)
+        clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.rtol, self.atol, self.span)
         return Rows(self.ids, t0, dt, t1, *clocks)
 
 
@@ -230,9 +229,9 @@ class Stepper:
         if inputs is not None:
             inputs.append(y)
         if graph:  # every stage its own tensor, stacked for each combination
-            hks = [h * k0]
+            hks, yf = [h * k0], y.view(m * N)
             for i in range(1, s):
-                Y = torch.addmv(y.view(m * N), torch.stack(hks).view(i, m * N).t(), a[i]).view(m, N)
+                Y = torch.addmv(yf, torch.stack(hks).view(i, m * N).t(), a[i]).view(m, N)
                 if inputs is not None:
                     inputs.append(Y)
                 k = F(tsr[i], Y, ids)
@@ -260,25 +259,28 @@ class Stepper:
         if not self.fsal:
             k0 = self.F(ts[0], y, rows.ids)
         K, flat, Y, k_last = self.stages(y, k0, rows, graph, ts=ts)
+        jumps = self.jumps is not None
         if graph:
             with torch.no_grad():
-                d = self.control.decide(rows, flat.detach().t(), self.e, Y.detach(), self.jumps is not None, self.spans)
+                d = self.control.decide(rows, flat.detach().t(), self.e, y.detach(), Y.detach(), jumps, self.spans)
         else:  # run under no-grad already (the stages went to buffers)
             assert self.work is not None
-            d = self.control.decide(rows, self.work.KT[self.s], self.e, Y, self.jumps is not None, self.spans)
+            d = self.control.decide(rows, self.work.KT[self.s], self.e, y, Y, jumps, self.spans)
         outs = _Outputs()
         cursor, t_next, due, n_due = rows.cursor, rows.t_next, d.due, d.n_due
         t0, t1 = rows.t0, rows.t1
         while n_due and not d.n_bad:  # outputs within this round's accepted steps, from the dense output
             r = due.nonzero()[:, 0]
-            outs.add(self, y, K, r, (t_next[r] - t0[r]) / (t1[r] - t0[r]), cursor[r] * self.B + rows.ids[r])
+            outs.add(self, y, K, r, ((t_next - t0) / (t1 - t0))[r], (cursor * self.B + rows.ids)[r])
             cursor = cursor + due
+            if rows.tt.shape[1] == 3:  # one output after the start: none is left to fall due in this step
+                t_next = t_next.masked_fill(due, math.inf)
+                break
             t_next = rows.tt.gather(1, cursor[:, None])[:, 0]
             due = due & (t_next <= t1)
             n_due = int(due.sum())
         okc = d.ok[:, None]
-        ay = torch.where(okc, d.ay, rows.ay)
-        clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, ay, rows.rtol, rows.atol)
+        clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, rows.rtol, rows.atol)
         new = Rows(rows.ids, *clocks, d.span)
         if not d.n_bad and (self.clip is not None or self.jumps is not None):
             new = self.plan(new, d.t_new, d.dt, d.t1)
@@ -372,7 +374,6 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         tt=torch.cat((times, times.new_full((B, 1), math.inf)), 1),
         cursor=torch.ones(B, dtype=torch.long, device=device),
         t_next=times[:, 1].clone(),
-        ay=y.detach().abs(),
         rtol=rtol,
         atol=atol,
     )

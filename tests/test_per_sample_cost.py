@@ -55,8 +55,8 @@ def _per_round(solve) -> tuple[float, float]:
 
 
 def test_a_dopri5_round_is_few_tensor_ops_and_one_read():
-    """dopri5 on 64 rows: 6 stage combinations and 7 scalings by ``h``, the stage times, about 22 controller
-    ops, 3 state updates: 48 torch calls a round (69 before the controller was fused), held to at most 56 (the
+    """dopri5 on 64 rows: 6 stage combinations and 7 scalings by ``h``, the stage times, about 23 controller
+    ops, 2 state updates: 48 torch calls a round (69 before the controller was fused), held to at most 56 (the
     shared-step loop makes about 49 a step), and one host read."""
     y0 = torch.ones(64, 2, dtype=torch.float64)  # rows alike: they finish in one round
 

@@ -96,3 +96,35 @@ def test_backward_failure_names_the_exact_methods():
     with pytest.raises(SolverError, match="gradient='checkpoint' or gradient='backprop'") as info:
         out[-1].sum().backward()
     assert info.value.reason in (Reason.UNDERFLOW, Reason.NONFINITE, Reason.MAX_STEPS)
+
+
+def test_backprop_saves_a_round_linear_in_rounds_and_no_stacked_stages():
+    """Backprop keeps each round's graph, so its memory grows with the rounds, and only linearly: every round of a
+    uniform batch saves the same tensors. Beyond the field's own saves (its input and ``k``, ``N + 1`` numbers a
+    row per call), a dopri5 round saves ``O(rows)`` numbers: the step sizes of the ``h k_i`` (``s`` of ``m``),
+    the two acceptance masks and the tableau rows, none of the stage stacks its combinations ``Σ_j a_ij h k_j`` are
+    read from (those would add at least ``m N`` numbers each, quadratically many in the stages)."""
+    m, N, s = 16, 16, 7
+    k = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+
+    def saved(T: float) -> tuple[int, int, int]:
+        n, numbers = [0], [0]
+
+        def pack(x: torch.Tensor) -> torch.Tensor:
+            n[0] += 1
+            numbers[0] += x.numel()
+            return x
+
+        y0 = torch.ones(m, N, dtype=torch.float64, requires_grad=True)
+        t = torch.tensor([0.0, T], dtype=torch.float64)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            info = odeint_per_sample(lambda t, y: -k * y, y0, t, rtol=1e-8, atol=1e-10, return_info=True)[1]
+        return info.rounds, n[0], numbers[0]
+
+    (r0, n0, e0), (r1, n1, e1), (r2, n2, e2) = saved(2.0), saved(4.0), saved(8.0)
+    assert r2 - r1 > r1 - r0 > 5
+    assert (n1 - n0) * (r2 - r1) == (n2 - n1) * (r1 - r0)  # the same tensors each round: linear in the rounds
+    assert (e1 - e0) * (r2 - r1) == (e2 - e1) * (r1 - r0)
+    per_round = (e2 - e1) // (r2 - r1)
+    beyond_field = per_round - (s - 1) * (m * N + 1)  # FSAL: six field calls a round
+    assert beyond_field <= (s + 2) * m + s * s < m * N, per_round
