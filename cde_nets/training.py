@@ -163,22 +163,15 @@ def evaluate(
     total, correct, lost = 0.0, 0, 0
     try:
         for i in range(0, len(y), batch_size):
-            try:
-                loss, right = _scored(model, x[i : i + batch_size], y[i : i + batch_size], task)
-            except SolverError as exc:
-                if exc.reason is not Reason.NONFINITE:
-                    raise
-                for j in range(i, min(i + batch_size, len(y))):
-                    try:
-                        loss, right = _scored(model, x[j : j + 1], y[j : j + 1], task)
-                    except SolverError as one:
-                        if one.reason is not Reason.NONFINITE:
-                            raise
-                        lost += 1
-                        continue
-                    total, correct = total + loss, correct + right
-                continue
-            total, correct = total + loss, correct + right
+            batch = _scored(model, x[i : i + batch_size], y[i : i + batch_size], task)
+            parts = [batch] if batch is not None else [
+                _scored(model, x[j : j + 1], y[j : j + 1], task) for j in range(i, min(i + batch_size, len(y)))
+            ]  # fmt: skip
+            for part in parts:
+                if part is None:
+                    lost += 1
+                else:
+                    total, correct = total + part[0], correct + part[1]
     finally:
         model.train(was)
     res = {"loss": total / (len(y) - lost) if lost < len(y) else float("nan"), "nonfinite": lost}
@@ -187,19 +180,27 @@ def evaluate(
     return res
 
 
-def _scored(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str) -> tuple[float, int]:
-    """Summed loss and correct count of one batch."""
-    out = model(x)
+def _scored(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str) -> tuple[float, int] | None:
+    """Summed loss and correct count of one batch; ``None`` where a block's state went non-finite on it."""
+    try:
+        out = model(x)
+    except SolverError as exc:
+        if exc.reason is not Reason.NONFINITE:
+            raise
+        return None
     return float(task_loss(task, out, y)) * len(out), _correct(out, y) if task == "classification" else 0
 
 
 class NonFiniteError(FloatingPointError):
     """A loss or gradient became NaN/inf; the parameters were not updated with it and nothing non-finite was
-    saved. ``last_checkpoint`` names the last good checkpoint (``None`` if none was written)."""
+    saved. ``last_checkpoint`` names the last good checkpoint (``None`` if none was written); ``where`` what went
+    non-finite and when (``"the state became non-finite in epoch 3, batch 0"``), the solver's error, if one
+    raised it, being the ``__cause__``."""
 
-    def __init__(self, message: str, last_checkpoint: Path | None):
+    def __init__(self, message: str, last_checkpoint: Path | None, where: str = ""):
         super().__init__(message)
         self.last_checkpoint = last_checkpoint
+        self.where = where
 
 
 @dataclass(frozen=True)
@@ -528,11 +529,12 @@ class Trainer:
                         if diverged is not None
                         else f"the loss was {float(total.detach()):.6g}"
                     )
+                    when = f"the {what} became non-finite in epoch {epoch}, batch {b}"
                     raise NonFiniteError(
-                        f"the {what} became non-finite in epoch {epoch}, batch {b} ({cause}); the parameters were "
-                        f"not updated with it and {where}. Lower the learning rate, tighten the solver tolerance, "
-                        "or train with nonfinite='skip' to skip such steps.",
+                        f"{when} ({cause}); the parameters were not updated with it and {where}. Lower the learning "
+                        "rate, tighten the solver tolerance, or train with nonfinite='skip' to skip such steps.",
                         last_good,
+                        when,
                     ) from diverged
                 opt.zero_grad(set_to_none=True)
                 skipped += 1

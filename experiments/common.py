@@ -84,7 +84,6 @@ def threads() -> None:
 
 
 def diverged(exc: NonFiniteError) -> str:
-    """What a row records for a training run stopped by a non-finite step: the Trainer's message up to its advice,
-    with the solver's own (which names the layer or time) when a block's state blew up."""
-    head = str(exc).split("; the parameters were not updated", 1)[0]
-    return head if exc.__cause__ is None else f"{head.split(' (', 1)[0]}: {exc.__cause__}"
+    """What a row records for a training run stopped by a non-finite step: when it happened, and the solver's own
+    message (which names the layer or time) when a block's state blew up."""
+    return exc.where if exc.__cause__ is None else f"{exc.where}: {exc.__cause__}"
