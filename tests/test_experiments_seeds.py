@@ -95,6 +95,15 @@ def test_verdicts_compare_with_the_reference_spread_then_with_published():
     assert verdict({**row, "ours": 100.0, "reference": ref}) == "within published"  # above the reference: at published
 
 
+def test_a_published_accuracy_range_is_met_from_its_low_end():
+    from cde_nets.experiments.verdicts import verdict
+
+    row = {"published": "98.04-98.38", "unit": "%", "sd": 0.87, "n_seeds": 5}
+    assert verdict({**row, "ours": 96.4}) == "within published"  # 96.4 + 2 · 0.87 = 98.14 >= 98.04
+    assert verdict({**row, "ours": 95.84}) == "outside"  # 95.84 + 1.74 = 97.58 < 98.04
+    assert verdict({**row, "published": "<= 75", "ours": 75.0}) is None  # no number to judge by
+
+
 def test_refresh_rewrites_a_recorded_results_reference_columns_and_nothing_else(tmp_path):
     from cde_nets.experiments.reference import COMMIT, REFERENCE, refresh
 
