@@ -49,5 +49,12 @@ def test_hauser_tiny_rows_and_ratio(tmp_path):
     assert rows["1-D bands, 1 node, C1 (test)"]["published"] == "<= 75"
     for r in rows.values():
         if r["unit"] == "%":
-            assert 0 <= r["ours"] <= 100
+            assert _count_of(r["ours"], 200), r  # 200 test points in each tiny set
     assert res["settings"]["results"]["C0"]["ratio"] > 0
+
+
+def _count_of(percent: float, n: int) -> bool:
+    """Whether ``percent`` is a whole number of ``n`` test samples (an accuracy is a count, not any number in
+    [0, 100])."""
+    k = percent * n / 100
+    return abs(k - round(k)) <= 1e-6 * n and 0 <= round(k) <= n
