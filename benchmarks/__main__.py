@@ -205,6 +205,19 @@ def _implicit(res: dict) -> Headline:
     ]
 
 
+def _implicit_tolerance(res: dict) -> Headline:
+    def label(tol) -> str:
+        return "to rounding" if tol is None else f"tol {tol:.0e}"
+
+    out = []
+    for r in res["rows"]:
+        slope = r["slope_over_rk4"]
+        out.append(at_most(f"gl4 drift slope / rk4's, {label(r['tol'])}", slope, 1e-3, ".1e"))
+        dims = {c["dim"]: c["gl4_over_rk4"] for c in res["cost"] if c["tol"] == r["tol"]}
+        out += [info(f"gl4 / rk4 chained step, dim {d}, {label(r['tol'])}", v, ".2f") for d, v in dims.items()]
+    return out
+
+
 def _per_sample(res: dict) -> Headline:
     rows = res["rows"]
 
@@ -239,6 +252,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("torchdiffeq_dropin", _dropin, "<= 0.8; losses equal to 1e-5"),
     ("torchdiffeq_suite", _suite, "every case but the unserved methods passes"),
     ("implicit_methods", _implicit, "gl4 fwd <= 3x rk4; bwd <= 2x fwd; stiff: fewer NFE than dopri5"),
+    ("implicit_tolerance", _implicit_tolerance, "drift <= 1e-3 of rk4's; the cost of each stage tolerance"),
     ("per_sample", _per_sample, "fewer batched calls on mixed μ; <= 1.1 on equal μ"),
 )
 
@@ -264,6 +278,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "torchdiffeq_dropin": {"tiny": 1.0},
     "torchdiffeq_suite": {"tiny": 0.1, "full": 290.0},
     "implicit_methods": {"tiny": 0.4},
+    "implicit_tolerance": {"tiny": 1.0},
     "per_sample": {"tiny": 1.0},
 }
 

@@ -55,6 +55,11 @@ EXPECTED = {
         {"setting", "goal", "rows", "cost"},
         {"method", "steps", "nfe", "rel_error"},
     ),
+    "implicit_tolerance": (
+        "implicit_tolerance",
+        {"setting", "goal", "rows", "cost"},
+        {"tol", "nfe_per_step", "slope_over_rk4", "max_over_first_percent"},
+    ),
     "events": ("events", {"setting", "goal", "rows"}, {"ratio_to_ideal", "ratio_per_sample_to_ours", "fired"}),
     "forward_grid": (
         "forward_grid",
