@@ -1,12 +1,13 @@
-"""Each row's verdict against the reference code's spread (or the published number), and the footnotes that give
-the cause of every row outside it, with what was tried.
+"""Each row's verdict against the reference code's spread (or the published number), and the footnotes that give the
+cause of every row outside it, with what was tried.
 
 A row is *within reference* when our mean lies within two of the reference code's standard deviations of its mean
-(two or more reference seeds), else *within published* when the published number lies within our mean ± 2 sd or,
-for an accuracy (``%``), our mean is above it. A row without unit has no better direction and is judged two-sided,
-or one-sided by its margin where :mod:`experiments.margins` declares one; one whose seeds all give the same number
-has no spread to judge a difference by and is *not judged* unless it equals the published one. Where a row's seeds
-are heavy-tailed (``sd > |mean|``) the median and the MAD-sd stand in for the mean and sd
+(two or more reference seeds), else *within published* when the published number lies within our mean ± 2 sd or, for
+an accuracy (``%``), our mean is above it, unless four or more seeds all lie below it (a sign test, ``P ≤ 1/16``:
+one seed far out can widen ``mean ± 2 sd`` to hold any published number). A row without unit has no better direction
+and is judged two-sided, or one-sided by its margin where :mod:`experiments.margins` declares one; one whose seeds
+all give the same number has no spread to judge a difference by and is *not judged* unless it equals the published
+one. Where a row's seeds are heavy-tailed (``sd > |mean|``) the median and the MAD-sd stand in for the mean and sd
 (:mod:`experiments.spread`) and the verdict says ``(median)``. Otherwise the row is *outside* and needs a footnote
 (:data:`FOOTNOTES`), or *not judged* where a single seed of ours has no spread to compare."""
 
@@ -24,6 +25,7 @@ __all__ = ["FOOTNOTES", "verdict"]
 # (reproduction, row setting) -> (comparison, bound) of its margin: a bound-type row is judged one-sided by it
 _MARGIN = {(name, setting): (op, bound) for name, setting, op, bound, _ in MARGINS}
 _NO_SPREAD = 1e-9  # a relative sd below this is rounding, not seed spread
+SIGN_TEST_SEEDS = 4
 
 # (reproduction, row setting) -> the cause found, or what was tried where none was.
 _SAME_LOOP = (
@@ -91,8 +93,15 @@ FOOTNOTES: dict[tuple[str, str], str] = {
     ),
     ("nais_digits", "NAIS-Net, K = 30 shared stages (test)"): (
         "Not yet explained: 96.3 ± 0.3 % against the published 97.28 %, about 1 % lower over seeds 0-4 on "
-        "scikit-learn's 8×8 digits (the paper's data set), with the other NAIS rows within their margins. Not "
-        "investigated: the paper's learning-rate schedule and the digits' split are the likely places to look."
+        "scikit-learn's 8×8 digits (standing in for the paper's MNIST), with the other NAIS rows within their "
+        "margins. Not investigated: the paper's learning-rate schedule and the digits' split are the likely "
+        "places to look."
+    ),
+    ("nais_digits", "ResNet-SH-BN, K = 30 shared stages (test)"): (
+        "Not yet explained: every seed (94.4 / 96.4 / 91.6 / 92.9 / 96.2 %) lies below the published 96.69 %, on "
+        "scikit-learn's 8×8 digits standing in for the paper's MNIST. The paper does not say whether its batch "
+        "norm is shared by the K stages; ours has one per stage (a shared one mixes the stages' statistics in its "
+        "running averages and fails at evaluation), trained at lr 0.01 as the other nets. Neither was varied."
     ),
     ("hauser", "perturbation ratio, 20-layer C0 net"): (
         "Not yet explained. Seeds 0-4 give 2.02 / 1.52 / 1.42 / 488.2 / 4.54 (median 2.02, published 1.31): the "
@@ -129,6 +138,9 @@ _MNIST5K = (
     "papers' protocol has no step skipping, its rows hold seeds 0-3 and the seed's other nets all five. "
 )
 FOOTNOTES |= {
+    ("mnist5k", "Ruseckas cubic friction, L = 20 (test)"): _MNIST5K
+    + "Seeds 0-3 give 93.1 / 89.8 / 93.9 / 64.4 %, all below the published 97.8 %; why seed 3 stops at 64.4 % "
+    "was not investigated.",
     ("mnist5k", "Ruseckas cubic friction, L = 20: learned γ̃"): _MNIST5K
     + "γ̃ starts at 1e-2 as in the circles reproduction and ends 11x above the published 0.00048.",
     ("mnist5k", "NAIS-Net, K = 30 (test)"): _MNIST5K
@@ -158,6 +170,13 @@ def _low_end(published):
     return published
 
 
+def _every_seed_below(row: dict, published: float) -> bool:
+    """At least ``SIGN_TEST_SEEDS`` seeds, every one below the published accuracy: a sign test rejects, at
+    ``P ≤ 2⁻ⁿ ≤ 1/16``, that our seeds' median reaches it, however wide ``mean ± 2 sd`` is."""
+    seeds = [v for v in row.get("per_seed") or [] if isinstance(v, (int, float)) and math.isfinite(v)]
+    return len(seeds) >= SIGN_TEST_SEEDS and all(v < published for v in seeds)
+
+
 def verdict(row: dict, name: str | None = None) -> str | None:
     """``within reference``, ``within published``, ``outside`` (footnoted), ``not judged (...)``, or None where
     nothing is compared; ``(median)`` is added where a heavy tail put the median in place of the mean
@@ -174,7 +193,7 @@ def verdict(row: dict, name: str | None = None) -> str | None:
     if not (isinstance(published, (int, float)) and math.isfinite(published)):
         return "outside" + tag if theirs else None
     if row.get("unit") == "%":  # an accuracy: above the published one is as good
-        within = met(">=", published, ours.centre, ours.spread)
+        within = met(">=", published, ours.centre, ours.spread) and not _every_seed_below(row, published)
     elif (name, row["setting"]) in _MARGIN:
         within = met(*_MARGIN[(name, row["setting"])], ours.centre, ours.spread)
     elif ours.spread <= _NO_SPREAD * abs(ours.centre):  # no seed spread to judge a difference by
