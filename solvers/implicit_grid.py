@@ -9,9 +9,7 @@ the state's dtype), so that a field with a jump at a grid point never sees the f
 semantics and takes each step with :func:`solvers.implicit.implicit_step`: the stage equations solved by Newton's
 method to rounding (``max_iters``, ``newton``, ``newton_tol``), and gradients by the implicit function theorem
 (Hairer & Wanner 1996, "Solving Ordinary Differential Equations II", §IV.8). The state is one sample: the stage
-Jacobian is that of the whole (flattened) state, as torchdiffeq's, which assumes no batch structure. A forward
-sweep over the grid is one chain of steps: each step starts its stages from the previous step's collocation
-polynomial (:mod:`solvers.implicit_predictor`) and reuses what simplified Newton factored there.
+Jacobian is that of the whole (flattened) state, as torchdiffeq's, which assumes no batch structure.
 
 Gradients: ``backprop`` differentiates the steps; ``checkpoint`` keeps the grid states and re-runs each step
 backwards for its vector-Jacobian product; ``adjoint`` keeps only the last state and rebuilds each step's start by
@@ -30,7 +28,6 @@ import torch
 
 from .errors import SolverError
 from .implicit import Newton, implicit_step
-from .implicit_predictor import StagePredictor
 from .implicit_tableaux import IMPLICIT_TABLEAUX
 
 __all__ = ["IMPLICIT_GRID_GRADIENTS", "IMPLICIT_GRID_OPTIONS", "ImplicitGrid", "implicit_until_event"]
@@ -82,11 +79,9 @@ class ImplicitGrid:
     def field(self, t: float, y: torch.Tensor) -> torch.Tensor:
         return self.func(torch.tensor(t, dtype=_real(y), device=y.device), y)
 
-    def step(self, t0: float, t1: float, y: torch.Tensor, chain: StagePredictor | None = None) -> torch.Tensor:
+    def step(self, t0: float, t1: float, y: torch.Tensor) -> torch.Tensor:
         """The step from ``(t0, y)`` to ``t1`` (either direction), differentiable by the implicit function
-        theorem. With ``perturb``, an evaluation at ``t0`` or ``t1`` happens one ulp inside the step. ``chain``:
-        the steps taken so far in this sweep; a step from the last one's output starts its stages from their
-        extrapolation (:mod:`solvers.implicit_predictor`) and reuses what the chain carries."""
+        theorem. With ``perturb``, an evaluation at ``t0`` or ``t1`` happens one ulp inside the step."""
         shape = y.shape
 
         def fun(t: float, x: torch.Tensor) -> torch.Tensor:
@@ -97,17 +92,8 @@ class ImplicitGrid:
 
         h = t1 - t0
         times = [t0 if c == 0.0 else t1 if c == 1.0 else t0 + c * h for c in self.tab.c]
-        if chain is None:
-            y1, _ = implicit_step(fun, t0, y.reshape(1, -1), h, self.tab, self.newton, times)
-            return y1.reshape(shape)
-        info: dict = {}
-        guess, carry = chain.guess(self.tab, y, h), chain.carry(y)
-        y1, _ = implicit_step(
-            fun, t0, y.reshape(1, -1), h, self.tab, self.newton, times, info=info, guess=guess, carry=carry
-        )
-        out = y1.reshape(shape)
-        chain.record(out, h, info["stages"], info["kind"])
-        return out
+        y1, _ = implicit_step(fun, t0, y.reshape(1, -1), h, self.tab, self.newton, times)
+        return y1.reshape(shape)
 
     def start_slope(self, t0: float, t1: float, y: torch.Tensor) -> torch.Tensor | None:
         if self.interp != "cubic":
@@ -146,11 +132,11 @@ class ImplicitGrid:
 
     def _forward(self, y0: torch.Tensor, grid: list[float], t: list[float], keep: bool = False):
         """Step over the grid: the outputs, the step that read each, and every grid state (``keep``) or the last."""
-        out, where, states, y, j, chain = [y0], [-1], [y0], y0, 1, StagePredictor()
+        out, where, states, y, j = [y0], [-1], [y0], y0, 1
         for k in range(len(grid) - 1):
             t0, t1 = grid[k], grid[k + 1]
             _callback(self.func, "callback_step", t0, y, t1 - t0)
-            y1 = self.step(t0, t1, y, chain)
+            y1 = self.step(t0, t1, y)
             f0 = self.start_slope(t0, t1, y) if j < len(t) and t1 >= t[j] else None
             while j < len(t) and t1 >= t[j]:
                 out.append(self.read(t0, t1, y, y1, f0, t[j]))
@@ -227,11 +213,11 @@ def implicit_until_event(
         return event_fn(torch.tensor(t, dtype=dtype, device=y0.device), y)
 
     with torch.no_grad():
-        sign0, y, chain = torch.sign(g(t0, y0)), y0, StagePredictor()
+        sign0, y = torch.sign(g(t0, y0)), y0
         for _ in range(_MAX_EVENT_STEPS):
             t1 = t0 + float(h)
             _callback(grid_solver.func, "callback_step", t0, y, t1 - t0)
-            y1 = grid_solver.step(t0, t1, y, chain)
+            y1 = grid_solver.step(t0, t1, y)
             if bool(torch.sign(g(t1, y1)) != sign0):
                 f0 = grid_solver.start_slope(t0, t1, y)
                 lo, hi = t0, t1

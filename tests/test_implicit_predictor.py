@@ -158,29 +158,3 @@ def test_a_call_does_not_continue_the_previous_calls_chain():
         y1 = net(y0)
         again, fresh = net(y1), copy.deepcopy(net)(y1.clone())
     assert torch.equal(again, fresh)
-
-
-@pytest.mark.parametrize("method", ["gl4", "radauIIA5"])
-def test_the_dropin_grid_starts_each_step_from_the_last_ones_stages(method):
-    """torchdiffeq-style ``odeint`` with an implicit method steps its grid as one chain: from the second step on,
-    each step starts from the extrapolated stages, so the sweep takes fewer evaluations than the same steps taken
-    one by one from the default start, and lands on the same states within the stopping rule (4 ε |y|)."""
-    from cde_nets.functional import odeint
-    from cde_nets.solvers.implicit_grid import ImplicitGrid
-
-    g = torch.Generator().manual_seed(0)
-    S, W = torch.randn(6, 6, dtype=D, generator=g), 0.5 * torch.randn(6, 6, dtype=D, generator=g)
-    calls = [0]
-
-    def func(t, y):
-        calls[0] += 1
-        return torch.tanh(y @ W) @ (S - S.T)
-
-    y0, t = torch.randn(6, dtype=D, generator=g), torch.linspace(0.0, 2.0, 3, dtype=D)
-    out = odeint(func, y0, t, method=method, options={"step_size": 0.05})
-    chained, calls[0] = calls[0], 0
-    grid, y = ImplicitGrid(func, method, {"step_size": 0.05}), y0
-    for k in range(40):
-        y = grid.step(0.05 * k, 0.05 * (k + 1) if k < 39 else 2.0, y)
-    assert float((out[-1] - y).abs().max()) <= 1e-13
-    assert chained <= 0.92 * calls[0]
