@@ -165,3 +165,27 @@ def test_event_time_and_its_gradient(method):
     assert abs(float(t_star.detach()) - math.log(3)) < 1e-5 and abs(float(ys[-1].detach()) - 0.5) < 1e-6
     (g,) = torch.autograd.grad(t_star, y0)
     assert abs(float(g) - 1 / 1.5) < 1e-4
+
+
+@pytest.mark.parametrize("method", ["implicit_midpoint", "gl4", "gl6"])
+def test_a_fixed_grid_evaluates_the_field_at_every_grid_point_as_torchdiffeqs_does(method):
+    """torchdiffeq's implicit steps start from ``F(t_0, y_0)``, so without ``perturb`` the field sees every grid
+    point even where no stage lies on it (its suite's ``test_odeint_perturb``); with ``perturb`` none."""
+    from cde_nets.functional import odeint
+
+    for perturb in (False, True):
+        seen: list[float] = []
+
+        def f(t, x, seen=seen):
+            seen.append(float(t))
+            return -x
+
+        odeint(
+            f,
+            torch.tensor([1.0, 2.0]),
+            torch.tensor([0.0, 1.0]),
+            method=method,
+            options={"step_size": 0.25, "perturb": perturb},
+        )
+        assert ({0.0, 0.25, 0.5, 0.75} <= set(seen)) is not perturb
+        assert not ({0.0, 0.25, 0.5, 0.75} & set(seen)) or not perturb
