@@ -5,9 +5,9 @@ A round is a pure function of the rows' state ``(y, k_1)`` and their clocks (:cl
     ``Y_i = y + h_b Σ_{j<i} a_ij k_j``,   ``k_i = F(t_b + c_i h_b, Y_i)``,   ``err_b = h_b Σ_i e_i k_i``,
 
 the error ratio ``r_b = ‖err_b / (atol_b + rtol_b max(|y_b|, |Y_{b,s}|))‖_RMS`` over the sample's own components,
-acceptance ``r_b ≤ 1`` and the next step ``h_b · min(ifactor, max(safety · r_b^(−1/p), dfactor))`` (``dfactor``
-only after a rejection): Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4, taken on
-every row at once, decided by ``torch.where`` on the device. Outputs due inside an accepted step are read off the
+acceptance ``r_b ≤ 1`` (Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4) and the
+next step from a PI controller (:mod:`solvers.per_sample_control`), taken on every row at once, decided by
+``torch.where`` on the device. Outputs due inside an accepted step are read off the
 method's dense output ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Being pure, a round can be replayed: the
 gradient methods (:mod:`solvers.per_sample_grads`) recompute it from its stored inputs.
 """
@@ -69,7 +69,8 @@ class Rows:
     """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
     ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
     was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time,
-    ``rtol``/``atol`` ``(m, 1)`` in the state's dtype; ``span`` the least and greatest time of the round on the
+    ``rtol``/``atol`` ``(m, 1)`` in the state's dtype, ``prev``/``cap`` the controller's memory of the row
+    (:mod:`solvers.per_sample_control`); ``span`` the least and greatest time of the round on the
     host (with ``Stepper.spans``)."""
 
     ids: torch.Tensor
@@ -83,6 +84,8 @@ class Rows:
     t_next: torch.Tensor
     rtol: torch.Tensor
     atol: torch.Tensor
+    prev: torch.Tensor
+    cap: torch.Tensor
     span: tuple[float, float] | None = None
 
     def select(self, keep: torch.Tensor) -> Rows:
@@ -92,8 +95,8 @@ class Rows:
 
     def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> Rows:
         """These rows with new clocks (a direct construction: ``dataclasses.replace`` costs a round ~10 µs)."""
-        clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.rtol, self.atol, self.span)
-        return Rows(self.ids, t0, dt, t1, *clocks)
+        clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.rtol, self.atol, self.prev, self.cap)
+        return Rows(self.ids, t0, dt, t1, *clocks, self.span)
 
 
 @dataclass
@@ -281,7 +284,7 @@ class Stepper:
             n_due = int(due.sum())
         okc = d.ok[:, None]
         clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, rows.rtol, rows.atol)
-        new = Rows(rows.ids, *clocks, d.span)
+        new = Rows(rows.ids, *clocks, d.prev, d.cap, d.span)
         if not d.n_bad and (self.clip is not None or self.jumps is not None):
             new = self.plan(new, d.t_new, d.dt, d.t1)
         k_new = torch.where(okc, k_last, k0)
@@ -376,6 +379,8 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         t_next=times[:, 1].clone(),
         rtol=rtol,
         atol=atol,
+        prev=torch.ones(B, dtype=torch.float64, device=device),
+        cap=torch.full((B,), stepper.control.ifactor, dtype=torch.float64, device=device),
     )
     k0 = stepper.F(t0.to(stepper.dtype), y, ids)
     if first_step is None:
