@@ -38,22 +38,21 @@ FLOOR = 1e-4  # the least previous ratio the PI controller takes (Hairer's DOPRI
 
 
 class Decision(NamedTuple):
-    """One round's decisions for ``m`` rows: ``ok`` accepted, ``t_new``
-    the rows' time after it, ``dt``/``t1`` the next step and its end, ``alive`` still short of the last output,
-    ``due`` owing an output within the accepted step, ``prev``/``cap`` the rows' controller memory after it
+    """One round's decisions for ``m`` rows: ``ok`` accepted, ``t_new`` the rows' time after it, ``dt``/``t1``
+    the next step and its end, ``alive`` still short of the end, ``due`` owing an output within the accepted step
+    (``None`` without outputs between start and end), ``prev``/``cap`` the rows' controller memory after it
     (``max(r', 10⁻⁴)^β`` and the bound on the next factor), ``moved`` whose next step advances its clock (false
     for a NaN or underflowed step, and for finished rows, frozen at zero steps), ``norm`` the ratio ``r`` (in a
-    buffer the
-    next round reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed, the
-    accepted steps that ended on a jump of the field (``None`` without jumps), and, if asked, the span of the next
-    round's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype."""
+    buffer the next round reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed,
+    the accepted steps that ended on a jump of the field (``None`` without jumps), and, if asked, the span of the
+    next round's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype."""
 
     ok: torch.Tensor
     t_new: torch.Tensor
     dt: torch.Tensor
     t1: torch.Tensor
     alive: torch.Tensor
-    due: torch.Tensor
+    due: torch.Tensor | None
     prev: torch.Tensor
     cap: torch.Tensor
     moved: torch.Tensor
@@ -120,26 +119,32 @@ class Controller:
         cap = torch.where(ok, self.ifactor_t, self.one)
         if self.bounded:
             dt.clamp_(self.min_step, self.max_step)
+        # the last step ends on the row's end; a finished row rides along frozen there (zero steps)
+        t1 = torch.minimum(t_new + dt, rows.tl)
+        dt = t1 - t_new
         alive = t_new < rows.tl
-        # a finished row rides along frozen (zero steps at its end), never evaluated past its end
-        dt = torch.where(alive, dt, self.zero)
-        t1 = t_new + dt
-        # an output is due once the row's time reaches it: the next output always lies after the step's start
-        flags = [alive, rows.t_next <= t_new, t1 > t_new]
+        moved = t1 > t_new
+        flags = [alive, moved]
+        # an output is due once the row's time reaches it (the next always lies after the step's start); the
+        # last output is the finished row's state, so without outputs in between none ever falls due
+        due = rows.t_next <= t_new if rows.tt.shape[1] > 3 else None
+        if due is not None:
+            flags.append(due)
         if jumps:
             flags.append(ok & rows.on_jump)
         if span:  # one read all the same: the counts (exact in float64) with the least and greatest time
             ends = torch.stack((t_new.min(), t1.max()))
-            *counts, lo, hi = torch.cat((torch.stack(flags).sum(1, dtype=torch.float64), ends)).tolist()
-            n_alive, n_due, n_moved, *n_jumped = (int(c) for c in counts)
+            *sums, lo, hi = torch.cat((torch.stack(flags).sum(1, dtype=torch.float64), ends)).tolist()
+            counts = [int(c) for c in sums]
             times: tuple[float, float] | None = in_dtype(lo, Y.dtype), in_dtype(hi, Y.dtype)
         else:
-            n_alive, n_due, n_moved, *n_jumped = torch.stack(flags).sum(1).tolist()
+            counts = torch.stack(flags).sum(1).tolist()
             times = None
-        jumped = flags[3] if n_jumped and n_jumped[0] else None
-        n_bad = n_alive - n_moved
+        n_alive, n_moved = counts[0], counts[1]
+        n_due = counts[2] if due is not None else 0
+        jumped = flags[-1] if jumps and counts[-1] else None
         return Decision(
-            ok, t_new, dt, t1, alive, flags[1], prev, cap, flags[2], norm, n_alive, n_due, n_bad, jumped, times
+            ok, t_new, dt, t1, alive, due, prev, cap, moved, norm, n_alive, n_due, n_alive - n_moved, jumped, times
         )
 
 

@@ -66,10 +66,10 @@ def integrate_rows(
     advance: Advance,
     hook: Callable[[Round, Rows], None] | None = None,
 ) -> torch.Tensor:
-    """Rounds from ``y`` (``(B, N)``) until every row has passed its last output time; the outputs as
-    ``(n · B, N)`` (row ``j · B + b``: sample ``b`` at ``times[b, j]``). Finished rows leave the batch once a
-    quarter of the running rows have finished; until then they ride along frozen at their end. ``hook`` sees each
-    round with the clocks it started from."""
+    """Rounds from ``y`` (``(B, N)``) until every row has reached its last output time; the outputs as
+    ``(n · B, N)`` (row ``j · B + b``: sample ``b`` at ``times[b, j]``; the last, the row's state at its end).
+    Finished rows leave the batch once a quarter of the running rows have finished; until then they ride along
+    frozen at their end. ``hook`` sees each round with the clocks it started from."""
     B, n = times.shape
     k0, rows = start(stepper, y, times, rtol, atol, first_step)
     device = y.device
@@ -79,6 +79,7 @@ def integrate_rows(
     live = torch.ones(B, dtype=torch.bool, device=device)
     n_live = B
     positions: list[torch.Tensor] = [rows.ids]
+    end = (n - 1) * B  # the last output's offset
     values: list[torch.Tensor] = [y]
     rounds = 0
     while True:
@@ -106,10 +107,14 @@ def integrate_rows(
         if n_live <= len(rows.ids) * 3 // 4:  # compaction
             done = (~live).nonzero()[:, 0]
             _count(info, rows.ids[done], passed[done], last[done], rounds)
+            values.append(y.index_select(0, done))
+            positions.append(rows.ids[done] + end)
             keep = live.nonzero()[:, 0]
             y, k0, passed, last, live = (v.index_select(0, keep) for v in (y, k0, passed, last, live))
             rows = rows.select(keep)
     _count(info, rows.ids, passed, last, rounds)
+    values.append(y)
+    positions.append(rows.ids + end)
     info.rounds = rounds
     out = y.new_zeros(n * B, y.shape[1])
     return out.index_put((torch.cat(positions),), torch.cat(values))

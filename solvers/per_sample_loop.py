@@ -184,19 +184,18 @@ class Stepper:
         self.tail = c.index(1.0)  # the stages at c = 1 close the tableau (dopri5: the last two; bosh3: the last)
         assert all(ci == 1.0 for ci in c[self.tail :])
         self.fsal = True  # k_1 of a step is the last stage of the step before (the adjoint re-evaluates it)
-        self.clip: bool | None = None  # True: the last step of each row ends on its end time (the adjoint's)
         self.jumps: torch.Tensor | None = None  # times where the field jumps (float64, increasing), + inf
         self.work: _Work | None = None
         self.recorded = 0  # rounds recorded for a replay in the backward pass
         self.spans = False  # True: every time tensor the field sees carries its span (TIME_SPAN)
 
     def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
-        """The next step of every row: ``t1 = t0 + dt``, shortened to land on the end (``clip``) or on the next
-        jump of the field strictly inside it (as torchdiffeq's ``jump_t``: ``dt = t_jump − t0``)."""
-        t1 = t0 + dt if t1 is None else t1
-        if self.clip is not None:
-            end = dt >= rows.tl - t0
-            dt, t1 = torch.where(end, rows.tl - t0, dt), torch.where(end, rows.tl, t1)
+        """The next step of every row: ``t1 = min(t0 + dt, t_end)`` (given ``t1``, as the controller clips it),
+        shortened to land on the next jump of the field strictly inside it (as torchdiffeq's ``jump_t``:
+        ``dt = t_jump − t0``)."""
+        if t1 is None:
+            t1 = torch.minimum(t0 + dt, rows.tl)
+            dt = t1 - t0
         on_jump = rows.on_jump
         if self.jumps is not None:
             jump = self.jumps[torch.searchsorted(self.jumps, t0, right=True)]
@@ -272,20 +271,17 @@ class Stepper:
         outs = _Outputs()
         cursor, t_next, due, n_due = rows.cursor, rows.t_next, d.due, d.n_due
         t0, t1 = rows.t0, rows.t1
-        while n_due and not d.n_bad:  # outputs within this round's accepted steps, from the dense output
+        while due is not None and n_due and not d.n_bad:  # outputs within the accepted steps: dense output
             r = due.nonzero()[:, 0]
             outs.add(self, y, K, r, ((t_next - t0) / (t1 - t0))[r], (cursor * self.B + rows.ids)[r])
             cursor = cursor + due
-            if rows.tt.shape[1] == 3:  # one output after the start: none is left to fall due in this step
-                t_next = t_next.masked_fill(due, math.inf)
-                break
             t_next = rows.tt.gather(1, cursor[:, None])[:, 0]
             due = due & (t_next <= t1)
             n_due = int(due.sum())
         okc = d.ok[:, None]
         clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, rows.rtol, rows.atol)
         new = Rows(rows.ids, *clocks, d.prev, d.cap, d.span)
-        if not d.n_bad and (self.clip is not None or self.jumps is not None):
+        if not d.n_bad and self.jumps is not None:
             new = self.plan(new, d.t_new, d.dt, d.t1)
         k_new = torch.where(okc, k_last, k0)
         jr = d.jumped.nonzero()[:, 0] if d.jumped is not None and not d.n_bad else None
@@ -366,6 +362,8 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
     """The first stage ``F(t_0, y_0)`` (with its graph) and every row's clocks before the first round."""
     B, device = times.shape[0], times.device
     ids = torch.arange(B, device=device)
+    # the last output is each row's state once it finishes (its last step ends on it): it never falls due
+    tt = torch.cat((times[:, :-1], times.new_full((B, 2), math.inf)), 1)
     t0 = times[:, 0].clone()
     rows = Rows(
         ids=ids,
@@ -374,9 +372,9 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         t1=t0,
         on_jump=torch.zeros(B, dtype=torch.bool, device=device),
         tl=times[:, -1].clone(),
-        tt=torch.cat((times, times.new_full((B, 1), math.inf)), 1),
+        tt=tt,
         cursor=torch.ones(B, dtype=torch.long, device=device),
-        t_next=times[:, 1].clone(),
+        t_next=tt[:, 1].clone(),
         rtol=rtol,
         atol=atol,
         prev=torch.ones(B, dtype=torch.float64, device=device),

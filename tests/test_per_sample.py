@@ -50,8 +50,8 @@ def _alone(f, y0: list[float], times: list[float], rtol: float, atol: float):
     (Solving ODEs I, §II.4), the ratio ``r = ‖err / (atol + rtol max(|y|, |Y|))‖_RMS`` accepted where ``r ≤ 1``,
     the next step ``h · clip(0.9 r^(−α) w, 0.2, cap)`` with ``α = 1/5 − 0.75 β``, ``β = 0.04``, ``w = max(r',
     10⁻⁴)^β`` (``r'`` the last accepted ratio, 1 at first) on acceptance and 1 on rejection, ``cap = 1`` right
-    after a rejection and 10 otherwise (Hairer's DOPRI5 code); outputs from the dense output. Returns the
-    outputs, accepted and rejected steps, and field calls."""
+    after a rejection and 10 otherwise (Hairer's DOPRI5 code); the last step shortened to end on the last time,
+    outputs before it from the dense output. Returns the outputs, accepted and rejected steps, and field calls."""
     tab = TABLEAUX["dopri5"]
     a, c, e, P = tab.tableau.a, tab.tableau.c, tab.error, _dense_weights(tab)
     n = len(y0)
@@ -75,6 +75,7 @@ def _alone(f, y0: list[float], times: list[float], rtol: float, atol: float):
     alpha, beta, w_prev, cap = 0.2 - 0.75 * 0.04, 0.04, 1.0, 10.0
     outs, j, accepted, rejected = [list(y0)], 1, 0, 0
     while t < times[-1]:
+        h = min(t + h, times[-1]) - t  # the last step ends on the end
         ks = [k0]
         for i in range(1, 7):
             Yi = [y[d] + h * sum(a[i][m] * ks[m][d] for m in range(i)) for d in range(n)]
@@ -87,7 +88,7 @@ def _alone(f, y0: list[float], times: list[float], rtol: float, atol: float):
         fac = min(max(0.9 * grow * (w_prev if ok else 1.0), 0.2), cap)
         if ok:
             accepted += 1
-            while j < len(times) and times[j] <= t + h:
+            while j < len(times) - 1 and times[j] <= t + h:
                 x = (times[j] - t) / h
                 wts = [x * (P[0][m] + x * (P[1][m] + x * (P[2][m] + x * P[3][m]))) for m in range(7)]
                 outs.append([y[d] + h * sum(wts[m] * ks[m][d] for m in range(7)) for d in range(n)])
@@ -96,7 +97,7 @@ def _alone(f, y0: list[float], times: list[float], rtol: float, atol: float):
         else:
             rejected += 1
         h, cap = h * fac, 10.0 if ok else 1.0
-    return torch.tensor(outs, dtype=torch.float64), accepted, rejected, calls[0]
+    return torch.tensor([*outs, y], dtype=torch.float64), accepted, rejected, calls[0]
 
 
 def _vdp_alone(mu: float, y0: torch.Tensor, t: torch.Tensor, rtol: float, atol: float):
