@@ -104,7 +104,7 @@ def integrate_rows(
         y, k0, rows, live, n_live = rd.y, rd.k0, rd.rows, rd.alive, rd.n_alive
         if n_live == 0:
             break
-        if n_live <= len(rows.ids) * 3 // 4:  # compaction
+        if n_live <= rows.ids.shape[0] * 3 // 4:  # compaction
             done = (~live).nonzero()[:, 0]
             _count(info, rows.ids[done], passed[done], last[done], rounds)
             values.append(y.index_select(0, done))

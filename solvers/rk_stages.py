@@ -209,6 +209,8 @@ class Rows(Buffered):
         self.table = _arranged(self.table, self.pos, order)
         self.W = torch.zeros((*self.table.shape, 1), **kw)
         self.flat = {id(b): b.view(-1) for b in (self.sum, self.err)}
+        # every sum's operands sliced once: a step makes a dozen sums of a few kernels each
+        self.views = [_row_views(self.K, self.W[r], self.P, m, order) for r, m in enumerate(self.widths)]
 
     def set(self, i: int, k: torch.Tensor) -> None:
         self.krows[i].copy_(k)
@@ -223,7 +225,7 @@ class Rows(Buffered):
         return self.host_h
 
     def _sum(self, row: int, out: torch.Tensor) -> torch.Tensor:
-        _row_sum(self.K, self.W[row], self.P, self.flat[id(out)], self.widths[row], self.order)
+        _sum_views(self.views[row], self.flat[id(out)])
         return out
 
 
@@ -254,13 +256,27 @@ def _arranged(table: np.ndarray, pos: list[int], order: str) -> np.ndarray:
 
 def _row_sum(K: torch.Tensor, w: torch.Tensor, P: torch.Tensor, out: torch.Tensor, m: int, order: str) -> None:
     """``Σ_j k_j w_j`` over ``m`` stages into ``out`` (flat), adding as torch's CPU sum over a last axis does."""
+    _sum_views(_row_views(K, w, P, m, order), out)
+
+
+RowViews = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]
+
+
+def _row_views(K: torch.Tensor, w: torch.Tensor, P: torch.Tensor, m: int, order: str) -> RowViews:
+    """The operands of :func:`_row_sum`: stages, weights and products of the ``m`` terms, the products past the
+    first four (``None`` for four or fewer), row 0 (where those go) and the products the last reduction adds."""
     lo, hi = (1, m + 1) if order == "tail" else (0, m + 1 if m > 4 else m)
-    torch.mul(K[lo:hi], w[lo:hi], out=P[lo:hi])
-    if m > 4:
-        torch.sum(P[lo + 4 : hi], 0, out=P[0])  # the terms past the first four (and, for "ilp", k_0 again)
-        torch.sum(P[: lo + 4], 0, out=out)
-    else:
-        torch.sum(P[lo:hi], 0, out=out)
+    if m > 4:  # the terms past the first four (and, for "ilp", k_0 again) into row 0, then row 0 and those four
+        return K[lo:hi], w[lo:hi], P[lo:hi], P[lo + 4 : hi], P[0], P[: lo + 4]
+    return K[lo:hi], w[lo:hi], P[lo:hi], None, P[0], P[lo:hi]
+
+
+def _sum_views(views: RowViews, out: torch.Tensor) -> None:
+    k, w, prods, tail, first, head = views
+    torch.mul(k, w, out=prods)
+    if tail is not None:
+        torch.sum(tail, 0, out=first)
+    torch.sum(head, 0, out=out)
 
 
 @functools.cache
