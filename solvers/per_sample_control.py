@@ -41,9 +41,9 @@ class Decision(NamedTuple):
     """One round's decisions for ``m`` rows: ``ok`` accepted, ``t_new`` the rows' time after it, ``dt``/``t1``
     the next step and its end, ``alive`` still short of the end, ``due`` owing an output within the accepted step
     (``None`` without outputs between start and end), ``prev``/``cap`` the rows' controller memory after it
-    (``max(r', 10⁻⁴)^β`` and the bound on the next factor), ``moved`` whose next step advances its clock (false
-    for a NaN or underflowed step, and for finished rows, frozen at zero steps), ``norm`` the ratio ``r`` (in a
-    buffer the next round reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed,
+    (``max(√N r', 10⁻⁴ √N)^β`` and the bound on the next factor), ``moved`` whose next step advances its clock (false
+    for a NaN or underflowed step, and for finished rows, frozen at zero steps), ``norm`` ``√N r`` (in a buffer
+    the next round reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed,
     the accepted steps that ended on a jump of the field (``None`` without jumps), and, if asked, the span of the
     next round's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype."""
 
@@ -76,17 +76,30 @@ class Controller:
         self.dfactor = float(opts.get("dfactor", 0.2))
         self.bounded = self.min_step > 0 or self.max_step < math.inf
         self.alpha = 1.0 / order - 0.75 * BETA
-        self.one, self.zero, self.dfactor_t, self.ifactor_t = _scalars(device, 1.0, 0.0, self.dfactor, self.ifactor)
+        self.one, self.dfactor_t, self.ifactor_t = _scalars(device, 1.0, self.dfactor, self.ifactor)
         self.device = device
-        self._inv_sqrt: dict[int, float] = {}
-        self._buffer: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._space: tuple | None = None
+        self._per_n: dict[int, tuple] = {}
 
-    def _root_buffer(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A float64 buffer of ``m`` rows padded with ones to whole SIMD vectors, and its first ``m``."""
-        if self._buffer is None or self._buffer[0] != m:
+    def _buffers(self, m: int, N: int, dtype: torch.dtype) -> tuple:
+        """For ``m`` rows of ``N``: a float64 buffer padded with ones to whole SIMD vectors and its first ``m``
+        (the ratios), and the error estimate ``(m N,)`` with its ``(m, N)`` view; made once per row count."""
+        if self._space is None or self._space[0] != (m, N, dtype):
             full = torch.ones(m + (-m % LANES), dtype=torch.float64, device=self.device)
-            self._buffer = (m, full, full[:m])
-        return self._buffer[1], self._buffer[2]
+            err = torch.empty(m * N, dtype=dtype, device=self.device)
+            self._space = ((m, N, dtype), full, full[:m], err, err.view(m, N))
+        return self._space[1:]
+
+    def constants(self, N: int) -> tuple:
+        """The ``√N`` of the RMS norm folded into the constants (the controller works on ``ρ = √N r``):
+        ``√N``, ``safety · N^((α−β)/2)``, the weight of a rejected step ``N^(β/2)`` (0-d), and the floor
+        ``10⁻⁴ √N`` of the previous ``ρ``; the rows' first memory ``N^(β/2)`` (``r' = 1``) is the same weight."""
+        c = self._per_n.get(N)
+        if c is None:
+            sqrt_n = math.sqrt(N)
+            (reject,) = _scalars(self.device, N ** (BETA / 2))
+            c = self._per_n[N] = (sqrt_n, self.safety * N ** ((self.alpha - BETA) / 2), reject, FLOOR * sqrt_n)
+        return c
 
     def decide(
         self,
@@ -103,19 +116,19 @@ class Controller:
         error's scale is ``max(|y|, |Y|)``), ``jumps`` whether the field has jumps (``rows.on_jump`` marks the
         steps that end on one), ``span`` whether to read the span of the next round's times with the counts."""
         m, N = Y.shape
-        full, norm = self._root_buffer(m)
+        full, norm, err, err2 = self._buffers(m, N, Y.dtype)
+        sqrt_n, scale, reject, floor = self.constants(N)
         tol = torch.addcmul(rows.atol, torch.maximum(y.abs(), Y.abs()), rows.rtol)
-        err = torch.mv(errT, e).view(m, N).div_(tol)
-        torch.linalg.vector_norm(err, dim=1, dtype=torch.float64, out=norm)
-        norm.div_(math.sqrt(N))
-        ok = norm <= 1.0
+        torch.mv(errT, e, out=err)
+        torch.linalg.vector_norm(err2.div_(tol), dim=1, dtype=torch.float64, out=norm)
+        ok = norm <= sqrt_n
         if self.min_step > 0:
             ok |= rows.dt <= self.min_step
         t_new = torch.where(ok, rows.t1, rows.t0)
-        weight = torch.where(ok, rows.prev, self.one)
-        factor = full.pow(-self.alpha)[:m].mul_(weight).mul_(self.safety)
+        weight = torch.where(ok, rows.prev, reject)
+        factor = full.pow(-self.alpha)[:m].mul_(weight).mul_(scale)
         dt = torch.clamp(factor, self.dfactor_t, rows.cap).mul_(rows.dt)
-        prev = torch.where(ok, full.clamp(min=FLOOR).pow_(BETA)[:m], rows.prev)
+        prev = torch.where(ok, full.clamp(min=floor).pow_(BETA)[:m], rows.prev)
         cap = torch.where(ok, self.ifactor_t, self.one)
         if self.bounded:
             dt.clamp_(self.min_step, self.max_step)

@@ -268,7 +268,7 @@ class Stepper:
         else:  # run under no-grad already (the stages went to buffers)
             assert self.work is not None
             d = self.control.decide(rows, self.work.KT[self.s], self.e, y, Y, jumps, self.spans)
-        outs = _Outputs()
+        outs = _Outputs() if d.n_due else _NONE
         cursor, t_next, due, n_due = rows.cursor, rows.t_next, d.due, d.n_due
         t0, t1 = rows.t0, rows.t1
         while due is not None and n_due and not d.n_bad:  # outputs within the accepted steps: dense output
@@ -335,6 +335,9 @@ class _Outputs:
         self.weights.append(w)
 
 
+_NONE = _Outputs()  # a round without outputs (never added to)
+
+
 def dense(y: torch.Tensor, K: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``y_0 + Σ_i w_i (h k_i)`` on rows ``r``: ``w`` ``(r, s)``, the stages times the step ``K`` ``(s, m, N)``."""
     return y[r] + torch.bmm(w[:, None], K[:, r].transpose(0, 1))[:, 0]
@@ -377,7 +380,7 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         t_next=tt[:, 1].clone(),
         rtol=rtol,
         atol=atol,
-        prev=torch.ones(B, dtype=torch.float64, device=device),
+        prev=stepper.control.constants(y[0].numel())[2].expand(B),
         cap=torch.full((B,), stepper.control.ifactor, dtype=torch.float64, device=device),
     )
     k0 = stepper.F(t0.to(stepper.dtype), y, ids)
