@@ -83,11 +83,13 @@ class Controller:
 
     def _buffers(self, m: int, N: int, dtype: torch.dtype) -> tuple:
         """For ``m`` rows of ``N``: a float64 buffer padded with ones to whole SIMD vectors and its first ``m``
-        (the ratios), and the error estimate ``(m N,)`` with its ``(m, N)`` view; made once per row count."""
+        (the ratios), two more for its powers (padded, and their first ``m``), and the error estimate ``(m N,)``
+        with its ``(m, N)`` view; made once per row count."""
         if self._space is None or self._space[0] != (m, N, dtype):
-            full = torch.ones(m + (-m % LANES), dtype=torch.float64, device=self.device)
+            full, grow, memory = torch.ones((3, m + (-m % LANES)), dtype=torch.float64, device=self.device)
             err = torch.empty(m * N, dtype=dtype, device=self.device)
-            self._space = ((m, N, dtype), full, full[:m], err, err.view(m, N))
+            views = (full, full[:m], grow, grow[:m], memory, memory[:m], err, err.view(m, N))
+            self._space = ((m, N, dtype), *views)
         return self._space[1:]
 
     def constants(self, N: int) -> tuple:
@@ -116,7 +118,7 @@ class Controller:
         error's scale is ``max(|y|, |Y|)``), ``jumps`` whether the field has jumps (``rows.on_jump`` marks the
         steps that end on one), ``span`` whether to read the span of the next round's times with the counts."""
         m, N = Y.shape
-        full, norm, err, err2 = self._buffers(m, N, Y.dtype)
+        full, norm, grow, grow_m, memory, memory_m, err, err2 = self._buffers(m, N, Y.dtype)
         sqrt_n, scale, reject, floor = self.constants(N)
         tol = torch.addcmul(rows.atol, torch.maximum(y.abs(), Y.abs()), rows.rtol)
         torch.mv(errT, e, out=err)
@@ -126,9 +128,10 @@ class Controller:
             ok |= rows.dt <= self.min_step
         t_new = torch.where(ok, rows.t1, rows.t0)
         weight = torch.where(ok, rows.prev, reject)
-        factor = full.pow(-self.alpha)[:m].mul_(weight).mul_(scale)
-        dt = torch.clamp(factor, self.dfactor_t, rows.cap).mul_(rows.dt)
-        prev = torch.where(ok, full.clamp(min=floor).pow_(BETA)[:m], rows.prev)
+        torch.pow(full, -self.alpha, out=grow)
+        dt = torch.clamp(grow_m.mul_(weight).mul_(scale), self.dfactor_t, rows.cap).mul_(rows.dt)
+        torch.clamp(full, min=floor, out=memory).pow_(BETA)
+        prev = torch.where(ok, memory_m, rows.prev)
         cap = torch.where(ok, self.ifactor_t, self.one)
         if self.bounded:
             dt.clamp_(self.min_step, self.max_step)
