@@ -136,7 +136,7 @@ def _backward(cfg: dict, outs: torch.Tensor, gs: torch.Tensor, params, sel: torc
     aug = _Augmented(fwd.F, N, sel, params)
     total: PerSampleInfo = cfg["info"].backward
     stepper = Stepper(aug, fwd.tab, outs, fwd.options, len(sel))
-    stepper.fsal, stepper.clip = False, True
+    stepper.fsal = False
     rtol = cfg["rtol"][sel] if cfg["adjoint_rtol"] is None else torch.full_like(cfg["rtol"][sel], cfg["adjoint_rtol"])
     atol = cfg["atol"][sel] if cfg["adjoint_atol"] is None else torch.full_like(cfg["atol"][sel], cfg["adjoint_atol"])
     a = gs[-1, sel]

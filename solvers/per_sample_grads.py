@@ -66,19 +66,21 @@ def integrate_rows(
     advance: Advance,
     hook: Callable[[Round, Rows], None] | None = None,
 ) -> torch.Tensor:
-    """Rounds from ``y`` (``(B, N)``) until every row has passed its last output time; the outputs as
-    ``(n · B, N)`` (row ``j · B + b``: sample ``b`` at ``times[b, j]``). Finished rows leave the batch once a
-    quarter of the running rows have finished; until then they ride along frozen at their end. ``hook`` sees each
-    round with the clocks it started from."""
+    """Rounds from ``y`` (``(B, N)``) until every row has reached its last output time; the outputs as
+    ``(n · B, N)`` (row ``j · B + b``: sample ``b`` at ``times[b, j]``; the last, the row's state at its end).
+    Finished rows leave the batch once a quarter of the running rows have finished; until then they ride along
+    frozen at their end. ``hook`` sees each round with the clocks it started from."""
     B, n = times.shape
     k0, rows = start(stepper, y, times, rtol, atol, first_step)
     device = y.device
-    # per row: rounds with an accepted or frozen step, and the round it finished in (frozen rows always accept)
+    # per row: rounds with an accepted or frozen step (frozen rows always accept) and rounds after which it still
+    # ran, tallied from the rounds' flags at each compaction
     passed = torch.zeros(B, dtype=torch.long, device=device)
-    last = torch.zeros(B, dtype=torch.long, device=device)
-    live = torch.ones(B, dtype=torch.bool, device=device)
+    ran = torch.zeros(B, dtype=torch.long, device=device)
+    flags: list[torch.Tensor] = []
     n_live = B
     positions: list[torch.Tensor] = [rows.ids]
+    end = (n - 1) * B  # the last output's offset
     values: list[torch.Tensor] = [y]
     rounds = 0
     while True:
@@ -93,30 +95,46 @@ def integrate_rows(
         rd = advance(y, k0, rows)
         if hook is not None:
             hook(rd, rows)
-        passed += rd.ok
+        flags += (rd.ok, rd.alive)
         if rd.n_bad:
             raise _failure(rd, rows, info.nfe)
-        if rd.n_alive < n_live:
-            last = torch.where(live & ~rd.alive, rounds, last)
         values += rd.values
         positions += rd.positions
         y, k0, rows, live, n_live = rd.y, rd.k0, rd.rows, rd.alive, rd.n_alive
         if n_live == 0:
             break
-        if n_live <= len(rows.ids) * 3 // 4:  # compaction
+        if n_live <= rows.ids.shape[0] * 3 // 4:  # compaction
+            passed, ran = _tally(flags, passed, ran)
             done = (~live).nonzero()[:, 0]
-            _count(info, rows.ids[done], passed[done], last[done], rounds)
+            _count(info, rows.ids[done], passed[done], ran[done], rounds)
+            values.append(y.index_select(0, done))
+            positions.append(rows.ids[done] + end)
             keep = live.nonzero()[:, 0]
-            y, k0, passed, last, live = (v.index_select(0, keep) for v in (y, k0, passed, last, live))
+            y, k0, passed, ran = (v.index_select(0, keep) for v in (y, k0, passed, ran))
             rows = rows.select(keep)
-    _count(info, rows.ids, passed, last, rounds)
+    passed, ran = _tally(flags, passed, ran)
+    _count(info, rows.ids, passed, ran, rounds)
+    values.append(y)
+    positions.append(rows.ids + end)
     info.rounds = rounds
     out = y.new_zeros(n * B, y.shape[1])
     return out.index_put((torch.cat(positions),), torch.cat(values))
 
 
-def _count(info: Any, ids: torch.Tensor, passed: torch.Tensor, last: torch.Tensor, rounds: int) -> None:
-    """Accepted and rejected steps of finished rows: ``passed`` less the rounds they rode along frozen."""
+def _tally(flags: list[torch.Tensor], passed: torch.Tensor, ran: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``passed`` and ``ran`` with the rounds' ``(ok, alive)`` flags since the last tally added (``flags``
+    emptied): one sum for all those rounds rather than an update each round."""
+    if not flags:
+        return passed, ran
+    ok, alive = torch.stack(flags).view(-1, 2, passed.shape[0]).sum(0, dtype=torch.long)
+    flags.clear()
+    return passed + ok, ran + alive
+
+
+def _count(info: Any, ids: torch.Tensor, passed: torch.Tensor, ran: torch.Tensor, rounds: int) -> None:
+    """Accepted and rejected steps of finished rows: ``passed`` less the rounds they rode along frozen (a row
+    finished in round ``ran + 1``)."""
+    last = ran + 1
     accepted = passed - (rounds - last)
     info.steps[ids] = accepted
     info.rejected[ids] = last - accepted

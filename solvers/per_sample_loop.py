@@ -5,9 +5,9 @@ A round is a pure function of the rows' state ``(y, k_1)`` and their clocks (:cl
     ``Y_i = y + h_b Σ_{j<i} a_ij k_j``,   ``k_i = F(t_b + c_i h_b, Y_i)``,   ``err_b = h_b Σ_i e_i k_i``,
 
 the error ratio ``r_b = ‖err_b / (atol_b + rtol_b max(|y_b|, |Y_{b,s}|))‖_RMS`` over the sample's own components,
-acceptance ``r_b ≤ 1`` and the next step ``h_b · min(ifactor, max(safety · r_b^(−1/p), dfactor))`` (``dfactor``
-only after a rejection): Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4, taken on
-every row at once, decided by ``torch.where`` on the device. Outputs due inside an accepted step are read off the
+acceptance ``r_b ≤ 1`` (Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4) and the
+next step from a PI controller (:mod:`solvers.per_sample_control`), taken on every row at once, decided by
+``torch.where`` on the device. Outputs due inside an accepted step are read off the
 method's dense output ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Being pure, a round can be replayed: the
 gradient methods (:mod:`solvers.per_sample_grads`) recompute it from its stored inputs.
 """
@@ -69,7 +69,8 @@ class Rows:
     """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
     ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
     was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time,
-    ``rtol``/``atol`` ``(m, 1)`` in the state's dtype; ``span`` the least and greatest time of the round on the
+    ``rtol``/``atol`` ``(m, 1)`` in the state's dtype, ``prev``/``cap`` the controller's memory of the row
+    (:mod:`solvers.per_sample_control`); ``span`` the least and greatest time of the round on the
     host (with ``Stepper.spans``)."""
 
     ids: torch.Tensor
@@ -83,6 +84,8 @@ class Rows:
     t_next: torch.Tensor
     rtol: torch.Tensor
     atol: torch.Tensor
+    prev: torch.Tensor
+    cap: torch.Tensor
     span: tuple[float, float] | None = None
 
     def select(self, keep: torch.Tensor) -> Rows:
@@ -92,8 +95,8 @@ class Rows:
 
     def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> Rows:
         """These rows with new clocks (a direct construction: ``dataclasses.replace`` costs a round ~10 µs)."""
-        clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.rtol, self.atol, self.span)
-        return Rows(self.ids, t0, dt, t1, *clocks)
+        clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.rtol, self.atol, self.prev, self.cap)
+        return Rows(self.ids, t0, dt, t1, *clocks, self.span)
 
 
 @dataclass
@@ -181,19 +184,18 @@ class Stepper:
         self.tail = c.index(1.0)  # the stages at c = 1 close the tableau (dopri5: the last two; bosh3: the last)
         assert all(ci == 1.0 for ci in c[self.tail :])
         self.fsal = True  # k_1 of a step is the last stage of the step before (the adjoint re-evaluates it)
-        self.clip: bool | None = None  # True: the last step of each row ends on its end time (the adjoint's)
         self.jumps: torch.Tensor | None = None  # times where the field jumps (float64, increasing), + inf
         self.work: _Work | None = None
         self.recorded = 0  # rounds recorded for a replay in the backward pass
         self.spans = False  # True: every time tensor the field sees carries its span (TIME_SPAN)
 
     def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
-        """The next step of every row: ``t1 = t0 + dt``, shortened to land on the end (``clip``) or on the next
-        jump of the field strictly inside it (as torchdiffeq's ``jump_t``: ``dt = t_jump − t0``)."""
-        t1 = t0 + dt if t1 is None else t1
-        if self.clip is not None:
-            end = dt >= rows.tl - t0
-            dt, t1 = torch.where(end, rows.tl - t0, dt), torch.where(end, rows.tl, t1)
+        """The next step of every row: ``t1 = min(t0 + dt, t_end)`` (given ``t1``, as the controller clips it),
+        shortened to land on the next jump of the field strictly inside it (as torchdiffeq's ``jump_t``:
+        ``dt = t_jump − t0``)."""
+        if t1 is None:
+            t1 = torch.minimum(t0 + dt, rows.tl)
+            dt = t1 - t0
         on_jump = rows.on_jump
         if self.jumps is not None:
             jump = self.jumps[torch.searchsorted(self.jumps, t0, right=True)]
@@ -266,23 +268,20 @@ class Stepper:
         else:  # run under no-grad already (the stages went to buffers)
             assert self.work is not None
             d = self.control.decide(rows, self.work.KT[self.s], self.e, y, Y, jumps, self.spans)
-        outs = _Outputs()
+        outs = _Outputs() if d.n_due else _NONE
         cursor, t_next, due, n_due = rows.cursor, rows.t_next, d.due, d.n_due
         t0, t1 = rows.t0, rows.t1
-        while n_due and not d.n_bad:  # outputs within this round's accepted steps, from the dense output
+        while due is not None and n_due and not d.n_bad:  # outputs within the accepted steps: dense output
             r = due.nonzero()[:, 0]
             outs.add(self, y, K, r, ((t_next - t0) / (t1 - t0))[r], (cursor * self.B + rows.ids)[r])
             cursor = cursor + due
-            if rows.tt.shape[1] == 3:  # one output after the start: none is left to fall due in this step
-                t_next = t_next.masked_fill(due, math.inf)
-                break
             t_next = rows.tt.gather(1, cursor[:, None])[:, 0]
             due = due & (t_next <= t1)
             n_due = int(due.sum())
         okc = d.ok[:, None]
         clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, rows.rtol, rows.atol)
-        new = Rows(rows.ids, *clocks, d.span)
-        if not d.n_bad and (self.clip is not None or self.jumps is not None):
+        new = Rows(rows.ids, *clocks, d.prev, d.cap, d.span)
+        if not d.n_bad and self.jumps is not None:
             new = self.plan(new, d.t_new, d.dt, d.t1)
         k_new = torch.where(okc, k_last, k0)
         jr = d.jumped.nonzero()[:, 0] if d.jumped is not None and not d.n_bad else None
@@ -336,6 +335,9 @@ class _Outputs:
         self.weights.append(w)
 
 
+_NONE = _Outputs()  # a round without outputs (never added to)
+
+
 def dense(y: torch.Tensor, K: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``y_0 + Σ_i w_i (h k_i)`` on rows ``r``: ``w`` ``(r, s)``, the stages times the step ``K`` ``(s, m, N)``."""
     return y[r] + torch.bmm(w[:, None], K[:, r].transpose(0, 1))[:, 0]
@@ -363,6 +365,8 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
     """The first stage ``F(t_0, y_0)`` (with its graph) and every row's clocks before the first round."""
     B, device = times.shape[0], times.device
     ids = torch.arange(B, device=device)
+    # the last output is each row's state once it finishes (its last step ends on it): it never falls due
+    tt = torch.cat((times[:, :-1], times.new_full((B, 2), math.inf)), 1)
     t0 = times[:, 0].clone()
     rows = Rows(
         ids=ids,
@@ -371,11 +375,13 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         t1=t0,
         on_jump=torch.zeros(B, dtype=torch.bool, device=device),
         tl=times[:, -1].clone(),
-        tt=torch.cat((times, times.new_full((B, 1), math.inf)), 1),
+        tt=tt,
         cursor=torch.ones(B, dtype=torch.long, device=device),
-        t_next=times[:, 1].clone(),
+        t_next=tt[:, 1].clone(),
         rtol=rtol,
         atol=atol,
+        prev=stepper.control.constants(y[0].numel())[2].expand(B),
+        cap=torch.full((B,), stepper.control.ifactor, dtype=torch.float64, device=device),
     )
     k0 = stepper.F(t0.to(stepper.dtype), y, ids)
     if first_step is None:

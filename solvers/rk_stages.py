@@ -111,13 +111,7 @@ class Buffered(Stages):
 
     def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
         super().__init__(y0, tab, last, rtol, atol)
-        s, shape, kw = self.s, y0.shape, self.kw
-        self.K = torch.zeros((*shape, s), **kw)
-        self.cols = [self.K[..., i] for i in range(s)]
-        self.firsts = {m: self.K[..., :m] for m in set(self.widths)}
-        self.prods = {m: torch.empty((*shape, m), **kw) for m in set(self.widths)}
-        self.W = torch.zeros(self.table.shape, **kw)
-        self.w = [self.W[i, :m] for i, m in enumerate(self.widths)]
+        shape, kw = y0.shape, self.kw
         self.sum = torch.empty(shape, **kw)
         # the state, the next state, a scratch stage input; the caller's y0 until the first step is accepted
         self.ys = [torch.empty(shape, **kw) for _ in range(3)] + [y0]
@@ -126,6 +120,16 @@ class Buffered(Stages):
         self.absy = [torch.empty(shape, **kw), torch.empty(shape, **kw)]
         self.a_cur = self.a_new = torch.abs(y0, out=self.absy[0])
         self.pair = torch.empty(2, **kw)
+        self._stage_buffers()
+
+    def _stage_buffers(self) -> None:
+        s, shape, kw = self.s, self.shape, self.kw
+        self.K = torch.zeros((*shape, s), **kw)
+        self.cols = [self.K[..., i] for i in range(s)]
+        self.firsts = {m: self.K[..., :m] for m in set(self.widths)}
+        self.prods = {m: torch.empty((*shape, m), **kw) for m in set(self.widths)}
+        self.W = torch.zeros(self.table.shape, **kw)
+        self.w = [self.W[i, :m] for i, m in enumerate(self.widths)]
 
     def set(self, i: int, k: torch.Tensor) -> None:
         self.cols[i].copy_(k)
@@ -201,29 +205,36 @@ class Rows(Buffered):
     def __init__(
         self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float, order: str
     ):
+        self.order = order
         super().__init__(y0, tab, last, rtol, atol)
-        s, n, kw = self.s, self.n, self.kw
-        self.order, self.pos = order, _positions(s, order)
+        self.flat = {id(b): b.view(-1) for b in (self.sum, self.err)}
+
+    def _stage_buffers(self) -> None:
+        s, n, kw, order = self.s, self.n, self.kw, self.order
+        self.pos = _positions(s, order)
         self.K, self.P = torch.zeros((_rows(s, order), n), **kw), torch.empty((_rows(s, order), n), **kw)
         self.krows = [self.K[p].view(self.shape) for p in self.pos]
+        self.twice = (self.K[4], self.K[0]) if order == "ilp" and s > 4 else None  # k_0 again in row 4
         self.table = _arranged(self.table, self.pos, order)
         self.W = torch.zeros((*self.table.shape, 1), **kw)
-        self.flat = {id(b): b.view(-1) for b in (self.sum, self.err)}
+        self.W_flat = self.W.view(self.table.shape)
+        # every sum's operands sliced once: a step makes a dozen sums of a few kernels each
+        self.views = [_row_views(self.K, self.W[r], self.P, m, order) for r, m in enumerate(self.widths)]
 
     def set(self, i: int, k: torch.Tensor) -> None:
         self.krows[i].copy_(k)
-        if i == 0 and self.order == "ilp" and self.s > 4:
-            self.K[4].copy_(self.K[0])
+        if i == 0 and self.twice is not None:
+            self.twice[0].copy_(self.twice[1])
 
     def get(self, i: int) -> torch.Tensor:
         return self.krows[i]
 
     def weights(self, h: Scalar) -> Scalar:
-        self.W.view(self.table.shape).copy_(torch.from_numpy(self.host_weights(float(h))))
+        self.W_flat.copy_(torch.from_numpy(self.host_weights(float(h))))
         return self.host_h
 
     def _sum(self, row: int, out: torch.Tensor) -> torch.Tensor:
-        _row_sum(self.K, self.W[row], self.P, self.flat[id(out)], self.widths[row], self.order)
+        _sum_views(self.views[row], self.flat[id(out)])
         return out
 
 
@@ -254,13 +265,27 @@ def _arranged(table: np.ndarray, pos: list[int], order: str) -> np.ndarray:
 
 def _row_sum(K: torch.Tensor, w: torch.Tensor, P: torch.Tensor, out: torch.Tensor, m: int, order: str) -> None:
     """``Σ_j k_j w_j`` over ``m`` stages into ``out`` (flat), adding as torch's CPU sum over a last axis does."""
+    _sum_views(_row_views(K, w, P, m, order), out)
+
+
+RowViews = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]
+
+
+def _row_views(K: torch.Tensor, w: torch.Tensor, P: torch.Tensor, m: int, order: str) -> RowViews:
+    """The operands of :func:`_row_sum`: stages, weights and products of the ``m`` terms, the products past the
+    first four (``None`` for four or fewer), row 0 (where those go) and the products the last reduction adds."""
     lo, hi = (1, m + 1) if order == "tail" else (0, m + 1 if m > 4 else m)
-    torch.mul(K[lo:hi], w[lo:hi], out=P[lo:hi])
-    if m > 4:
-        torch.sum(P[lo + 4 : hi], 0, out=P[0])  # the terms past the first four (and, for "ilp", k_0 again)
-        torch.sum(P[: lo + 4], 0, out=out)
-    else:
-        torch.sum(P[lo:hi], 0, out=out)
+    if m > 4:  # the terms past the first four (and, for "ilp", k_0 again) into row 0, then row 0 and those four
+        return K[lo:hi], w[lo:hi], P[lo:hi], P[lo + 4 : hi], P[0], P[: lo + 4]
+    return K[lo:hi], w[lo:hi], P[lo:hi], None, P[0], P[lo:hi]
+
+
+def _sum_views(views: RowViews, out: torch.Tensor) -> None:
+    k, w, prods, tail, first, head = views
+    torch.mul(k, w, out=prods)
+    if tail is not None:
+        torch.sum(tail, 0, out=first)
+    torch.sum(head, 0, out=out)
 
 
 @functools.cache
