@@ -54,3 +54,20 @@ def test_no_generic_top_level_package_is_installed(tmp_path: Path):
     out = _run([sys.executable, "-c", code], tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_every_subpackage_is_listed_for_a_regular_install():
+    """A regular (non-editable) install ships only the packages ``pyproject.toml`` lists: a folder left out (as
+    ``solvers/gradients`` once was) installs a library whose ``import cde_nets`` fails."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    tool = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    dirs = {name: root / path for name, path in tool["package-dir"].items()} | {"cde_nets": root / "cde_nets"}
+    found = set()
+    for name, base in dirs.items():
+        for init in base.rglob("__init__.py"):
+            rel = init.parent.relative_to(base).parts
+            found.add(".".join((name, *rel)))
+    assert found == listed, f"missing from pyproject: {sorted(found - listed)}; stale: {sorted(listed - found)}"
