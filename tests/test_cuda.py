@@ -14,8 +14,8 @@ import copy
 
 import pytest
 import torch
+from factory_record import Record
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from cde_nets import ContinuousFlow, ODEBlock, SDEBlock, Stop, discretize, odeint
 from cde_nets.fields import NAIS, CubicFriction, Hamiltonian, SecondOrder
@@ -24,30 +24,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 BATCH, DIM = 7, 4
 CUDA = torch.device("cuda")
-FACTORIES = {
-    torch.zeros, torch.ones, torch.empty, torch.full, torch.tensor, torch.eye, torch.arange, torch.linspace,
-    torch.rand, torch.randn, torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like,
-    torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, torch.Tensor.new_full,
-    torch.Tensor.new_tensor,
-}  # fmt: skip
-
-
-class Record(TorchFunctionMode):
-    """The floating-point tensors factory functions make: (name, device, shape)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.made: list[tuple[str, torch.device, tuple[int, ...]]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func in FACTORIES and isinstance(out, torch.Tensor) and out.is_floating_point():
-            self.made.append((getattr(func, "__name__", str(func)), out.device, tuple(out.shape)))
-        return out
 
 
 def _on_host(made):
-    return [m for m in made if m[1].type == "cpu" and (len(m[2]) > 1 or (m[2] or (1,))[0] >= BATCH * DIM)]
+    return [
+        (name, device, shape)
+        for name, _, device, shape in made
+        if device.type == "cpu" and (len(shape) > 1 or (shape or (1,))[0] >= BATCH * DIM)
+    ]
 
 
 class TimeMLP(nn.Module):

@@ -8,45 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from factory_record import Record
 
 from cde_nets import ODEBlock, SDEBlock, Stop, discretize
 from cde_nets.fields import NAIS, CubicFriction, Hamiltonian
 
-FACTORIES = {
-    torch.zeros,
-    torch.ones,
-    torch.empty,
-    torch.full,
-    torch.tensor,
-    torch.eye,
-    torch.arange,
-    torch.linspace,
-    torch.rand,
-    torch.randn,
-    torch.zeros_like,
-    torch.ones_like,
-    torch.empty_like,
-    torch.full_like,
-    torch.Tensor.new_zeros,
-    torch.Tensor.new_ones,
-    torch.Tensor.new_empty,
-    torch.Tensor.new_full,
-    torch.Tensor.new_tensor,
-}
 BATCH, DIM = 7, 4
-
-
-class Record(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.made: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func in FACTORIES and isinstance(out, torch.Tensor) and out.is_floating_point():
-            self.made.append((getattr(func, "__name__", str(func)), out.dtype, tuple(out.shape)))
-        return out
 
 
 def _runs(dtype: torch.dtype):
@@ -76,9 +43,9 @@ def _runs(dtype: torch.dtype):
 
 def _wrong(made, dtype):
     return [
-        m
-        for m in made
-        if m[1] != dtype and not (m[1] == torch.float64 and len(m[2]) <= 1 and (m[2] or (1,))[0] < BATCH * DIM)
+        (name, dt, shape)
+        for name, dt, _, shape in made
+        if dt != dtype and not (dt == torch.float64 and len(shape) <= 1 and (shape or (1,))[0] < BATCH * DIM)
     ]
 
 
