@@ -90,6 +90,24 @@ def test_backprop_gradients_are_torchdiffeqs_bit_for_bit(dtype, model):
         assert torch.equal(a, b)
 
 
+def test_each_stage_at_the_step_end_reads_its_own_time_node():
+    """dopri5's last two stages both run just before ``t_1``, and torchdiffeq nudges the time on each call: the
+    gradient of ``t_1`` adds their two parts one at a time. Through one shared node it would add them first and,
+    in float64, round otherwise (the parameters' gradients of ``_Timed`` above by an ulp on an AVX512 CPU)."""
+    seen: list[torch.Tensor] = []
+
+    def field(t, y):
+        seen.append(t)
+        return y * t
+
+    y0 = torch.tensor([[1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    odeint(field, y0, torch.tensor([0.0, 1.0], dtype=torch.float64)).sum().backward()
+    first = seen[2:8]  # f(t0, y0) and the initial step's second call, then the first step's stages 1 to 6
+    assert all(t.requires_grad for t in first)  # the first step's size carries a graph
+    assert first[4] is not first[5] and first[4].grad_fn is not first[5].grad_fn
+    assert torch.equal(first[4], first[5])
+
+
 def test_float32_training_losses_are_torchdiffeqs():
     """ode_demo's loop in float32 (RMSprop, batches of windows): 15 iterations, the same losses exactly."""
     t, data = _spiral(torch.float32, 100)
