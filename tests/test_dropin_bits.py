@@ -108,6 +108,26 @@ def test_each_stage_at_the_step_end_reads_its_own_time_node():
     assert torch.equal(first[4], first[5])
 
 
+@pytest.mark.parametrize("impl", [odeint, torchdiffeq.odeint], ids=["cde_nets", "torchdiffeq"])
+def test_stage_times_are_made_as_their_stages_run(impl):
+    """Under backprop the first step's times carry its size's graph. Each stage's time is made as that stage runs,
+    after the previous stage's call, as torchdiffeq makes it: the step size's gradient then adds the times' parts
+    between the weights' as its does (made all at the step's start, they came last, and ``_Timed``'s float32
+    parameter gradients differed by an ulp with ``ATEN_CPU_CAPABILITY=default``)."""
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def field(t, y):
+        out = y * t
+        calls.append((t, out))
+        return out
+
+    y0 = torch.tensor([[1.0, 2.0]], dtype=torch.float32, requires_grad=True)
+    impl(field, y0, torch.tensor([0.0, 1.0], dtype=torch.float32))
+    stages = calls[1:8]  # the initial step's second call, then the first step's stages 1 to 6
+    for (_, before), (t, _) in zip(stages, stages[1:]):
+        assert t.grad_fn._sequence_nr() > before.grad_fn._sequence_nr()
+
+
 def test_float32_training_losses_are_torchdiffeqs():
     """ode_demo's loop in float32 (RMSprop, batches of windows): 15 iterations, the same losses exactly."""
     t, data = _spiral(torch.float32, 100)
