@@ -136,6 +136,26 @@ class _Clock:
             return v
         return torch.tensor(self.nudge(self.y(x), perturb), dtype=self.dtype, device=self.device)
 
+    def _after(self, t0: Scalar, ci: Scalar, h: Scalar) -> torch.Tensor:
+        """The stage time ``t_0 + c_i h`` (all in the state's dtype), made when called."""
+        return self.at(t0 + ci * h)
+
+    def _below(self, x: Scalar) -> Callable[[], torch.Tensor]:
+        """A maker of ``x``'s neighbour below (``x`` in the state's dtype) that, while ``x`` carries a graph, gives
+        each call a node of its own: the distance to the neighbour is found once, each call adds it to ``x``."""
+        if not isinstance(x, torch.Tensor):
+            end = self.at(x, _PREV)
+            return lambda: end
+        steps: list[torch.Tensor] = []
+
+        def below() -> torch.Tensor:
+            if not steps:
+                with torch.no_grad():
+                    steps.append(torch.nextafter(x, x.new_tensor(-math.inf)) - x)
+            return x + steps[0]  # as at(x, _PREV)
+
+        return below
+
     def many(self, values: Sequence[Any], host: bool = False) -> Sequence[torch.Tensor]:
         """Several evaluation times (already in the state's dtype) as 0-d tensors, made in one transfer; with
         ``host``, each carries its value on the host (:data:`HOST_TIME`; about 1 µs a tensor, so only where the
@@ -149,11 +169,17 @@ class _Clock:
     def adaptive_times(self, t0: Scalar, hy: Scalar, t1: Scalar, c: Sequence[float]) -> Sequence[torch.Tensor]:
         """Stages ``1..s−1`` of an adaptive step of size ``hy`` (already in the state's dtype): ``t_0 + c_i h`` in
         the state's dtype, ``c_i = 1`` just before ``t_1``. While the times carry a graph, ``t_0`` and ``t_1`` are
-        cast once each, as torchdiffeq casts them, so their gradients sum as its do."""
+        cast once each, as torchdiffeq casts them, and every stage at ``c_i = 1`` (dopri5 and tsit5 have two) is
+        nudged through a node of its own, as torchdiffeq nudges the time on each call: so the parts of ``t_1``'s
+        gradient add one at a time, as its do. (One node shared by both stages adds their two parts first; where
+        the cast is no cast, in float64, that rounds ``t_1``'s sum, and through the first step size every
+        parameter's gradient, otherwise in the last bit.) Each time, ``t_0 + c_i h`` included, is made as its stage
+        reads it: made at the step's start, the times' parts of ``h``'s gradient came after all the weights' rather
+        than between them."""
         if isinstance(t0, torch.Tensor) or isinstance(hy, torch.Tensor) or isinstance(t1, torch.Tensor):
             t0y, t1y = self.y(t0), self.y(t1)
-            end = self.at(t1y, _PREV)
-            return _Lazy([(lambda: end) if ci == 1.0 else partial(self.at, t0y + self.y(ci) * hy) for ci in c[1:]])
+            end = self._below(t1y)
+            return _Lazy([end if ci == 1.0 else partial(self._after, t0y, self.y(ci), hy) for ci in c[1:]])
         t1v = self.nudge(self.y(t1), _PREV)
         if self.single:
             key = tuple(c)
