@@ -232,6 +232,15 @@ def _per_sample(res: dict) -> Headline:
     return out + [info(f"per-sample / shared time, {r['case']}, {r['mode']}", r["ratio"], ".2f") for r in rows]
 
 
+def _per_sample_device(res: dict) -> Headline:
+    return [
+        info(f"{k.removesuffix('_over_shared')} / shared, {r['case']} batch {r['batch']}, {r['mode']}", v, ".2f")
+        for r in res["rows"]
+        for k, v in r.items()
+        if k.endswith("_over_shared")
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -254,6 +263,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("implicit_methods", _implicit, "gl4 fwd <= 3x rk4; bwd <= 2x fwd; stiff: fewer NFE than dopri5"),
     ("implicit_tolerance", _implicit_tolerance, "drift <= 1e-3 of rk4's; the cost of each stage tolerance"),
     ("per_sample", _per_sample, "fewer batched calls on mixed μ; <= 1.1 on equal μ"),
+    ("per_sample_device", _per_sample_device, "measured on a GPU (the CPU in --tiny)"),
 )
 
 
@@ -280,6 +290,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "implicit_methods": {"tiny": 0.4},
     "implicit_tolerance": {"tiny": 1.0},
     "per_sample": {"tiny": 1.0},
+    "per_sample_device": {"tiny": 6.0},
 }
 
 

@@ -86,6 +86,11 @@ EXPECTED = {
         {"setting", "goal", "torchode", "rows"},
         {"case", "mode", "shared_nfe", "per_sample_nfe", "shared_s", "per_sample_s", "ratio"},
     ),
+    "per_sample_device": (
+        "per_sample_device_tiny",
+        {"setting", "goal", "torchode", "rows"},
+        {"case", "batch", "mode", "device", "calls", "shared_s", "per_sample_s", "per_sample_over_shared"},
+    ),
 }
 
 
