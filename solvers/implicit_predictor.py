@@ -68,6 +68,47 @@ def extrapolation_matrix(tab: ImplicitTableau, ratio: float) -> np.ndarray | Non
     return E
 
 
+class _Errors:
+    """The last ``size`` prediction errors of a chain in one ring buffer ``(size, s B n)``, made once per chain
+    (no allocation per step), and the correction they predict for the next step."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.count, self.head = size, 0, 0
+        self.buf: torch.Tensor | None = None
+        self.corr: torch.Tensor | None = None
+        self._weights: dict[tuple, torch.Tensor] = {}
+
+    def clear(self) -> None:
+        self.count = 0
+
+    def correction(self, Z: torch.Tensor) -> torch.Tensor | None:
+        """``Σ_j (−1)^{j+1} C(m, j) e_{n+1−j}`` over the ``m`` errors kept, as ``(s, B n)``; ``None`` without any."""
+        buf, m = self.buf, self.count
+        if m == 0 or buf is None or buf.shape[1] != Z.numel() or buf.dtype != Z.dtype or buf.device != Z.device:
+            return None
+        key = (m, self.head, buf.dtype, buf.device)
+        if key not in self._weights:
+            w = [0.0] * self.size
+            for j in range(1, m + 1):  # the j-th latest error
+                w[(self.head - j) % self.size] = (-1) ** (j + 1) * math.comb(m, j)
+            self._weights[key] = torch.tensor([w], dtype=buf.dtype, device=buf.device)
+        assert self.corr is not None
+        torch.mm(self._weights[key], buf, out=self.corr)
+        return self.corr.view(len(Z), -1)
+
+    def push(self, Z: torch.Tensor, guess: torch.Tensor, corr: torch.Tensor | None) -> None:
+        """The error ``Z − (guess − corr)`` of the extrapolation ``guess − corr`` against the converged ``Z``."""
+        buf = self.buf
+        if buf is None or buf.shape[1] != Z.numel() or buf.dtype != Z.dtype or buf.device != Z.device:
+            self.buf = buf = Z.new_zeros(self.size, Z.numel())  # zeros: unwritten slots enter with weight 0
+            self.corr, self.count, self.head = Z.new_empty(1, Z.numel()), 0, 0
+        slot = buf[self.head].view_as(Z)
+        torch.sub(Z, guess.view_as(Z), out=slot)
+        if corr is not None:
+            slot.add_(corr.view_as(Z))
+        self.head, self.count = (self.head + 1) % self.size, min(self.count + 1, self.size)
+
+
 class StagePredictor:
     """The last step of a chain of steps (its output, its stage increments, its size), to start the next step from
     when that one starts where it ended, and what else the chain carries (:meth:`carry`). Holds
@@ -80,8 +121,8 @@ class StagePredictor:
         self._last: tuple[Any, float, torch.Tensor, str] | None = None
         self._E: tuple[tuple, torch.Tensor] | None = None
         self._carry = Carry()
-        self._errors: list[torch.Tensor] = []  # the last steps' prediction errors, oldest first
-        self._pending: torch.Tensor | None = None  # the extrapolation handed to the step being taken
+        self._errors = _Errors(max(history, 1))
+        self._pending: tuple[torch.Tensor, torch.Tensor | None] | None = None  # the start handed out, its correction
         self._piece: object = None  # the parameter piece the errors were made on
 
     def guess(self, tab: ImplicitTableau, y: torch.Tensor, h: float, piece: object = None) -> torch.Tensor | None:
@@ -105,16 +146,14 @@ class StagePredictor:
         if self._E is None or self._E[0] != key:  # one conversion per chain, not per step
             self._E = (key, torch.as_tensor(E, dtype=Z.dtype, device=Z.device))
             self._errors.clear()  # errors of another tableau or step size are another function of the state
-        guess = torch.mm(self._E[1], Z.reshape(len(E), -1)).view_as(Z)
-        if ratio != 1.0 or not same_piece:  # this step's error is not the sequence's: none recorded
+        flat = Z.reshape(len(E), -1)
+        if ratio != 1.0 or not same_piece or self.history <= 0:  # this step's error is not the sequence's
             self._errors.clear()
-            return guess
-        self._pending, errors, m = guess, self._errors, len(self._errors)
-        if m:  # the polynomial through the last m errors, one step on (one new tensor)
-            guess = guess.add(errors[m - 1], alpha=m)
-            for j in range(2, m + 1):
-                guess.add_(errors[m - j], alpha=(-1) ** (j + 1) * math.comb(m, j))
-        return guess
+            return torch.mm(self._E[1], flat).view_as(Z)
+        corr = self._errors.correction(Z)  # the polynomial through the last errors, one step on
+        guess = torch.mm(self._E[1], flat) if corr is None else torch.addmm(corr, self._E[1], flat)
+        self._pending = (guess, corr)
+        return guess.view_as(Z)
 
     @property
     def kind(self) -> str | None:
@@ -128,12 +167,10 @@ class StagePredictor:
     def record(self, y1: torch.Tensor, h: float, Z: torch.Tensor, kind: str) -> None:
         """The step of size ``h`` that gave ``y1`` from its converged increments ``Z`` and iteration ``kind``."""
         pending, self._pending = self._pending, None
-        if pending is None or pending.shape != Z.shape or self.history <= 0:
-            self._errors = []  # the chain broke, started, or changed its step: no error history
+        if pending is None or pending[0].numel() != Z.numel():
+            self._errors.clear()  # the chain broke, started, or changed its step: no error history
         else:
-            # into the extrapolation's memory where the step started from a corrected copy of it
-            error = torch.sub(Z.detach(), pending, out=pending) if self._errors else Z.detach() - pending
-            self._errors = [*self._errors, error][-self.history :]
+            self._errors.push(Z.detach(), *pending)
         self._last = (weakref.ref(y1), h, Z.detach(), kind)
 
     def carry(self, y: torch.Tensor) -> Carry:
@@ -146,7 +183,7 @@ class StagePredictor:
 
     def clear(self) -> None:
         self._last, self._pending, self._piece = None, None, None
-        self._errors = []
+        self._errors.clear()
         self._carry.clear()
 
     def __deepcopy__(self, memo: dict) -> StagePredictor:
@@ -158,7 +195,7 @@ class StagePredictor:
             "_last": None,
             "_E": None,
             "_carry": Carry(),
-            "_errors": [],
+            "_errors": _Errors(max(self.history, 1)),
             "_pending": None,
             "_piece": None,
         }
