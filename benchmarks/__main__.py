@@ -198,11 +198,14 @@ def _implicit(res: dict) -> Headline:
     cost = res["cost"]
     nfe = {r["method"]: r["nfe"] for r in res["rows"] if r.get("step_size", 1.0) == 1.0}
     ratio = nfe["radauIIA5"] / nfe["dopri5"] if {"radauIIA5", "dopri5"} <= set(nfe) else None
+    by_h: dict[float, list[float]] = {}
+    for r in res.get("cost_vs_step", []):
+        by_h.setdefault(r["h"], []).append(r["gl4_chain_over_rk4_chain"])
     return [
         at_most("gl4 / rk4 forward step, worst", max(r["gl4_over_rk4_forward"] for r in cost), 3.0, ".2f"),
         at_most("gl4 backward / its forward, worst", max(r["gl4_backward_over_forward"] for r in cost), 2.0, ".2f"),
         below("stiff Van der Pol: radauIIA5 NFE / dopri5 NFE", ratio, 1.0, ".4f"),
-    ]
+    ] + [info(f"gl4 / rk4 chained step, h = {h:g}, worst dim", max(by_h[h]), ".2f") for h in sorted(by_h, reverse=True)]
 
 
 def _implicit_tolerance(res: dict) -> Headline:

@@ -6,11 +6,24 @@
   against scipy's Radau at rtol 1e-10, atol 1e-12.
 - Cost: one step of ``gl4`` (stages to rounding with the default ``Newton("auto")``, IFT backward; and with
   ``Newton("simplified")``) against one of ``rk4`` on the H1 field, dim 4 and 64, batch 256, float64: forward time
-  and forward+backward CPU time (loss ``Σ y₁²``, gradients to ``y_0`` and the parameters); targets
+  and forward+backward CPU time of one thread (loss ``Σ y₁²``, gradients to ``y_0`` and the parameters); targets
   ``gl4 forward ≤ 3 × rk4 forward`` and ``gl4 backward ≤ 2 × gl4 forward``. Also per step of a chain of 10 steps
   (each from the last one's output, as in a solve or a stack of layers: gl4 then starts from the previous step's
   collocation polynomial and simplified Newton reuses the chain's factored matrix, and rk4's field constants are
   already built), with each chained step's evaluations.
+- Cost against the step size (``cost_vs_step``): chained steps (chains of 20, each from the last one's output; the
+  default ``Newton("auto")``, stages to rounding) of gl4 against rk4 at ``h`` = 0.2, 0.1, 0.05, 0.02, 0.01, dim 4
+  and 64, batch 256, one thread, CPU time, all timed alternately in one run; gl4 with its default start (the
+  collocation extrapolation corrected by the last three prediction errors, :mod:`solvers.implicit_predictor`)
+  and with the extrapolation alone (``StagePredictor(history=0)``, the start before the correction). With what
+  sets a gl4 step's cost at each ``h``: the fixed-point iterations per chained step (evaluations / 2, steps
+  2–20), the observed contraction ``θ`` (the slowest sample's, as the stopping rule measures it) beside ``h L``
+  (``L``: the largest per-sample ``‖∂F/∂y‖₂`` at the start), the start error ``‖Z⁰ − Z‖_∞`` of each start
+  against the converged stages (median over the steps), and a floor: the iterations' field calls alone (one
+  call on ``2 × 256`` rows each, timed on their own in the same run) over the rk4 step, the ratio if the loop
+  around the calls cost nothing. The iterations from the start error to rounding at rate ``θ`` fall as ``h``
+  falls (``θ = O(h)``, start error ``O(h³)`` and less), so this says at which step sizes ``gl4 ≤ 3 × rk4``
+  holds and why not at ``h = 0.1``.
 
 ``python -m cde_nets.benchmarks.implicit_methods [--tiny]`` writes ``benchmarks/results/implicit_methods.json``.
 """
@@ -28,7 +41,8 @@ from torch import nn
 from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.bound import BoundField
-from cde_nets.solvers.implicit import Newton
+from cde_nets.solvers.implicit import Newton, get_tableau, implicit_step, stage_jacobian
+from cde_nets.solvers.implicit_predictor import HISTORY, StagePredictor
 from cde_nets.solvers.schemes import GL4, get_scheme
 
 from .common import interleaved_medians, write
@@ -175,18 +189,122 @@ def cost(tiny: bool) -> list[dict]:
     return rows
 
 
+STEPS = (0.2, 0.1, 0.05, 0.02, 0.01)
+
+
+STEP_CHAIN = 20
+
+
+def _chain_at(sch, bound, y0: torch.Tensor, h: float) -> None:
+    state = (y0,)
+    for _ in range(STEP_CHAIN):
+        state = sch.step(bound, 0, state, h, None, 0.0)
+
+
+def _iterations(f, y0: torch.Tensor, h: float, history: int) -> dict:
+    """gl4's chained steps at ``h`` taken as a solve takes them (each from the last output, started from the
+    predictor with ``history`` past errors, the chain's carry): per step after the first, the evaluations, the
+    start error, and the observed contraction rate."""
+    bound, tab, pred, y = BoundField(f), get_tableau("gl4"), StagePredictor(history), y0
+    nfe, start, rate = [], [], []
+    for _ in range(STEP_CHAIN):
+        fun = _Counted(bound)
+        guess, carry, info = pred.guess(tab, y, h, 0), pred.carry(y), {}
+        y1, _ = implicit_step(fun, 0.0, y, h, tab, Newton(), batched=True, info=info, guess=guess, carry=carry)
+        Z = info["stages"]
+        if guess is not None:
+            nfe.append(fun.n)
+            start.append(float((guess - Z).abs().max()))
+            rate.append(carry.rates.get("fixed_point", float("nan")))
+        pred.record(y1, h, Z, info["kind"])
+        y = y1
+    return {
+        "nfe_per_step": nfe,
+        "iterations_per_step": float(np.mean(nfe)) / tab.stages,  # one batched call of the stages per iteration
+        "theta_observed": float(np.median(rate)),
+        "start_error": float(np.median(start)),
+    }
+
+
+class _Counted:
+    def __init__(self, bound):
+        self.bound, self.n = bound, 0
+
+    def __call__(self, t, y):
+        self.n += 1
+        return self.bound.evaluate(0, y, t=t)
+
+    def count(self, k: int) -> None:
+        self.n += k
+
+
+def cost_vs_step(tiny: bool) -> list[dict]:
+    """The chained gl4 / rk4 ratio and what sets it, per step size (see the module); CPU time."""
+    rows = []
+    for dim in (4,) if tiny else (4, 64):
+        rows += _cost_vs_step(dim, 16 if tiny else 256, (0.1, 0.01) if tiny else STEPS, tiny)
+    return rows
+
+
+def _cost_vs_step(dim: int, batch: int, steps: tuple[float, ...], tiny: bool) -> list[dict]:
+    f = Hamiltonian(dim, generator=torch.Generator().manual_seed(0)).double()
+    y0 = torch.randn(batch, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    bound, y2, rows = BoundField(f), torch.cat([y0, y0]), []
+    rk4, gl4, alone = (get_scheme(m).for_field(f) for m in ("rk4", "gl4", "gl4"))
+    alone._chain = StagePredictor(history=0)  # the start before the error correction
+    with torch.no_grad():
+        jac = stage_jacobian(lambda t, x: bound.evaluate(0, x, t=t), 0.0, y0)[1]
+        L = float(torch.linalg.matrix_norm(jac, 2).max())
+        fns = [lambda x=x: [bound.evaluate(0, x, t=0.0) for _ in range(STEP_CHAIN)] for x in (y0, y2)]
+        for h in steps:
+            fns += [lambda h=h, sch=sch: _chain_at(sch, bound, y0, h) for sch in (rk4, gl4, alone)]
+        medians = interleaved_medians(fns, repeat=3 if tiny else 25, warmup=1 if tiny else 2, clock=time.process_time)
+        call, call2 = medians[0] / STEP_CHAIN, medians[1] / STEP_CHAIN
+        for i, h in enumerate(steps):
+            rk, gl, gl_alone = (m / STEP_CHAIN for m in medians[2 + 3 * i : 5 + 3 * i])
+            it, it_alone = _iterations(f, y0, h, HISTORY), _iterations(f, y0, h, 0)
+            rows.append(
+                {
+                    "dim": dim,
+                    "batch": batch,
+                    "h": h,
+                    "chain": STEP_CHAIN,
+                    "hL": h * L,
+                    "theta_observed": it["theta_observed"],
+                    "iterations_per_step": it["iterations_per_step"],
+                    "start_error": it["start_error"],
+                    "nfe_per_step": it["nfe_per_step"],
+                    "extrapolation_only_iterations_per_step": it_alone["iterations_per_step"],
+                    "extrapolation_only_start_error": it_alone["start_error"],
+                    "rk4_chain_step_s": rk,
+                    "gl4_chain_step_s": gl,
+                    "gl4_chain_over_rk4_chain": gl / rk,
+                    "extrapolation_only_chain_step_s": gl_alone,
+                    "extrapolation_only_over_rk4_chain": gl_alone / rk,
+                    "field_call_s": call,
+                    "field_call_2x_rows_s": call2,
+                    "calls_floor_over_rk4": it["iterations_per_step"] * call2 / rk,
+                }
+            )
+    return rows
+
+
 def run(tiny: bool = False, out_dir=None) -> dict:
-    start = time.perf_counter()
+    start, threads = time.perf_counter(), torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU time of one thread: a second one's spinning would be counted too
     payload = {
         "setting": "stiff: Van der Pol mu=1000 on [0, 20] from (2, 0), float64, error vs scipy Radau rtol 1e-10; "
-        "cost: one step h=0.1 on the H1 field, batch 256, float64",
+        "cost: one step h=0.1 on the H1 field, batch 256, float64; cost_vs_step: chains of 20 steps, "
+        "h = 0.2 ... 0.01; one thread, CPU time",
         "goal": "gl4 forward <= 3x rk4 forward; gl4 backward <= 2x gl4 forward",
         "rows": stiff(tiny),
         "cost": cost(tiny),
+        "cost_vs_step": cost_vs_step(tiny),
     }
     payload["time_s"] = time.perf_counter() - start
     payload["load_average"] = os.getloadavg()
     write("implicit_methods", payload, out_dir)
+    torch.set_num_threads(threads)
     return payload
 
 
@@ -208,6 +326,19 @@ def main() -> None:
                 f"{r[key + '_nfe_per_step']} | {r[key + '_over_rk4_forward']:.2f} | "
                 f"{r[key + '_backward_over_forward']:.2f} | {r[key + '_chain_over_rk4_chain']:.2f} |"
             )
+    print(
+        "\n| dim | h | h L | θ observed | start error (extrapolation alone) | iterations / step (alone) | "
+        "rk4 chained ms | gl4 chained ms | gl4 / rk4 chained (alone) | calls alone / rk4 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in res["cost_vs_step"]:
+        print(
+            f"| {r['dim']} | {r['h']:g} | {r['hL']:.3f} | {r['theta_observed']:.3f} | {r['start_error']:.1e} "
+            f"({r['extrapolation_only_start_error']:.1e}) | {r['iterations_per_step']:.2f} "
+            f"({r['extrapolation_only_iterations_per_step']:.2f}) | {1e3 * r['rk4_chain_step_s']:.3f} | "
+            f"{1e3 * r['gl4_chain_step_s']:.3f} | {r['gl4_chain_over_rk4_chain']:.2f} "
+            f"({r['extrapolation_only_over_rk4_chain']:.2f}) | {r['calls_floor_over_rk4']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

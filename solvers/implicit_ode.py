@@ -18,9 +18,10 @@ theorem, :mod:`solvers.implicit`):
   itself for ``implicit_midpoint``, ``gl4``, ``gl6``), one evaluation's graph at a time
   (:mod:`solvers.implicit_adjoint`). Exact for the integrator's map; memory one state per step.
 
-Each step after the first starts its stage iteration from the previous step's collocation polynomial
-(:mod:`solvers.implicit_predictor`), and under ``Newton("auto")`` a solve whose fixed point once failed to contract
-keeps simplified Newton for its later steps, reusing its factored matrix while it contracts fast
+Each step after the first starts its stage iteration from the previous step's collocation polynomial, corrected by
+the last steps' prediction errors along equal steps on one parameter piece (:mod:`solvers.implicit_predictor`),
+and under ``Newton("auto")`` a solve whose fixed point once failed to contract keeps simplified Newton for its
+later steps, reusing its factored matrix while it contracts fast
 (:class:`~solvers.implicit_linear.Carry`).
 
 Stage times at a step's ends are moved one ulp inside the step (as torchdiffeq's ``perturb``), so a step that ends
@@ -97,6 +98,12 @@ class _Counter:
             else:
                 self.stats.nfe_forward += k
 
+    def piece(self, times: list[float]) -> int | None:
+        """The parameter piece of a piecewise cde_nets field that the step's first stage time lies on (``None``
+        for other fields)."""
+        grid = getattr(getattr(self.field, "field", None), "grid", None)
+        return None if grid is None else grid.index(min(times))
+
     def shares_time(self, times: list[float]) -> bool:
         """Whether the field is the same at all ``times`` (one step's stages) and takes no input: a cde_nets field
         (not a plain module, which may read the time) whose times all lie on one parameter piece."""
@@ -128,7 +135,8 @@ class _ImplicitStepper:
     def step(self, t0: float, t1: float, y: torch.Tensor) -> torch.Tensor:
         times, h = _stage_times(self.tab, t0, t1), t1 - t0
         info: dict = {}
-        guess, batched = self.predictor.guess(self.tab, y, h), self.fun.shares_time(times)
+        guess = self.predictor.guess(self.tab, y, h, piece=self.fun.piece(times))
+        batched = self.fun.shares_time(times)
         carry = self.predictor.carry(y)
         y1, _ = implicit_step(self.fun, t0, y, h, self.tab, self.newton, times, batched, info, guess, carry)
         self.predictor.record(y1, h, info["stages"], info["kind"])

@@ -52,7 +52,7 @@ EXPECTED = {
     "finiteness": ("finiteness", {"goal", "rows", "worst_overhead"}, {"case", "checked_s", "unchecked_s", "overhead"}),
     "implicit_methods": (
         "implicit_methods",
-        {"setting", "goal", "rows", "cost"},
+        {"setting", "goal", "rows", "cost", "cost_vs_step"},
         {"method", "steps", "nfe", "rel_error"},
     ),
     "implicit_tolerance": (

@@ -158,3 +158,107 @@ def test_a_call_does_not_continue_the_previous_calls_chain():
         y1 = net(y0)
         again, fresh = net(y1), copy.deepcopy(net)(y1.clone())
     assert torch.equal(again, fresh)
+
+
+@pytest.mark.parametrize("method", PREDICTED)
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_error_history_makes_the_prediction_exact_one_degree_per_error(method, extra):
+    """For ``y' = p(t)`` with ``p`` of degree ``s + extra`` the extrapolation's error is a polynomial of degree
+    ``extra`` in the step's start time, so along equal steps the polynomial through the last ``extra + 1`` errors
+    predicts it and the corrected start is the converged stages to rounding; the extrapolation alone is off."""
+    tab = get_tableau(method)
+    s, h = tab.stages, 0.3
+    coef = [0.7, -1.3, 2.1, 0.4, -0.9, 1.1][: s + extra + 1]
+
+    def fun(t, y):
+        return sum(ck * t**k for k, ck in enumerate(coef)) * torch.ones_like(y)
+
+    y, t = torch.tensor([[0.3, -0.2]], dtype=D), 0.1
+    exact, plain = StagePredictor(history=extra + 1), StagePredictor(history=0)
+    for step in range(extra + 4):
+        guesses = exact.guess(tab, y, h), plain.guess(tab, y, h)
+        Z, _, kind = solve_stages(fun, t, [t + ci * h for ci in tab.c], y, h, tab, Newton("simplified"))
+        if step >= extra + 2:  # the prediction of the step after the last extra + 1 errors
+            assert float((guesses[0] - Z).abs().max()) <= 1e-13 * max(1.0, float(Z.abs().max()))
+            assert float((guesses[1] - Z).abs().max()) >= 1e-6
+        y1 = y + torch.einsum("i,ibn->bn", torch.tensor(_output(tab), dtype=D), Z)
+        exact.record(y1, h, Z, kind)
+        plain.record(y1, h, Z, kind)
+        y, t = y1, t + h
+
+
+def _output(tab) -> list[float]:
+    import numpy as np
+
+    return np.linalg.solve(tab.A.T, np.array(tab.b)).tolist()
+
+
+def test_error_history_restarts_where_the_chain_changes():
+    """Another step size or another parameter piece drops the error history: the next prediction is the
+    extrapolation alone (the same bits as a predictor that keeps no history); steps that differ in the last bits,
+    as a grid's do, are equal steps."""
+    f, tab = _h1(), get_tableau("gl4")
+    bound = BoundField(f)
+
+    def fun(t, x):
+        return bound.evaluate(0, x, t=t)
+
+    y0 = torch.randn(32, 4, dtype=D, generator=torch.Generator().manual_seed(4))
+    plans = {
+        "size": [(0.1, 0)] * 4 + [(0.05, 0)],
+        "piece": [(0.1, 0)] * 4 + [(0.1, 1)],
+        "equal": [(0.1, 0)] * 5,
+        "grid": [(0.1, 0), (0.1 + 1.4e-17, 0)] * 2 + [(0.1 - 1.4e-17, 0)],  # a grid's steps: equal but for the ulp
+    }
+    for name, plan in plans.items():
+        kept, plain, y = StagePredictor(), StagePredictor(history=0), y0
+        with torch.no_grad():
+            for h, piece in plan:
+                g, g0 = kept.guess(tab, y, h, piece), plain.guess(tab, y, h, piece)
+                info: dict = {}
+                y1, _ = implicit_step(fun, 0.0, y, h, tab, info=info, guess=g)
+                for p in (kept, plain):
+                    p.record(y1, h, info["stages"], info["kind"])
+                y = y1
+        assert (g is None) == (g0 is None)
+        assert torch.equal(g, g0) == (name in ("size", "piece")), name
+
+
+def test_error_history_saves_iterations_on_equal_steps():
+    """gl4 on the H1 field, h = 0.05, batch 256: from the fifth step on (three past errors), the corrected start
+    (error ~1e-6 against ~1e-4) takes at least one fixed-point iteration (two evaluations) fewer per step than
+    the extrapolation alone, to the same output within the stopping rule."""
+    f, y0 = _h1(), torch.randn(256, 4, dtype=D, generator=torch.Generator().manual_seed(1))
+    kept, plain = get_scheme("gl4").for_field(f), get_scheme("gl4").for_field(f)
+    plain._chain = StagePredictor(history=0)
+    bound, a, b = BoundField(f), (y0,), (y0,)
+    with torch.no_grad():
+        for step in range(10):
+            a, b = kept.step(bound, 0, a, 0.05, None, 0.0), plain.step(bound, 0, b, 0.05, None, 0.0)
+            assert float((a[0] - b[0]).abs().max()) <= 1e-14
+            if step >= 4:
+                assert kept.evaluations(0) <= plain.evaluations(0) - 2, step
+
+
+def test_continuous_solve_keeps_the_error_history_within_a_piece(monkeypatch):
+    """A piecewise H1 field (5 pieces over [0, 2], 40 steps of 0.05: 8 per piece): the solve corrects its starts
+    within each piece (fewer evaluations, same output within the stopping rule), and a discrete gl4 net, whose
+    layers are all different pieces, never does (the same bits as without a history)."""
+    import cde_nets.solvers.implicit_ode as ode
+    import cde_nets.solvers.schemes.implicit as layers
+
+    f = Hamiltonian(4, layers=5, T=2.0, generator=torch.Generator().manual_seed(0)).double()
+    y0 = torch.randn(256, 4, dtype=D, generator=torch.Generator().manual_seed(1))
+
+    def run():
+        with torch.no_grad():
+            sol = ODEBlock(f, T=2.0, method="gl4", step_size=0.05).solve(y0)
+            return sol.y, sol.stats["nfe_forward"], discretize(f, scheme="gl4")(y0)
+
+    kept = run()
+    for module in (ode, layers):
+        monkeypatch.setattr(module, "StagePredictor", lambda: StagePredictor(history=0))
+    plain = run()
+    assert float((kept[0] - plain[0]).abs().max()) <= 1e-13
+    assert kept[1] <= 0.9 * plain[1]
+    assert torch.equal(kept[2], plain[2])

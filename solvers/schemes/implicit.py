@@ -88,7 +88,7 @@ class ImplicitRungeKutta(Scheme):
         if newton.kind == "auto" and chain.kind == "simplified" and chain.carries_from(y):
             newton = replace(newton, kind="simplified")
         info: dict = {}
-        guess, carry = chain.guess(self.tableau, y, h), chain.carry(y)
+        guess, carry = chain.guess(self.tableau, y, h, piece=l), chain.carry(y)
         y1, _ = implicit_step(
             fun, t0, y, h, self.tableau, newton, batched=fun.batched, info=info, guess=guess, carry=carry
         )
