@@ -159,7 +159,10 @@ class DiscreteNet(Block):
         """One layer: scheme state at layer ``l`` → layer ``l + 1`` (``u``: the block input of a NAIS field)."""
         if coef is None:
             coef = self._coef_views(state[0].dim())
-        return self.scheme.step(BoundField(self.field, u), l, state, self.h, coef, l * self.h)
+        try:
+            return self.scheme.step(BoundField(self.field, u), l, state, self.h, coef, l * self.h)
+        finally:
+            self.scheme.end_pass()
 
     def layer_states(self, y0: torch.Tensor, u: torch.Tensor | None = None) -> list[torch.Tensor]:
         """``[y_0, y_1, ..., y_L]`` as separate tensors of one graph, so that a loss on ``y_L`` can be
@@ -170,11 +173,14 @@ class DiscreteNet(Block):
             coef = self._coef_views(y0.dim())
             state = self.scheme.init(y0)
             states = []
-            for l in range(self.field.grid.L + 1):
-                if l:
-                    state = self.scheme.step(f, l - 1, state, self.h, coef, (l - 1) * self.h)
-                states.append(self.scheme.readout(state))
-                state = self.scheme.with_readout(state, states[-1])
+            try:
+                for l in range(self.field.grid.L + 1):
+                    if l:
+                        state = self.scheme.step(f, l - 1, state, self.h, coef, (l - 1) * self.h)
+                    states.append(self.scheme.readout(state))
+                    state = self.scheme.with_readout(state, states[-1])
+            finally:
+                self.scheme.end_pass()
         return states
 
     # -- solving -------------------------------------------------------------------------------------------
@@ -200,6 +206,12 @@ class DiscreteNet(Block):
         return report(self._solve_call(y0, u, t, stop, event))
 
     def _solve_call(self, y0: torch.Tensor, u: torch.Tensor | None, t, stop, event) -> Solution:
+        try:
+            return self._solve_pass(y0, u, t, stop, event)
+        finally:
+            self.scheme.end_pass()  # the net keeps nothing between calls
+
+    def _solve_pass(self, y0: torch.Tensor, u: torch.Tensor | None, t, stop, event) -> Solution:
         f = self.bind(y0, u)
         if self.regularisers and (event is not None or stop not in (_NET_STOP, None)):
             raise ValueError(

@@ -65,8 +65,11 @@ class _MemoryFree(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_y: torch.Tensor):
         net, params = ctx.net, ctx.params
-        with torch.enable_grad(), gathered(net.field, stacked=False):
-            g = _backward(net, ctx.f, ctx.u, params, tuple(ctx.saved_tensors), grad_y)
+        try:
+            with torch.enable_grad(), gathered(net.field, stacked=False):
+                g = _backward(net, ctx.f, ctx.u, params, tuple(ctx.saved_tensors), grad_y)
+        finally:
+            net.scheme.end_pass()
         return (None, None, *g)
 
 
@@ -149,4 +152,5 @@ def reconstruction_error(net: Any, y0: torch.Tensor, u: torch.Tensor | None = No
             for l in reversed(range(L)):
                 state = scheme.inverse(f, l, state, h, coef, l * h)
         back = scheme.readout(state)
+        scheme.end_pass()
     return float((back - y0).abs().max() / y0.abs().max())

@@ -91,3 +91,45 @@ def test_the_call_result_carries_its_terms_and_counts():
     first.y.sum().backward()  # the first call's backward fills in the first call's counts alone
     assert first.stats.nfe_backward > 0 and second.stats.nfe_backward == 0
     assert not hasattr(block, "regularisation") and not hasattr(block, "stats")
+
+
+def _tensors_held(obj, owned: set[int], seen: set[int] | None = None) -> list[str]:
+    """Paths to the tensors reachable from ``obj`` through attributes and containers, other than ``owned``
+    (the module's parameters and buffers)."""
+    seen = set() if seen is None else seen
+    found: list[str] = []
+    stack: list[tuple[str, object]] = [("", obj)]
+    while stack:
+        path, o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            if id(o) not in owned:
+                found.append(path)
+            continue
+        if isinstance(o, dict):
+            stack += [(f"{path}[{k!r}]", v) for k, v in o.items()]
+        elif isinstance(o, (list, tuple, set)):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(o)]
+        elif hasattr(o, "__dict__") and not isinstance(o, type):
+            stack += [(f"{path}.{k}", v) for k, v in vars(o).items()]
+    return found
+
+
+@pytest.mark.parametrize("memory_free", [False, True], ids=["stored", "memory-free"])
+def test_an_implicit_net_keeps_no_stage_chain_between_calls(memory_free):
+    """A gl4 net's layers of one pass start each from the last one's stages (a chain the scheme keeps while the
+    pass runs); after the call and its backward, and after ``layer_states`` and ``step``, the net holds no tensor
+    but its parameters and buffers (the chain and the per-layer counts once stayed on the scheme)."""
+    field = Hamiltonian(4, layers=3, generator=torch.Generator().manual_seed(1)).double()
+    net = discretize(field, "gl4", memory_free=memory_free)
+    owned = {id(p) for p in net.parameters()} | {id(b) for b in net.buffers()}
+    y0 = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    sol = net.solve(y0)
+    sol.y.square().sum().backward()
+    assert sol.stats.nfe_forward > 3 * 2  # Newton iterations counted before the pass ended
+    assert not _tensors_held(net, owned)
+    net.layer_states(y0.detach())
+    net.step(0, (y0.detach(),))
+    assert not _tensors_held(net, owned)

@@ -102,6 +102,10 @@ class Scheme:
         """The scheme state for the input ``y0``."""
         return (y0,)
 
+    def end_pass(self) -> None:
+        """A pass through the layers is over: drop what the steps of one pass share (a module holding this scheme
+        keeps nothing between calls). The explicit schemes share nothing."""
+
     def step(self, f: Any, l: int, state: State, h: float, coef: dict | None = None, t: float | None = None) -> State:
         """Advance ``state`` by one layer with piece ``l`` of ``f`` and step ``h``; ``t``: the layer's start time
         (default ``l h``; per-sample stopping past the last piece passes its own). ``coef``: per-layer views of

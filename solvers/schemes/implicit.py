@@ -38,7 +38,8 @@ class ImplicitRungeKutta(Scheme):
     Galimberti et al. 2023, eq. 8) a symplectic tableau makes every layer a Poisson map, ``Φ J Φᵀ = J``, with no
     secular drift of ``H`` (Hairer, Lubich & Wanner 2006, Thm. VI.4.3, §X.3): ``properties = {"symplectic"}``
     there. Symmetric tableaux are invertible: a layer is undone by the step with ``−h`` (memory-free backward).
-    :meth:`evaluations` reports the field evaluations of the layer's last call (Newton iterations included).
+    :meth:`evaluations` reports the field evaluations of layer ``l`` in the current pass (Newton iterations
+    included); :meth:`end_pass` drops them with the pass's stage chain.
     """
 
     tableau_name: str = ""
@@ -70,6 +71,10 @@ class ImplicitRungeKutta(Scheme):
 
     def evaluations(self, l: int) -> int:
         return self._nfe.get(l, self.tableau.stages)
+
+    def end_pass(self) -> None:
+        self._chain = StagePredictor()  # a new one, as for_field makes: the buffers go with the old
+        self._nfe.clear()
 
     def init(self, y0):
         # a pass through the layers starts its own chain: a net fed its own output must not continue the last
