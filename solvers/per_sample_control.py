@@ -77,30 +77,35 @@ class Controller:
         self.bounded = self.min_step > 0 or self.max_step < math.inf
         self.alpha = 1.0 / order - 0.75 * BETA
         self.one, self.dfactor_t, self.ifactor_t = _scalars(device, 1.0, self.dfactor, self.ifactor)
+        # a (2, 1) column: the exponents of the two rows of the ratios' buffer (the same bits as two scalar powers)
+        self.exponents = torch.tensor([[-self.alpha], [BETA]], dtype=torch.float64, device=device)
         self.device = device
         self._space: tuple | None = None
         self._per_n: dict[int, tuple] = {}
 
     def _buffers(self, m: int, N: int, dtype: torch.dtype) -> tuple:
-        """For ``m`` rows of ``N``: a float64 buffer padded with ones to whole SIMD vectors and its first ``m``
-        (the ratios), two more for its powers (padded, and their first ``m``), and the error estimate ``(m N,)``
-        with its ``(m, N)`` view; made once per row count."""
+        """For ``m`` rows of ``N``: the ratios and their floored copy as the two rows of a float64 buffer padded
+        with ones to whole SIMD vectors (the ratios' first ``m`` too), one more of that shape for their powers
+        (the first ``m`` of each row), and the error estimate ``(m N,)`` with its ``(m, N)`` view; made once per
+        row count."""
         if self._space is None or self._space[0] != (m, N, dtype):
-            full, grow, memory = torch.ones((3, m + (-m % LANES)), dtype=torch.float64, device=self.device)
+            ratios = torch.ones((2, m + (-m % LANES)), dtype=torch.float64, device=self.device)
+            powers = torch.empty_like(ratios)
             err = torch.empty(m * N, dtype=dtype, device=self.device)
-            views = (full, full[:m], grow, grow[:m], memory, memory[:m], err, err.view(m, N))
-            self._space = ((m, N, dtype), *views)
+            views = (ratios, ratios[0], ratios[1], ratios[0, :m], powers, powers[0, :m], powers[1, :m], err)
+            self._space = ((m, N, dtype), *views, err.view(m, N))
         return self._space[1:]
 
     def constants(self, N: int) -> tuple:
-        """The ``√N`` of the RMS norm folded into the constants (the controller works on ``ρ = √N r``):
-        ``√N``, ``safety · N^((α−β)/2)``, the weight of a rejected step ``N^(β/2)`` (0-d), and the floor
-        ``10⁻⁴ √N`` of the previous ``ρ``; the rows' first memory ``N^(β/2)`` (``r' = 1``) is the same weight."""
+        """The ``√N`` of the RMS norm folded into the constants (the controller works on ``ρ = √N r``), each a
+        0-d tensor (an operation takes one faster than a Python number): ``√N``, ``safety · N^((α−β)/2)``, the
+        weight of a rejected step ``N^(β/2)``, and the floor ``10⁻⁴ √N`` of the previous ``ρ``; the rows' first
+        memory ``N^(β/2)`` (``r' = 1``) is the same weight."""
         c = self._per_n.get(N)
         if c is None:
             sqrt_n = math.sqrt(N)
-            (reject,) = _scalars(self.device, N ** (BETA / 2))
-            c = self._per_n[N] = (sqrt_n, self.safety * N ** ((self.alpha - BETA) / 2), reject, FLOOR * sqrt_n)
+            values = (sqrt_n, self.safety * N ** ((self.alpha - BETA) / 2), N ** (BETA / 2), FLOOR * sqrt_n)
+            c = self._per_n[N] = tuple(_scalars(self.device, *values))
         return c
 
     def decide(
@@ -118,20 +123,21 @@ class Controller:
         error's scale is ``max(|y|, |Y|)``), ``jumps`` whether the field has jumps (``rows.on_jump`` marks the
         steps that end on one), ``span`` whether to read the span of the next round's times with the counts."""
         m, N = Y.shape
-        full, norm, grow, grow_m, memory, memory_m, err, err2 = self._buffers(m, N, Y.dtype)
+        ratios, full, floored, norm, powers, grow, memory, err, err2 = self._buffers(m, N, Y.dtype)
         sqrt_n, scale, reject, floor = self.constants(N)
         tol = torch.addcmul(rows.atol, torch.maximum(y.abs(), Y.abs()), rows.rtol)
         torch.mv(errT, e, out=err)
         torch.linalg.vector_norm(err2.div_(tol), dim=1, dtype=torch.float64, out=norm)
-        ok = norm <= sqrt_n
+        ok = torch.le(norm, sqrt_n)
         if self.min_step > 0:
             ok |= rows.dt <= self.min_step
         t_new = torch.where(ok, rows.t1, rows.t0)
         weight = torch.where(ok, rows.prev, reject)
-        torch.pow(full, -self.alpha, out=grow)
-        dt = torch.clamp(grow_m.mul_(weight).mul_(scale), self.dfactor_t, rows.cap).mul_(rows.dt)
-        torch.clamp(full, min=floor, out=memory).pow_(BETA)
-        prev = torch.where(ok, memory_m, rows.prev)
+        # both powers in one call: ρ^(−α) and max(ρ, floor)^β, the rows of the padded buffer
+        torch.clamp(full, min=floor, out=floored)
+        torch.pow(ratios, self.exponents, out=powers)
+        dt = torch.clamp(grow.mul_(weight).mul_(scale), self.dfactor_t, rows.cap).mul_(rows.dt)
+        prev = torch.where(ok, memory, rows.prev)
         cap = torch.where(ok, self.ifactor_t, self.one)
         if self.bounded:
             dt.clamp_(self.min_step, self.max_step)
