@@ -139,6 +139,7 @@ class _Work:
             self.store = old.store
         K, inputs = self.store
         self.m = m
+        self.h = torch.empty((m, N), dtype=dtype, device=device)
         self.K = K[:, :m]
         self.flat = K.view(s, -1)[:, : m * N]
         self.KT = [self.flat[:i].t() for i in range(s + 1)]
@@ -188,6 +189,8 @@ class Stepper:
         self.work: _Work | None = None
         self.recorded = 0  # rounds recorded for a replay in the backward pass
         self.spans = False  # True: every time tensor the field sees carries its span (TIME_SPAN)
+        self.c_head = self.c[: self.tail]  # the nodes before those at c = 1
+        self.times_buffer: tuple | None = None  # (rows, buffer, its last row, the stage times: views of it)
 
     def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
         """The next step of every row: ``t1 = min(t0 + dt, t_end)`` (given ``t1``, as the controller clips it),
@@ -219,6 +222,29 @@ class Stepper:
                 setattr(t, TIME_SPAN, span)
         return out
 
+    def reused_times(self, rows: Rows) -> list[torch.Tensor]:
+        """:meth:`stage_times` (float64 states) written into a buffer made once per row count: the same values,
+        without a new tensor a stage (a round without a graph: the field sees these times during its call only,
+        as it sees the stage inputs in reused buffers)."""
+        m = rows.t0.shape[0]
+        made = self.times_buffer
+        if made is None or made[0] != m:
+            buf = torch.empty((self.tail + 1, m), dtype=torch.float64, device=self.device)
+            views = list(buf.unbind(0))
+            made = self.times_buffer = (
+                m,
+                buf[: self.tail],
+                views[self.tail],
+                views + views[-1:] * (self.s - self.tail - 1),
+            )
+        _, head, tail, out = made
+        torch.addcmul(rows.t0, self.c_head, rows.dt, out=head)
+        torch.nextafter(rows.t1, self.neg_inf, out=tail)
+        if rows.span is not None:
+            for t in out[: self.tail + 1]:
+                setattr(t, TIME_SPAN, rows.span)
+        return out
+
     def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None, ts: list | None = None):
         """The stages times the step, ``h k_i`` (``(s, m, N)``), their flat view, the last stage input ``Y_s``
         and the last stage ``k_s`` itself; ``inputs`` collects every stage input ``Y_i``. Each stage input is
@@ -243,6 +269,7 @@ class Stepper:
         W = self.work
         if W is None or W.m != m:  # stages in a reused stage-major buffer, each combination one product
             W = self.work = _Work(s, m, N, self.dtype, self.device, W)
+        h = W.h.copy_(h)  # the step on every component: each scaling below then broadcasts nothing
         torch.mul(k0, h, out=W.rows[0])
         yf = y.view(m * N)
         for i in range(1, s):
@@ -257,7 +284,10 @@ class Stepper:
     def round(self, y: torch.Tensor, k0: torch.Tensor, rows: Rows, graph: bool) -> Round:
         """One attempted step of every row (``graph``: keep the autograd graph of the values); the control
         (:mod:`solvers.per_sample_control`) works on detached values."""
-        ts = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span)
+        if graph or self.dtype != torch.float64:
+            ts = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span)
+        else:
+            ts = self.reused_times(rows)
         if not self.fsal:
             k0 = self.F(ts[0], y, rows.ids)
         K, flat, Y, k_last = self.stages(y, k0, rows, graph, ts=ts)
