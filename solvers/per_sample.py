@@ -16,7 +16,8 @@ rule takes fewer calls per sample (1178 batched calls against 1424 on the mixed 
 ``benchmarks/per_sample.py``). Acceptance, the step update and the state update
 are ``torch.where`` on the device. Every round makes one batched field evaluation per stage over the samples still
 running; samples that pass their last output time leave the batch (their rows are dropped once a quarter of the
-running rows have finished; until then they ride along frozen at their end), so late rounds cost less. One small
+running rows have finished, until no more than a sixteenth of the batch is left; until then they ride along frozen
+at their end), so late rounds cost less. One small
 tensor is read back per round (how many samples still run, whether any failed, whether an output time was
 passed), and one more per output time passed. So every sample takes the steps it would take alone, and the field
 is called ``max_b(nfe_b)`` times: the count of the sample that needs the most.

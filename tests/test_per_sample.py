@@ -179,6 +179,25 @@ def test_t_end_and_compaction():
     assert info.rows == sum(rows_seen) < 4 * info.nfe
 
 
+def test_compaction_stops_at_a_sixteenth_of_the_batch():
+    """Samples finishing one after another leave the batch in compactions until no more than a sixteenth of the
+    batch is left (64 rows: 4); those last rows stay to the end, the finished ones frozen at their end, and
+    every sample still ends exactly on its own end time with its own result."""
+    B = 64
+    rows_seen = []
+    k = torch.linspace(0.5, 2.0, B, dtype=torch.float64)
+
+    def field(t, y, rows):
+        rows_seen.append(len(rows))
+        return -k[rows, None] * y
+
+    t_end = torch.linspace(0.1, 3.0, B, dtype=torch.float64)
+    out = odeint_per_sample(field, torch.ones(B, 1, dtype=torch.float64), t_end=t_end, rows=True, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(out[-1, :, 0], torch.exp(-k * t_end), rtol=1e-7, atol=0)
+    assert rows_seen[0] == B and min(rows_seen) == rows_seen[-1]
+    assert 1 < rows_seen[-1] <= B // 16  # dropped down to a sixteenth, then no more
+
+
 def test_finished_sample_rides_along_frozen():
     """A sample that finished while most still run stays in the batch until a quarter has finished, frozen at
     its end, where its last step ended: the field never sees it past its end, and its result and counts are its
