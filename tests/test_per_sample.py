@@ -262,6 +262,39 @@ def test_functional_controller_and_dtype():
     torch.testing.assert_close(out[-1], y0.float() * math.exp(-1.0), rtol=1e-5, atol=1e-6)
 
 
+def test_module_field_hooks_run_on_every_evaluation():
+    """A module field without hooks is called through its ``forward`` during the forward solve (the same numbers
+    as through ``__call__``); one with a forward hook is called through ``__call__``, so the hook sees every
+    evaluation; and the backward pass calls the module as given (a hook added after the forward sees the
+    checkpoint's replays)."""
+
+    class Decay(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.k = torch.nn.Parameter(torch.tensor([0.5, 2.0], dtype=torch.float64))
+
+        def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return -self.k * y
+
+    f = Decay()
+    y0 = torch.ones(3, 2, dtype=torch.float64) * torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)
+    t = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
+    with torch.no_grad():
+        out = odeint_per_sample(f, y0, t)
+        assert torch.equal(out, odeint_per_sample(lambda t, y: f(t, y), y0, t))
+        seen: list[int] = []
+        handle = f.register_forward_hook(lambda *args: seen.append(1))
+        hooked, info = odeint_per_sample(f, y0, t, return_info=True)
+        handle.remove()
+    assert torch.equal(hooked, out) and len(seen) == info.nfe > 0
+    out, info = odeint_per_sample(f, y0, t, gradient="checkpoint", return_info=True)
+    replays: list[int] = []
+    handle = f.register_forward_hook(lambda *args: replays.append(1))
+    out[-1].sum().backward()
+    handle.remove()
+    assert info.backward is not None and len(replays) == info.backward.nfe > 0
+
+
 def test_refusals_name_the_fix():
     y0 = torch.ones(2, 1, dtype=torch.float64)
     t = torch.tensor([0.0, 1.0], dtype=torch.float64)
