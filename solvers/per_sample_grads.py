@@ -20,6 +20,7 @@ r"""The rounds of a per-sample solve driven to the end, and the gradient each me
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,7 +39,7 @@ def advance_for(mode: str, stepper: Stepper, params: Sequence[torch.Tensor] = ()
     """One round as ``mode`` records it: ``"none"`` (no graph), ``"backprop"``, ``"checkpoint"``,
     ``"symplectic"`` (``params``: the tensors the field reads that the replay's gradient reaches)."""
     if mode == "none":
-        return lambda y, k0, rows: stepper.round(y, k0, rows, graph=False)
+        return functools.partial(stepper.round, graph=False)
     if mode == "backprop":
         return lambda y, k0, rows: stepper.round(y, k0, rows, graph=True)
     replayed = _CheckpointRound if mode == "checkpoint" else _SymplecticRound
