@@ -27,6 +27,8 @@ Outputs are read off the accepted step that holds them, with the method's dense 
 
 The field sees ``t`` of shape ``(m,)`` (one time per running row, in the state's dtype) and ``y`` of shape
 ``(m, *state)``, the rows in batch order; it must be row-wise (a row's derivative depends on that row alone).
+Without a graph (no gradient, or a replaying gradient's forward) both are buffers the next round writes again:
+a field that keeps them past its call must copy them.
 Gradients (:mod:`solvers.per_sample_grads`, :mod:`solvers.per_sample_adjoint`): ``backprop`` through the rounds,
 ``checkpoint`` and ``symplectic`` replaying each round from its stored inputs (the same per-sample steps: the
 gradient of the steps taken, as backprop's), and the continuous ``adjoint`` with a per-sample backward solve. The
