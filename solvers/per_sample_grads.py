@@ -20,6 +20,7 @@ r"""The rounds of a per-sample solve driven to the end, and the gradient each me
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,7 +39,7 @@ def advance_for(mode: str, stepper: Stepper, params: Sequence[torch.Tensor] = ()
     """One round as ``mode`` records it: ``"none"`` (no graph), ``"backprop"``, ``"checkpoint"``,
     ``"symplectic"`` (``params``: the tensors the field reads that the replay's gradient reaches)."""
     if mode == "none":
-        return lambda y, k0, rows: stepper.round(y, k0, rows, graph=False)
+        return functools.partial(stepper.round, graph=False)
     if mode == "backprop":
         return lambda y, k0, rows: stepper.round(y, k0, rows, graph=True)
     replayed = _CheckpointRound if mode == "checkpoint" else _SymplecticRound
@@ -69,7 +70,9 @@ def integrate_rows(
     """Rounds from ``y`` (``(B, N)``) until every row has reached its last output time; the outputs as
     ``(n · B, N)`` (row ``j · B + b``: sample ``b`` at ``times[b, j]``; the last, the row's state at its end).
     Finished rows leave the batch once a quarter of the running rows have finished; until then they ride along
-    frozen at their end. ``hook`` sees each round with the clocks it started from."""
+    frozen at their end. Once no more than ``B / 16`` rows are left they all stay to the end: a compaction costs
+    about a round's overhead, and what it would save is then at most a sixteenth of a full round's field work.
+    ``hook`` sees each round with the clocks it started from."""
     B, n = times.shape
     k0, rows = start(stepper, y, times, rtol, atol, first_step)
     device = y.device
@@ -103,7 +106,8 @@ def integrate_rows(
         y, k0, rows, live, n_live = rd.y, rd.k0, rd.rows, rd.alive, rd.n_alive
         if n_live == 0:
             break
-        if n_live <= rows.ids.shape[0] * 3 // 4:  # compaction
+        m = rows.ids.shape[0]
+        if n_live <= m * 3 // 4 and m > B // 16:  # compaction
             passed, ran = _tally(flags, passed, ran)
             done = (~live).nonzero()[:, 0]
             _count(info, rows.ids[done], passed[done], ran[done], rounds)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -69,9 +69,9 @@ class Rows:
     """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
     ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
     was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time,
-    ``rtol``/``atol`` ``(m, 1)`` in the state's dtype, ``prev``/``cap`` the controller's memory of the row
-    (:mod:`solvers.per_sample_control`); ``span`` the least and greatest time of the round on the
-    host (with ``Stepper.spans``)."""
+    ``rtol``/``atol`` ``(m, 1)`` in the state's dtype (``(m, N)`` for a few components), ``prev``/``cap`` the
+    controller's memory of the row (:mod:`solvers.per_sample_control`); ``span`` the least and greatest time of
+    the round on the host (with ``Stepper.spans``)."""
 
     ids: torch.Tensor
     t0: torch.Tensor
@@ -89,9 +89,13 @@ class Rows:
     span: tuple[float, float] | None = None
 
     def select(self, keep: torch.Tensor) -> Rows:
-        kept: list[Any] = [getattr(self, f.name) for f in fields(self)]
-        selected: list[Any] = [v.index_select(0, keep) if isinstance(v, torch.Tensor) else v for v in kept]
-        return Rows(*selected)
+        """Rows ``keep``; the float64 clocks are gathered together (one gather for seven)."""
+        t0, dt, t1, tl, t_next, prev, cap = torch.stack(
+            (self.t0, self.dt, self.t1, self.tl, self.t_next, self.prev, self.cap)
+        ).index_select(1, keep)
+        other = (self.ids, self.on_jump, self.tt, self.cursor, self.rtol, self.atol)
+        ids, on_jump, tt, cursor, rtol, atol = (v.index_select(0, keep) for v in other)
+        return Rows(ids, t0, dt, t1, on_jump, tl, tt, cursor, t_next, rtol, atol, prev, cap, self.span)
 
     def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> Rows:
         """These rows with new clocks (a direct construction: ``dataclasses.replace`` costs a round ~10 µs)."""
@@ -139,12 +143,16 @@ class _Work:
             self.store = old.store
         K, inputs = self.store
         self.m = m
+        self.h = torch.empty((m, N), dtype=dtype, device=device)
+        self.hT = self.h.t()  # the step is copied into it as a row: on every component of its sample
         self.K = K[:, :m]
         self.flat = K.view(s, -1)[:, : m * N]
-        self.KT = [self.flat[:i].t() for i in range(s + 1)]
+        flat_t = self.flat.t()
+        self.KT = [flat_t[:, :i] for i in range(s + 1)]  # (a view each: made at every new row count)
         self.rows = list(self.K.unbind(0))
-        self.inputs_flat = [v[: m * N] for v in inputs]
-        self.inputs = [v.view(m, N) for v in self.inputs_flat]
+        inputs_flat = [v[: m * N] for v in inputs[1:]]
+        # what stage i (1 ≤ i < s) reads and writes: the stages before it, its input (flat and (m, N)), its row
+        self.plan = list(zip(self.KT[1:s], inputs_flat, [v.view(m, N) for v in inputs_flat], self.rows[1:s]))
 
 
 _CONSTANTS: dict[tuple, tuple] = {}
@@ -179,6 +187,7 @@ class Stepper:
         self.min_step, self.max_step = self.control.min_step, self.control.max_step
         self.e, self.P, self.a, self.c, self.neg_inf = _constants(tab, y0.dtype, y0.device)
         self.P_rows = self.P.unbind(0)
+        self.a_rows = self.a[1:]  # the rows of a that make the stage inputs
         self.b = tab.tableau.b
         c = tab.tableau.c
         self.tail = c.index(1.0)  # the stages at c = 1 close the tableau (dopri5: the last two; bosh3: the last)
@@ -188,6 +197,8 @@ class Stepper:
         self.work: _Work | None = None
         self.recorded = 0  # rounds recorded for a replay in the backward pass
         self.spans = False  # True: every time tensor the field sees carries its span (TIME_SPAN)
+        self.c_head = self.c[: self.tail]  # the nodes before those at c = 1
+        self.times_buffer: tuple | None = None  # (rows, buffer, its last row, the stage times: views of it)
 
     def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
         """The next step of every row: ``t1 = min(t0 + dt, t_end)`` (given ``t1``, as the controller clips it),
@@ -219,18 +230,42 @@ class Stepper:
                 setattr(t, TIME_SPAN, span)
         return out
 
+    def reused_times(self, rows: Rows) -> list[torch.Tensor]:
+        """:meth:`stage_times` (float64 states) written into a buffer made once per row count: the same values,
+        without a new tensor a stage (a round without a graph: the field sees these times during its call only,
+        as it sees the stage inputs in reused buffers)."""
+        m = rows.t0.shape[0]
+        made = self.times_buffer
+        if made is None or made[0] != m:
+            buf = torch.empty((self.tail + 1, m), dtype=torch.float64, device=self.device)
+            views = list(buf.unbind(0))
+            made = self.times_buffer = (
+                m,
+                buf[: self.tail],
+                views[self.tail],
+                views + views[-1:] * (self.s - self.tail - 1),
+            )
+        _, head, tail, out = made
+        torch.addcmul(rows.t0, self.c_head, rows.dt, out=head)
+        torch.nextafter(rows.t1, self.neg_inf, out=tail)
+        if rows.span is not None:
+            for t in out[: self.tail + 1]:
+                setattr(t, TIME_SPAN, rows.span)
+        return out
+
     def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None, ts: list | None = None):
         """The stages times the step, ``h k_i`` (``(s, m, N)``), their flat view, the last stage input ``Y_s``
         and the last stage ``k_s`` itself; ``inputs`` collects every stage input ``Y_i``. Each stage input is
         ``Y_i = y + Σ_j a_ij (h k_j)``: one product with the stored stages, as the shared step's ``addmv``."""
         m, N, s = y.shape[0], y.shape[1], self.s
-        h = (rows.dt if self.dtype == torch.float64 else rows.dt.to(self.dtype))[:, None]
+        dt = rows.dt if self.dtype == torch.float64 else rows.dt.to(self.dtype)
         tsr = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span) if ts is None else ts
         a, F, ids = self.a, self.F, rows.ids
         Y, k = y, k0
         if inputs is not None:
             inputs.append(y)
         if graph:  # every stage its own tensor, stacked for each combination
+            h = dt[:, None]
             hks, yf = [h * k0], y.view(m * N)
             for i in range(1, s):
                 Y = torch.addmv(yf, torch.stack(hks).view(i, m * N).t(), a[i]).view(m, N)
@@ -243,21 +278,25 @@ class Stepper:
         W = self.work
         if W is None or W.m != m:  # stages in a reused stage-major buffer, each combination one product
             W = self.work = _Work(s, m, N, self.dtype, self.device, W)
+        W.hT.copy_(dt)  # the step on every component: each scaling below then broadcasts nothing
+        h = W.h
         torch.mul(k0, h, out=W.rows[0])
         yf = y.view(m * N)
-        for i in range(1, s):
-            Y = W.inputs[i]
-            torch.addmv(yf, W.KT[i], a[i], out=W.inputs_flat[i])
+        for (KT, Y_flat, Y, K_row), a_i, t in zip(W.plan, self.a_rows, tsr[1:]):
+            torch.addmv(yf, KT, a_i, out=Y_flat)
             if inputs is not None:
                 inputs.append(Y)
-            k = F(tsr[i], Y, ids)
-            torch.mul(k, h, out=W.rows[i])
+            k = F(t, Y, ids)
+            torch.mul(k, h, out=K_row)
         return W.K, W.flat, Y, k
 
     def round(self, y: torch.Tensor, k0: torch.Tensor, rows: Rows, graph: bool) -> Round:
         """One attempted step of every row (``graph``: keep the autograd graph of the values); the control
         (:mod:`solvers.per_sample_control`) works on detached values."""
-        ts = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span)
+        if graph or self.dtype != torch.float64:
+            ts = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span)
+        else:
+            ts = self.reused_times(rows)
         if not self.fsal:
             k0 = self.F(ts[0], y, rows.ids)
         K, flat, Y, k_last = self.stages(y, k0, rows, graph, ts=ts)
@@ -278,7 +317,7 @@ class Stepper:
             t_next = rows.tt.gather(1, cursor[:, None])[:, 0]
             due = due & (t_next <= t1)
             n_due = int(due.sum())
-        okc = d.ok[:, None]
+        okc = d.ok[:, None] if d.ok_n is None else d.ok_n
         clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, rows.rtol, rows.atol)
         new = Rows(rows.ids, *clocks, d.prev, d.cap, d.span)
         if not d.n_bad and self.jumps is not None:
@@ -287,21 +326,24 @@ class Stepper:
         jr = d.jumped.nonzero()[:, 0] if d.jumped is not None and not d.n_bad else None
         if jr is not None:  # past a jump of the field: the next step's first stage on its far side
             k_new = k_new.index_put((jr,), self.after_jump(t1[jr], Y[jr], rows.ids[jr], rows.span))
+        bad = d.alive & ~d.moved if d.n_bad else None
+        y_new = torch.where(okc, Y, y)
+        # positional: a dataclass takes its keywords about 1 µs slower (the fields' order: see Round)
         return Round(
-            y=torch.where(okc, Y, y),
-            k0=k_new,
-            jumped=jr,
-            values=outs.values,
-            positions=outs.positions,
-            out_rows=outs.rows,
-            out_w=outs.weights,
-            rows=new,
-            ok=d.ok,
-            ratio=d.norm,
-            alive=d.alive,
-            bad=d.alive & ~d.moved if d.n_bad else None,
-            n_alive=d.n_alive,
-            n_bad=d.n_bad,
+            y_new,
+            k_new,
+            outs.values,
+            outs.positions,
+            outs.rows,
+            outs.weights,
+            new,
+            jr,
+            d.ok,
+            d.norm,
+            d.alive,
+            bad,
+            d.n_alive,
+            d.n_bad,
         )
 
     def after_jump(self, t1: torch.Tensor, y: torch.Tensor, ids: torch.Tensor, span: tuple | None) -> torch.Tensor:
@@ -361,6 +403,12 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
     return x.pow(2).mean(1).sqrt()
 
 
+def _spread(tol: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A ``(B, 1)`` tolerance on every component for a state of a few components (the controller's tolerance
+    is then one product without broadcasting a column over them: 0.7 µs less a round at ``N = 2``); else as is."""
+    return tol.expand(shape).contiguous() if shape[1] < _LANES else tol
+
+
 def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, first_step) -> tuple[Any, Rows]:
     """The first stage ``F(t_0, y_0)`` (with its graph) and every row's clocks before the first round."""
     B, device = times.shape[0], times.device
@@ -378,8 +426,8 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
         tt=tt,
         cursor=torch.ones(B, dtype=torch.long, device=device),
         t_next=tt[:, 1].clone(),
-        rtol=rtol,
-        atol=atol,
+        rtol=_spread(rtol, y.shape),
+        atol=_spread(atol, y.shape),
         prev=stepper.control.constants(y[0].numel())[2].expand(B),
         cap=torch.full((B,), stepper.control.ifactor, dtype=torch.float64, device=device),
     )

@@ -179,6 +179,25 @@ def test_t_end_and_compaction():
     assert info.rows == sum(rows_seen) < 4 * info.nfe
 
 
+def test_compaction_stops_at_a_sixteenth_of_the_batch():
+    """Samples finishing one after another leave the batch in compactions until no more than a sixteenth of the
+    batch is left (64 rows: 4); those last rows stay to the end, the finished ones frozen at their end, and
+    every sample still ends exactly on its own end time with its own result."""
+    B = 64
+    rows_seen = []
+    k = torch.linspace(0.5, 2.0, B, dtype=torch.float64)
+
+    def field(t, y, rows):
+        rows_seen.append(len(rows))
+        return -k[rows, None] * y
+
+    t_end = torch.linspace(0.1, 3.0, B, dtype=torch.float64)
+    out = odeint_per_sample(field, torch.ones(B, 1, dtype=torch.float64), t_end=t_end, rows=True, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(out[-1, :, 0], torch.exp(-k * t_end), rtol=1e-7, atol=0)
+    assert rows_seen[0] == B and min(rows_seen) == rows_seen[-1]
+    assert 1 < rows_seen[-1] <= B // 16  # dropped down to a sixteenth, then no more
+
+
 def test_finished_sample_rides_along_frozen():
     """A sample that finished while most still run stays in the batch until a quarter has finished, frozen at
     its end, where its last step ended: the field never sees it past its end, and its result and counts are its
@@ -241,6 +260,39 @@ def test_functional_controller_and_dtype():
     out = odeint_per_sample(f32, y0.float(), t)
     assert out.dtype == torch.float32 and set(times) == {torch.float32}
     torch.testing.assert_close(out[-1], y0.float() * math.exp(-1.0), rtol=1e-5, atol=1e-6)
+
+
+def test_module_field_hooks_run_on_every_evaluation():
+    """A module field without hooks is called through its ``forward`` during the forward solve (the same numbers
+    as through ``__call__``); one with a forward hook is called through ``__call__``, so the hook sees every
+    evaluation; and the backward pass calls the module as given (a hook added after the forward sees the
+    checkpoint's replays)."""
+
+    class Decay(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.k = torch.nn.Parameter(torch.tensor([0.5, 2.0], dtype=torch.float64))
+
+        def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return -self.k * y
+
+    f = Decay()
+    y0 = torch.ones(3, 2, dtype=torch.float64) * torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)
+    t = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
+    with torch.no_grad():
+        out = odeint_per_sample(f, y0, t)
+        assert torch.equal(out, odeint_per_sample(lambda t, y: f(t, y), y0, t))
+        seen: list[int] = []
+        handle = f.register_forward_hook(lambda *args: seen.append(1))
+        hooked, info = odeint_per_sample(f, y0, t, return_info=True)
+        handle.remove()
+    assert torch.equal(hooked, out) and len(seen) == info.nfe > 0
+    out, info = odeint_per_sample(f, y0, t, gradient="checkpoint", return_info=True)
+    replays: list[int] = []
+    handle = f.register_forward_hook(lambda *args: replays.append(1))
+    out[-1].sum().backward()
+    handle.remove()
+    assert info.backward is not None and len(replays) == info.backward.nfe > 0
 
 
 def test_refusals_name_the_fix():
