@@ -35,3 +35,15 @@ def test_flows_2d_runs_three_seeds_at_the_full_setting():
     from cde_nets.experiments.seeds import default_seeds
 
     assert default_seeds("flows_2d", "full") == 3 and default_seeds("flows_2d", "quick") == 1
+
+
+def test_the_long_setting_is_the_full_one_trained_longer_with_a_stronger_lambda_beside_it():
+    full, long = flows_2d.SETTINGS["full"], flows_2d.SETTINGS["long"]
+    assert long["epochs"] * long["steps"] == 3000 and set(long["densities"]) == set(flows_2d.DENSITIES)
+    same = ("steps", "batch", "hidden", "lr", "T", "lam", "tol", "n")
+    assert {k: long[k] for k in same} == {k: full[k] for k in same}
+    assert long["variants"] == ("unregularised", "kinetic+jacobian", "kinetic+jacobian, λ = 0.2")
+    run = flows_2d.FlowRun("eight_gaussians", 0, "kinetic+jacobian, λ = 0.2", flows_2d.SETTINGS["tiny"])
+    assert run.weights == {"kinetic": 0.2, "jacobian": 0.2}  # the variant's λ, not the setting's 0.01
+    regularised = flows_2d.FlowRun("eight_gaussians", 0, "kinetic+jacobian", long)
+    assert regularised.weights == {"kinetic": 0.05, "jacobian": 0.05}
