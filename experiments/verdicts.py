@@ -153,11 +153,12 @@ _FLOW_TIME = (
     "Target missed: RNODE's 2.8x is on images, where the unregularised dynamics are stiff; on these 2-D densities "
     "the kinetic + Jacobian terms save 1.03-1.43x of dopri5's training time at λ = 0.05 (600 Adam steps). The "
     "2.3-3.7x of the rk4 variants is the fixed-step solver's, as the unregularised rk4 control shows. Longer "
-    "training (the 'long' setting, 3000 steps, seed 0, one thread; the flows guide): the unregularised NFE per step "
-    "grows from 20-44 to 68-144 while λ = 0.05 levels at 48-59, for cumulative NFE ratios 1.21-2.50 and CPU ratios "
-    "1.11-2.19 within 0.05 nats (2x on rings only); λ = 0.2 gives 1.37-3.76x NFE but costs 0.10-0.19 nats on four "
-    "densities. The CPU-time rows of this run were the main thread's (time.thread_time) with two intra-op threads, "
-    "which leaves out the OpenMP worker's share; the experiment now reads the process's CPU time."
+    "training (the 'long' setting, 3000 steps, one thread, seeds 0-2; the flows guide): the unregularised NFE per "
+    "step grows from 20-44 to 68-144 while λ = 0.05 levels at 48-59 (seed 0), for mean cumulative NFE ratios "
+    "1.21-3.11 and time ratios 1.12-2.67 at mean gaps within 0.05 nats (2x on rings only, two moons 1.9x); λ = 0.2 "
+    "gives 1.40-4.06x NFE but costs 0.10-0.20 nats on four densities. The CPU-time rows of this run were the main "
+    "thread's (time.thread_time) with two intra-op threads, which leaves out the OpenMP worker's share; the "
+    "experiment now reads the process's CPU time."
 )
 FOOTNOTES |= {
     ("flows_2d", f"{d}: time ratio (unreg / reg){vs}"): _FLOW_TIME for d in DENSITIES_2D for vs in FLOW_VARIANTS
