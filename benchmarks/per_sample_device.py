@@ -22,7 +22,7 @@ from cde_nets.functional import odeint
 from cde_nets.solvers.per_sample import odeint_per_sample
 
 from .common import interleaved_medians, write
-from .per_sample import _MLP, _Oscillator, _torchode, to
+from .per_sample import _MLP, _calls, _Oscillator, _timed, _torchode, to
 
 TOL = {"vdp": dict(rtol=1e-5, atol=1e-7), "neural": dict(rtol=1e-6, atol=1e-6)}
 
@@ -60,26 +60,13 @@ def _case(case: str, batch: int, device: torch.device, repeat: int, warmup: int)
     if tode is not None:
         solves["torchode"] = tode[1]
     with torch.no_grad():
-        field.calls = 0
         _, info = odeint_per_sample(field, y0, t, rows=rows, return_info=True, **tol)
-        calls = {"per_sample": info.nfe, "torchode": None if tode is None else tode[2]}
-        n = [0]
-        hook = field.register_forward_hook(lambda *a: n.__setitem__(0, n[0] + 1))
-        odeint(field, y0, t, **tol)
-        hook.remove()
-        calls["shared"] = n[0]
+        shared = _calls(field, lambda f: odeint(f, y0, t, **tol))
+    calls = {"per_sample": info.nfe, "torchode": None if tode is None else tode[2], "shared": shared}
 
     def timed(solve, forward: bool):
-        def run():
-            if forward:
-                with torch.no_grad():
-                    solve(y0)
-            else:
-                y = y0.clone().requires_grad_()
-                solve(y)[-1].square().sum().backward()
-            sync()
-
-        return run
+        run = _timed(solve, y0, field, forward)
+        return lambda: (run(), sync())
 
     out = []
     for mode in ("forward", "forward+backward"):
