@@ -146,13 +146,15 @@ def _solve(
     atol: Any,
     method: str | None,
     options: dict | None,
-    gradient: str,
+    gradient: str | GradientMethod,
     adjoint_params: Sequence[torch.Tensor] | None,
     adjoint: dict | None,
 ) -> State:
     """The solution at ``t`` of the normalised problem, in the user's shapes, with the times' gradients."""
     if not callable(func):
         raise TypeError(f"`func` must be callable as func(t, y), got {type(func).__name__}.")
+    method_object = gradient if isinstance(gradient, GradientMethod) else None
+    gradient = gradient.name if isinstance(gradient, GradientMethod) else gradient
     if gradient not in _GRADIENTS:
         raise ValueError(f"`gradient` must be one of {_GRADIENTS}, got {gradient!r}.")
     method = _check_method(method)
@@ -185,7 +187,7 @@ def _solve(
                 atol=atol,
                 method=method,
                 options=opts,
-                gradient=as_gradient(gradient),
+                gradient=method_object or as_gradient(gradient),
                 params=params,
                 adjoint=adj,
             )
@@ -276,7 +278,6 @@ def odeint(
                 adjoint_method=gradient.method,
                 adjoint_params=adjoint_params,
             )
-        gradient = gradient.name
     if gradient == "adjoint":
         kw = dict(rtol=rtol, atol=atol, method=method, options=options, event_fn=event_fn)
         return odeint_adjoint(func, y0, t, adjoint_params=adjoint_params, **kw)

@@ -204,7 +204,7 @@ class Counted(nn.Module):
     def callback_step(self, t0, y0, dt):
         self._check_step(t0, y0, dt, backward=False)
         if self.recorder is not None:
-            self.recorder.step()
+            self.recorder.step(t0, y0, dt)
 
     def callback_step_adjoint(self, t0, y0, dt):
         self._check_step(t0, y0, dt, backward=True)
@@ -218,6 +218,8 @@ class CountedAdaptive(Counted):
 
     def callback_reject_step(self, t0, y0, dt):
         self.stats.rejected_forward += 1
+        if self.recorder is not None:
+            self.recorder.reject(t0, y0, dt)
 
     def callback_accept_step_adjoint(self, t0, y0, dt):
         self.stats.steps_backward += 1

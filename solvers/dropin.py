@@ -25,6 +25,7 @@ from .implicit_grid import ImplicitGrid
 from .implicit_tableaux import IMPLICIT_TABLEAUX
 from .piecewise_adjoint import piecewise_adjoint
 from .replay import replay_gradient
+from .step_sizes import warn_held_fixed
 from .tableaux import TABLEAUX
 from .torchdiffeq_methods import torchdiffeq_method
 
@@ -47,7 +48,7 @@ ADAPTIVE = ("dopri8", "dopri5", "tsit5", "bosh3", "fehlberg2", "adaptive_heun")
 FIXED = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams")
 IMPLICIT = tuple(IMPLICIT_TABLEAUX)  # implicit Runge-Kutta on a fixed grid (solvers.implicit_grid)
 _FAST_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb"}
-_FAST_OPTIONS |= {"grid_constructor"}
+_FAST_OPTIONS |= {"grid_constructor", "norm", "step_t"}
 CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
 _ADJOINT_CALLBACKS = tuple(f"{c}_adjoint" for c in CALLBACKS)
 
@@ -114,7 +115,7 @@ class Problem(nn.Module):
             if self.kind == "fixed":
                 self.recorder.accept(t0, y0, dt)
             else:
-                self.recorder.step()
+                self.recorder.step(t0, y0, dt)
         self._user("callback_step", t0, y0, dt)
 
     def _accept(self, t0, y0, dt) -> None:
@@ -123,6 +124,8 @@ class Problem(nn.Module):
         self._user("callback_accept_step", t0, y0, dt)
 
     def _reject(self, t0, y0, dt) -> None:
+        if self.recorder is not None:
+            self.recorder.reject(t0, y0, dt)
         self._user("callback_reject_step", t0, y0, dt)
 
     def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -205,13 +208,21 @@ def solve_flat(
         fast_options.pop("interp", None)
     fast = (
         set(fast_options) <= _FAST_OPTIONS
-        and isinstance(rtol, float | int)
-        and isinstance(atol, float | int)
+        and isinstance(rtol, float | int | torch.Tensor)
+        and isinstance(atol, float | int | torch.Tensor)
         and fast_applies(method, gradient.forward_graph, y0, t, params, fast_options)
     )
     if fast:
         return odeint_fast(
-            func, y0, t, method=method, rtol=rtol, atol=atol, options=fast_options, graph=gradient.forward_graph
+            func,
+            y0,
+            t,
+            method=method,
+            rtol=rtol,
+            atol=atol,
+            options=fast_options,
+            graph=gradient.forward_graph,
+            steps=getattr(gradient, "steps", "differentiated"),
         )
     if isinstance(gradient, Adjoint):
         adj_options = adjoint["options"]
@@ -265,8 +276,21 @@ def solve_flat(
             atol=atol,
             options=options,
             stats=_NoStats(),
+            steps=gradient.steps,
         )
+    if method in ADAPTIVE and getattr(gradient, "steps", "") == "differentiated" and torch.is_grad_enabled():
+        warn_held_fixed(method, _why_torchdiffeq(fast_options, y0))
     return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=torchdiffeq_method(method), options=options)
+
+
+def _why_torchdiffeq(options: dict, y0: torch.Tensor) -> str:
+    """Why a solve went to torchdiffeq's own solver, for the message."""
+    extra = sorted(set(options) - _FAST_OPTIONS)
+    if extra:
+        return f"options {extra}"
+    if y0.dtype not in (torch.float32, torch.float64):
+        return f"a {y0.dtype} state"
+    return "a method of torchdiffeq's"
 
 
 class _NoStats:

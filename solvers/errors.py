@@ -17,6 +17,7 @@ class Reason(enum.Enum):
     MAX_STEPS = "max_steps reached"
     NONFINITE = "non-finite state"
     NONFINITE_GRADIENT = "non-finite gradient"
+    BACKWARD_UNSTABLE = "backward solve diverged"
     NEWTON_DIVERGED = "newton_diverged"
     NEWTON_MAX_ITERS = "newton_max_iters"
     OTHER = "other"

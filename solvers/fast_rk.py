@@ -26,12 +26,14 @@ Step-size control is the standard one of Hairer, Nørsett & Wanner ("Solving Ord
 step ``h · min(ifactor, max(safety · ratio^(−1/p), dfactor))`` (``dfactor`` only after a rejection), as torchdiffeq
 implements it, including its ``jump_t`` handling (a step is clipped at a jump and the field re-read on its far
 side), its evaluation times (a stage with ``c = 1`` just before ``t_1``; the first stage of a fixed step just
-after ``t_0``) and, under ``backprop``, the dependence of the first step size on ``y_0``.
+after ``t_0``), its ``step_t`` (a step clipped there, the field not re-read) and ``norm`` options, and per-element
+tolerances. Under ``backprop`` every step size carries its dependence on the state, through the error ratio and
+the controller (:mod:`solvers.step_sizes`; ``steps="torchdiffeq"``: the first step size's only, as torchdiffeq).
 
 So the accepted and rejected steps and the number of field evaluations are torchdiffeq's; ``dopri5``'s numbers
 are its bits, the fixed-step methods other than ``euler`` and ``midpoint`` (which torchdiffeq writes as formulas,
 not tableaux) agree to rounding. :func:`fast_applies` says when this path is taken; the adapter falls back to
-torchdiffeq for the rest (adjoint gradients, ``step_t``, decreasing times, other methods).
+torchdiffeq for the rest (adjoint gradients, decreasing times, other methods).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import numpy as np
 import torch
 
 from .rk_stages import Buffered, Graph, Rows, sum_order
+from .step_sizes import attach, check_steps, controller_factor
 from .tableaux import TABLEAUX, MethodTableau, dense_at
 from .times import HOST_TIME
 
@@ -67,6 +70,8 @@ _OPTIONS = {
     "jump_t",
     "perturb",
     "grid_constructor",
+    "norm",
+    "step_t",
 }
 _NONE, _NEXT, _PREV = 0, 1, -1
 
@@ -229,6 +234,11 @@ def _dense_weights(tab: MethodTableau) -> list[list[float]]:
     ]
 
 
+def _times_from(values: Any, t0: float) -> list[float]:
+    """torchdiffeq's ``_sort_tvals``: the times of an option from ``t0`` on, increasing."""
+    return sorted(v for v in ([] if values is None else torch.as_tensor(values).reshape(-1).tolist()) if v >= t0)
+
+
 def _f(x: Scalar) -> float:
     return float(x.detach()) if isinstance(x, torch.Tensor) else x
 
@@ -247,25 +257,31 @@ def odeint_fast(
     atol: float,
     options: Mapping,
     graph: bool = True,
+    steps: str = "differentiated",
 ) -> torch.Tensor:
     """``torchdiffeq.odeint(func, y0, t, rtol=, atol=, method=, options=)`` for the calls :func:`fast_applies`
     accepts: the same steps, evaluations and callbacks (``callback_step``, ``callback_accept_step``,
     ``callback_reject_step`` of ``func``), results equal to rounding. Without ``graph``, runs under no-grad.
-    Returns ``(len(t), *y0.shape)``."""
+    ``steps`` (:mod:`solvers.step_sizes`): what the graph of an adaptive solve differentiates, the step sizes as
+    functions of the state (``"differentiated"``), as constants (``"fixed"``), or the first only, as torchdiffeq
+    (``"torchdiffeq"``). Returns ``(len(t), *y0.shape)``."""
     tab = TABLEAUX[method]
     with nullcontext() if graph else torch.no_grad():
         if tab.adaptive:
-            return _Adaptive(func, y0, t, tab, rtol, atol, dict(options)).run()
+            return _Adaptive(func, y0, t, tab, rtol, atol, dict(options), check_steps(steps)).run()
         return _fixed(func, y0, t, tab, method, dict(options))
 
 
 def _engine(
-    func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float
+    func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: Any, atol: Any, norm: Any = None
 ) -> Buffered | Graph:
-    # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers
+    # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers; a norm of
+    # the user's or per-element tolerances take the general engine
     fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
-    if fresh:
-        return Graph(y0, tab, last, rtol, atol)
+    if fresh or norm is not None or isinstance(rtol, torch.Tensor) or isinstance(atol, torch.Tensor):
+        eng = Graph(y0, tab, last, rtol, atol)
+        eng.norm = norm
+        return eng
     # stage rows pay from a few hundred elements on (below, the fewer kernels of torchdiffeq's layout win)
     big = y0.device.type == "cpu" and tab.stages <= 7 and y0.numel() >= 256
     order = sum_order(y0.dtype, y0.numel()) if big else None
@@ -323,12 +339,22 @@ class _Adaptive:
     from (its stages stay in the engine until the next step starts)."""
 
     def __init__(
-        self, func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, rtol: float, atol: float, options: dict
+        self,
+        func,
+        y0: torch.Tensor,
+        t: torch.Tensor,
+        tab: MethodTableau,
+        rtol: float,
+        atol: float,
+        options: dict,
+        steps: str = "differentiated",
     ):
         if not tab.fsal:
             raise ValueError(f"the fast path implements FSAL adaptive methods only, not {tab.name!r}")
         self.func, self.y0, self.t, self.tab = func, y0, t, tab
-        self.rtol, self.atol = float(rtol), float(atol)
+        # per-element tolerances stay tensors (torchdiffeq's `rtol`/`atol` may be either)
+        self.rtol = rtol if isinstance(rtol, torch.Tensor) else float(rtol)
+        self.atol = atol if isinstance(atol, torch.Tensor) else float(atol)
         self.clock = _Clock(y0)
         self.min_step = float(options.get("min_step", 0.0))
         self.max_step = float(options.get("max_step", math.inf))
@@ -336,10 +362,15 @@ class _Adaptive:
         self.ifactor = float(options.get("ifactor", 10.0))
         self.dfactor = float(options.get("dfactor", 0.2))
         self.first_step = options.get("first_step")
-        jumps = options.get("jump_t")
+        # under a graph: every next step size as a function of the state (solvers.step_sizes)
+        self.steps = steps
+        self.differentiated = steps == "differentiated" and torch.is_grad_enabled()
         t0 = float(t[0])
-        self.jumps = sorted(v for v in ([] if jumps is None else torch.as_tensor(jumps).tolist()) if v >= t0)
+        self.jumps = _times_from(options.get("jump_t"), t0)
         self.jump_index = min(bisect.bisect(self.jumps, t0), len(self.jumps) - 1)
+        self.step_t = _times_from(options.get("step_t"), t0)  # times a step lands on (no re-read of the field)
+        self.step_index = min(bisect.bisect(self.step_t, t0), len(self.step_t) - 1)
+        self.norm = options.get("norm")  # torchdiffeq's `norm` option: the error norm, if not the RMS
         self._fitted: tuple | None = None
         self._coeffs: list[torch.Tensor] = []
         self.on_step = _callback(func, "callback_step")
@@ -360,6 +391,25 @@ class _Adaptive:
         dfactor = 1.0 if ratio < 1 else self.dfactor
         return dt * min(self.ifactor, max(self.safety / ratio ** (1.0 / self.tab.order), dfactor))
 
+    def _next_graph(
+        self, eng: Buffered | Graph, y: torch.Tensor, Y: torch.Tensor, dt: Scalar, dtf: float, ratio: float
+    ) -> Scalar:
+        """The next step size (:meth:`_next_step`, clamped), carrying its derivative in the state through the step
+        just attempted and its error ratio: the value is the float's, bit for bit."""
+        pre = self._next_step(dtf, ratio)
+        value = self._clamp(pre)
+        if value != pre or not math.isfinite(value) or not isinstance(eng, Graph):
+            return value
+        factor = controller_factor(
+            ratio,
+            lambda: eng.ratio_graph(y, Y),
+            safety=self.safety,
+            ifactor=self.ifactor,
+            low=1.0 if ratio < 1 else self.dfactor,
+            order=self.tab.order,
+        )
+        return attach(value, dt * factor)
+
     @staticmethod
     def _rms(x: torch.Tensor) -> torch.Tensor:
         return x.abs().pow(2).mean().sqrt()
@@ -369,18 +419,19 @@ class _Adaptive:
         (under ``backprop`` torchdiffeq differentiates through it)."""
         y0, dtype = self.y0, self.y0.dtype
         scale = self.atol + torch.abs(y0) * self.rtol
-        d0, d1 = self._rms(y0 / scale).abs(), self._rms(f0 / scale).abs()
+        norm = self.norm or self._rms
+        d0, d1 = norm(y0 / scale).abs(), norm(f0 / scale).abs()
         h0 = torch.tensor(1e-6, dtype=dtype, device=y0.device) if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
         h0 = h0.abs()
         y1 = y0 + h0 * f0  # before the time, as torchdiffeq: h0's gradient sums its parts in its order
         f1 = self.func(self.clock.at(t0 + h0), y1)
-        d2 = torch.abs(self._rms((f1 - f0) / scale) / h0)
+        d2 = torch.abs(norm((f1 - f0) / scale) / h0)
         if d1 <= 1e-15 and d2 <= 1e-15:
             h1 = torch.max(torch.tensor(1e-6, dtype=dtype, device=y0.device), h0 * 1e-3)
         else:
             h1 = (0.01 / (d2 if d2 > d1 else d1)) ** (1.0 / float(self.tab.order))
         h = torch.min(100 * h0, h1.abs()).to(torch.float64)
-        return h if h.requires_grad else float(h)
+        return h if h.requires_grad and self.steps != "fixed" else float(h)
 
     def _interpolate(self, eng: Buffered | Graph, last: tuple, tj: float) -> torch.Tensor:
         """The dense output of step ``last`` at ``tj``, ``x = (tj − t_0)/(t_1 − t_0)`` in float64 then the state's
@@ -427,7 +478,7 @@ class _Adaptive:
         f0 = func(clock.at(t_first), y0)
         dt: Scalar = self._initial_step(t_first, f0) if self.first_step is None else float(self.first_step)
         assert tab.error is not None
-        eng = _engine(func, y0, tab, tab.error, self.rtol, self.atol)
+        eng = _engine(func, y0, tab, tab.error, self.rtol, self.atol, self.norm)
         eng.set(0, f0)
         t0: Scalar = t_all[0]
         t0f = t_all[0]  # t0 on the host (t0 itself is a tensor while it carries a graph)
@@ -451,18 +502,26 @@ class _Adaptive:
                     raise AssertionError(f"underflow in dt {dtf}")
                 t1: Scalar = t0 + dt
                 t1f = t0f + dtf
-                on_jump = False
+                on_step = on_jump = False
+                if self.step_t:
+                    st = self.step_t[self.step_index]
+                    if t0f < st < t1f:
+                        on_step, t1, dt, t1f, dtf = True, st, st - t0, st, st - t0f
                 if self.jumps:
                     jt = self.jumps[self.jump_index]
                     if t0f < jt < t1f:
-                        on_jump, t1, dt, t1f, dtf = True, jt, jt - t0, jt, jt - t0f
+                        on_step, on_jump, t1, dt, t1f, dtf = False, True, jt, jt - t0, jt, jt - t0f
                 hy = eng.weights(dt)
                 Y = eng.run_stages(func, clock.adaptive_times(t0, hy, t1, c), fsal=True)
                 ratio, finite = eng.ratio(Y)
+                # the next step from this one's stages, before an accepted step moves the engine on
+                nxt = self._next_graph(eng, y, Y, dt, dtf, ratio) if self.differentiated else None
                 if (ratio <= 1 and not dtf > self.max_step) or dtf <= self.min_step:
                     self.on_accept(t0, y, dt)
                     check_state = not finite
                     last = (t0, t1, dt, y, Y)
+                    if on_step and self.step_index != len(self.step_t) - 1:
+                        self.step_index += 1
                     if on_jump:
                         if self.jump_index != len(self.jumps) - 1:
                             self.jump_index += 1
@@ -472,7 +531,7 @@ class _Adaptive:
                     t0, t0f, y = t1, t1f, eng.accept(Y)
                 else:
                     self.on_reject(t0, y, dt)
-                dt = self._clamp(self._next_step(dtf, ratio))
+                dt = self._clamp(self._next_step(dtf, ratio)) if nxt is None else nxt
             assert last is not None
             out.append(self._interpolate(eng, last, tj))
         return torch.stack(out)

@@ -31,8 +31,9 @@ Without a graph (no gradient, or a replaying gradient's forward) both are buffer
 a field that keeps them past its call must copy them.
 Gradients (:mod:`solvers.per_sample_grads`, :mod:`solvers.per_sample_adjoint`): ``backprop`` through the rounds,
 ``checkpoint`` and ``symplectic`` replaying each round from its stored inputs (the same per-sample steps: the
-gradient of the steps taken, as backprop's), and the continuous ``adjoint`` with a per-sample backward solve. The
-step sizes are constants of the backward pass (the controller works on detached ratios).
+gradient of the steps taken, as backprop's), and the continuous ``adjoint`` with a per-sample backward solve.
+Every row's step sizes are functions of its state through its error ratio and the PI controller, differentiated
+as such (:mod:`solvers.step_sizes`, :mod:`solvers.per_sample_steps`; ``steps="fixed"`` holds them constant).
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ def odeint_per_sample(
     rt, at = _tolerance("rtol", rtol, B, y0), _tolerance("atol", atol, B, y0)
     y = y0.reshape(B, -1)
     graph = torch.is_grad_enabled()
+    stepper.differentiated = graph and name != "adjoint" and _steps(gradient) == "differentiated"
     if name in ("checkpoint", "symplectic", "adjoint") and graph:
         params = _params(func, params, name)
         info.backward = PerSampleInfo.zeros(B, y0.device)
@@ -316,6 +318,18 @@ def _gradient_name(gradient: Any, method: str) -> str:
                 "(it is the method's quadrature, not a state): drop Adjoint(seminorm=False)."
             )
     return name
+
+
+def _steps(gradient: Any) -> str:
+    """What the gradient differentiates of the step sizes (:mod:`solvers.step_sizes`): per-sample control has its
+    own controller, so torchdiffeq's setting has no counterpart here."""
+    steps = getattr(gradient, "steps", "differentiated")
+    if steps == "torchdiffeq":
+        raise ValueError(
+            "steps='torchdiffeq' reproduces torchdiffeq's backprop through its shared step; controller='per_sample' "
+            "has its own controller: use steps='differentiated' (the default) or 'fixed'."
+        )
+    return steps
 
 
 def _params(func: Any, params: Sequence[torch.Tensor] | None, name: str) -> list[torch.Tensor]:

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .errors import BACKWARD_UNSTABLE, SolverError
+from .errors import BACKWARD_UNSTABLE, Reason, SolverError
 from .gradients import Adjoint
 from .per_sample_grads import advance_for, integrate_rows
 from .per_sample_loop import PerSampleInfo, Round, Rows, Stepper
@@ -144,6 +144,12 @@ def _backward(cfg: dict, outs: torch.Tensor, gs: torch.Tensor, params, sel: torc
         span = torch.stack((-times[:, j], -times[:, j - 1]), 1)
         z = torch.cat((outs[j, sel], a), 1)
         seg = PerSampleInfo.zeros(len(sel), outs.device)
+        watch = _Divergence(outs[j, sel], outs[j - 1, sel], sel, times[:, j], times[:, j - 1], atol / rtol)
+
+        def hook(rd: Round, rows: Rows, watch: _Divergence = watch) -> None:
+            aug.quadrature(stepper, rd, rows)
+            watch.round(rd.y[:, :N], rows.ids, aug.nfe)
+
         try:
             end = integrate_rows(
                 stepper,
@@ -155,12 +161,56 @@ def _backward(cfg: dict, outs: torch.Tensor, gs: torch.Tensor, params, sel: torc
                 max_steps=cfg["max_steps"],
                 first_step=None,
                 advance=advance_for("none", stepper),
-                hook=lambda rd, rows: aug.quadrature(stepper, rd, rows),
+                hook=hook,
             )
         except SolverError as exc:
             raise SolverError(f"{exc} {BACKWARD_UNSTABLE}", nfe=aug.nfe, reason=exc.reason) from exc
         total.steps[sel] += seg.steps
         total.rejected[sel] += seg.rejected
         total.rounds += seg.rounds
-        a = end.view(2, len(sel), 2 * N)[1, :, N:] + gs[j - 1, sel]
+        ends = end.view(2, len(sel), 2 * N)[1]
+        watch.landed(ends[:, :N], aug.nfe)
+        a = ends[:, N:] + gs[j - 1, sel]
     return a, aug.grads
+
+
+class _Divergence:
+    """Whether the backward solve still follows the forward trajectory it re-integrates: the time-reversed solve
+    of a field that attracts forwards diverges (its error grows as fast as the attraction), and the adjoint
+    read along it is then no gradient, finite or not. Two checks per output interval of the rows ``sel``: no
+    state of the backward solve exceeds its interval's forward states in magnitude by more than ``GROWTH``
+    (checked every round, so that a divergence stops within a round of it), and the state it lands on at the
+    interval's start equals the forward's there to within ``LANDING`` of its size (an RMS over the components of
+    ``|Δ| / (|y| + atol/rtol)``: relative, with the tolerances' own floor; a solve that follows the forward one
+    misses it by its global error, orders of magnitude less)."""
+
+    GROWTH = 1e6
+    LANDING = 0.1
+
+    def __init__(self, y_end, y_start: torch.Tensor, sel: torch.Tensor, t_end, t_start, floor: torch.Tensor):
+        scale = torch.maximum(y_end.abs().amax(1), y_start.abs().amax(1))
+        self.bound = self.GROWTH * torch.clamp(scale, min=1.0)
+        self.y_start, self.sel, self.t_end, self.t_start = y_start, sel, t_end, t_start
+        self.floor = floor  # atol / rtol, (m, 1) or (m, N)
+
+    def round(self, y: torch.Tensor, ids: torch.Tensor, nfe: int) -> None:
+        over = y.abs().amax(1) > self.bound[ids]
+        if bool(over.any()):
+            self._fail(int(ids[over.nonzero()[0, 0]]), f"grew past {self.GROWTH:g} times the forward states", nfe)
+
+    def landed(self, y: torch.Tensor, nfe: int) -> None:
+        gap = ((y - self.y_start) / (self.y_start.abs() + self.floor)).pow(2).mean(1).sqrt()
+        off = gap > self.LANDING
+        if bool(off.any()):
+            row = int(off.nonzero()[0, 0])
+            self._fail(row, f"landed {float(gap[row]):.3g} of the state's size away from the forward solve's", nfe)
+
+    def _fail(self, row: int, what: str, nfe: int) -> None:
+        b = int(self.sel[row])
+        raise SolverError(
+            f"the adjoint's backward solve of sample {b} diverged on [{float(self.t_start[row]):g}, "
+            f"{float(self.t_end[row]):g}]: re-integrated backwards, its state {what}, so the adjoint read along it "
+            f"is no gradient. {BACKWARD_UNSTABLE}",
+            nfe=nfe,
+            reason=Reason.BACKWARD_UNSTABLE,
+        )

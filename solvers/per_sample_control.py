@@ -64,6 +64,10 @@ class Decision(NamedTuple):
     jumped: torch.Tensor | None
     span: tuple[float, float] | None
     ok_n: torch.Tensor | None  # ``ok`` on every component ``(m, N)`` (``None``: broadcast ``ok[:, None]``)
+    # with ``keep``: the factor on the step (after its clip) and where it is a function of the ratio (not clipped
+    # to ``dfactor``/``cap``, nor the step to ``min_step``/``max_step``): what a differentiated step reads
+    factor: torch.Tensor | None = None
+    free: torch.Tensor | None = None
 
 
 class Controller:
@@ -120,11 +124,13 @@ class Controller:
         Y: torch.Tensor,
         jumps: bool,
         span: bool = False,
+        keep: bool = False,
     ) -> Decision:
         """The decisions after an attempted step: ``errT`` the stages times the step, stage-minor (``(m N, s)``),
         ``e`` the error weights, ``y`` the step's start and ``Y`` its attempted end ``(m, N)`` (no graph; the
         error's scale is ``max(|y|, |Y|)``), ``jumps`` whether the field has jumps (``rows.on_jump`` marks the
-        steps that end on one), ``span`` whether to read the span of the next round's times with the counts."""
+        steps that end on one), ``span`` whether to read the span of the next round's times with the counts,
+        ``keep`` whether to keep the factor and where it is free (:attr:`Decision.factor`, :attr:`Decision.free`)."""
         m, N = Y.shape
         ratios, full, floored, norm, norm_n, powers, grow, memory, err, err2 = self._buffers(m, N, Y.dtype)
         sqrt_n, scale, reject, floor = self.constants(N)
@@ -142,7 +148,14 @@ class Controller:
         # both powers in one call: ρ^(−α) and max(ρ, floor)^β, the rows of the padded buffer
         torch.clamp(full, min=floor, out=floored)
         torch.pow(ratios, self.exponents, out=powers)
-        dt = torch.clamp(grow.mul_(weight).mul_(scale), self.dfactor_t, rows.cap).mul_(rows.dt)
+        raw = grow.mul_(weight).mul_(scale)
+        factor = free = None
+        if keep:
+            free = (raw > self.dfactor_t) & (raw < rows.cap)
+            factor = torch.clamp(raw, self.dfactor_t, rows.cap)
+            dt = factor * rows.dt
+        else:
+            dt = torch.clamp(raw, self.dfactor_t, rows.cap).mul_(rows.dt)
         prev = torch.where(ok, memory, rows.prev)
         cap = torch.where(ok, self.ifactor_t, self.one)
         if self.bounded:
@@ -188,7 +201,37 @@ class Controller:
             jumped,
             times,
             ok_n,
+            factor,
+            free,
         )
+
+    def differentiated(
+        self, rows: Any, d: Decision, K: torch.Tensor, e: torch.Tensor, y: torch.Tensor, Y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows' new clocks ``(t_0, h, t_1, memory)`` after the attempt as functions of the attempt (its stages
+        times the step ``K`` ``(s, m, N)``, start ``y``, end ``Y``) and of the clocks before it (``rows``, which
+        may carry their own graphs), on the branches ``d`` took (:mod:`solvers.step_sizes`): ``ρ = ‖err / tol‖``,
+        ``h ← h · clip(scale · ρ^(−α) · w, dfactor, cap)`` where ``d.free``, the memory ``max(ρ, floor)^β`` of an
+        accepted step. Values agree with ``d``'s to rounding (the caller keeps ``d``'s bits)."""
+        assert d.factor is not None and d.free is not None
+        N = Y.shape[1]
+        _, scale, reject, floor = self.constants(N)
+        err = torch.tensordot(e, K, 1)
+        tol = rows.atol + rows.rtol * torch.maximum(y.abs(), Y.abs())
+        rho = torch.linalg.vector_norm(err / tol, dim=1, dtype=torch.float64)
+        rho = torch.where(rho > 0, rho, self.one)  # a zero ratio's factor is clipped: keep its gradient finite
+        weight = torch.where(d.ok, rows.prev, reject)
+        factor = torch.where(d.free, rho ** (-self.alpha) * weight * scale, d.factor)
+        step = factor * rows.dt
+        if self.bounded:  # a step clipped to min_step/max_step is that constant
+            pre = d.factor * rows.dt.detach()
+            inside = (pre > self.min_step) & (pre < self.max_step)
+            step = torch.where(inside, step, pre.clamp(self.min_step, self.max_step))
+        t_new = torch.where(d.ok, rows.t1, rows.t0)
+        t1 = torch.minimum(t_new + step, rows.tl)
+        memory = torch.clamp(rho, min=floor) ** BETA
+        prev = torch.where(d.ok, memory, rows.prev)
+        return t_new, t1 - t_new, t1, prev
 
 
 _SCALARS: dict[tuple, torch.Tensor] = {}

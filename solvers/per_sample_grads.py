@@ -29,6 +29,7 @@ import torch
 
 from .errors import Reason, SolverError
 from .per_sample_loop import Round, Rows, Stepper, dense, start
+from .per_sample_steps import controlled_advance, count_replayed
 
 __all__ = ["advance_for", "integrate_rows"]
 
@@ -42,6 +43,9 @@ def advance_for(mode: str, stepper: Stepper, params: Sequence[torch.Tensor] = ()
         return functools.partial(stepper.round, graph=False)
     if mode == "backprop":
         return lambda y, k0, rows: stepper.round(y, k0, rows, graph=True)
+    if stepper.differentiated:  # the clocks travel from round to round through autograd
+        stepper.keep = True
+        return controlled_advance(mode, stepper, params)
     replayed = _CheckpointRound if mode == "checkpoint" else _SymplecticRound
 
     def replay(y: torch.Tensor, k0: torch.Tensor, rows: Rows) -> Round:
@@ -175,21 +179,6 @@ class _ReplayedRound(torch.autograd.Function):
         return (rd.y, rd.k0, *rd.values)
 
 
-def _replayed(ctx) -> None:
-    """Count a replayed round: the replay of the forward's first round ends the backward pass (every output
-    depends on it), and the backward counts are then complete."""
-    info = ctx.stepper.F.info
-    back = info.backward
-    if back is None:
-        return
-    back.rounds += 1
-    if ctx.first:
-        back.steps.copy_(info.steps)
-        back.rejected.copy_(info.rejected)
-        if info.on_backward is not None:
-            info.on_backward(back)
-
-
 class _CheckpointRound(_ReplayedRound):
     """The round's stages recomputed with a graph, its outputs rebuilt with the forward's decisions."""
 
@@ -212,7 +201,7 @@ class _CheckpointRound(_ReplayedRound):
             grads = torch.autograd.grad(
                 [o for o, _ in pairs], [yv, kv, *params], [g for _, g in pairs], allow_unused=True
             )
-        _replayed(ctx)
+        count_replayed(ctx)
         return (None, None, None, *grads)
 
 
@@ -268,7 +257,7 @@ class _SymplecticRound(_ReplayedRound):
                 if a != 0.0:
                     kappa[j] = _add(kappa[j], (a * h) * mu)
         lam_k = _add(lam_k, kappa[0])
-        _replayed(ctx)
+        count_replayed(ctx)
         return (None, None, None, lam_y, lam_k, *grads)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .fast_rk import _dense_weights
-from .per_sample_control import Controller, in_dtype
+from .per_sample_control import Controller, Decision, in_dtype
 from .tableaux import MethodTableau
 
 __all__ = ["TIME_SPAN", "PerSampleInfo", "Round", "Rows", "Stepper", "dense", "root"]
@@ -38,7 +38,8 @@ def root(x: torch.Tensor, p: int) -> torch.Tensor:
     a vectorised ``pow`` and the scalar one of a short tail differ in the last bit (which would make a sample's
     steps depend on its place in the batch)."""
     m = x.shape[0]
-    return torch.nn.functional.pad(x, (0, -m % _LANES)).pow_(1.0 / p)[:m]
+    padded = torch.nn.functional.pad(x, (0, -m % _LANES))
+    return (padded.pow(1.0 / p) if x.requires_grad else padded.pow_(1.0 / p))[:m]
 
 
 @dataclass
@@ -89,10 +90,15 @@ class Rows:
     span: tuple[float, float] | None = None
 
     def select(self, keep: torch.Tensor) -> Rows:
-        """Rows ``keep``; the float64 clocks are gathered together (one gather for seven)."""
-        t0, dt, t1, tl, t_next, prev, cap = torch.stack(
-            (self.t0, self.dt, self.t1, self.tl, self.t_next, self.prev, self.cap)
-        ).index_select(1, keep)
+        """Rows ``keep``; the float64 clocks are gathered together (one gather for seven; where the moving clocks
+        carry graphs, apart from the constant ones, which must not join those graphs)."""
+        if self.t0.requires_grad or self.dt.requires_grad or self.prev.requires_grad:
+            t0, dt, t1, prev = (v.index_select(0, keep) for v in (self.t0, self.dt, self.t1, self.prev))
+            tl, t_next, cap = torch.stack((self.tl, self.t_next, self.cap)).index_select(1, keep)
+        else:
+            t0, dt, t1, tl, t_next, prev, cap = torch.stack(
+                (self.t0, self.dt, self.t1, self.tl, self.t_next, self.prev, self.cap)
+            ).index_select(1, keep)
         other = (self.ids, self.on_jump, self.tt, self.cursor, self.rtol, self.atol)
         ids, on_jump, tt, cursor, rtol, atol = (v.index_select(0, keep) for v in other)
         return Rows(ids, t0, dt, t1, on_jump, tl, tt, cursor, t_next, rtol, atol, prev, cap, self.span)
@@ -115,10 +121,12 @@ class Round:
     positions: list[torch.Tensor]
     out_rows: list[torch.Tensor]
     out_w: list[torch.Tensor]
+    out_t: list[torch.Tensor]  # the output times of those rows
     rows: Rows  # the clocks after the round
     jumped: torch.Tensor | None  # rows whose accepted step ended on a jump: k_1 re-read on its far side
     ok: torch.Tensor
     ratio: torch.Tensor  # √N times the error ratio (valid until the next round)
+    decision: Decision  # the controller's (a replay rebuilds the round's graph on its branches)
     alive: torch.Tensor
     bad: torch.Tensor | None  # running rows whose step failed, when there are any
     n_alive: int
@@ -199,6 +207,9 @@ class Stepper:
         self.spans = False  # True: every time tensor the field sees carries its span (TIME_SPAN)
         self.c_head = self.c[: self.tail]  # the nodes before those at c = 1
         self.times_buffer: tuple | None = None  # (rows, buffer, its last row, the stage times: views of it)
+        # a round with a graph carries the clocks' dependence on the state (solvers.step_sizes)
+        self.differentiated = False
+        self.keep = False  # keep the controller's factor in each round's decision (a replay rebuilds its graph)
 
     def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
         """The next step of every row: ``t1 = min(t0 + dt, t_end)`` (given ``t1``, as the controller clips it),
@@ -224,7 +235,11 @@ class Stepper:
         if self.dtype != torch.float64:
             ts, end = ts.to(self.dtype), end.to(self.dtype)
         out = list(ts.unbind(0))
-        out[self.tail :] = [torch.nextafter(end, self.neg_inf)] * (self.s - self.tail)
+        if end.requires_grad:  # the neighbour below, with the end's derivative (nextafter has none)
+            below = end + (torch.nextafter(end.detach(), self.neg_inf) - end.detach())
+        else:
+            below = torch.nextafter(end, self.neg_inf)
+        out[self.tail :] = [below] * (self.s - self.tail)
         if span is not None:
             for t in out[: self.tail + 1]:
                 setattr(t, TIME_SPAN, span)
@@ -301,18 +316,23 @@ class Stepper:
             k0 = self.F(ts[0], y, rows.ids)
         K, flat, Y, k_last = self.stages(y, k0, rows, graph, ts=ts)
         jumps = self.jumps is not None
+        keep = self.differentiated or self.keep
         if graph:
             with torch.no_grad():
-                d = self.control.decide(rows, flat.detach().t(), self.e, y.detach(), Y.detach(), jumps, self.spans)
+                d = self.control.decide(
+                    rows, flat.detach().t(), self.e, y.detach(), Y.detach(), jumps, self.spans, keep
+                )
+            if self.differentiated:
+                d = _attached(d, self.control.differentiated(rows, d, K, self.e, y, Y))
         else:  # run under no-grad already (the stages went to buffers)
             assert self.work is not None
-            d = self.control.decide(rows, self.work.KT[self.s], self.e, y, Y, jumps, self.spans)
+            d = self.control.decide(rows, self.work.KT[self.s], self.e, y, Y, jumps, self.spans, keep)
         outs = _Outputs() if d.n_due else _NONE
         cursor, t_next, due, n_due = rows.cursor, rows.t_next, d.due, d.n_due
         t0, t1 = rows.t0, rows.t1
         while due is not None and n_due and not d.n_bad:  # outputs within the accepted steps: dense output
             r = due.nonzero()[:, 0]
-            outs.add(self, y, K, r, ((t_next - t0) / (t1 - t0))[r], (cursor * self.B + rows.ids)[r])
+            outs.add(self, y, K, r, t_next[r], t0[r], t1[r], (cursor * self.B + rows.ids)[r])
             cursor = cursor + due
             t_next = rows.tt.gather(1, cursor[:, None])[:, 0]
             due = due & (t_next <= t1)
@@ -336,10 +356,12 @@ class Stepper:
             outs.positions,
             outs.rows,
             outs.weights,
+            outs.times,
             new,
             jr,
             d.ok,
             d.norm,
+            d,
             d.alive,
             bad,
             d.n_alive,
@@ -349,10 +371,24 @@ class Stepper:
     def after_jump(self, t1: torch.Tensor, y: torch.Tensor, ids: torch.Tensor, span: tuple | None) -> torch.Tensor:
         """``F`` just after the jump ``t1`` (as torchdiffeq re-reads it, ``nextafter(t1, +inf)``); ``span``
         that of the round ending on it."""
-        t = torch.nextafter(t1.to(self.dtype), -self.neg_inf)
+        return self.F(self.after_time(t1, span), y, ids)
+
+    def after_time(self, t1: torch.Tensor, span: tuple | None) -> torch.Tensor:
+        """The time just after the jump ``t1`` in the state's dtype, with ``t1``'s derivative where it has one."""
+        t = t1.to(self.dtype)
+        if t.requires_grad:
+            t = t + (torch.nextafter(t.detach(), -self.neg_inf) - t.detach())
+        else:
+            t = torch.nextafter(t, -self.neg_inf)
         if span is not None:
             setattr(t, TIME_SPAN, (span[0], math.nextafter(span[1], math.inf)))
-        return self.F(t, y, ids)
+        return t
+
+
+def _attached(d: Decision, graphs: tuple[torch.Tensor, ...]) -> Decision:
+    """``d`` with its new clocks carrying the graphs of :meth:`Controller.differentiated` (values ``d``'s own)."""
+    t_new, dt, t1, prev = ((g - g.detach()) + v for v, g in zip((d.t_new, d.dt, d.t1, d.prev), graphs))
+    return d._replace(t_new=t_new, dt=dt, t1=t1, prev=prev)
 
 
 class _Outputs:
@@ -363,21 +399,30 @@ class _Outputs:
         self.positions: list[torch.Tensor] = []
         self.rows: list[torch.Tensor] = []
         self.weights: list[torch.Tensor] = []
+        self.times: list[torch.Tensor] = []
 
-    def add(self, st: Stepper, y, K, r: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
-        with torch.no_grad():
-            x = x.to(st.dtype)[:, None]
-            P0, P1, P2, P3 = st.P_rows
-            w = torch.addcmul(P2, x, P3)
-            w = torch.addcmul(P1, x, w)
-            w = torch.addcmul(P0, x, w).mul_(x)  # (r, s)
+    def add(self, st: Stepper, y, K, r: torch.Tensor, tj, t0, t1, positions: torch.Tensor) -> None:
+        """The outputs at times ``tj`` on rows ``r`` of the step ``[t0, t1]`` (``(r,)`` each)."""
+        w = dense_weights(st, (tj - t0) / (t1 - t0))
         self.values.append(dense(y, K, r, w))
         self.positions.append(positions)
         self.rows.append(r)
         self.weights.append(w)
+        self.times.append(tj)
 
 
 _NONE = _Outputs()  # a round without outputs (never added to)
+
+
+def dense_weights(st: Stepper, x: torch.Tensor) -> torch.Tensor:
+    """The dense output's weights ``β_i(x)`` ``(r, s)`` at the rows' ``x`` ``(r,)``, differentiable in ``x`` when
+    it carries a graph (a differentiated step's times)."""
+    with torch.set_grad_enabled(x.requires_grad):
+        x = x.to(st.dtype)[:, None]
+        P0, P1, P2, P3 = st.P_rows
+        w = torch.addcmul(P2, x, P3)
+        w = torch.addcmul(P1, x, w)
+        return torch.addcmul(P0, x, w) * x
 
 
 def dense(y: torch.Tensor, K: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -386,14 +431,19 @@ def dense(y: torch.Tensor, K: torch.Tensor, r: torch.Tensor, w: torch.Tensor) ->
 
 
 def initial_step(stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """Hairer, Nørsett & Wanner's initial step (§II.4) for each row, in the state's dtype, as float64."""
-    with torch.no_grad():
+    """Hairer, Nørsett & Wanner's initial step (§II.4) for each row, in the state's dtype, as float64; a function
+    of ``y`` and ``f0`` where the steps are differentiated (:mod:`solvers.step_sizes`), else a constant."""
+    graph = stepper.differentiated and torch.is_grad_enabled()
+    if not graph:
+        y, f0 = y.detach(), f0.detach()
+    with torch.set_grad_enabled(graph):
         scale = rows.atol + y.abs() * rows.rtol
         d0, d1 = _rms(y / scale), _rms(f0 / scale)
         h0 = torch.where((d0 < 1e-5) | (d1 < 1e-5), torch.full_like(d0, 1e-6), 0.01 * d0 / d1)
-    f1 = stepper.F((t0 + h0.to(torch.float64)).to(stepper.dtype), (y + h0[:, None] * f0).detach(), rows.ids)
-    with torch.no_grad():
-        d2 = _rms((f1.detach() - f0) / scale) / h0
+        Y1 = y + h0[:, None] * f0
+    f1 = stepper.F((t0 + h0.to(torch.float64)).to(stepper.dtype), Y1 if graph else Y1.detach(), rows.ids)
+    with torch.set_grad_enabled(graph):
+        d2 = _rms(((f1 if graph else f1.detach()) - f0) / scale) / h0
         small = (d1 <= 1e-15) & (d2 <= 1e-15)
         h1 = torch.where(small, torch.clamp(h0 * 1e-3, min=1e-6), root(0.01 / torch.maximum(d1, d2), stepper.order))
         return torch.minimum(100 * h0, h1.abs()).to(torch.float64)
@@ -433,7 +483,7 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
     )
     k0 = stepper.F(t0.to(stepper.dtype), y, ids)
     if first_step is None:
-        dt = initial_step(stepper, t0, y.detach(), k0.detach(), rows)
+        dt = initial_step(stepper, t0, y, k0, rows)
     else:
         dt = torch.full((B,), float(first_step), dtype=torch.float64, device=device)
     rows = stepper.plan(rows, t0, dt.clamp(stepper.min_step, stepper.max_step))

@@ -5,7 +5,9 @@ step ``[t_n, t_{n+1}]`` and its start state ``y_n`` (the checkpoints: ``O(N |y|)
 backward pass walks the steps from the last to the first and carries the adjoint ``λ_{n+1} = ∂ℒ/∂y_{n+1}`` back
 through one step at a time, recomputing the step with the method's own tableau (:mod:`solvers.tableaux`).
 The gradient is that of the discrete map the solver applied (the same as backpropagating through its
-operations), not of the ODE's flow: no backward solve, no integration error of its own.
+operations), not of the ODE's flow: no backward solve, no integration error of its own. Written here with the
+step sizes held fixed (``steps="fixed"``); with them differentiated (the default for adaptive methods) every
+attempted step is replayed by :mod:`solvers.replay_controlled`.
 
 ``"checkpoint"`` (Zhuang et al. 2020, "Adaptive checkpoint adjoint method for gradient estimation in neural ODE",
 ICML; diffrax's ``RecursiveCheckpointAdjoint`` with one checkpoint per step) rebuilds step ``n``'s graph from
@@ -53,6 +55,7 @@ from .errors import Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
+from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt
 from .tableaux import MethodTableau, dense_at
 from .torchdiffeq_methods import torchdiffeq_method
 
@@ -82,25 +85,39 @@ class Steps:
 
 
 class Recorder:
-    """Collects accepted steps from the counting wrapper's callbacks (see ``adapter._Counted``)."""
+    """Collects accepted steps from the counting wrapper's callbacks (see ``counting.Counted``); with
+    ``attempts``, every attempted step too, as :func:`solvers.replay_controlled.attempts` reads them:
+    ``[t0, proposed size, size taken, accepted, y0, ended on a jump]``."""
 
-    def __init__(self, jumps: Sequence[float] = ()) -> None:
+    def __init__(self, jumps: Sequence[float] = (), attempts: bool = False) -> None:
         self.rows: list[list[Any]] = []  # [t0, dt, y0, ended on a jump]
         self.after_accept = False
         self.jumps = list(jumps)
+        self.tries: list[list[Any]] | None = [] if attempts else None
+        self.proposed = math.nan  # the size the current attempt was proposed with (before a clip)
 
     def accept(self, t0, y0, dt) -> None:
         self.rows.append([float(t0), float(dt), y0, False])
         self.after_accept = True
+        if self.tries is not None:
+            self.tries.append([float(t0), self.proposed, float(dt), True, y0, False])
 
-    def step(self) -> None:
+    def reject(self, t0, y0, dt) -> None:
+        if self.tries is not None:
+            self.tries.append([float(t0), self.proposed, float(dt), False, y0, False])
+
+    def step(self, t0=None, y0=None, dt=None) -> None:
         self.after_accept = False
+        if dt is not None:
+            self.proposed = float(dt)
 
     def evaluated(self) -> None:
         # torchdiffeq evaluates between an accepted step and the next step's start only to re-read the field on
         # the far side of a jump the step was clipped to
         if self.after_accept and self.rows:
             self.rows[-1][3] = True
+            if self.tries:
+                self.tries[-1][5] = True
 
     def steps(self, t: torch.Tensor, adaptive: bool) -> Steps:
         rows = self.rows
@@ -210,25 +227,43 @@ def _interpolate(tab: MethodTableau, steps: Steps, n: int, y0, y1, ks, t: float)
     return y0 + s * (y1 - y0)
 
 
+def _times_of(options: dict, name: str) -> list[float]:
+    v = options.get(name)
+    return [] if v is None else [float(j) for j in torch.as_tensor(v).reshape(-1).tolist()]
+
+
+def _solve_recorded(func, y0, t, rec: Recorder, method: str, rtol, atol, options: dict) -> torch.Tensor:
+    """The solve without a graph, ``rec`` listening to its callbacks."""
+    from torchdiffeq import odeint
+
+    func.recorder = rec
+    try:
+        with torch.no_grad():
+            if fast_applies(method, True, y0, t, (), options):  # the same steps, fewer operations
+                return odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=options)
+            return odeint(func, y0, t, rtol=rtol, atol=atol, method=torchdiffeq_method(method), options=options)
+    finally:
+        func.recorder = None
+
+
 def record_steps(
     func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol: float, atol: float, options: dict, adaptive: bool
 ) -> tuple[torch.Tensor, Steps]:
     """torchdiffeq's ``odeint`` without a graph, and its accepted steps. ``func`` is the adapter's counting
     wrapper, whose ``recorder`` receives the callbacks."""
-    from torchdiffeq import odeint
-
-    jumps = options.get("jump_t")
-    rec = Recorder([] if jumps is None else [float(j) for j in jumps.tolist()])
-    func.recorder = rec
-    try:
-        with torch.no_grad():
-            if fast_applies(method, True, y0, t, (), options):  # the same steps, fewer operations
-                ys = odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=options)
-            else:
-                ys = odeint(func, y0, t, rtol=rtol, atol=atol, method=torchdiffeq_method(method), options=options)
-    finally:
-        func.recorder = None
+    rec = Recorder(_times_of(options, "jump_t"))
+    ys = _solve_recorded(func, y0, t, rec, method, rtol, atol, options)
     return ys, rec.steps(t, adaptive)
+
+
+def record_attempts(func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol, atol, options: dict):
+    """As :func:`record_steps`, every attempted step of an adaptive solve
+    (:class:`~solvers.replay_controlled.Attempt`)."""
+    rec = Recorder(_times_of(options, "jump_t"), attempts=True)
+    ys = _solve_recorded(func, y0, t, rec, method, rtol, atol, options)
+    assert rec.tries is not None
+    clips = sorted({*_times_of(options, "jump_t"), *_times_of(options, "step_t")})
+    return ys, attempts(rec.tries, float(t[0]), clips)
 
 
 def replay(func, tab: MethodTableau, steps: Steps, y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -388,17 +423,21 @@ def replay_gradient(
     atol: float,
     options: dict,
     stats: Any,
+    steps: str = "differentiated",
 ) -> torch.Tensor:
     """``odeint(func, y0, t)`` whose backward pass replays its accepted steps, one ``step_back`` per step
     (:func:`checkpoint_step` or :func:`symplectic_step`, see the module; ``gradient`` names it in messages).
     ``params``: the tensors to differentiate; those that are the ``data`` of an entry of ``pieces`` are
-    differentiated piece by piece."""
+    differentiated piece by piece. ``steps`` (:mod:`solvers.step_sizes`): an adaptive method's step sizes held
+    fixed (``"fixed"``), or differentiated (every attempt replayed: :mod:`solvers.replay_controlled`)."""
     if t.requires_grad:
         raise ValueError(f"gradient={gradient!r} does not differentiate the output times `t`; detach them.")
     if len(t) > 1 and float(t[0]) > float(t[-1]):
         # the recorded steps are read as t0 + dt: a solve backwards in time comes negated
         # (gradients.checkpoint.backwards_in_time)
         raise ValueError(f"gradient={gradient!r} replays a forwards solve; negate decreasing times `t` first.")
+    if tableau.adaptive and steps != "fixed":
+        return _controlled(func, y0, t, params, pieces, gradient, tableau, method, rtol, atol, options, stats, steps)
     params, used, slot = piece_slots(params, pieces)
     cfg = dict(
         func=func,
@@ -414,3 +453,38 @@ def replay_gradient(
         slot=slot,
     )
     return _Replay.apply(cfg, y0, t, *params)
+
+
+def _controlled(func, y0, t, params, pieces, gradient, tableau, method, rtol, atol, options, stats, steps):
+    """:func:`replay_gradient` with the step sizes differentiated: every attempt replayed."""
+
+    def record(y0: torch.Tensor, t: torch.Tensor):
+        return record_attempts(func, y0, t, method=method, rtol=rtol, atol=atol, options=options)
+
+    spec = dict(
+        tab=tableau,
+        rtol=rtol if isinstance(rtol, torch.Tensor) else float(rtol),
+        atol=atol if isinstance(atol, torch.Tensor) else float(atol),
+        safety=float(options.get("safety", 0.9)),
+        ifactor=float(options.get("ifactor", 10.0)),
+        dfactor=float(options.get("dfactor", 0.2)),
+        min_step=float(options.get("min_step", 0.0)),
+        max_step=float(options.get("max_step", math.inf)),
+        differentiated=steps == "differentiated",
+        norm=options.get("norm") if callable(options.get("norm")) else None,
+    )
+    step_back = symplectic_attempt if gradient == "symplectic" else checkpoint_attempt
+    first = options.get("first_step")
+    return controlled_replay(
+        func,
+        y0,
+        t,
+        params,
+        pieces,
+        record=record,
+        spec_kw=spec,
+        gradient=gradient,
+        step_back=step_back,
+        first_step=None if first is None else float(first),
+        stats=stats,
+    )

@@ -60,6 +60,7 @@ class Stages:
         self.np = np.float32 if y0.dtype == torch.float32 else np.float64
         self.widths, self.table = _table(tab, tuple(last), self.np)
         self.rtol, self.atol = rtol, atol
+        self.norm: Callable[[torch.Tensor], torch.Tensor] | None = None  # the error norm, if not the RMS
         self.host_h: float = math.nan  # h in the state's dtype, on the host
 
     def round(self, x: float) -> float:
@@ -400,10 +401,23 @@ class Graph(Stages):
             a_new = y_new.abs()
             tol = torch.maximum(self.a_cur, a_new)
             tol.mul_(self.rtol).add_(self.atol)
-            err.div_(tol).mul_(err)
-            norm, top = torch.stack((err.mean().sqrt(), a_new.amax())).tolist()
+            err.div_(tol)
+            ratio = err.mul_(err).mean().sqrt() if self.norm is None else self.norm(err).abs()
+            norm, top = torch.stack((ratio, a_new.amax())).tolist()
         self.a_new = a_new
         return norm, math.isfinite(top)
+
+    def ratio_graph(self, y0: torch.Tensor, y_new: torch.Tensor) -> torch.Tensor:
+        """The error ratio of :meth:`ratio` as a function of the step's stages, its start, end and size (the value
+        agrees with :meth:`ratio`'s to rounding): what the step-size controller reads, differentiated
+        (:mod:`solvers.step_sizes`)."""
+        m = self.widths[self.s - 1]
+        e = self.w[self.s - 1] if self.hy is None else self.rows[self.s - 1] * self.hy
+        err = torch.sum(torch.stack(self.ks[:m], -1) * e, -1)
+        tol = torch.maximum(y0.abs(), y_new.abs()) * self.rtol + self.atol
+        if self.norm is not None:
+            return self.norm(err / tol).abs()
+        return (err / tol).pow(2).mean().sqrt()
 
     def accept(self, y_new: torch.Tensor) -> torch.Tensor:
         self.cur, self.a_cur = y_new, self.a_new

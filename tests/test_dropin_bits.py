@@ -1,7 +1,9 @@
 """``cde_nets.odeint`` computes torchdiffeq's numbers bit for bit on its fast path (dopri5): the forward values
-(with rejected steps and many output times), the backprop gradients (parameters, ``y0``, a field that reads ``t``,
-the first step size's dependence on ``y0``), in float32 and float64, and so a float32 training run's losses, which
-RMSprop would drive apart from a one-ulp difference."""
+(with rejected steps and many output times), and with ``gradient=Backprop(steps="torchdiffeq")`` the backprop
+gradients (parameters, ``y0``, a field that reads ``t``, the first step size's dependence on ``y0``, every later
+step size held fixed, as torchdiffeq's controller runs under no-grad), in float32 and float64, and so a float32
+training run's losses, which RMSprop would drive apart from a one-ulp difference. (The default,
+``steps="differentiated"``, differentiates every step size: tests/test_step_sizes.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +14,15 @@ from torch import nn
 
 from cde_nets import odeint
 from cde_nets.solvers import fast_rk
+from cde_nets.solvers.gradients import Backprop
+
+# torchdiffeq's backprop: the first step size differentiated, every later one a constant
+_TORCHDIFFEQ = Backprop(steps="torchdiffeq")
+
+
+def odeint_td(*args, **kwargs):
+    return odeint(*args, gradient=_TORCHDIFFEQ, **kwargs)
+
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -84,7 +95,7 @@ def test_backprop_gradients_are_torchdiffeqs_bit_for_bit(dtype, model):
     field = model().to(dtype)
     idx = torch.tensor([0, 7, 19, 23])
     y0, target = data[idx, 0], torch.stack([data[idx + i, 0] for i in range(10)])
-    ours = _grads(odeint, field, y0, t[:10], target)
+    ours = _grads(odeint_td, field, y0, t[:10], target)
     theirs = _grads(torchdiffeq.odeint, field, y0, t[:10], target)
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)
@@ -102,7 +113,7 @@ def test_backprop_gradients_of_a_timed_field_over_batches_and_spans(dtype):
         idx = torch.randperm(90, generator=torch.Generator().manual_seed(seed))[: 1 + seed]
         y0, target = data[idx, 0], torch.stack([data[idx + i, 0] for i in range(10)])
         span = t[:10] * (1 + seed % 3)
-        ours = _grads(odeint, field, y0, span, target)
+        ours = _grads(odeint_td, field, y0, span, target)
         theirs = _grads(torchdiffeq.odeint, field, y0, span, target)
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), seed
 
@@ -118,14 +129,14 @@ def test_each_stage_at_the_step_end_reads_its_own_time_node():
         return y * t
 
     y0 = torch.tensor([[1.0, 2.0]], dtype=torch.float64, requires_grad=True)
-    odeint(field, y0, torch.tensor([0.0, 1.0], dtype=torch.float64)).sum().backward()
+    odeint_td(field, y0, torch.tensor([0.0, 1.0], dtype=torch.float64)).sum().backward()
     first = seen[2:8]  # f(t0, y0) and the initial step's second call, then the first step's stages 1 to 6
     assert all(t.requires_grad for t in first)  # the first step's size carries a graph
     assert first[4] is not first[5] and first[4].grad_fn is not first[5].grad_fn
     assert torch.equal(first[4], first[5])
 
 
-@pytest.mark.parametrize("impl", [odeint, torchdiffeq.odeint], ids=["cde_nets", "torchdiffeq"])
+@pytest.mark.parametrize("impl", [odeint_td, torchdiffeq.odeint], ids=["cde_nets", "torchdiffeq"])
 def test_stage_times_are_made_as_their_stages_run(impl):
     """Under backprop the first step's times carry its size's graph. Each stage's time is made as that stage runs,
     after the previous stage's call, as torchdiffeq makes it: the step size's gradient then adds the times' parts
@@ -149,7 +160,7 @@ def test_float32_training_losses_are_torchdiffeqs():
     """ode_demo's loop in float32 (RMSprop, batches of windows): 15 iterations, the same losses exactly."""
     t, data = _spiral(torch.float32, 100)
     losses = {}
-    for name, impl in (("ours", odeint), ("torchdiffeq", torchdiffeq.odeint)):
+    for name, impl in (("ours", odeint_td), ("torchdiffeq", torchdiffeq.odeint)):
         torch.manual_seed(0)
         field = _Cubic()
         opt = torch.optim.RMSprop(field.parameters(), lr=1e-3)
@@ -186,7 +197,7 @@ def test_stage_rows_give_torchdiffeqs_bits(dtype, monkeypatch):
     if dtype == torch.float32:
         assert made  # torch's CPU sum adds seven terms as four partial sums: the row layout is used
     grads = []  # and under backprop
-    for impl in (odeint, torchdiffeq.odeint):
+    for impl in (odeint_td, torchdiffeq.odeint):
         field.zero_grad()
         impl(lambda t, y: field(y), y0, t).square().mean().backward()
         grads.append([p.grad for p in field.parameters()])

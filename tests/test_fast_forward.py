@@ -12,6 +12,7 @@ from cde_nets.fields import MS1, MS2, MS3, NAIS, CubicFriction, CubicFrictionCon
 from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverOptions, adapter, fast_rk
 from cde_nets.solvers.errors import SolverError
 from cde_nets.solvers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
+from cde_nets.solvers.gradients import Backprop
 from cde_nets.solvers.gradients import base as gradient_base
 
 T = 2.0
@@ -30,7 +31,7 @@ STATS = ("nfe_forward", "steps_forward", "rejected_forward", "nfe_backward")
 TIMES = [0.0, 0.35, 1.0, 1.2, T]  # 1.0 lies on a piece boundary
 
 
-def _block(name: str, method: str, gradient: str) -> tuple[ODEBlock, torch.Tensor, torch.Tensor | None]:
+def _block(name: str, method: str, gradient) -> tuple[ODEBlock, torch.Tensor, torch.Tensor | None]:
     make, shape, ushape = FIELDS[name]
     torch.manual_seed(0)
     field = make().double()
@@ -59,7 +60,8 @@ def _solve(block: ODEBlock, y0, u, fast: bool, monkeypatch, grad: bool):
 @pytest.mark.parametrize("method", FAST_METHODS)
 @pytest.mark.parametrize("name", list(FIELDS))
 def test_fast_path_is_torchdiffeq_step_for_step(name, method, monkeypatch):
-    for gradient, grad in (("adjoint", False), ("backprop", True)):
+    # backprop as torchdiffeq's: the first step size differentiated, every later one a constant
+    for gradient, grad in (("adjoint", False), (Backprop(steps="torchdiffeq"), True)):
         block, y0, u = _block(name, method, gradient)
         ys_ref, stats_ref, g_ref = _solve(block, y0, u, False, monkeypatch, grad)
         ys, stats, g = _solve(block, y0, u, True, monkeypatch, grad)
@@ -74,8 +76,8 @@ def test_fast_path_is_torchdiffeq_step_for_step(name, method, monkeypatch):
 
 
 def test_fast_path_is_taken_and_falls_back(monkeypatch):
-    """The dispatch: forward-only calls and backprop take the fast path; adjoint gradients, decreasing times,
-    step_t and methods it does not implement go to torchdiffeq."""
+    """The dispatch: forward-only calls and backprop take the fast path (with step_t too); adjoint gradients,
+    decreasing times and methods it does not implement go to torchdiffeq."""
     y0 = torch.randn(3, 4, dtype=torch.float64)
     t = torch.tensor([0.0, 1.0], dtype=torch.float64)
     p = torch.zeros(2, requires_grad=True)
@@ -85,7 +87,7 @@ def test_fast_path_is_taken_and_falls_back(monkeypatch):
     assert fast_applies("rk4", True, y0, t, [p], {"perturb": True})
     assert not fast_applies("dopri8", True, y0, t, [p], {})
     assert not fast_applies("dopri5", True, y0, t.flip(0), [p], {})
-    assert not fast_applies("dopri5", True, y0, t, [p], {"step_t": t})
+    assert fast_applies("dopri5", True, y0, t, [p], {"step_t": t, "norm": lambda x: x.abs().max()})
     calls = []
 
     def spy(*args, **kwargs):

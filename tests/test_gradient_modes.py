@@ -11,6 +11,7 @@ from cde_nets.fields import NAIS, CubicFriction, Hamiltonian, SecondOrder
 from cde_nets.fields.bound import BoundField
 from cde_nets.solvers import SolverError
 from cde_nets.solvers.counting import SolverStats, counted
+from cde_nets.solvers.gradients import Backprop, Symplectic
 from cde_nets.solvers.grids import jump_options
 from cde_nets.solvers.replay import record_steps, replay
 from cde_nets.solvers.tableaux import TABLEAUX
@@ -141,10 +142,13 @@ def test_gradients_match_finite_differences():
 
 def test_steps_across_jumps_and_stopping():
     """jumps=False lets adaptive steps straddle piece boundaries (several pieces in one replayed step); a
-    stopping block replays each window."""
-    _, g_b, _ = _grads("nais", "dopri5", "backprop", jumps=False)
-    _, g_c, _ = _grads("nais", "dopri5", "symplectic", jumps=False)
-    assert _rel(g_c, g_b) < 1e-10
+    stopping block replays each window. With the step sizes differentiated the three agree to 1e-7 only: a step
+    across a jump of the field has an error estimate made of the jump, whose dependence on the step size the
+    controller's derivative reads (measured 3e-9 apart; 1e-13 on a smooth field, test_step_sizes.py)."""
+    for steps, tol in (("fixed", 1e-10), ("differentiated", 1e-7)):
+        _, g_b, _ = _grads("nais", "dopri5", Backprop(steps=steps), jumps=False)
+        _, g_c, _ = _grads("nais", "dopri5", Symplectic(steps=steps), jumps=False)
+        assert _rel(g_c, g_b) < tol, steps
     field, y0, u = _field("hamiltonian")
     grads = {}
     for mode in ("backprop", "checkpoint"):

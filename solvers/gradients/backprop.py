@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from ..alf import integrate_alf
-from ..options import REVERSIBLE_METHODS
+from ..options import ADAPTIVE_METHODS, REVERSIBLE_METHODS
+from ..step_sizes import check_steps, warn_held_fixed
 from ..torchdiffeq_methods import torchdiffeq_method
 from .base import GradientMethod, Run
 
@@ -17,13 +18,23 @@ __all__ = ["Backprop"]
 @dataclass(frozen=True, repr=False)
 class Backprop(GradientMethod):
     """Differentiate through every operation of the forward solve (memory grows with the steps taken); exact for
-    the solver's map. Serves every method, and the SDE block."""
+    the solver's map. Serves every method, and the SDE block.
+
+    ``steps`` (:mod:`~solvers.step_sizes`): an adaptive method's step sizes are functions of the state through
+    its error estimate and controller, and differentiated as such (``"differentiated"``, the default: the
+    derivative of what was computed); ``"fixed"`` holds them constant, ``"torchdiffeq"`` differentiates the first
+    only, as torchdiffeq's backprop does (its gradients bit for bit on the shared step)."""
+
+    steps: str = "differentiated"
 
     name = "backprop"
     sweep = "backprop"
     forward_graph = True
     counts_vjp = True
     sde = True
+
+    def __post_init__(self) -> None:
+        check_steps(self.steps)
 
     def supports(self, method: str) -> bool:
         return True
@@ -42,6 +53,8 @@ class Backprop(GradientMethod):
                 jump_t=run.jump_t,
                 grid=run.grid,
             )
+        if self.steps != "torchdiffeq" and s.method in ADAPTIVE_METHODS:
+            warn_held_fixed(s.method, "a method or input the library's own stepper does not take")
         from torchdiffeq import odeint  # here, not at import: torchdiffeq loads scipy
 
         method = torchdiffeq_method(s.method)

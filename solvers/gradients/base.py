@@ -109,7 +109,15 @@ class GradientMethod:
         if fast_applies(run.method, graph, run.y0, run.t, run.params, run.options):
             s = run.solver
             return odeint_fast(
-                run.func, run.y0, run.t, method=s.method, rtol=s.rtol, atol=s.atol, options=run.options, graph=graph
+                run.func,
+                run.y0,
+                run.t,
+                method=s.method,
+                rtol=s.rtol,
+                atol=s.atol,
+                options=run.options,
+                graph=graph,
+                steps=getattr(self, "steps", "differentiated"),
             )
         return self.solve(run)
 

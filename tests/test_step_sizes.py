@@ -1,0 +1,261 @@
+"""Gradients through adaptive steps are the derivative of the computed solution (:mod:`cde_nets.solvers.step_sizes`):
+every step size is a function of the state through the error estimate and the controller.
+
+The case that found it: Van der Pol ``x' = v``, ``v' = μ (1 − x²) v − x`` at ``μ = 20.88``, ``y_0 = (2, 0)``,
+``t ∈ [0, 10]``, dopri5 at ``rtol = 1e-5``, ``atol = 1e-7``, ``L = x(10)² + v(10)²``: the true ``dL/dx_0`` is 4.8294
+(a central difference of dopri8 at 1e-12), the central difference of this library's own forward solve 4.8289 (shared
+step) and 4.8293 (per-sample steps). With the step sizes held fixed the gradient was −101 506 (per-sample) and, as
+torchdiffeq's backprop (first step differentiated, the others held fixed), −57.65 (shared step)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torchdiffeq
+from torch import nn
+
+from cde_nets import ODEBlock, odeint
+from cde_nets.solvers.errors import Reason, SolverError
+from cde_nets.solvers.gradients import Adjoint, Backprop, Checkpoint, Symplectic
+from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.step_sizes import attach, check_steps, controller_factor
+
+F64 = torch.float64
+TOL = dict(rtol=1e-5, atol=1e-7)
+T10 = torch.tensor([0.0, 10.0], dtype=F64)
+TRUE = 4.8294  # dL/dx0 of the exact flow (dopri8 at 1e-12)
+
+
+class VdP(nn.Module):
+    """Van der Pol with ``μ`` carried in the state's third component (so one module serves every sample)."""
+
+    def forward(self, t, y):
+        x, v, mu = y[..., 0], y[..., 1], y[..., 2]
+        return torch.stack((v, mu * (1 - x * x) * v - x, torch.zeros_like(mu)), -1)
+
+
+class VdPRows(nn.Module):
+    """Van der Pol with a ``μ`` per sample, read for the rows a per-sample round runs."""
+
+    def __init__(self, mu: torch.Tensor):
+        super().__init__()
+        self.mu = mu
+
+    def forward(self, t, y, rows):
+        x, v = y[:, 0], y[:, 1]
+        return torch.stack((v, self.mu[rows] * (1 - x * x) * v - x), 1)
+
+
+def _loss(y: torch.Tensor) -> torch.Tensor:
+    return y[..., 0] ** 2 + y[..., 1] ** 2
+
+
+def _y0() -> torch.Tensor:
+    return torch.tensor([[2.0, 0.0, 20.88]], dtype=F64)
+
+
+def _fd(solve, y0: torch.Tensor, eps: float = 1e-6) -> float:
+    e = torch.zeros_like(y0)
+    e[0, 0] = eps
+    with torch.no_grad():
+        return float((_loss(solve(y0 + e)) - _loss(solve(y0 - e))).sum() / (2 * eps))
+
+
+@pytest.mark.parametrize("controller", ["batch", "per_sample"])
+@pytest.mark.parametrize("gradient", [Backprop(), Checkpoint(), Symplectic()])
+def test_stiff_sample_gradient_is_the_derivative_of_the_computed_solution(controller, gradient):
+    """Every gradient method that differentiates the steps taken gives the central difference of the block's own
+    forward solve to 1e-6, and the exact flow's 4.8294 to the solve's accuracy (2e-4)."""
+    block = ODEBlock(VdP(), T=10.0, method="dopri5", gradient=gradient, controller=controller, **TOL)
+    y0 = _y0().requires_grad_()
+    (g,) = torch.autograd.grad(_loss(block(y0)).sum(), y0)
+    fd = _fd(block, _y0())
+    assert abs(float(g[0, 0]) - fd) < 1e-6 * abs(fd)
+    assert abs(float(g[0, 0]) - TRUE) < 2e-4 * TRUE
+
+
+def test_the_odeint_door_differentiates_the_steps_and_keeps_torchdiffeqs_gradient_on_request():
+    """``odeint``'s default backprop and checkpoint give the derivative of its solve; ``Backprop(steps="torchdiffeq")``
+    is torchdiffeq's backprop bit for bit (−57.65 here), ``"fixed"`` the frozen mesh's, far from both."""
+    y0 = _y0()[0]
+
+    def grad(gradient) -> float:
+        x = y0.clone().requires_grad_()
+        (g,) = torch.autograd.grad(_loss(odeint(VdP(), x, T10, gradient=gradient, **TOL)[-1]), x)
+        return float(g[0])
+
+    fd = _fd(lambda x: odeint(VdP(), x[0], T10, **TOL)[-1][None], _y0())
+    for gradient in ("backprop", "checkpoint"):
+        assert abs(grad(gradient) - fd) < 1e-6 * abs(fd), gradient
+    x = y0.clone().requires_grad_()
+    (theirs,) = torch.autograd.grad(_loss(torchdiffeq.odeint(VdP(), x, T10, **TOL)[-1]), x)
+    assert grad(Backprop(steps="torchdiffeq")) == float(theirs[0])
+    assert abs(float(theirs[0]) - (-57.653)) < 1e-3
+    assert abs(grad(Checkpoint(steps="fixed")) - fd) > 10 * abs(fd)
+
+
+@pytest.mark.slow
+def test_every_sample_of_the_mixed_batch():
+    """The mixed-stiffness batch of the per-sample benchmark (256 samples, ``μ = 1 + 24 U(0, 1)``): with the steps
+    held fixed 60 samples (``μ`` from 19 to 25) are off by more than 1 %, sample 203 (``μ = 20.88``) by six orders
+    of magnitude; differentiated, every sample's gradient is its central difference to 1e-5 (samples are solved
+    independently, so one pair of perturbed solves gives every sample's difference)."""
+    B = 256
+    mu = 1 + 24 * torch.rand(B, generator=torch.Generator().manual_seed(0), dtype=F64)
+    field = VdPRows(mu)
+    y0 = torch.tensor([[2.0, 0.0]], dtype=F64).repeat(B, 1)
+    e = torch.zeros_like(y0)
+    e[:, 0] = 1e-6
+    with torch.no_grad():
+        up, down = (odeint_per_sample(field, y0 + s * e, T10, rows=True, **TOL)[-1] for s in (1, -1))
+        fd = (_loss(up) - _loss(down)) / 2e-6
+    for gradient, well in ((Backprop(), True), (Checkpoint(), True), (Backprop(steps="fixed"), False)):
+        x = y0.clone().requires_grad_()
+        out = odeint_per_sample(field, x, T10, rows=True, gradient=gradient, params=[], **TOL)
+        (g,) = torch.autograd.grad(_loss(out[-1]).sum(), x)
+        rel = (g[:, 0] - fd).abs() / fd.abs().clamp_min(1e-3)
+        if well:
+            assert float(rel.max()) < 1e-5, gradient
+        else:
+            assert int((rel > 0.01).sum()) >= 40 and float(rel[203]) > 1e5
+    assert abs(float(mu[203]) - 20.88) < 1e-2
+
+
+def test_the_per_sample_adjoint_names_a_diverging_backward_solve():
+    """The time-reversed solve of the stiff sample diverges; the per-sample adjoint said nothing and returned
+    1.2e79. It now stops within a round of the state leaving the forward trajectory's size, naming the exact
+    methods."""
+    field = VdPRows(torch.tensor([20.88], dtype=F64))
+    y0 = torch.tensor([[2.0, 0.0]], dtype=F64, requires_grad=True)
+    out = odeint_per_sample(field, y0, T10, rows=True, gradient=Adjoint(), params=[], **TOL)
+    with pytest.raises(SolverError, match="diverged.*gradient='checkpoint'") as info:
+        _loss(out[-1]).sum().backward()
+    assert info.value.reason is Reason.BACKWARD_UNSTABLE
+
+
+def test_a_backward_solve_that_lands_off_the_forward_trajectory_is_named():
+    """Where the backward solve stays bounded but ends elsewhere (time-reversed Van der Pol at μ = 1 over
+    [0, 10] falls towards the origin), the landing check names it: the reconstructed state is 60 times its size
+    away from the forward's, and the adjoint read along it was 20 % off backprop's gradient."""
+    field = VdPRows(torch.tensor([1.0], dtype=F64))
+    y0 = torch.tensor([[2.0, 0.0]], dtype=F64, requires_grad=True)
+    out = odeint_per_sample(field, y0, T10, rows=True, gradient=Adjoint(), params=[], **TOL)
+    with pytest.raises(SolverError, match="landed") as info:
+        _loss(out[-1]).sum().backward()
+    assert info.value.reason is Reason.BACKWARD_UNSTABLE
+
+
+def test_rejected_attempts_are_replayed():
+    """A solve with rejected steps: checkpoint and symplectic replay every attempt (a rejected attempt's error
+    ratio sets the next size), equal to backprop to 1e-12, and to each other; with the sizes fixed they differ
+    from it by more than the tolerance."""
+    field = VdP()
+    block = {
+        name: ODEBlock(field, T=3.0, method="dopri5", gradient=g, **TOL)
+        for name, g in (("b", Backprop()), ("c", Checkpoint()), ("s", Symplectic()), ("f", Checkpoint(steps="fixed")))
+    }
+    y0 = torch.tensor([[1.5, 0.3, 8.0], [0.5, -1.0, 3.0]], dtype=F64)
+    grads = {}
+    for name, b in block.items():
+        x = y0.clone().requires_grad_()
+        sol = b.solve(x)
+        (grads[name],) = torch.autograd.grad(_loss(sol.y).sum(), x)
+        if name == "c":
+            assert sol.stats["rejected_forward"] > 0 and sol.stats["rejected_backward"] == sol.stats["rejected_forward"]
+    scale = float(grads["b"].abs().max())
+    assert float((grads["c"] - grads["b"]).abs().max()) < 1e-12 * scale
+    assert float((grads["s"] - grads["b"]).abs().max()) < 1e-12 * scale
+    assert float((grads["f"] - grads["b"]).abs().max()) > 1e-6 * scale
+
+
+def test_attach_keeps_the_solvers_bits():
+    """The step size a solver computed on the host is what its graph carries, bit for bit."""
+    h = torch.tensor(0.1, dtype=F64, requires_grad=True)
+    g = h * 0.3000000000000001  # a different rounding of the same number
+    out = attach(0.03, g)
+    assert isinstance(out, torch.Tensor) and out.item() == 0.03
+    (d,) = torch.autograd.grad(out, h)
+    assert float(d) == 0.3000000000000001
+    assert attach(0.5, 0.5) == 0.5  # no graph: the float itself
+
+
+@pytest.mark.parametrize(
+    ("ratio", "low", "free"),
+    [(0.5, 1.0, True), (1e-12, 1.0, False), (0.95, 1.0, False), (3.0, 0.2, True), (1e6, 0.2, False)],
+)
+def test_controller_factor_is_the_constant_where_clamped(ratio, low, free):
+    """``min(ifactor, max(safety r^(−1/p), low))``: a function of the ratio where neither bound holds, else the
+    bound itself (derivative zero)."""
+    r = torch.tensor(ratio, dtype=F64, requires_grad=True)
+    f = controller_factor(ratio, lambda: r, safety=0.9, ifactor=10.0, low=low, order=5)
+    expected = min(10.0, max(0.9 * ratio**-0.2, low))
+    if free:
+        assert isinstance(f, torch.Tensor)
+        assert math.isclose(float(f), expected, rel_tol=1e-15)
+        (d,) = torch.autograd.grad(f, r)
+        assert math.isclose(float(d), -0.2 * expected / ratio, rel_tol=1e-12)
+    else:
+        assert f == expected
+
+
+def test_steps_setting_is_checked():
+    with pytest.raises(ValueError, match="`steps` must be 'differentiated'"):
+        Backprop(steps="frozen")
+    assert check_steps("fixed") == "fixed"
+    with pytest.raises(ValueError, match="steps='torchdiffeq' reproduces torchdiffeq"):
+        odeint_per_sample(
+            VdPRows(torch.ones(1, dtype=F64)),
+            torch.zeros(1, 2, dtype=F64, requires_grad=True),
+            T10,
+            rows=True,
+            gradient=Backprop(steps="torchdiffeq"),
+        )
+
+
+def test_step_t_norm_and_tolerance_tensors_take_the_library_stepper():
+    """``step_t``, a ``norm`` and per-element tolerances run on the library's stepper (so their gradients
+    differentiate the steps too) with torchdiffeq's accepted and rejected steps and its values to 1e-12."""
+
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.log: list[tuple[str, float]] = []
+
+        def forward(self, t, y):
+            return VdP()(t, y)
+
+        def callback_accept_step(self, t0, y0, dt):
+            self.log.append(("a", float(dt)))
+
+        def callback_reject_step(self, t0, y0, dt):
+            self.log.append(("r", float(dt)))
+
+    y0 = torch.tensor([1.5, 0.3, 8.0], dtype=F64)
+    t = torch.linspace(0.0, 3.0, 4, dtype=F64)
+    cases = [
+        dict(options={"step_t": torch.tensor([0.77, 1.9], dtype=F64)}, **TOL),
+        dict(options={"norm": lambda x: x.abs().max()}, **TOL),
+        dict(rtol=torch.tensor([1e-5, 1e-6, 1e-5], dtype=F64), atol=1e-7),
+    ]
+    for kw in cases:
+        ours, theirs = Counting(), Counting()
+        with torch.no_grad():
+            a = odeint(ours, y0, t, **kw)
+            b = torchdiffeq.odeint(theirs, y0, t, **kw)
+        assert ours.log == theirs.log and any(k == "r" for k, _ in ours.log)
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        x = y0.clone().requires_grad_()
+        (g,) = torch.autograd.grad(_loss(odeint(VdP(), x, t, gradient=Checkpoint(), **kw)[-1]), x)
+        x = y0.clone().requires_grad_()
+        (h,) = torch.autograd.grad(_loss(odeint(VdP(), x, t, **kw)[-1]), x)
+        torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
+
+
+def test_a_solve_left_to_torchdiffeq_says_its_gradient_holds_the_steps_fixed():
+    """Where a solve runs inside torchdiffeq (a method the library's stepper does not take yet), its backprop
+    holds the step sizes after the first fixed: a warning names it and the setting that accepts it."""
+    x = _y0()[0].clone().requires_grad_()
+    with pytest.warns(UserWarning, match="holds every step size after the first fixed"):
+        odeint(VdP(), x, torch.tensor([0.0, 0.1], dtype=F64), method="dopri8", **TOL)
