@@ -12,6 +12,7 @@ from .sde_block import SDEBlock
 from .solution import Solution
 from .solvers.gradients import Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic
 from .solvers.options import SolverOptions
+from .solvers.per_sample import odeint_per_sample
 from .stop import Stop
 
 __all__ = [
@@ -40,5 +41,6 @@ __all__ = [
     "odeint",
     "odeint_adjoint",
     "odeint_event",
+    "odeint_per_sample",
 ]
 __version__ = "0.1.0"

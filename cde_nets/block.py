@@ -114,7 +114,7 @@ def _check_signature(field: nn.Module) -> None:
     except (TypeError, ValueError):  # builtins without a signature: let the call decide
         return
     try:
-        sig.bind(0.0, None)
+        sig.bind(0.0, None, **({"rows": None} if "rows" in sig.parameters else {}))
     except TypeError:
         raise TypeError(
             f"`field` is called as F(t, y), but {type(field).__name__}.forward{sig} does not take (t, y); wrap it, "

@@ -29,7 +29,8 @@ __all__ = ["solve_per_sample"]
 
 class _Rows:
     """``(t, y, ids) ↦ F(t_i, y_i)`` on the running rows ``ids``; ``u`` gathered once per set of rows without
-    a graph, and at every call with one (each backward pass of a replay frees the graph it used)."""
+    a graph, and at every call with one (each backward pass of a replay frees the graph it used); a field whose
+    ``forward`` takes ``rows`` handed their batch indices."""
 
     def __init__(self, bound: BoundField):
         self.bound = bound
@@ -43,7 +44,7 @@ class _Rows:
         self.vjps: SolverStats | None = None  # backprop: count the vector-Jacobian products through each evaluation
 
     def _bound(self, ids: torch.Tensor) -> BoundField:
-        if self.bound.u is None:
+        if self.bound.u is None and not self.bound.with_rows:
             return self.bound
         if torch.is_grad_enabled():
             return self.bound.rows(ids)

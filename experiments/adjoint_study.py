@@ -19,7 +19,7 @@ import torch
 from cde_nets.datasets import swiss_roll
 from cde_nets.diagnostics import adjoint_study
 from cde_nets.fields import CubicFriction, Hamiltonian
-from cde_nets.solvers.gradients import GRADIENTS
+from cde_nets.solvers.gradients import GRADIENTS, Backprop
 
 from .common import threads
 from .report import result, row, save_figure
@@ -113,7 +113,9 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
             tolerances=s["tolerances"],
             steps=s["steps"],
             methods=s["methods"],
-            gradients=tuple(GRADIENTS),  # every registered gradient method
+            # every registered gradient method, and backprop on the steps' mesh (their sizes held fixed) beside
+            # the default, which differentiates them
+            gradients=(*GRADIENTS, Backprop(steps="fixed")),
             repeat=s["repeat"],
             reference=dict(rtol=s["ref_rtol"], atol=s["ref_rtol"]),
         )

@@ -23,6 +23,7 @@ from .gradients import Adjoint, Checkpoint, GradientMethod
 from .grids import negated_time_options
 from .implicit_grid import ImplicitGrid
 from .implicit_tableaux import IMPLICIT_TABLEAUX
+from .per_sample import wants_rows
 from .piecewise_adjoint import piecewise_adjoint
 from .replay import replay_gradient
 from .step_sizes import warn_held_fixed
@@ -84,6 +85,10 @@ class Problem(nn.Module):
         self.func, self.shapes, self.sign, self.kind = func, shapes, sign, kind
         self.max_num_steps, self.n_steps = max_num_steps, 0
         self.recorder: Any = None
+        # forward(t, y, rows): a field with per-sample data reads it for the batch rows it is handed (all of them
+        # on the shared step)
+        self.all_rows: torch.Tensor | None = None
+        self.with_rows = shapes is None and wants_rows(func)
         self.user = {n: getattr(func, n, None) for n in (*CALLBACKS, *_ADJOINT_CALLBACKS)}
         if kind is not None:
             self.callback_step = self._step
@@ -129,7 +134,12 @@ class Problem(nn.Module):
         self._user("callback_reject_step", t0, y0, dt)
 
     def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = self.func(-t if self.sign < 0 else t, unflatten(y, self.shapes))
+        if self.with_rows:
+            if self.all_rows is None or self.all_rows.shape[0] != y.shape[0]:
+                self.all_rows = torch.arange(y.shape[0], device=y.device)
+            out = self.func(-t if self.sign < 0 else t, y, rows=self.all_rows)
+        else:
+            out = self.func(-t if self.sign < 0 else t, unflatten(y, self.shapes))
         if self.recorder is not None:
             self.recorder.evaluated()
         if self.shapes is not None:

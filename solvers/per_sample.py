@@ -38,6 +38,7 @@ as such (:mod:`solvers.step_sizes`, :mod:`solvers.per_sample_steps`; ``steps="fi
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -57,6 +58,7 @@ __all__ = [
     "PerSampleInfo",
     "check_per_sample_gradient",
     "odeint_per_sample",
+    "wants_rows",
 ]
 
 _OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor"}
@@ -145,10 +147,14 @@ class _Field:
         except Exception as exc:
             note = getattr(exc, "add_note", None)  # Python 3.11+: the user's exception, unchanged but for a note
             if note is not None:
+                B = self.info.steps.shape[0]
+                handed = f"{m} of the batch's {B} rows (finished samples leave the batch)" if m < B else f"{m} rows"
                 note(
-                    f"controller='per_sample' calls the field with `t` of shape ({m},) and the {m} rows still "
-                    "running: a field that needs a scalar `t` must use the shared step (controller='batch'); one "
-                    "with per-sample data must gather it for those rows (odeint_per_sample(..., rows=True))."
+                    f"controller='per_sample' called the field with `t` of shape ({m},) and {handed}: a field "
+                    "that needs a scalar `t` must use the shared step (controller='batch'); one with per-sample "
+                    f"data (a tensor of length {B}) must read it for the rows it is handed: give its forward a "
+                    "third parameter named `rows`, forward(t, y, rows), and it receives their batch indices "
+                    "(use data[rows])."
                 )
             raise
         if not isinstance(k, torch.Tensor) or k.shape != (y.shape if self.flat else (m, *self.shape)):
@@ -156,8 +162,9 @@ class _Field:
             raise ValueError(
                 f"the field returned {got} for a state of shape {(m, *self.shape)} and `t` of shape ({m},); "
                 "controller='per_sample' passes one time per running sample: broadcast `t` against the rows "
-                "(e.g. t[:, None]) and gather per-sample data for the rows running (odeint_per_sample(..., "
-                "rows=True)), or use the shared step (controller='batch')."
+                "(e.g. t[:, None]) and read per-sample data for the rows running (give forward a parameter "
+                "`rows`: forward(t, y, rows) receives their batch indices), or use the shared step "
+                "(controller='batch')."
             )
         if self.counts is not None:
             self.counts.nfe += 1
@@ -176,7 +183,7 @@ def odeint_per_sample(
     atol: Tol = 1e-8,
     options: Mapping[str, Any] | None = None,
     max_steps: int = 100_000,
-    rows: bool = False,
+    rows: bool | None = None,
     gradient: Any = "backprop",
     params: Sequence[torch.Tensor] | None = None,
     jump_t: Any = None,
@@ -193,7 +200,8 @@ def odeint_per_sample(
         options: ``first_step``, ``max_step``, ``min_step``, ``safety`` (0.9), ``ifactor`` (10), ``dfactor`` (0.2).
         max_steps: attempted steps allowed per sample before :class:`~solvers.errors.SolverError`.
         rows: call ``func(t, y, rows)`` with ``rows`` the ``(m,)`` batch indices of the running rows (for a field
-            with per-sample data: gather it with ``data[rows]``).
+            with per-sample data: gather it with ``data[rows]``); default: when ``func`` (its ``forward``, for a
+            module) has a parameter named ``rows`` (:func:`wants_rows`).
         gradient: ``"backprop"`` (default), ``"checkpoint"``, ``"symplectic"`` or ``"adjoint"``, or the gradient
             method object (``Adjoint(rtol=1e-8)`` sets the backward solve's tolerances).
         params: for ``"checkpoint"``, ``"symplectic"`` and ``"adjoint"``, the tensors ``func`` reads whose
@@ -222,7 +230,7 @@ def odeint_per_sample(
     times = _times(t, t_end, y0)
     B = y0.shape[0]
     info = PerSampleInfo.zeros(B, y0.device)
-    F = _Field(func, y0.shape[1:], info, rows)
+    F = _Field(func, y0.shape[1:], info, wants_rows(func) if rows is None else rows)
     stepper = Stepper(F, TABLEAUX[method], y0, opts, B)
     stepper.jumps = _jumps(jump_t, y0.device)
     stepper.spans = time_spans
@@ -289,6 +297,18 @@ def _jumps(jump_t: Any, device: torch.device) -> torch.Tensor | None:
     if not bool(torch.isfinite(jumps).all()):
         raise ValueError("`jump_t` must hold finite times.")
     return torch.cat((jumps.sort().values, jumps.new_full((1,), torch.inf))) if len(jumps) else None
+
+
+def wants_rows(func: Callable) -> bool:
+    """Whether ``func`` takes the batch indices of the rows it is handed: its ``forward`` (a module) or itself
+    has a parameter named ``rows`` (the one way a field reads per-sample data, in every door: finished samples
+    leave a per-sample or stopping batch, so a field holding a tensor of one entry per sample reads
+    ``data[rows]``)."""
+    fn = func.forward if isinstance(func, nn.Module) else func
+    try:
+        return "rows" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return False
 
 
 def check_per_sample_gradient(controller: str, gradient: Any, method: str) -> None:

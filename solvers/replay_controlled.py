@@ -98,7 +98,8 @@ def _real(dtype: torch.dtype) -> torch.dtype:
 
 
 def _rms(x: torch.Tensor) -> torch.Tensor:
-    return x.abs().pow(2).mean().sqrt()
+    """The RMS norm; its derivative at zero is zero (a plain square root's is infinite there)."""
+    return torch.linalg.vector_norm(x) / math.sqrt(max(x.numel(), 1))
 
 
 @dataclass
@@ -362,8 +363,8 @@ def initial_size_back(func, spec: _Spec, y0: torch.Tensor, t0: float, lam_h: tor
         d2 = (norm((f1 - f0) / scale) / h0).abs()
         if bool(d1 <= 1e-15) and bool(d2 <= 1e-15):
             h1 = torch.maximum(torch.full_like(h0, 1e-6), h0 * 1e-3)
-        else:
-            h1 = (0.01 / torch.maximum(d1, d2)) ** (1.0 / order)
+        else:  # the larger by a host comparison, as the solvers take it: the other's graph stays out
+            h1 = (0.01 / (d2 if bool(d2 > d1) else d1)) ** (1.0 / order)
         h = torch.minimum(100 * h0, h1).to(torch.float64)
         (g,) = _grad([h], [lam_h], [y], acc, 1)
     return _zero(g, y)

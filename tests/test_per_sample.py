@@ -329,7 +329,7 @@ def test_refusals_name_the_fix():
         odeint_per_sample(lambda t, y: -y.sum(0), y0, t)
     # per-sample data without `rows`: refused once the batch shrinks, never broadcast silently
     k = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
-    with pytest.raises(ValueError, match="rows=True"):
+    with pytest.raises(ValueError, match=r"forward\(t, y, rows\)"):
         odeint_per_sample(lambda t, y: -k * y, y0, t_end=torch.tensor([0.5, 1.0], dtype=torch.float64))
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from cde_nets import ODEBlock
+from cde_nets import Backprop, Checkpoint, ODEBlock, Symplectic
 from cde_nets.fields.nais import NAIS
 from cde_nets.solvers.options import SolverOptions
 
@@ -67,11 +67,15 @@ def test_t_end_closed_form_and_plain_module():
     assert sol.stats["nfe_forward"] > 0
 
 
-@pytest.mark.parametrize("gradient", ["checkpoint", "symplectic"])
+@pytest.mark.parametrize("gradient", [Checkpoint, Symplectic])
 @pytest.mark.parametrize("jumps", [True, False])
-def test_block_gradients_equal_backprop(gradient, jumps):
+@pytest.mark.parametrize("steps", ["differentiated", "fixed"])
+def test_block_gradients_equal_backprop(gradient, jumps, steps):
     """Through the block: gradients to ``x0``, the input ``u`` and the piecewise weights equal backprop's to
-    1e-10 (float64) when the per-sample steps are replayed, with the re-read past each jump replayed too."""
+    1e-10 (float64) when the per-sample steps are replayed, with the re-read past each jump replayed too. Steps
+    that straddle a jump of the field (``jumps=False``) with their sizes differentiated agree to 1e-7 only: their
+    error estimate is made of the jump, and the controller's derivative of it is ill-conditioned (a 1e-14
+    relative change of ``y0`` moves that gradient by 2e-9, the fixed-step one by 6e-12)."""
 
     def grads(g):
         field, x0, u, t = _nais()
@@ -80,8 +84,9 @@ def test_block_gradients_equal_backprop(gradient, jumps):
         ys.square().sum().backward()
         return [x0.grad, u.grad] + [p.grad for p in field.parameters()]
 
-    for a, b in zip(grads(gradient), grads("backprop")):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    tol = 1e-7 if steps == "differentiated" and not jumps else 1e-10
+    for a, b in zip(grads(gradient(steps=steps)), grads(Backprop(steps=steps))):
+        assert float((a - b).abs().max()) <= tol * float(b.abs().max())
 
 
 def test_block_adjoint_converges_like_the_shared_adjoint():

@@ -2,7 +2,8 @@ r"""The adjoint state, Noether's conserved ``a·F``, and log-density / entropy c
 
 - Adjoint (R §2.1): ``a(t) = ∂L/∂y(t)`` solves ``da/dt = −a ∂F/∂y`` backwards from ``a(T) = ∂L/∂y(T)``.
   Here it is obtained by autograd through sub-solves (:func:`~cde_nets.diagnostics.flow.solve_segments`): the
-  exact adjoint of the numerical flow, which tends to the continuous ``a(t)`` as the tolerance tightens.
+  exact adjoint of the numerical flow on its mesh (the step sizes held fixed: their dependence on the state is
+  the controller's, not the ODE's), which tends to the continuous ``a(t)`` as the tolerance tightens.
 - Noether (eqs. R21, R24-25): ``a·F`` is the Hamiltonian of the forward/backward system, so for
   time-invariant parameters ``a(t)·F(y(t)) = a(T)·F(y(T))``. With piecewise-constant parameters it jumps at
   each boundary by ``a(t_l)·(F_l − F_{l−1})(y(t_l))``; subtracting those jumps gives the extended quantity

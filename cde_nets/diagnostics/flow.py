@@ -100,8 +100,9 @@ def solve_segments(block: ODEBlock, y0: torch.Tensor, times: Sequence[float], gr
 
 
 def solve_piece(block: ODEBlock, func: nn.Module, y: torch.Tensor, a: float, b: float) -> torch.Tensor:
-    """``y(b)`` of ``y' = func(t, y)``, ``y(a) = y``, with the block's method, tolerances and step size."""
+    """``y(b)`` of ``y' = func(t, y)``, ``y(a) = y``, with the block's method, tolerances and step size; its graph
+    differentiates the steps on their mesh (the sizes held fixed), the discretisation of the ODE's own adjoint."""
     span = torch.tensor([a, b], dtype=torch.float64, device=y.device)
     grid = None if block.solver.adaptive else aligned_grid([a, b], block.step_size)
-    ys, _ = integrate(func, y, span, solver=block.solver, gradient=Backprop(), grid=grid)
+    ys, _ = integrate(func, y, span, solver=block.solver, gradient=Backprop(steps="fixed"), grid=grid)
     return ys[-1]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from cde_nets.solvers.errors import check_positive_int
+from cde_nets.solvers.per_sample import wants_rows
 
 from .base import Field
 
@@ -106,14 +107,20 @@ class BoundField:
 
     field: Any  # a Field or a plain module: its evaluate* methods are duck-typed
 
-    def __init__(self, field: nn.Module, u: torch.Tensor | None = None):
+    def __init__(self, field: nn.Module, u: torch.Tensor | None = None, ids: torch.Tensor | None = None):
         self.field = field
         self.u = u
+        self.ids = ids  # the batch rows this call's states are (None: all of them, in order)
+        self.with_rows = _wants_rows(field)  # forward(t, y, rows): the field reads per-sample data for its rows
         self.stage_times = isinstance(field, ModuleField)  # a plain module reads each stage's own time
         self.checked = False  # the first evaluation's output shape is checked, later ones are not
 
     def __call__(self, t: torch.Tensor | float, y: torch.Tensor) -> torch.Tensor:
-        out = self.field(t, y) if self.u is None else self.field(t, y, self.u)
+        if self.with_rows:
+            rows = self.ids if self.ids is not None else torch.arange(y.shape[0], device=y.device)
+            out = self.field(t, y, rows=rows) if self.u is None else self.field(t, y, self.u, rows=rows)
+        else:
+            out = self.field(t, y) if self.u is None else self.field(t, y, self.u)
         if not self.checked:
             check_output(self.field, y, out)
             self.checked = True
@@ -140,10 +147,26 @@ class BoundField:
         return f.evaluate_half(l, z, part) if self.u is None else f.evaluate_half(l, z, part, self.u)
 
     def rows(self, idx: torch.Tensor) -> BoundField:
-        """The same field on batch rows ``idx`` (a compacted batch): the input restricted to those rows."""
-        return BoundField(self.field, None if self.u is None else self.u[idx])
+        """The same field on batch rows ``idx`` (a compacted batch): the input restricted to those rows, and a
+        field that reads per-sample data handed their batch indices."""
+        ids = idx if self.ids is None else self.ids[idx]
+        return BoundField(self.field, None if self.u is None else self.u[idx], ids)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("field", "u", "stage_times", "checked"):  # not yet set (copying): no fall-through, no recursion
+        if name in ("field", "u", "ids", "with_rows", "stage_times", "checked"):  # not yet set (copying)
             raise AttributeError(name)
         return getattr(self.field, name)
+
+
+_ROWS: dict[type, bool] = {}
+
+
+def _wants_rows(field: nn.Module) -> bool:
+    """Whether a plain module's ``forward`` takes ``rows`` (read once per class): cde_nets' own fields take their
+    per-sample data as the block input ``u`` instead."""
+    if isinstance(field, Field):
+        return False
+    cls = type(field)
+    if cls not in _ROWS:
+        _ROWS[cls] = wants_rows(field)
+    return _ROWS[cls]

@@ -36,6 +36,9 @@ class Backprop(GradientMethod):
     def __post_init__(self) -> None:
         check_steps(self.steps)
 
+    def describe(self) -> str:
+        return self.name if self.steps == "differentiated" else f"{self.name} ({self.steps} steps)"
+
     def supports(self, method: str) -> bool:
         return True
 

@@ -38,6 +38,9 @@ class Checkpoint(GradientMethod):
     def __post_init__(self) -> None:
         check_steps(self.steps)
 
+    def describe(self) -> str:
+        return self.name if self.steps == "differentiated" else f"{self.name} ({self.steps} steps)"
+
     def supports(self, method: str) -> bool:
         if method in OWN_FIXED_METHODS:
             return super().supports(method)
