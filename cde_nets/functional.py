@@ -42,7 +42,7 @@ from cde_nets.solvers.dropin import (
     tolerance,
     unflatten,
 )
-from cde_nets.solvers.errors import SolverError
+from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.output_times import with_output_times, with_start_time
@@ -52,6 +52,9 @@ from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
+# the event search's step limit when `options` set no `max_num_steps` (torchdiffeq's search has none, so an event
+# that never changes sign runs it for ever): the blocks' `max_steps` default
+EVENT_MAX_STEPS = 100_000
 METHODS = (*ADAPTIVE, *FIXED, *IMPLICIT, "scipy_solver")
 
 _ADAPTIVE_OPTIONS = {
@@ -392,17 +395,19 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     if len(t) < 2:
         raise ValueError("with `event_fn`, `t` needs two times: the start and any later (or earlier) time.")
     sign = -1.0 if bool(t[0] > t[1]) else 1.0
-    problem = Problem(func, shapes, sign, opts.pop("max_num_steps", None), kind(method))
-
-    def event(s, y):
-        return event_fn(-s if sign < 0 else s, unflatten(y, shapes))
-
-    if method in IMPLICIT:
-        grid = ImplicitGrid(problem, method, flip_options(opts, sign, shapes))
-        tol = float(atol) if isinstance(atol, float | int) else float(torch.as_tensor(atol).min())
-        s_event, found = implicit_until_event(grid, flat.detach(), float(t[0].detach()) * sign, event, tol)
-    else:
-        s_event, found = _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, event)
+    limit = opts.pop("max_num_steps", None)
+    steps = EVENT_MAX_STEPS if limit is None else int(limit)
+    problem = Problem(func, shapes, sign, steps, kind(method))
+    event = _WatchedEvent(event_fn, sign, shapes)
+    try:
+        if method in IMPLICIT:
+            grid = ImplicitGrid(problem, method, flip_options(opts, sign, shapes))
+            tol = float(atol) if isinstance(atol, float | int) else float(torch.as_tensor(atol).min())
+            s_event, found = implicit_until_event(grid, flat.detach(), float(t[0].detach()) * sign, event, tol)
+        else:
+            s_event, found = _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, event)
+    except SolverError as exc:
+        raise event.no_sign_change(exc, steps, limit is None) from exc
     t_star = (s_event.to(t.dtype) * sign).reshape(())
     if not torch.is_grad_enabled():
         return t_star, unflatten(found, shapes, (2,))
@@ -428,8 +433,54 @@ def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, even
                 event_fn=event,
             )
         except AssertionError as exc:
-            raise SolverError(f"the event search stopped: {str(exc)[:300]}.") from exc
+            reason = Reason.UNDERFLOW if "underflow" in str(exc) else Reason.OTHER
+            raise SolverError(f"{str(exc)[:300]}", reason=reason) from exc
     return s_event, found
+
+
+class _WatchedEvent:
+    """The user's event function on the engine's flat, forwards problem, in the user's time and shapes; it keeps
+    its first and last values, which a search that finds no change of sign reports."""
+
+    def __init__(self, event_fn: Callable, sign: float, shapes: list[torch.Size] | None):
+        self.event_fn, self.sign, self.shapes = event_fn, sign, shapes
+        self.first: tuple[float, torch.Tensor] | None = None
+        self.last: tuple[float, torch.Tensor] | None = None
+
+    def __call__(self, s: torch.Tensor, y: torch.Tensor) -> Any:
+        t = -s if self.sign < 0 else s
+        g = self.event_fn(t, unflatten(y, self.shapes))
+        self.last = (float(t), g)
+        if self.first is None:
+            self.first = self.last
+        return g
+
+    def no_sign_change(self, exc: SolverError, limit: int, default: bool) -> SolverError:
+        """The error of a search that stopped (``exc``) before the event function changed sign."""
+        if exc.reason is Reason.MAX_STEPS:
+            why = f"within {limit} steps (the event search's default limit)" if default else ""
+            why = why or f"within max_num_steps={limit} steps"
+        else:
+            why = f"before the search stopped ({str(exc).rstrip('.')})"
+        seen = ""
+        if self.first is not None and self.last is not None:
+            (t0, g0), (t1, g1) = self.first, self.last
+            seen = f": g = {_values(g0)} at t = {t0:.6g} (the start), g = {_values(g1)} at t = {t1:.6g}"
+            seen += " (the last time searched)"
+        reason = exc.reason if exc.reason in (Reason.NONFINITE, Reason.NONFINITE_GRADIENT) else Reason.NO_EVENT
+        return SolverError(
+            f"the event function never changed sign {why}{seen}. Check `event_fn` (the search looks for a change of "
+            "sign, not a touch of zero), or raise options['max_num_steps'] if the event lies further on.",
+            nfe=exc.nfe,
+            reason=reason,
+        )
+
+
+def _values(g: Any) -> str:
+    """An event value for a message: one number, or the first few of several."""
+    v = torch.as_tensor(g).detach().reshape(-1).tolist()
+    text = ", ".join(f"{x:.6g}" for x in v[:4]) + (", ..." if len(v) > 4 else "")
+    return text if len(v) == 1 else f"[{text}]"
 
 
 def _event_state(
@@ -451,10 +502,19 @@ def _event_state(
         g = event_fn(tt, unflatten(y_star, shapes))
         f = Problem(func, shapes)(tt.detach(), y_star.detach())
         yd = y_star.detach().requires_grad_(True)
-        g_t, g_y = torch.autograd.grad(event_fn(tt, unflatten(yd, shapes)), (tt, yd), allow_unused=True)
+        g_local = event_fn(tt, unflatten(yd, shapes))
+        g_t, g_y = (None, None)
+        if isinstance(g_local, torch.Tensor) and g_local.requires_grad:
+            g_t, g_y = torch.autograd.grad(g_local, (tt, yd), allow_unused=True)
     dg = torch.zeros((), dtype=t.dtype, device=t.device)
     dg = dg + (0.0 if g_t is None else g_t.to(t.dtype)) + (0.0 if g_y is None else (g_y * f).sum().to(t.dtype))
-    event_t = t_star.detach() - (g - g.detach()).to(t.dtype) / dg.detach().to(t.dtype)
+    if (g_y is None or not bool(g_y.any())) and not bool(dg):
+        # g does not move with (t, y) at t*: the search stopped where g jumps to a value of its own (torchdiffeq's
+        # examples guard an end time with `zeros_like(t)`, which has no graph). That time moves with nothing, so
+        # its gradient is zero, as torchdiffeq's formula gives; the zero stays joined to the inputs' graph.
+        event_t = t_star.detach() + (0.0 * y_star.sum()).to(t.dtype) if y_star.requires_grad else t_star.detach()
+    else:
+        event_t = t_star.detach() - (g - g.detach()).to(t.dtype) / dg.detach().to(t.dtype)
     y_event = y_star + f * (event_t - event_t.detach()).to(y_star.dtype)
     out = torch.cat([y_sol[:-1], y_event.unsqueeze(0)])
     return event_t, unflatten(out, shapes, (2,))

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import SolverError
+from .errors import Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .gradients import Adjoint, Checkpoint, GradientMethod
 from .grids import negated_time_options
@@ -108,7 +108,8 @@ class Problem(nn.Module):
             at = float(torch.as_tensor(t0).detach()) * self.sign
             raise SolverError(
                 f"max_num_steps={self.max_num_steps} exceeded at t={at:.6g}; raise "
-                "`options['max_num_steps']` or loosen `rtol`/`atol` (the field may be stiff)."
+                "`options['max_num_steps']` or loosen `rtol`/`atol` (the field may be stiff).",
+                reason=Reason.MAX_STEPS,
             )
         if self.recorder is not None:
             if self.kind == "fixed":

@@ -19,6 +19,8 @@ class Reason(enum.Enum):
     NONFINITE_GRADIENT = "non-finite gradient"
     NEWTON_DIVERGED = "newton_diverged"
     NEWTON_MAX_ITERS = "newton_max_iters"
+    NEWTON_SINGULAR = "newton_singular"
+    NO_EVENT = "event never changed sign"
     OTHER = "other"
 
 
