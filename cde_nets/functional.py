@@ -39,6 +39,7 @@ from cde_nets.solvers.dropin import (
     flip_options,
     kind,
     solve_flat,
+    state_norm,
     tolerance,
     unflatten,
 )
@@ -175,7 +176,7 @@ def _solve(
     if len(t) == 1:
         ys = flat.unsqueeze(0).clone()
     else:
-        opts = flip_options(options, sign, shapes)
+        opts = state_norm(flip_options(options, sign, shapes), shapes, method)
         adj = dict(adjoint or {})
         if gradient == "adjoint":
             adj["options"] = flip_options(adj["options"], sign, shapes, adjoint=True)
@@ -429,7 +430,7 @@ def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, even
                 rtol=tolerance(rtol, shapes, "rtol"),
                 atol=tolerance(atol, shapes, "atol"),
                 method=torchdiffeq_method(method),
-                options=flip_options(opts, sign, shapes),
+                options=state_norm(flip_options(opts, sign, shapes), shapes, method),
                 event_fn=event,
             )
         except AssertionError as exc:

@@ -1,7 +1,8 @@
 r"""The engine beneath :mod:`cde_nets.functional` (torchdiffeq's ``odeint`` API): the user's problem normalised to
 one flat state integrated forwards, and the one function that hands it to the engine.
 
-A tuple state is concatenated into one tensor; decreasing times ``t`` are negated (``s = −t``,
+A tuple state is concatenated into one tensor (its default error norm stays torchdiffeq's, the largest of its parts'
+RMS norms: :func:`state_norm`); decreasing times ``t`` are negated (``s = −t``,
 ``dy/ds = −func(−s, y)``) with the options that hold times (``step_t``, ``jump_t``, a grid constructor); the
 user's torchdiffeq callbacks are forwarded in the user's own time and shapes. :func:`solve_flat` then picks the
 engine's piece: the fast Runge-Kutta path (:mod:`solvers.fast_rk`), the piecewise seminorm adjoint
@@ -23,6 +24,7 @@ from .gradients import Adjoint, Checkpoint, GradientMethod
 from .grids import negated_time_options
 from .implicit_grid import ImplicitGrid
 from .implicit_tableaux import IMPLICIT_TABLEAUX
+from .norms import StateNorm
 from .piecewise_adjoint import piecewise_adjoint
 from .replay import replay_gradient
 from .tableaux import TABLEAUX
@@ -37,6 +39,7 @@ __all__ = [
     "flip_options",
     "kind",
     "solve_flat",
+    "state_norm",
     "tolerance",
     "unflatten",
 ]
@@ -144,13 +147,21 @@ def kind(method: str) -> str | None:
 def flip_options(options: dict, sign: float, shapes: list[torch.Size] | None, adjoint: bool = False) -> dict:
     """Options in the engine's time and state: negated ``step_t``/``jump_t``/grid, a tuple state's ``norm``."""
     options = negated_time_options(options) if sign < 0 else dict(options)
-    if shapes is not None and callable(options.get("norm")):
+    if shapes is not None and callable(options.get("norm")) and not isinstance(options["norm"], StateNorm):
         norm = options["norm"]
         if adjoint:  # the backward state (t, y, a, *parameter gradients): y and a in the user's parts
             options["norm"] = lambda s: norm((s[0], *unflatten(s[1], shapes), *unflatten(s[2], shapes), *s[3:]))
         else:
             options["norm"] = lambda y: norm(unflatten(y, shapes))
     return options
+
+
+def state_norm(options: dict, shapes: list[torch.Size] | None, method: str) -> dict:
+    """``options`` with torchdiffeq's default error norm of a tuple state for an adaptive method: the largest of
+    its parts' RMS norms (:class:`~solvers.norms.StateNorm`) where ``options`` name no ``norm``."""
+    if shapes is None or method not in ADAPTIVE or "norm" in options:
+        return options
+    return {**options, "norm": StateNorm([s.numel() for s in shapes])}
 
 
 def _step_grid(step_size: float) -> Callable:
@@ -204,8 +215,9 @@ def solve_flat(
             fast_options.setdefault("grid_constructor", _step_grid(step))
     if fast_options.get("interp", "linear") == "linear":
         fast_options.pop("interp", None)
+    own_norm = "norm" in options and not isinstance(options["norm"], StateNorm)  # the user's: torchdiffeq's path
     fast = (
-        set(fast_options) <= _FAST_OPTIONS
+        set(fast_options) - ({"norm"} if not own_norm else set()) <= _FAST_OPTIONS
         and isinstance(rtol, float | int)
         and isinstance(atol, float | int)
         and fast_applies(method, gradient.forward_graph, y0, t, params, fast_options)
@@ -216,7 +228,7 @@ def solve_flat(
         )
     if isinstance(gradient, Adjoint):
         adj_options = adjoint["options"]
-        if adj_options.get("norm", "seminorm") == "seminorm" and "norm" not in options and method != "scipy_solver":
+        if adj_options.get("norm", "seminorm") == "seminorm" and not own_norm and method != "scipy_solver":
             adj_method = adjoint["method"]
             return piecewise_adjoint(
                 func,

@@ -12,9 +12,11 @@ its order, so for ``dopri5`` the values and backprop gradients are its own bit f
 - the weights ``h a_ij`` of a step are one host product; without a graph every result goes to a reused buffer,
   and from a few hundred elements on the CPU the stages are stage-major rows reduced in torch's own order;
 - the dense output is fitted only for the step that holds an output time;
-- the error norm ``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` is computed without a graph and read back once
-  per step with a finiteness probe of ``y_1``; step-size control runs on Python floats (IEEE doubles, as
-  torchdiffeq's float64 scalars), the times on the host beside the tensors that carry their graph.
+- the error norm ``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` (for a tuple state, given as
+  ``options["norm"]``, a :class:`~solvers.norms.StateNorm`, the largest of its parts') is computed without a
+  graph and read back once per step with a finiteness probe of ``y_1``; step-size control runs on Python floats
+  (IEEE doubles, as torchdiffeq's float64 scalars), the times on the host beside the tensors that carry their
+  graph.
 
 Methods: ``dopri5`` (Dormand & Prince 1980, "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6,
 with Shampine's 1986 dense output), ``tsit5`` (Tsitouras 2011, with his continuous extension), ``bosh3``
@@ -47,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .norms import StateNorm
 from .rk_stages import Buffered, Graph, Rows, sum_order
 from .tableaux import TABLEAUX, MethodTableau, dense_at
 from .times import HOST_TIME
@@ -67,6 +70,7 @@ _OPTIONS = {
     "jump_t",
     "perturb",
     "grid_constructor",
+    "norm",  # a StateNorm only (fast_applies)
 }
 _NONE, _NEXT, _PREV = 0, 1, -1
 
@@ -85,6 +89,8 @@ def fast_applies(
     gradient method differentiates through the forward solve's operations: backprop) or no graph to build (a
     forward-only call in any gradient method)."""
     if not ENABLED or method not in FAST_METHODS or not set(options) <= _OPTIONS:
+        return False
+    if not isinstance(options.get("norm", StateNorm()), StateNorm):  # a norm of the user's: torchdiffeq calls it
         return False
     if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64) or y0.numel() == 0:
         return False
@@ -260,16 +266,24 @@ def odeint_fast(
 
 
 def _engine(
-    func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float
+    func,
+    y0: torch.Tensor,
+    tab: MethodTableau,
+    last: Sequence[float],
+    rtol: float,
+    atol: float,
+    parts: Sequence[int] | None = None,
 ) -> Buffered | Graph:
     # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers
     fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
     if fresh:
-        return Graph(y0, tab, last, rtol, atol)
+        return Graph(y0, tab, last, rtol, atol, parts)
     # stage rows pay from a few hundred elements on (below, the fewer kernels of torchdiffeq's layout win)
     big = y0.device.type == "cpu" and tab.stages <= 7 and y0.numel() >= 256
     order = sum_order(y0.dtype, y0.numel()) if big else None
-    return Buffered(y0, tab, last, rtol, atol) if order is None else Rows(y0, tab, last, rtol, atol, order)
+    if order is None:
+        return Buffered(y0, tab, last, rtol, atol, parts)
+    return Rows(y0, tab, last, rtol, atol, order, parts)
 
 
 def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: str, options: dict) -> torch.Tensor:
@@ -336,6 +350,7 @@ class _Adaptive:
         self.ifactor = float(options.get("ifactor", 10.0))
         self.dfactor = float(options.get("dfactor", 0.2))
         self.first_step = options.get("first_step")
+        self.norm: StateNorm = options.get("norm") or StateNorm()  # a tuple state's: its parts' largest RMS
         jumps = options.get("jump_t")
         t0 = float(t[0])
         self.jumps = sorted(v for v in ([] if jumps is None else torch.as_tensor(jumps).tolist()) if v >= t0)
@@ -360,21 +375,17 @@ class _Adaptive:
         dfactor = 1.0 if ratio < 1 else self.dfactor
         return dt * min(self.ifactor, max(self.safety / ratio ** (1.0 / self.tab.order), dfactor))
 
-    @staticmethod
-    def _rms(x: torch.Tensor) -> torch.Tensor:
-        return x.abs().pow(2).mean().sqrt()
-
     def _initial_step(self, t0: torch.Tensor, f0: torch.Tensor) -> Scalar:
         """Hairer, Nørsett & Wanner's initial step (§II.4) in the state's dtype; a tensor while it carries a graph
         (under ``backprop`` torchdiffeq differentiates through it)."""
         y0, dtype = self.y0, self.y0.dtype
         scale = self.atol + torch.abs(y0) * self.rtol
-        d0, d1 = self._rms(y0 / scale).abs(), self._rms(f0 / scale).abs()
+        d0, d1 = self.norm(y0 / scale).abs(), self.norm(f0 / scale).abs()
         h0 = torch.tensor(1e-6, dtype=dtype, device=y0.device) if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
         h0 = h0.abs()
         y1 = y0 + h0 * f0  # before the time, as torchdiffeq: h0's gradient sums its parts in its order
         f1 = self.func(self.clock.at(t0 + h0), y1)
-        d2 = torch.abs(self._rms((f1 - f0) / scale) / h0)
+        d2 = torch.abs(self.norm((f1 - f0) / scale) / h0)
         if d1 <= 1e-15 and d2 <= 1e-15:
             h1 = torch.max(torch.tensor(1e-6, dtype=dtype, device=y0.device), h0 * 1e-3)
         else:
@@ -427,7 +438,7 @@ class _Adaptive:
         f0 = func(clock.at(t_first), y0)
         dt: Scalar = self._initial_step(t_first, f0) if self.first_step is None else float(self.first_step)
         assert tab.error is not None
-        eng = _engine(func, y0, tab, tab.error, self.rtol, self.atol)
+        eng = _engine(func, y0, tab, tab.error, self.rtol, self.atol, self.norm.sizes)
         eng.set(0, f0)
         t0: Scalar = t_all[0]
         t0f = t_all[0]  # t0 on the host (t0 itself is a tensor while it carries a graph)
