@@ -109,15 +109,46 @@ def _check_options(method: str, options: dict | None, name: str = "options") -> 
     return dict(options)
 
 
-def _check_state(y0: Any) -> tuple[torch.Tensor, list[torch.Size] | None]:
-    """The state as one flat tensor (a tuple's parts concatenated) and the parts' shapes (``None``: a tensor)."""
+def _check_state(y0: Any, method: str) -> tuple[torch.Tensor, list[torch.Size] | None]:
+    """The state as one flat tensor (a tuple's parts concatenated) and the parts' shapes (``None``: a tensor);
+    refused, naming ``y0``, where it holds NaN/inf or is half precision under an adaptive method."""
     if isinstance(y0, torch.Tensor):
-        return y0, None
-    if not isinstance(y0, tuple) or not y0 or not all(isinstance(y, torch.Tensor) for y in y0):
-        raise TypeError(f"`y0` must be a tensor or a tuple of tensors, got {type(y0).__name__}.")
-    if len({y.dtype for y in y0}) > 1 or len({y.device for y in y0}) > 1:
-        raise ValueError("the tensors of a tuple `y0` must share one dtype and device; cast them first.")
-    return torch.cat([y.reshape(-1) for y in y0]), [y.shape for y in y0]
+        flat, shapes = y0, None
+    else:
+        if not isinstance(y0, tuple) or not y0 or not all(isinstance(y, torch.Tensor) for y in y0):
+            raise TypeError(f"`y0` must be a tensor or a tuple of tensors, got {type(y0).__name__}.")
+        if len({y.dtype for y in y0}) > 1 or len({y.device for y in y0}) > 1:
+            raise ValueError("the tensors of a tuple `y0` must share one dtype and device; cast them first.")
+        flat, shapes = torch.cat([y.reshape(-1) for y in y0]), [y.shape for y in y0]
+    if method in ADAPTIVE and flat.dtype in (torch.float16, torch.bfloat16):
+        raise ValueError(
+            f"the adaptive method={method!r} does not support {str(flat.dtype).removeprefix('torch.')} states: its "
+            "error norms and step times are computed in the state's dtype, where they overflow or cannot resolve a "
+            "step. Use a float32/float64 `y0`, or a fixed-step method (e.g. method='rk4' with "
+            "options={'step_size': ...}), which runs in half precision."
+        )
+    if flat.is_floating_point() and not torch.compiler.is_compiling():
+        _check_finite(y0, flat, shapes)
+    return flat, shapes
+
+
+def _check_finite(y0: State, flat: torch.Tensor, shapes: list[torch.Size] | None) -> None:
+    """Refuse a ``y0`` holding NaN/inf, naming the part and the first index: the solve would start from it (one
+    host read)."""
+    with torch.no_grad():
+        bad = ~torch.isfinite(flat)
+        if not bool(bad.any()):
+            return
+    parts: list[torch.Tensor] = [flat] if shapes is None else list(y0)
+    for k, y in enumerate(parts):
+        part_bad = ~torch.isfinite(y.detach())
+        if bool(part_bad.any()):
+            name = "`y0`" if shapes is None else f"`y0[{k}]`"
+            first = tuple(part_bad.nonzero()[0].tolist())
+            raise ValueError(
+                f"{name} holds {int(part_bad.sum())} non-finite value(s) (NaN or inf), the first at index {first}: "
+                "the solve starts from it. Clean the input (or lower the learning rate if it came from training)."
+            )
 
 
 def _check_times(t: Any, y0: torch.Tensor) -> torch.Tensor:
@@ -161,11 +192,14 @@ def _solve(
         raise ValueError(f"`gradient` must be one of {_GRADIENTS}, got {gradient!r}.")
     method = _check_method(method)
     options = _check_options(method, options)
-    flat, shapes = _check_state(y0)
+    flat, shapes = _check_state(y0, method)
     t = _check_times(t, flat)
     _warn_callbacks(func, method)
     params = _params(func, adjoint_params, gradient) if gradient != "backprop" else ()
     rtol, atol = tolerance(rtol, shapes, "rtol"), tolerance(atol, shapes, "atol")
+    if flat.numel() == 0:  # an empty batch: nothing to integrate; one evaluation joins it to func's graph
+        y = flat + 0 * Problem(func, shapes)(t[0], flat)
+        return unflatten(y.unsqueeze(0).expand(len(t), *y.shape), shapes, (len(t),))
     sign = -1.0 if len(t) > 1 and bool(t[0] > t[1]) else 1.0
     max_num_steps = options.pop("max_num_steps", None)
     problem = Problem(func, shapes, sign, max_num_steps, kind(method))
@@ -307,6 +341,7 @@ def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, co
         raise ValueError("`event_fn` runs on the shared step; use controller='batch' with it.")
     if not isinstance(y0, torch.Tensor):
         raise ValueError("controller='per_sample' needs a tensor `y0` of shape (batch, *state), not a tuple.")
+    _check_state(y0, method or "dopri5")
     kw = dict(rtol=rtol, atol=atol, method=method or "dopri5", options=options, gradient=gradient, params=params)
     return odeint_per_sample(func, y0, t, **kw)
 
@@ -391,7 +426,7 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
         raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
     method = _check_method(method)
     opts = _check_options(method, options)
-    flat, shapes = _check_state(y0)
+    flat, shapes = _check_state(y0, method)
     t = _check_times(t, flat)
     if len(t) < 2:
         raise ValueError("with `event_fn`, `t` needs two times: the start and any later (or earlier) time.")
