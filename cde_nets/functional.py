@@ -471,6 +471,14 @@ def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, even
         except AssertionError as exc:
             reason = Reason.UNDERFLOW if "underflow" in str(exc) else Reason.OTHER
             raise SolverError(f"{str(exc)[:300]}", reason=reason) from exc
+        except RuntimeError as exc:
+            # torchdiffeq's fixed-step search stops itself after 20000 steps, uncounted by the step callback
+            words = str(exc).rstrip(".").split()
+            if not str(exc).startswith("Reached maximum number of iterations") or not words[-1].isdigit():
+                raise
+            error = SolverError(str(exc), reason=Reason.MAX_STEPS)
+            error.steps = int(words[-1])  # type: ignore[attr-defined]
+            raise error from exc
     return s_event, found
 
 
@@ -480,20 +488,22 @@ class _WatchedEvent:
 
     def __init__(self, event_fn: Callable, sign: float, shapes: list[torch.Size] | None):
         self.event_fn, self.sign, self.shapes = event_fn, sign, shapes
-        self.first: tuple[float, torch.Tensor] | None = None
-        self.last: tuple[float, torch.Tensor] | None = None
+        self.first: tuple[Any, Any] | None = None
+        self.last: tuple[Any, Any] | None = None
 
     def __call__(self, s: torch.Tensor, y: torch.Tensor) -> Any:
         t = -s if self.sign < 0 else s
         g = self.event_fn(t, unflatten(y, self.shapes))
-        self.last = (float(t), g)
+        self.last = (t, g)  # read only for a message: no host read per evaluation
         if self.first is None:
             self.first = self.last
         return g
 
     def no_sign_change(self, exc: SolverError, limit: int, default: bool) -> SolverError:
         """The error of a search that stopped (``exc``) before the event function changed sign."""
-        if exc.reason is Reason.MAX_STEPS:
+        if exc.reason is Reason.MAX_STEPS and hasattr(exc, "steps"):
+            why = f"within {exc.steps} steps (torchdiffeq's limit of a fixed-step search)"
+        elif exc.reason is Reason.MAX_STEPS:
             why = f"within {limit} steps (the event search's default limit)" if default else ""
             why = why or f"within max_num_steps={limit} steps"
         else:
@@ -501,7 +511,7 @@ class _WatchedEvent:
         seen = ""
         if self.first is not None and self.last is not None:
             (t0, g0), (t1, g1) = self.first, self.last
-            seen = f": g = {_values(g0)} at t = {t0:.6g} (the start), g = {_values(g1)} at t = {t1:.6g}"
+            seen = f": g = {_values(g0)} at t = {float(t0):.6g} (the start), g = {_values(g1)} at t = {float(t1):.6g}"
             seen += " (the last time searched)"
         reason = exc.reason if exc.reason in (Reason.NONFINITE, Reason.NONFINITE_GRADIENT) else Reason.NO_EVENT
         return SolverError(

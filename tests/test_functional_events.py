@@ -125,3 +125,17 @@ def test_event_search_has_a_default_step_limit(monkeypatch):
             atol=1e-6,
         )
     assert len(calls) <= 6 * 41 + 2  # dopri5: six evaluations a step, two for the first step size
+
+
+def test_fixed_step_event_search_that_never_changes_sign_is_named():
+    """torchdiffeq's fixed-step search gives up after 20000 steps with a bare RuntimeError: named the same way."""
+    with pytest.raises(SolverError, match=r"never changed sign within 20000 steps .*g = 2 at t = 0 ") as info:
+        odeint_event(
+            lambda t, y: -y,
+            torch.ones((), dtype=F64),
+            torch.tensor(0.0, dtype=F64),
+            event_fn=lambda t, y: y + 1.0,
+            method="euler",
+            options={"step_size": 1.0},
+        )
+    assert info.value.reason is Reason.NO_EVENT
