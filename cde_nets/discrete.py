@@ -10,6 +10,7 @@ with ``forward(t, y)`` runs too: ``discretize(module, scheme, T=..., steps=N)`` 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -253,10 +254,22 @@ class DiscreteNet(Block):
                 if save is not None and l + 1 in save:
                     ys.append(scheme.readout(state))
             y = scheme.readout(state)
+            self._check_condition_n1(y, f.u)
         sol = Solution(y=y, ts=ts, ys=None if save is None else torch.stack(ys), stats=self._stats(self.field.grid.L))
         if isinstance(g, DiscreteIntegrands):
             sol.regularisation = g.means()
         return self._finite(sol, f, y0)
+
+    def _check_condition_n1(self, y: torch.Tensor, u: torch.Tensor | None) -> None:
+        """A net of Euler layers without stopping on a field with a stability condition (NAIS): where the weights
+        do not bound it everywhere (``contracts_everywhere``), measure it where the layers ended, and warn once if
+        it fails (the stopping net warns where its samples ran out of layers)."""
+        bound = getattr(self.field, "contracts_everywhere", None)
+        if bound is None or u is None or self in _WARNED or not isinstance(self.scheme, Euler):
+            return
+        if torch.compiler.is_compiling() or bound(self.h):
+            return
+        _warn_if_unstable(self, self.field, y.detach(), u, self.field.grid.L - 1, self.h, False)
 
     def _weights(self) -> tuple[float, ...]:
         """The layer's stage weights ``b_i`` (forward Euler: one stage of weight 1)."""
@@ -312,7 +325,7 @@ class DiscreteNet(Block):
         unconverged = int((~converged).sum())
         if unconverged:
             u = None if f.u is None else f.u[~converged]
-            _warn_if_unstable(self.field, y[~converged].detach(), u, min(max_depth, L) - 1, h)
+            _warn_if_unstable(self, self.field, y[~converged].detach(), u, min(max_depth, L) - 1, h, True)
         return Solution(
             y=y,
             stats=self._stats(taken),
@@ -379,23 +392,37 @@ class DiscreteNet(Block):
         return f"scheme={self.scheme!r}, layers={self.field.grid.L}, h={self.h:.4g} ({name}, {eq})"
 
 
-def _warn_if_unstable(field: nn.Module, x: torch.Tensor, u: torch.Tensor | None, l: int, h: float) -> None:
-    """Samples ran out of layers: if the field has a stability condition (NAIS, Condition N1: the Euler block
-    contracts where ``stability_margin < 1``) and it fails where they stopped, say so."""
+# the nets that have warned that their weights break the field's stability condition: each warns once
+_WARNED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _warn_if_unstable(
+    net: nn.Module, field: nn.Module, x: torch.Tensor, u: torch.Tensor | None, l: int, h: float, stopping: bool
+) -> None:
+    """If the field has a stability condition (NAIS, Condition N1: the Euler block contracts where
+    ``stability_margin < 1``) and it fails at the states ``x`` (where a stopping net's samples ran out of layers,
+    or where a net without stopping ended), say so, once per net."""
     margin = getattr(field, "stability_margin", None)
-    if margin is None or u is None or x.dim() != 2:
+    if net in _WARNED or margin is None or u is None or x.dim() != 2 or torch.compiler.is_compiling():
         return
     with torch.no_grad():
-        if margin(x, u.detach(), h=h, l=l) < 1:
-            return
-    # a fixed text: the default warning filter shows it once per calling line, not on every solve
+        value = margin(x, u.detach(), h=h, l=l)
+    if value < 1:
+        return
+    _WARNED.add(net)
+    name = type(field).__name__
+    where = (
+        "a stopping net ran samples to `max_depth` without converging, and its weights break the stability condition: "
+        if stopping
+        else "the weights of this net break the stability condition: "
+    )
     warnings.warn(
-        "a stopping net ran samples to `max_depth` without converging, and its weights break the stability "
-        f"condition: `{type(field).__name__}.stability_margin(x, u)` >= 1 where they stopped (it must be < 1, "
-        "Condition N1). Call `field.project_()` after every optimiser step (Alg. N1); `Solution.unconverged` "
-        "counts the samples.",
+        f"{where}`{name}.stability_margin(x, u)` = {value:.4g} >= 1 where they "
+        f"{'stopped' if stopping else 'ended'} (it must be < 1, Condition N1, for the Euler block to contract). "
+        "Call `field.project_()` after every optimiser step (Alg. N1)"
+        + ("; `Solution.unconverged` counts the samples." if stopping else "."),
         UserWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
 
 

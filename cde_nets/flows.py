@@ -27,6 +27,7 @@ from .functional import odeint
 from .regularisers import AugmentedField, check_flow_settings, draw_probe, integrate_augmented, steer_time
 from .solution import Solution
 from .solvers.counting import SolverStats
+from .solvers.errors import check_finite
 from .solvers.gradients import GradientMethod
 
 __all__ = ["ContinuousFlow", "standard_normal_log_prob", "bits_per_dim"]
@@ -115,6 +116,7 @@ class ContinuousFlow(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], int]:
         if not isinstance(x, torch.Tensor) or x.dim() < 2 or not x.is_floating_point():
             raise ValueError("`x` must be a floating-point tensor of shape (batch, dim).")
+        check_finite("x", x.detach())
         zero = x.new_zeros(x.shape[0])
         call = self.aug.bind(draw_probe(x, self.noise, generator) if self.aug.needs_probe else None)
         t = torch.stack([zero.new_zeros(()), steer_time(self.T, self.steer, self.training, x)])

@@ -39,10 +39,11 @@ from cde_nets.solvers.dropin import (
     flip_options,
     kind,
     solve_flat,
+    state_norm,
     tolerance,
     unflatten,
 )
-from cde_nets.solvers.errors import SolverError
+from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.output_times import with_output_times, with_start_time
@@ -52,6 +53,9 @@ from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
+# the event search's step limit when `options` set no `max_num_steps` (torchdiffeq's search has none, so an event
+# that never changes sign runs it for ever): the blocks' `max_steps` default
+EVENT_MAX_STEPS = 100_000
 METHODS = (*ADAPTIVE, *FIXED, *IMPLICIT, "scipy_solver")
 
 _ADAPTIVE_OPTIONS = {
@@ -105,15 +109,46 @@ def _check_options(method: str, options: dict | None, name: str = "options") -> 
     return dict(options)
 
 
-def _check_state(y0: Any) -> tuple[torch.Tensor, list[torch.Size] | None]:
-    """The state as one flat tensor (a tuple's parts concatenated) and the parts' shapes (``None``: a tensor)."""
+def _check_state(y0: Any, method: str) -> tuple[torch.Tensor, list[torch.Size] | None]:
+    """The state as one flat tensor (a tuple's parts concatenated) and the parts' shapes (``None``: a tensor);
+    refused, naming ``y0``, where it holds NaN/inf or is half precision under an adaptive method."""
     if isinstance(y0, torch.Tensor):
-        return y0, None
-    if not isinstance(y0, tuple) or not y0 or not all(isinstance(y, torch.Tensor) for y in y0):
-        raise TypeError(f"`y0` must be a tensor or a tuple of tensors, got {type(y0).__name__}.")
-    if len({y.dtype for y in y0}) > 1 or len({y.device for y in y0}) > 1:
-        raise ValueError("the tensors of a tuple `y0` must share one dtype and device; cast them first.")
-    return torch.cat([y.reshape(-1) for y in y0]), [y.shape for y in y0]
+        flat, shapes = y0, None
+    else:
+        if not isinstance(y0, tuple) or not y0 or not all(isinstance(y, torch.Tensor) for y in y0):
+            raise TypeError(f"`y0` must be a tensor or a tuple of tensors, got {type(y0).__name__}.")
+        if len({y.dtype for y in y0}) > 1 or len({y.device for y in y0}) > 1:
+            raise ValueError("the tensors of a tuple `y0` must share one dtype and device; cast them first.")
+        flat, shapes = torch.cat([y.reshape(-1) for y in y0]), [y.shape for y in y0]
+    if method in ADAPTIVE and flat.dtype in (torch.float16, torch.bfloat16):
+        raise ValueError(
+            f"the adaptive method={method!r} does not support {str(flat.dtype).removeprefix('torch.')} states: its "
+            "error norms and step times are computed in the state's dtype, where they overflow or cannot resolve a "
+            "step. Use a float32/float64 `y0`, or a fixed-step method (e.g. method='rk4' with "
+            "options={'step_size': ...}), which runs in half precision."
+        )
+    if flat.is_floating_point() and not torch.compiler.is_compiling():
+        _check_finite(y0, flat, shapes)
+    return flat, shapes
+
+
+def _check_finite(y0: State, flat: torch.Tensor, shapes: list[torch.Size] | None) -> None:
+    """Refuse a ``y0`` holding NaN/inf, naming the part and the first index: the solve would start from it (one
+    host read)."""
+    with torch.no_grad():
+        bad = ~torch.isfinite(flat)
+        if not bool(bad.any()):
+            return
+    parts: list[torch.Tensor] = [flat] if shapes is None else list(y0)
+    for k, y in enumerate(parts):
+        part_bad = ~torch.isfinite(y.detach())
+        if bool(part_bad.any()):
+            name = "`y0`" if shapes is None else f"`y0[{k}]`"
+            first = tuple(part_bad.nonzero()[0].tolist())
+            raise ValueError(
+                f"{name} holds {int(part_bad.sum())} non-finite value(s) (NaN or inf), the first at index {first}: "
+                "the solve starts from it. Clean the input (or lower the learning rate if it came from training)."
+            )
 
 
 def _check_times(t: Any, y0: torch.Tensor) -> torch.Tensor:
@@ -159,11 +194,14 @@ def _solve(
         raise ValueError(f"`gradient` must be one of {_GRADIENTS}, got {gradient!r}.")
     method = _check_method(method)
     options = _check_options(method, options)
-    flat, shapes = _check_state(y0)
+    flat, shapes = _check_state(y0, method)
     t = _check_times(t, flat)
     _warn_callbacks(func, method)
     params = _params(func, adjoint_params, gradient) if gradient != "backprop" else ()
     rtol, atol = tolerance(rtol, shapes, "rtol"), tolerance(atol, shapes, "atol")
+    if flat.numel() == 0:  # an empty batch: nothing to integrate; one evaluation joins it to func's graph
+        y = flat + 0 * Problem(func, shapes)(t[0], flat)
+        return unflatten(y.unsqueeze(0).expand(len(t), *y.shape), shapes, (len(t),))
     sign = -1.0 if len(t) > 1 and bool(t[0] > t[1]) else 1.0
     max_num_steps = options.pop("max_num_steps", None)
     problem = Problem(func, shapes, sign, max_num_steps, kind(method))
@@ -174,7 +212,7 @@ def _solve(
     if len(t) == 1:
         ys = flat.unsqueeze(0).clone()
     else:
-        opts = flip_options(options, sign, shapes)
+        opts = state_norm(flip_options(options, sign, shapes), shapes, method)
         adj = dict(adjoint or {})
         if gradient == "adjoint":
             adj["options"] = flip_options(adj["options"], sign, shapes, adjoint=True)
@@ -304,6 +342,7 @@ def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, co
         raise ValueError("`event_fn` runs on the shared step; use controller='batch' with it.")
     if not isinstance(y0, torch.Tensor):
         raise ValueError("controller='per_sample' needs a tensor `y0` of shape (batch, *state), not a tuple.")
+    _check_state(y0, method or "dopri5")
     kw = dict(rtol=rtol, atol=atol, method=method or "dopri5", options=options, gradient=gradient, params=params)
     return odeint_per_sample(func, y0, t, **kw)
 
@@ -388,22 +427,24 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
         raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
     method = _check_method(method)
     opts = _check_options(method, options)
-    flat, shapes = _check_state(y0)
+    flat, shapes = _check_state(y0, method)
     t = _check_times(t, flat)
     if len(t) < 2:
         raise ValueError("with `event_fn`, `t` needs two times: the start and any later (or earlier) time.")
     sign = -1.0 if bool(t[0] > t[1]) else 1.0
-    problem = Problem(func, shapes, sign, opts.pop("max_num_steps", None), kind(method))
-
-    def event(s, y):
-        return event_fn(-s if sign < 0 else s, unflatten(y, shapes))
-
-    if method in IMPLICIT:
-        grid = ImplicitGrid(problem, method, flip_options(opts, sign, shapes))
-        tol = float(atol) if isinstance(atol, float | int) else float(torch.as_tensor(atol).min())
-        s_event, found = implicit_until_event(grid, flat.detach(), float(t[0].detach()) * sign, event, tol)
-    else:
-        s_event, found = _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, event)
+    limit = opts.pop("max_num_steps", None)
+    steps = EVENT_MAX_STEPS if limit is None else int(limit)
+    problem = Problem(func, shapes, sign, steps, kind(method))
+    event = _WatchedEvent(event_fn, sign, shapes)
+    try:
+        if method in IMPLICIT:
+            grid = ImplicitGrid(problem, method, flip_options(opts, sign, shapes))
+            tol = float(atol) if isinstance(atol, float | int) else float(torch.as_tensor(atol).min())
+            s_event, found = implicit_until_event(grid, flat.detach(), float(t[0].detach()) * sign, event, tol)
+        else:
+            s_event, found = _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, event)
+    except SolverError as exc:
+        raise event.no_sign_change(exc, steps, limit is None) from exc
     t_star = (s_event.to(t.dtype) * sign).reshape(())
     if not torch.is_grad_enabled():
         return t_star, unflatten(found, shapes, (2,))
@@ -425,12 +466,68 @@ def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, even
                 rtol=tolerance(rtol, shapes, "rtol"),
                 atol=tolerance(atol, shapes, "atol"),
                 method=torchdiffeq_method(method),
-                options=flip_options(opts, sign, shapes),
+                options=state_norm(flip_options(opts, sign, shapes), shapes, method),
                 event_fn=event,
             )
         except AssertionError as exc:
-            raise SolverError(f"the event search stopped: {str(exc)[:300]}.") from exc
+            reason = Reason.UNDERFLOW if "underflow" in str(exc) else Reason.OTHER
+            raise SolverError(f"{str(exc)[:300]}", reason=reason) from exc
+        except RuntimeError as exc:
+            # torchdiffeq's fixed-step search stops itself after 20000 steps, uncounted by the step callback
+            words = str(exc).rstrip(".").split()
+            if not str(exc).startswith("Reached maximum number of iterations") or not words[-1].isdigit():
+                raise
+            error = SolverError(str(exc), reason=Reason.MAX_STEPS)
+            error.steps = int(words[-1])  # type: ignore[attr-defined]
+            raise error from exc
     return s_event, found
+
+
+class _WatchedEvent:
+    """The user's event function on the engine's flat, forwards problem, in the user's time and shapes; it keeps
+    its first and last values, which a search that finds no change of sign reports."""
+
+    def __init__(self, event_fn: Callable, sign: float, shapes: list[torch.Size] | None):
+        self.event_fn, self.sign, self.shapes = event_fn, sign, shapes
+        self.first: tuple[Any, Any] | None = None
+        self.last: tuple[Any, Any] | None = None
+
+    def __call__(self, s: torch.Tensor, y: torch.Tensor) -> Any:
+        t = -s if self.sign < 0 else s
+        g = self.event_fn(t, unflatten(y, self.shapes))
+        self.last = (t, g)  # read only for a message: no host read per evaluation
+        if self.first is None:
+            self.first = self.last
+        return g
+
+    def no_sign_change(self, exc: SolverError, limit: int, default: bool) -> SolverError:
+        """The error of a search that stopped (``exc``) before the event function changed sign."""
+        if exc.reason is Reason.MAX_STEPS and hasattr(exc, "steps"):
+            why = f"within {exc.steps} steps (torchdiffeq's limit of a fixed-step search)"
+        elif exc.reason is Reason.MAX_STEPS:
+            why = f"within {limit} steps (the event search's default limit)" if default else ""
+            why = why or f"within max_num_steps={limit} steps"
+        else:
+            why = f"before the search stopped ({str(exc).rstrip('.')})"
+        seen = ""
+        if self.first is not None and self.last is not None:
+            (t0, g0), (t1, g1) = self.first, self.last
+            seen = f": g = {_values(g0)} at t = {float(t0):.6g} (the start), g = {_values(g1)} at t = {float(t1):.6g}"
+            seen += " (the last time searched)"
+        reason = exc.reason if exc.reason in (Reason.NONFINITE, Reason.NONFINITE_GRADIENT) else Reason.NO_EVENT
+        return SolverError(
+            f"the event function never changed sign {why}{seen}. Check `event_fn` (the search looks for a change of "
+            "sign, not a touch of zero), or raise options['max_num_steps'] if the event lies further on.",
+            nfe=exc.nfe,
+            reason=reason,
+        )
+
+
+def _values(g: Any) -> str:
+    """An event value for a message: one number, or the first few of several."""
+    v = torch.as_tensor(g).detach().reshape(-1).tolist()
+    text = ", ".join(f"{x:.6g}" for x in v[:4]) + (", ..." if len(v) > 4 else "")
+    return text if len(v) == 1 else f"[{text}]"
 
 
 def _event_state(
@@ -452,10 +549,19 @@ def _event_state(
         g = event_fn(tt, unflatten(y_star, shapes))
         f = Problem(func, shapes)(tt.detach(), y_star.detach())
         yd = y_star.detach().requires_grad_(True)
-        g_t, g_y = torch.autograd.grad(event_fn(tt, unflatten(yd, shapes)), (tt, yd), allow_unused=True)
+        g_local = event_fn(tt, unflatten(yd, shapes))
+        g_t, g_y = (None, None)
+        if isinstance(g_local, torch.Tensor) and g_local.requires_grad:
+            g_t, g_y = torch.autograd.grad(g_local, (tt, yd), allow_unused=True)
     dg = torch.zeros((), dtype=t.dtype, device=t.device)
     dg = dg + (0.0 if g_t is None else g_t.to(t.dtype)) + (0.0 if g_y is None else (g_y * f).sum().to(t.dtype))
-    event_t = t_star.detach() - (g - g.detach()).to(t.dtype) / dg.detach().to(t.dtype)
+    if (g_y is None or not bool(g_y.any())) and not bool(dg):
+        # g does not move with (t, y) at t*: the search stopped where g jumps to a value of its own (torchdiffeq's
+        # examples guard an end time with `zeros_like(t)`, which has no graph). That time moves with nothing, so
+        # its gradient is zero, as torchdiffeq's formula gives; the zero stays joined to the inputs' graph.
+        event_t = t_star.detach() + (0.0 * y_star.sum()).to(t.dtype) if y_star.requires_grad else t_star.detach()
+    else:
+        event_t = t_star.detach() - (g - g.detach()).to(t.dtype) / dg.detach().to(t.dtype)
     y_event = y_star + f * (event_t - event_t.detach()).to(y_star.dtype)
     out = torch.cat([y_sol[:-1], y_event.unsqueeze(0)])
     return event_t, unflatten(out, shapes, (2,))

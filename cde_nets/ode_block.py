@@ -118,7 +118,8 @@ class ODEBlock(Block):
             grid always contains every piece boundary.
         jumps: adaptive methods only (default True): tell the solver where time-varying parameters jump
             (torchdiffeq's ``jump_t``).
-        max_steps: steps allowed per solve before :class:`~cde_nets.solvers.errors.SolverError`.
+        max_steps: steps allowed per solve before :class:`~cde_nets.solvers.errors.SolverError` (default 100 000);
+            torchdiffeq's ``options={"max_num_steps": n}`` is the same setting.
         options: further torchdiffeq options (unknown keys raise).
         solver: instead of ``method`` … ``options``, one :class:`~cde_nets.solvers.options.SolverOptions`
             (shared between blocks and diagnostics).
@@ -157,7 +158,7 @@ class ODEBlock(Block):
         gradient: str | GradientMethod | None = None,
         step_size: float | None = None,
         jumps: bool | None = None,
-        max_steps: int = 100_000,
+        max_steps: int | None = None,
         options: dict | None = None,
         stop: Stop | dict | None = None,
         *,

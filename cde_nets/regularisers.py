@@ -37,6 +37,7 @@ from .collected_terms import current_terms
 from .functional import odeint
 from .solvers.dropin import ADAPTIVE
 from .solvers.gradients import GradientMethod
+from .solvers.norms import StateNorm
 from .training import Regulariser
 
 __all__ = [
@@ -205,10 +206,14 @@ def integrate_augmented(
 
     An adaptive method controls its steps on ``(z, ℓ)`` alone unless ``options`` names a ``norm``: the regularisers
     are quadratures that feed nothing back, and letting their error steer the steps would make a regularised
-    solve take more steps than an unregularised one of the same field.
+    solve take more steps than an unregularised one of the same field. The norm is the RMS over ``z`` and ``ℓ``
+    together, not the largest of their two RMS norms (torchdiffeq's default for a tuple state, which
+    :func:`~cde_nets.odeint` follows): the flows' recorded runs were made with it.
     """
-    if aug.regularisers and method in ADAPTIVE and "norm" not in (options or {}):
-        options = {**(options or {}), "norm": controlled_norm(len(state) - len(aug.regularisers))}
+    if method in ADAPTIVE and "norm" not in (options or {}):
+        controlled = len(state) - len(aug.regularisers)
+        norm = controlled_norm(controlled) if aug.regularisers else StateNorm()  # StateNorm(): the RMS over all
+        options = {**(options or {}), "norm": norm}
     kw: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options, gradient=gradient)
     if gradient not in ("backprop",):
         kw["adjoint_params"] = tuple(params or ())
@@ -217,8 +222,7 @@ def integrate_augmented(
 
 
 def controlled_norm(k: int) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
-    """The RMS norm of the first ``k`` parts of a tuple state's scaled error (torchdiffeq's default norm, over
-    those parts only)."""
+    """The RMS norm over the first ``k`` parts of a tuple state's scaled error, concatenated."""
 
     def norm(parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return torch.cat([p.reshape(-1) for p in parts[:k]]).square().mean().sqrt()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from cde_nets.checkpoint import RunInUseError, RunLock
+from cde_nets.checkpoint import CheckpointError, RunInUseError, RunLock
 from cde_nets.cli import did_you_mean
 from cde_nets.training import checkpointing
 
@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
             print(format_table(res))
             print(f"\n(wrote {path})\n", flush=True)
         print(f"total {time.perf_counter() - t0:.1f} s")
+    except CheckpointError as exc:
+        # a checkpoint that cannot be resumed from: its own message names the file and the fix; nothing is deleted
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         lock.__exit__()
     return 0

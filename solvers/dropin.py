@@ -1,7 +1,8 @@
 r"""The engine beneath :mod:`cde_nets.functional` (torchdiffeq's ``odeint`` API): the user's problem normalised to
 one flat state integrated forwards, and the one function that hands it to the engine.
 
-A tuple state is concatenated into one tensor; decreasing times ``t`` are negated (``s = −t``,
+A tuple state is concatenated into one tensor (its default error norm stays torchdiffeq's, the largest of its parts'
+RMS norms: :func:`state_norm`); decreasing times ``t`` are negated (``s = −t``,
 ``dy/ds = −func(−s, y)``) with the options that hold times (``step_t``, ``jump_t``, a grid constructor); the
 user's torchdiffeq callbacks are forwarded in the user's own time and shapes. :func:`solve_flat` then picks the
 engine's piece: the fast Runge-Kutta path (:mod:`solvers.fast_rk`), the piecewise seminorm adjoint
@@ -17,12 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import SolverError
+from .errors import Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .gradients import Adjoint, Checkpoint, GradientMethod
 from .grids import negated_time_options
 from .implicit_grid import ImplicitGrid
 from .implicit_tableaux import IMPLICIT_TABLEAUX
+from .norms import StateNorm
 from .per_sample import wants_rows
 from .piecewise_adjoint import piecewise_adjoint
 from .replay import replay_gradient
@@ -39,6 +41,7 @@ __all__ = [
     "flip_options",
     "kind",
     "solve_flat",
+    "state_norm",
     "tolerance",
     "unflatten",
 ]
@@ -114,7 +117,8 @@ class Problem(nn.Module):
             at = float(torch.as_tensor(t0).detach()) * self.sign
             raise SolverError(
                 f"max_num_steps={self.max_num_steps} exceeded at t={at:.6g}; raise "
-                "`options['max_num_steps']` or loosen `rtol`/`atol` (the field may be stiff)."
+                "`options['max_num_steps']` or loosen `rtol`/`atol` (the field may be stiff).",
+                reason=Reason.MAX_STEPS,
             )
         if self.recorder is not None:
             if self.kind == "fixed":
@@ -156,13 +160,21 @@ def kind(method: str) -> str | None:
 def flip_options(options: dict, sign: float, shapes: list[torch.Size] | None, adjoint: bool = False) -> dict:
     """Options in the engine's time and state: negated ``step_t``/``jump_t``/grid, a tuple state's ``norm``."""
     options = negated_time_options(options) if sign < 0 else dict(options)
-    if shapes is not None and callable(options.get("norm")):
+    if shapes is not None and callable(options.get("norm")) and not isinstance(options["norm"], StateNorm):
         norm = options["norm"]
         if adjoint:  # the backward state (t, y, a, *parameter gradients): y and a in the user's parts
             options["norm"] = lambda s: norm((s[0], *unflatten(s[1], shapes), *unflatten(s[2], shapes), *s[3:]))
         else:
             options["norm"] = lambda y: norm(unflatten(y, shapes))
     return options
+
+
+def state_norm(options: dict, shapes: list[torch.Size] | None, method: str) -> dict:
+    """``options`` with torchdiffeq's default error norm of a tuple state for an adaptive method: the largest of
+    its parts' RMS norms (:class:`~solvers.norms.StateNorm`) where ``options`` name no ``norm``."""
+    if shapes is None or method not in ADAPTIVE or "norm" in options:
+        return options
+    return {**options, "norm": StateNorm([s.numel() for s in shapes])}
 
 
 def _step_grid(step_size: float) -> Callable:
@@ -216,6 +228,7 @@ def solve_flat(
             fast_options.setdefault("grid_constructor", _step_grid(step))
     if fast_options.get("interp", "linear") == "linear":
         fast_options.pop("interp", None)
+    own_norm = "norm" in options and not isinstance(options["norm"], StateNorm)  # a norm of the user's
     fast = (
         set(fast_options) <= _FAST_OPTIONS
         and isinstance(rtol, float | int | torch.Tensor)
@@ -236,7 +249,7 @@ def solve_flat(
         )
     if isinstance(gradient, Adjoint):
         adj_options = adjoint["options"]
-        if adj_options.get("norm", "seminorm") == "seminorm" and "norm" not in options and method != "scipy_solver":
+        if adj_options.get("norm", "seminorm") == "seminorm" and not own_norm and method != "scipy_solver":
             adj_method = adjoint["method"]
             return piecewise_adjoint(
                 func,

@@ -20,6 +20,8 @@ class Reason(enum.Enum):
     BACKWARD_UNSTABLE = "backward solve diverged"
     NEWTON_DIVERGED = "newton_diverged"
     NEWTON_MAX_ITERS = "newton_max_iters"
+    NEWTON_SINGULAR = "newton_singular"
+    NO_EVENT = "event never changed sign"
     OTHER = "other"
 
 

@@ -12,9 +12,12 @@ its order, so for ``dopri5`` the values and backprop gradients are its own bit f
 - the weights ``h a_ij`` of a step are one host product; without a graph every result goes to a reused buffer,
   and from a few hundred elements on the CPU the stages are stage-major rows reduced in torch's own order;
 - the dense output is fitted only for the step that holds an output time;
-- the error norm ``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` is computed without a graph and read back once
-  per step with a finiteness probe of ``y_1``; step-size control runs on Python floats (IEEE doubles, as
-  torchdiffeq's float64 scalars), the times on the host beside the tensors that carry their graph.
+- the error norm ``‖err / (atol + rtol max(|y_0|, |y_1|))‖_RMS`` (for a tuple state, given as
+  ``options["norm"]``, a :class:`~solvers.norms.StateNorm`, the largest of its parts'; a norm of the user's is
+  called as torchdiffeq calls it) is computed without a graph and read back once per step with a finiteness
+  probe of ``y_1``; step-size control runs on Python floats
+  (IEEE doubles, as torchdiffeq's float64 scalars), the times on the host beside the tensors that carry their
+  graph.
 
 Methods: ``dopri5`` (Dormand & Prince 1980, "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6,
 with Shampine's 1986 dense output), ``tsit5`` (Tsitouras 2011, with his continuous extension), ``bosh3``
@@ -49,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .norms import StateNorm
 from .rk_stages import Buffered, Graph, Rows, sum_order
 from .step_sizes import attach, check_steps, controller_factor
 from .tableaux import TABLEAUX, MethodTableau, dense_at
@@ -70,7 +74,7 @@ _OPTIONS = {
     "jump_t",
     "perturb",
     "grid_constructor",
-    "norm",
+    "norm",  # torchdiffeq's: a callable of the scaled error (a tuple state's StateNorm by default)
     "step_t",
 }
 _NONE, _NEXT, _PREV = 0, 1, -1
@@ -278,14 +282,20 @@ def _engine(
     # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers; a norm of
     # the user's or per-element tolerances take the general engine
     fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
-    if fresh or norm is not None or isinstance(rtol, torch.Tensor) or isinstance(atol, torch.Tensor):
-        eng = Graph(y0, tab, last, rtol, atol)
-        eng.norm = norm
+    # the parts' largest RMS of a tuple state (StateNorm) runs in every engine; another norm of the user's, or
+    # per-element tolerances, take the general one
+    parts = norm.sizes if isinstance(norm, StateNorm) else None
+    custom = norm is not None and not isinstance(norm, StateNorm)
+    if fresh or custom or isinstance(rtol, torch.Tensor) or isinstance(atol, torch.Tensor):
+        eng = Graph(y0, tab, last, rtol, atol, parts)
+        eng.norm = norm if custom else None
         return eng
     # stage rows pay from a few hundred elements on (below, the fewer kernels of torchdiffeq's layout win)
     big = y0.device.type == "cpu" and tab.stages <= 7 and y0.numel() >= 256
     order = sum_order(y0.dtype, y0.numel()) if big else None
-    return Buffered(y0, tab, last, rtol, atol) if order is None else Rows(y0, tab, last, rtol, atol, order)
+    if order is None:
+        return Buffered(y0, tab, last, rtol, atol, parts)
+    return Rows(y0, tab, last, rtol, atol, order, parts)
 
 
 def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: str, options: dict) -> torch.Tensor:
@@ -365,12 +375,14 @@ class _Adaptive:
         # under a graph: every next step size as a function of the state (solvers.step_sizes)
         self.steps = steps
         self.differentiated = steps == "differentiated" and torch.is_grad_enabled()
+        # torchdiffeq's `norm`: a user's callable, or a tuple state's largest part RMS (StateNorm: also the RMS
+        # of a tensor state, by default)
+        self.norm = options.get("norm") or StateNorm()
         t0 = float(t[0])
         self.jumps = _times_from(options.get("jump_t"), t0)
         self.jump_index = min(bisect.bisect(self.jumps, t0), len(self.jumps) - 1)
         self.step_t = _times_from(options.get("step_t"), t0)  # times a step lands on (no re-read of the field)
         self.step_index = min(bisect.bisect(self.step_t, t0), len(self.step_t) - 1)
-        self.norm = options.get("norm")  # torchdiffeq's `norm` option: the error norm, if not the RMS
         self._fitted: tuple | None = None
         self._coeffs: list[torch.Tensor] = []
         self.on_step = _callback(func, "callback_step")
@@ -410,22 +422,17 @@ class _Adaptive:
         )
         return attach(value, dt * factor)
 
-    @staticmethod
-    def _rms(x: torch.Tensor) -> torch.Tensor:
-        return x.abs().pow(2).mean().sqrt()
-
     def _initial_step(self, t0: torch.Tensor, f0: torch.Tensor) -> Scalar:
         """Hairer, Nørsett & Wanner's initial step (§II.4) in the state's dtype; a tensor while it carries a graph
         (under ``backprop`` torchdiffeq differentiates through it)."""
         y0, dtype = self.y0, self.y0.dtype
         scale = self.atol + torch.abs(y0) * self.rtol
-        norm = self.norm or self._rms
-        d0, d1 = norm(y0 / scale).abs(), norm(f0 / scale).abs()
+        d0, d1 = self.norm(y0 / scale).abs(), self.norm(f0 / scale).abs()
         h0 = torch.tensor(1e-6, dtype=dtype, device=y0.device) if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
         h0 = h0.abs()
         y1 = y0 + h0 * f0  # before the time, as torchdiffeq: h0's gradient sums its parts in its order
         f1 = self.func(self.clock.at(t0 + h0), y1)
-        d2 = torch.abs(norm((f1 - f0) / scale) / h0)
+        d2 = torch.abs(self.norm((f1 - f0) / scale) / h0)
         if d1 <= 1e-15 and d2 <= 1e-15:
             h1 = torch.max(torch.tensor(1e-6, dtype=dtype, device=y0.device), h0 * 1e-3)
         else:

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from .errors import Reason, SolverError
-from .implicit_linear import REUSE_MAX_RATE, Carry, Iteration, kron_matrix
+from .implicit_linear import REUSE_MAX_RATE, Carry, Iteration, SingularMatrix, kron_matrix
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
 __all__ = [
@@ -111,8 +111,9 @@ class Newton:
 
 
 class ImplicitSolveError(SolverError):
-    """The stage equations of an implicit step did not converge. ``reason`` is ``Reason.NEWTON_DIVERGED`` or
-    ``Reason.NEWTON_MAX_ITERS``; ``iterations`` and ``residual`` (the largest last increment) say how far it got."""
+    """The stage equations of an implicit step did not converge. ``reason`` is ``Reason.NEWTON_DIVERGED``,
+    ``Reason.NEWTON_MAX_ITERS`` or ``Reason.NEWTON_SINGULAR`` (a Newton matrix without inverse); ``iterations`` and
+    ``residual`` (the largest last increment) say how far it got."""
 
     def __init__(self, message: str, reason: Reason, iterations: int, residual: float, nfe: int | None = None):
         super().__init__(message, nfe=nfe, reason=reason)
@@ -220,6 +221,32 @@ def solve_stages(
     simplified Newton after a failed fixed point takes the latter). ``carry``: what the previous step of a chain
     hands on (:class:`~solvers.implicit_linear.Carry`: simplified Newton's matrix, where iterations converged),
     used and updated here."""
+    try:
+        return _solve_stages(fun, t0, times, y, h, tab, newton, batched, guess, carry)
+    except SingularMatrix as exc:
+        raise ImplicitSolveError(
+            f"the Newton matrix I − h A ⊗ J of the implicit step at t={t0:.6g} (h={h:.3g}) is singular in "
+            f"sample(s) {exc.samples[:8]}: Newton cannot iterate, and the stage equations may have no solution at "
+            "this step size. Take smaller steps (`step_size`, or more layers in discrete mode), or use another "
+            "method.",
+            Reason.NEWTON_SINGULAR,
+            0,
+            math.inf,
+        ) from None
+
+
+def _solve_stages(
+    fun: Any,
+    t0: float,
+    times: list[float],
+    y: torch.Tensor,
+    h: float,
+    tab: ImplicitTableau,
+    newton: Newton,
+    batched: bool,
+    guess: torch.Tensor | None,
+    carry: Carry | None,
+) -> tuple[torch.Tensor, int, str]:
     ev = _StageFun(fun, times, batched)
     A, _, c, _ = coefficients(tab, y)
     hA, iters, carry = h * A, 0, Carry() if carry is None else carry
@@ -430,7 +457,17 @@ def _transposed_solve(
         return _transposed_fixed_point(ev, Y, A, h, g, max_iters, tol)
     s, B, n = Y.shape
     Q = kron_matrix(A, ev.jacobians(Y), h, transpose=True)
-    return torch.linalg.solve(Q, g.permute(1, 0, 2).reshape(B, s * n, 1)).reshape(B, s, n).permute(1, 0, 2)
+    v, info = torch.linalg.solve_ex(Q, g.permute(1, 0, 2).reshape(B, s * n, 1))
+    if bool(info.any()):
+        raise ImplicitSolveError(
+            f"the gradient of the implicit step from t={float(ev.times[0]):.6g} (h={h:.3g}) needs the stage system "
+            f"I − h Aᵀ ⊗ Jᵀ at its converged stages, which is singular in sample(s) "
+            f"{info.nonzero().reshape(-1).tolist()[:8]}. Take smaller steps (`step_size`), or use another method.",
+            Reason.NEWTON_SINGULAR,
+            0,
+            math.inf,
+        )
+    return v.reshape(B, s, n).permute(1, 0, 2)
 
 
 def _transposed_fixed_point(ev: _StageFun, Y, A, h, g, max_iters: int, tol: float | None) -> torch.Tensor:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .errors import SolverError
+from .errors import Reason, SolverError
 from .implicit import Newton, implicit_step
 from .implicit_tableaux import IMPLICIT_TABLEAUX
 
@@ -232,4 +232,6 @@ def implicit_until_event(
                 found = torch.stack([y0, grid_solver.read(t0, t1, y, y1, f0, te)])
                 return torch.tensor(te, dtype=dtype, device=y0.device), found
             t0, y = t1, y1
-    raise SolverError(f"no event in {_MAX_EVENT_STEPS} steps of {h}; check `event_fn` or the step size.")
+    raise SolverError(
+        f"no event in {_MAX_EVENT_STEPS} steps of {h}; check `event_fn` or the step size.", reason=Reason.MAX_STEPS
+    )

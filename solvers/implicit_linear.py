@@ -11,7 +11,7 @@ import torch
 
 from .implicit_tableaux import ImplicitTableau
 
-__all__ = ["Carry", "Iteration", "eigen_solver", "kron_matrix"]
+__all__ = ["Carry", "Iteration", "SingularMatrix", "eigen_solver", "kron_matrix"]
 
 
 def kron_matrix(A: torch.Tensor, J: torch.Tensor, h: float, transpose: bool = False) -> torch.Tensor:
@@ -36,12 +36,28 @@ def kron_matrix(A: torch.Tensor, J: torch.Tensor, h: float, transpose: bool = Fa
     return M
 
 
+class SingularMatrix(ArithmeticError):
+    """A Newton matrix ``I − h A ⊗ J`` that has no inverse; ``samples``: the batch rows whose matrix is singular.
+    :func:`~solvers.implicit.solve_stages` turns it into an ``ImplicitSolveError`` naming the step."""
+
+    def __init__(self, samples: list[int]):
+        super().__init__(f"singular Newton matrix in sample(s) {samples}")
+        self.samples = samples
+
+
 def _factor(M: torch.Tensor) -> tuple:
     """A batched factorisation to apply with :func:`_apply`: small matrices are inverted (one batched matmul per
-    Newton iteration beats per-matrix triangular solves), larger ones LU-factored."""
+    Newton iteration beats per-matrix triangular solves), larger ones LU-factored. :class:`SingularMatrix` if a
+    matrix of the batch has no inverse (one host read, as the checked factorisations make)."""
     if M.shape[-1] <= 32:
-        return ("inv", torch.linalg.inv(M))
-    return ("lu", *torch.linalg.lu_factor(M))
+        inverse, info = torch.linalg.inv_ex(M)
+        fac: tuple = ("inv", inverse)
+    else:
+        LU, pivots, info = torch.linalg.lu_factor_ex(M)
+        fac = ("lu", LU, pivots)
+    if bool(info.any()):
+        raise SingularMatrix(info.reshape(-1).nonzero().reshape(-1).tolist())
+    return fac
 
 
 def _apply(fac: tuple, rhs: torch.Tensor) -> torch.Tensor:

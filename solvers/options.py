@@ -79,8 +79,10 @@ def is_adaptive(method: str, step_size: float | None = None) -> bool:
     return method in ADAPTIVE_METHODS or (method in REVERSIBLE_METHODS and step_size is None)
 
 
-def check_options(method: str, options: Mapping | None) -> dict:
-    """A copy of ``options`` if every key is an option of ``method``, else a ``ValueError`` naming the valid ones."""
+def check_options(method: str, options: Mapping | None, controller: str = "batch") -> dict:
+    """A copy of ``options`` if every key is an option of ``method`` (under ``controller``), else a ``ValueError``
+    naming the valid ones. ``step_t`` is left to :func:`_check_controller` under ``"per_sample"``, which refuses
+    it with its own fix."""
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(f"`options` must be a dict of torchdiffeq options, got {type(options).__name__}.")
     options = dict(options or {})
@@ -96,10 +98,25 @@ def check_options(method: str, options: Mapping | None) -> dict:
     if unknown:
         fixed = method in FIXED_METHODS or method in OWN_FIXED_METHODS
         hint = "use `step_size=` of the block for fixed-step methods; " if fixed else ""
-        raise ValueError(
-            f"unknown option(s) {sorted(unknown)} for method {method!r}; {hint}valid: {sorted(valid) or 'none'}."
-        )
+        where = f"method {method!r}"
+        if controller == "per_sample" and method in ADAPTIVE_METHODS:
+            where, valid = f"{where} under controller='per_sample'", valid - {"step_t"}
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for {where}; {hint}valid: {sorted(valid) or 'none'}.")
     return options
+
+
+def _max_num_steps(options: Mapping | None, max_steps: int | None) -> tuple[Mapping | None, int]:
+    """torchdiffeq's ``options["max_num_steps"]`` is the block's ``max_steps``: ``(options without it, the step
+    budget)``; both given and different is refused. Default 100 000."""
+    if not isinstance(options, Mapping) or "max_num_steps" not in options:
+        return options, 100_000 if max_steps is None else max_steps
+    n = check_positive_int("options['max_num_steps']", options["max_num_steps"], "steps allowed per solve")
+    if max_steps is not None and max_steps != n:
+        raise ValueError(
+            f"`max_steps`={max_steps!r} and options['max_num_steps']={n} disagree: they are one setting, the steps "
+            "allowed per solve (torchdiffeq's name and the block's); give one of them."
+        )
+    return {k: v for k, v in options.items() if k != "max_num_steps"}, n
 
 
 def validate_tolerances(rtol: float, atol: float) -> tuple[float, float]:
@@ -133,7 +150,8 @@ class SolverOptions:
     Checked once, on construction, with errors that name the argument: tolerances belong to adaptive methods and
     ``step_size`` to fixed-step ones (``alf`` is either, by whether ``step_size`` is given); ``jumps`` tells an
     adaptive method where time-varying parameters jump (torchdiffeq's ``jump_t``, default on); ``options`` are
-    the method's further torchdiffeq options (unknown keys raise). ``rtol``/``atol`` default to 1e-6/1e-8.
+    the method's further torchdiffeq options (unknown keys raise; ``max_num_steps`` there is ``max_steps``, default
+    100 000). ``rtol``/``atol`` default to 1e-6/1e-8.
     ``controller``: ``"batch"`` (one step size for the whole batch, torchdiffeq's steps) or ``"per_sample"``
     (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample`).
     """
@@ -153,7 +171,7 @@ class SolverOptions:
         rtol: float | None = None,
         atol: float | None = None,
         step_size: float | None = None,
-        max_steps: int = 100_000,
+        max_steps: int | None = None,
         jumps: bool | None = None,
         options: Mapping[str, Any] | None = None,
         controller: str = "batch",
@@ -161,7 +179,8 @@ class SolverOptions:
         set_ = object.__setattr__  # frozen: every field is set once, here
         set_(self, "method", check_method(method))
         adaptive = is_adaptive(method, step_size)
-        set_(self, "options", FrozenOptions(check_options(method, options)))
+        options, max_steps = _max_num_steps(options, max_steps)
+        set_(self, "options", FrozenOptions(check_options(method, options, controller)))
         if not adaptive and (rtol is not None or atol is not None):
             raise ValueError(
                 f"`rtol`/`atol` control adaptive methods; the fixed-step {method!r} would ignore them. "

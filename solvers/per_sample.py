@@ -220,8 +220,8 @@ def odeint_per_sample(
             f"controller='per_sample' serves methods {list(PER_SAMPLE_METHODS)}, not {method!r}; use one of them, "
             "or the shared step (controller='batch') for other methods."
         )
-    if not isinstance(y0, torch.Tensor) or y0.dim() < 1 or y0.shape[0] == 0 or not y0.is_floating_point():
-        raise ValueError("`y0` must be a float tensor of shape (batch, *state) with batch >= 1.")
+    if not isinstance(y0, torch.Tensor) or y0.dim() < 1 or not y0.is_floating_point():
+        raise ValueError("`y0` must be a float tensor of shape (batch, *state).")
     name = _gradient_name(gradient, method)
     opts = dict(options or {})
     unknown = set(opts) - _OPTIONS
@@ -229,6 +229,11 @@ def odeint_per_sample(
         raise ValueError(f"unknown option(s) {sorted(unknown)} for controller='per_sample'; valid: {sorted(_OPTIONS)}.")
     times = _times(t, t_end, y0)
     B = y0.shape[0]
+    if B == 0:  # an empty batch: nothing to integrate; one evaluation joins the result to func's graph
+        t0 = times[:, 0].to(y0.dtype)
+        f0 = func(t0, y0, torch.zeros(0, dtype=torch.long, device=y0.device)) if rows else func(t0, y0)
+        out = (y0 + 0 * f0).unsqueeze(0).expand(times.shape[1], *y0.shape)
+        return (out, PerSampleInfo.zeros(0, y0.device)) if return_info else out
     info = PerSampleInfo.zeros(B, y0.device)
     F = _Field(func, y0.shape[1:], info, wants_rows(func) if rows is None else rows)
     stepper = Stepper(F, TABLEAUX[method], y0, opts, B)

@@ -61,6 +61,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .errors import BACKWARD_UNSTABLE, Reason, SolverError
+from .norms import StateNorm
 from .piece_grads import piece_slots
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
@@ -127,6 +128,12 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
 def _seminorm(state: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The backward error norm over ``(y, a)`` only."""
     return torch.maximum(_rms(state[0]), _rms(state[1]))
+
+
+def _seminorm_of(norm: StateNorm) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
+    """The seminorm with the forward solve's norm of ``y`` and ``a`` (a tuple state's: its parts' largest RMS, as
+    torchdiffeq's ``adjoint_options={"norm": "seminorm"}`` measures them)."""
+    return lambda state: torch.maximum(norm(state[0]), norm(state[1]))
 
 
 class _Straddled(Exception):
@@ -288,7 +295,7 @@ def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, 
             rtol=cfg["adjoint_rtol"],
             atol=cfg["adjoint_atol"],
             method=cfg["adjoint_method"],
-            options={**cfg["adjoint_options"], "norm": _seminorm},
+            options={**cfg["adjoint_options"], "norm": _backward_norm(cfg)},
         )
     except AssertionError as exc:
         if exc is dyn.field_error:
@@ -302,6 +309,11 @@ def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, 
     if not full:
         dyn.finish(t_lo, state)
     return state
+
+
+def _backward_norm(cfg: dict) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
+    norm = cfg["options"].get("norm")
+    return _seminorm_of(norm) if isinstance(norm, StateNorm) and norm.sizes is not None else _seminorm
 
 
 def _failure(cfg: dict, what: str, t_lo: float, t_hi: float) -> str:

@@ -4,7 +4,8 @@ dense output.
 torchdiffeq (the integrator of record, ``_runge_kutta_step`` and ``_interp_fit`` of its ``rk_common.py``) forms
 each stage input as ``Y_i = y_0 + Σ_j k_j (h a_ij)``: the weights ``h a_ij`` rounded to the state's dtype, the
 products rounded, summed over the stages' axis, added to ``y_0``; the error estimate ``Σ_j k_j (h e_j)`` alike;
-the error ratio is ``RMS(err / (atol + rtol max(|y_0|, |y_1|)))``; the dense output is the quartic through ``y_0``,
+the error ratio is ``RMS(err / (atol + rtol max(|y_0|, |y_1|)))`` (for a tuple state the largest of its parts'
+RMS norms, :mod:`solvers.norms`); the dense output is the quartic through ``y_0``,
 ``y_{1/2} = y_0 + Σ_j k_j (h m_j)`` and ``y_1`` with end slopes ``k_1``, ``k_s`` (Shampine 1986, "Some practical
 Runge-Kutta formulas", Math. Comp. 46), evaluated as ``e + x d + x² c + x³ b + x⁴ a``.
 
@@ -54,14 +55,29 @@ class Stages:
 
     graph = False
 
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
+    def __init__(
+        self,
+        y0: torch.Tensor,
+        tab: MethodTableau,
+        last: Sequence[float],
+        rtol: float,
+        atol: float,
+        parts: Sequence[int] | None = None,
+    ):
         self.s, self.shape, self.n = tab.stages, y0.shape, y0.numel()
         self.kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
         self.np = np.float32 if y0.dtype == torch.float32 else np.float64
         self.widths, self.table = _table(tab, tuple(last), self.np)
         self.rtol, self.atol = rtol, atol
-        self.norm: Callable[[torch.Tensor], torch.Tensor] | None = None  # the error norm, if not the RMS
+        self.norm: Callable[[torch.Tensor], torch.Tensor] | None = None  # a norm of the user's, if any
+        self.parts = None if parts is None else list(parts)  # a tuple state's part sizes (solvers.norms)
         self.host_h: float = math.nan  # h in the state's dtype, on the host
+
+    def largest_part_rms(self, squares: torch.Tensor) -> torch.Tensor:
+        """``max_i √mean(e_i²)`` over the parts ``e_i`` of the flat state, from the squares ``e²``: torchdiffeq's
+        norm of a tuple state (:class:`~solvers.norms.StateNorm`), each part's mean over its own elements."""
+        assert self.parts is not None
+        return torch.stack([part.mean().sqrt() for part in squares.reshape(-1).split(self.parts)]).amax()
 
     def round(self, x: float) -> float:
         return float(self.np(x))
@@ -110,8 +126,16 @@ class Buffered(Stages):
     sum's products go to a contiguous buffer of its width (so the reduction runs as torchdiffeq's does), every
     result into a reused buffer."""
 
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
-        super().__init__(y0, tab, last, rtol, atol)
+    def __init__(
+        self,
+        y0: torch.Tensor,
+        tab: MethodTableau,
+        last: Sequence[float],
+        rtol: float,
+        atol: float,
+        parts: Sequence[int] | None = None,
+    ):
+        super().__init__(y0, tab, last, rtol, atol, parts)
         shape, kw = y0.shape, self.kw
         self.sum = torch.empty(shape, **kw)
         # the state, the next state, a scratch stage input; the caller's y0 until the first step is accepted
@@ -169,7 +193,10 @@ class Buffered(Stages):
         tol = torch.maximum(self.a_cur, a_new, out=self.tol)
         tol.mul_(self.rtol).add_(self.atol)
         err.div_(tol).mul_(err)
-        torch.sqrt(torch.mean(err.view(-1), 0, keepdim=True, out=self.pair[:1]), out=self.pair[:1])
+        if self.parts is None:
+            torch.sqrt(torch.mean(err.view(-1), 0, keepdim=True, out=self.pair[:1]), out=self.pair[:1])
+        else:
+            self.pair[0] = self.largest_part_rms(err)
         torch.amax(a_new, out=self.pair[1])
         norm, top = self.pair.tolist()
         self.a_new = a_new
@@ -204,10 +231,17 @@ class Rows(Buffered):
     neither matches (another reduction, another device), :class:`Buffered` runs."""
 
     def __init__(
-        self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float, order: str
+        self,
+        y0: torch.Tensor,
+        tab: MethodTableau,
+        last: Sequence[float],
+        rtol: float,
+        atol: float,
+        order: str,
+        parts: Sequence[int] | None = None,
     ):
         self.order = order
-        super().__init__(y0, tab, last, rtol, atol)
+        super().__init__(y0, tab, last, rtol, atol, parts)
         self.flat = {id(b): b.view(-1) for b in (self.sum, self.err)}
 
     def _stage_buffers(self) -> None:
@@ -323,8 +357,16 @@ class Graph(Stages):
 
     graph = True
 
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
-        super().__init__(y0, tab, last, rtol, atol)
+    def __init__(
+        self,
+        y0: torch.Tensor,
+        tab: MethodTableau,
+        last: Sequence[float],
+        rtol: float,
+        atol: float,
+        parts: Sequence[int] | None = None,
+    ):
+        super().__init__(y0, tab, last, rtol, atol, parts)
         self.rows = _rows_on(tab, tuple(last), y0.dtype, y0.device)
         self.ks: list[torch.Tensor] = [y0] * self.s
         self.w: list[torch.Tensor] = []
@@ -402,7 +444,11 @@ class Graph(Stages):
             tol = torch.maximum(self.a_cur, a_new)
             tol.mul_(self.rtol).add_(self.atol)
             err.div_(tol)
-            ratio = err.mul_(err).mean().sqrt() if self.norm is None else self.norm(err).abs()
+            if self.norm is not None:  # a norm of the user's, on the scaled error as torchdiffeq calls it
+                ratio = self.norm(err).abs()
+            else:
+                err.mul_(err)
+                ratio = err.mean().sqrt() if self.parts is None else self.largest_part_rms(err)
             norm, top = torch.stack((ratio, a_new.amax())).tolist()
         self.a_new = a_new
         return norm, math.isfinite(top)
@@ -417,7 +463,8 @@ class Graph(Stages):
         tol = torch.maximum(y0.abs(), y_new.abs()) * self.rtol + self.atol
         if self.norm is not None:
             return self.norm(err / tol).abs()
-        return (err / tol).pow(2).mean().sqrt()
+        q = (err / tol).pow(2)
+        return q.mean().sqrt() if self.parts is None else self.largest_part_rms(q)
 
     def accept(self, y_new: torch.Tensor) -> torch.Tensor:
         self.cur, self.a_cur = y_new, self.a_new

@@ -101,3 +101,35 @@ def test_a_mistyped_name_gets_a_suggestion(capsys):
     with pytest.raises(SystemExit):
         cli(["benchmarks", "--only", "jumpnfe"])
     assert "['jumpnfe'] (did you mean 'jump_nfe'?)" in capsys.readouterr().err
+
+
+def test_resume_from_a_truncated_checkpoint_prints_the_error_alone_and_exits_2(tmp_path, capsys, monkeypatch):
+    """``--resume`` onto a truncated checkpoint: the CheckpointError's own message on one ``error:`` line (no
+    traceback), exit status 2 as for the other command-line errors, and the file left as it was."""
+    import torch
+    from torch import nn
+
+    import cde_nets.experiments.__main__ as experiments
+    from cde_nets.training import Trainer
+
+    def run(size, seed, out_dir):  # a one-epoch training in place of the reproduction: the same checkpointing
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(16, 2, generator=g)
+        Trainer(seed=seed, progress=False, desc="probe").fit(
+            nn.Linear(2, 2), (x, (x[:, 0] > 0).long(), None, None), epochs=1, batch_size=8
+        )
+        return {"name": "hauser", "size": size, "rows": [], "figures": []}
+
+    monkeypatch.setattr(experiments, "runner", lambda name: run)
+    monkeypatch.setattr(experiments, "attach", lambda res: res)
+    monkeypatch.setattr(experiments, "write_result", lambda res, out: tmp_path / "unused.json")
+    monkeypatch.setattr(experiments, "format_table", lambda res: "")
+    assert experiments_main(["hauser", "--tiny", "--out", str(tmp_path)]) == 0
+    (ckpt,) = (tmp_path / "checkpoints" / "hauser-tiny-seed0").glob("001-*.ckpt")
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    capsys.readouterr()
+    assert cli(["experiments", "hauser", "--tiny", "--out", str(tmp_path), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cde-nets experiments: error: ") and "is corrupt or truncated (100 bytes" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert len(ckpt.read_bytes()) == 100  # nothing was deleted

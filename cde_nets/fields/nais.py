@@ -127,6 +127,18 @@ class NAIS(_Input):
         return self
 
     @torch.no_grad()
+    def contracts_everywhere(self, h: float | None = None) -> bool:
+        """Whether Condition N1 holds at every state and input, by the weights alone: ``h (‖R_lᵀR_l‖_F + ε) < 2``
+        for every piece ``l``. For ``σ' ∈ (0, 1]`` the eigenvalues of ``σ' A`` (similar to the symmetric
+        ``σ'^½ A σ'^½``) lie in ``[−‖RᵀR‖₂ − ε, 0)``, so those of ``I + h σ' A`` lie in ``(−1, 1)`` (eq. N8). A
+        sufficient bound, one small product per piece; :meth:`stability_margin` measures the condition on a
+        batch."""
+        h = self.grid.h if h is None else check_positive("h", h, "It is the step of the Euler block.")
+        R = self.R.data
+        largest = float(torch.linalg.matrix_norm(R.mT @ R).max())
+        return h * (largest + self.eps) < 2.0
+
+    @torch.no_grad()
     def stability_margin(self, x: torch.Tensor, u: torch.Tensor, h: float | None = None, l: int = 0) -> float:
         """Condition N1 (eq. N8) checked on a batch: ``max_x ρ(I + h σ'(A x + B u + b) A)``.
 
