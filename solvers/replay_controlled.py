@@ -363,7 +363,9 @@ def initial_size_back(func, spec: _Spec, y0: torch.Tensor, t0: float, lam_h: tor
         if bool(d1 <= 1e-15) and bool(d2 <= 1e-15):
             h1 = torch.maximum(torch.full_like(h0, 1e-6), h0 * 1e-3)
         else:
-            h1 = (0.01 / torch.maximum(d1, d2)) ** (1.0 / order)
+            # the larger picked as the solvers pick it: torch.maximum would send a zero cotangent through the
+            # other, whose RMS norm at a zero slope (f0 = 0) has an infinite derivative, and 0 · inf is NaN
+            h1 = (0.01 / (d2 if bool(d2 > d1) else d1)) ** (1.0 / order)
         h = torch.minimum(100 * h0, h1).to(torch.float64)
         (g,) = _grad([h], [lam_h], [y], acc, 1)
     return _zero(g, y)
