@@ -92,10 +92,11 @@ def test_a_new_gradient_method_is_one_file_and_one_registry_line(monkeypatch, tm
     field = _field()
     y0 = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2), requires_grad=True)
     t = torch.linspace(0, 1, 5, dtype=torch.float64)
-    # through the block, by name and as an object: the gradient of backprop, operation for operation
+    # through the block, by name and as an object: the gradient of torchdiffeq's backprop (which the toy's
+    # torchdiffeq solves take), operation for operation
     for gradient in ("segmented", Segmented()):
         block = ODEBlock(field, method="dopri5", rtol=1e-7, atol=1e-9, gradient=gradient)
-        ref = ODEBlock(field, method="dopri5", rtol=1e-7, atol=1e-9, gradient="backprop")
+        ref = ODEBlock(field, method="dopri5", rtol=1e-7, atol=1e-9, gradient=Backprop(steps="torchdiffeq"))
         with torch.no_grad():
             assert torch.equal(block.solve(y0, t=t).ys, ref.solve(y0, t=t).ys)
         counts: list = []
