@@ -48,17 +48,21 @@ Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tens
 
 
 class Stages:
-    """What both engines share: the weight rows of a step (``a_1 … a_{s−1}``, then ``b`` or the error weights
-    ``e``, then the midpoint weights ``m`` when the method has them), each as long as torchdiffeq's, and the
-    rounding of ``h`` and ``x`` to the state's dtype on the host."""
+    """What both engines share: the weight rows of a step (``a_1 … a_{s−1}``, then ``last``: ``b`` for a fixed
+    step, the error weights ``e`` for an FSAL adaptive one, ``b`` and ``e`` for another adaptive one; then the
+    midpoint weights ``m`` when the method has them), each as long as torchdiffeq's, and the rounding of ``h`` and
+    ``x`` to the state's dtype on the host. Row ``s − 1`` gives a non-FSAL step's end, row :attr:`err_row` its
+    error estimate."""
 
     graph = False
 
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
+    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[Sequence[float]], rtol: float, atol: float):
         self.s, self.shape, self.n = tab.stages, y0.shape, y0.numel()
         self.kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
         self.np = np.float32 if y0.dtype == torch.float32 else np.float64
-        self.widths, self.table = _table(tab, tuple(last), self.np)
+        self.last = tuple(tuple(row) for row in last)
+        self.widths, self.table = _table(tab, self.last, self.np)
+        self.err_row = tab.stages - 2 + len(self.last)
         self.rtol, self.atol = rtol, atol
         self.norm: Callable[[torch.Tensor], torch.Tensor] | None = None  # the error norm, if not the RMS
         self.host_h: float = math.nan  # h in the state's dtype, on the host
@@ -95,9 +99,9 @@ class Stages:
 
 
 @functools.cache
-def _table(tab: MethodTableau, last: tuple[float, ...], dtype: type) -> tuple[list[int], np.ndarray]:
+def _table(tab: MethodTableau, last: tuple[tuple[float, ...], ...], dtype: type) -> tuple[list[int], np.ndarray]:
     """The widths of a step's weight rows and the rows, zero-padded to ``s``, in ``dtype`` (read-only)."""
-    rows = [list(r) for r in (*tab.tableau.a[1:], last)] + ([list(tab.mid)] if tab.mid is not None else [])
+    rows = [list(r) for r in (*tab.tableau.a[1:], *last)] + ([list(tab.mid)] if tab.mid is not None else [])
     table: np.ndarray = np.zeros((len(rows), tab.stages), dtype=dtype)
     for i, r in enumerate(rows):
         table[i, : len(r)] = r
@@ -110,7 +114,7 @@ class Buffered(Stages):
     sum's products go to a contiguous buffer of its width (so the reduction runs as torchdiffeq's does), every
     result into a reused buffer."""
 
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
+    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[Sequence[float]], rtol: float, atol: float):
         super().__init__(y0, tab, last, rtol, atol)
         shape, kw = y0.shape, self.kw
         self.sum = torch.empty(shape, **kw)
@@ -176,7 +180,7 @@ class Buffered(Stages):
         return norm, math.isfinite(top)
 
     def _error(self) -> torch.Tensor:
-        return self._sum(self.s - 1, self.err)
+        return self._sum(self.err_row, self.err)
 
     def accept(self, y_new: torch.Tensor) -> torch.Tensor:
         self.cur = self.nxt
@@ -204,7 +208,13 @@ class Rows(Buffered):
     neither matches (another reduction, another device), :class:`Buffered` runs."""
 
     def __init__(
-        self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float, order: str
+        self,
+        y0: torch.Tensor,
+        tab: MethodTableau,
+        last: Sequence[Sequence[float]],
+        rtol: float,
+        atol: float,
+        order: str,
     ):
         self.order = order
         super().__init__(y0, tab, last, rtol, atol)
@@ -323,9 +333,9 @@ class Graph(Stages):
 
     graph = True
 
-    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: float, atol: float):
+    def __init__(self, y0: torch.Tensor, tab: MethodTableau, last: Sequence[Sequence[float]], rtol: float, atol: float):
         super().__init__(y0, tab, last, rtol, atol)
-        self.rows = _rows_on(tab, tuple(last), y0.dtype, y0.device)
+        self.rows = _rows_on(tab, self.last, y0.dtype, y0.device)
         self.ks: list[torch.Tensor] = [y0] * self.s
         self.w: list[torch.Tensor] = []
         self.hy: torch.Tensor | None = None  # the step in the state's dtype while it carries a graph
@@ -395,8 +405,8 @@ class Graph(Stages):
 
     def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
         with torch.no_grad():
-            m = self.widths[self.s - 1]
-            e = self.w[self.s - 1] if self.hy is None else self.rows[self.s - 1] * self.hy
+            m = self.widths[self.err_row]
+            e = self.w[self.err_row] if self.hy is None else self.rows[self.err_row] * self.hy
             err = torch.sum(torch.stack(self.ks[:m], -1) * e, -1)
             a_new = y_new.abs()
             tol = torch.maximum(self.a_cur, a_new)
@@ -411,8 +421,8 @@ class Graph(Stages):
         """The error ratio of :meth:`ratio` as a function of the step's stages, its start, end and size (the value
         agrees with :meth:`ratio`'s to rounding): what the step-size controller reads, differentiated
         (:mod:`solvers.step_sizes`)."""
-        m = self.widths[self.s - 1]
-        e = self.w[self.s - 1] if self.hy is None else self.rows[self.s - 1] * self.hy
+        m = self.widths[self.err_row]
+        e = self.w[self.err_row] if self.hy is None else self.rows[self.err_row] * self.hy
         err = torch.sum(torch.stack(self.ks[:m], -1) * e, -1)
         tol = torch.maximum(y0.abs(), y_new.abs()) * self.rtol + self.atol
         if self.norm is not None:
@@ -441,7 +451,7 @@ class Graph(Stages):
 
 
 @functools.lru_cache(maxsize=64)
-def _rows_on(tab: MethodTableau, last: tuple[float, ...], dtype: torch.dtype, device: torch.device):
+def _rows_on(tab: MethodTableau, last: tuple[tuple[float, ...], ...], dtype: torch.dtype, device: torch.device):
     """The weight rows as tensors (never written: a graph may hold them)."""
     widths, table = _table(tab, last, np.float32 if dtype == torch.float32 else np.float64)
     with torch.inference_mode(False):  # usable by every later call, made in whichever mode the first one ran

@@ -23,20 +23,24 @@ rounding:
 - ``rk4``: Kutta's 3/8 rule (torchdiffeq's ``rk4`` is this one, not the classical tableau), in both modes;
   ``rk4_classical``: the classical tableau (Kutta 1901), a discrete-mode scheme (torchdiffeq has no such method).
 - ``euler``, ``midpoint``, ``heun2`` (explicit trapezoid), ``heun3`` (Heun's third-order method).
+- ``fehlberg2``: Fehlberg's 1(2) pair (Fehlberg 1969, NASA TR R-315, the RKF1(2) formula), stepping with its
+  second-order solution; ``adaptive_heun``: Heun's method (the explicit trapezoid) with Euler's as the embedded
+  estimate. Neither is FSAL: the last stage is ``F(t_1, ·)`` at a state other than ``y_1``, and torchdiffeq reuses
+  it as the next step's first stage all the same, so a step is a map of its start state *and* that carried slope
+  (:mod:`solvers.replay` carries it back). Their dense output is the cubic Hermite one, as ``bosh3``'s.
+- ``dopri8``: Prince & Dormand's RK8(7)13M (:mod:`solvers.dopri8`), with a seventh-order continuous extension.
 
 Evaluation times follow torchdiffeq: a stage with ``c_i = 1`` is evaluated just before ``t_1``
 (``nextafter(t_1, −∞)``), so a step that ends on a parameter jump never sees the next piece; the first stage of
 a fixed step just after ``t_0``. The first stage of an adaptive step is the last stage of the step before
-("first same as last", ``fsal``), re-evaluated just after ``t_0`` when that step ended on a jump.
-
-torchdiffeq's ``adaptive_heun``, ``fehlberg2`` and ``dopri8`` are not here: the first two reuse as the next
-step's first stage an evaluation that is not at the step's end state (their last stage is not the solution),
-so a step is not a map of its start state alone, and ``dopri8`` would need its 14-stage tableau transcribed.
+(for ``fsal`` methods, "first same as last", that is ``F(t_1, y_1)``), re-evaluated at ``y_1`` just after ``t_0``
+when that step ended on a jump.
 """
 
 from __future__ import annotations
 
 from .butcher import MethodTableau, Tableau, dense_at, hermite_mid
+from .dopri8 import DOPRI8
 
 __all__ = ["MethodTableau", "TABLEAUX", "Tableau", "dense_at", "hermite_mid"]
 
@@ -174,10 +178,28 @@ _TSIT5 = MethodTableau(
     dense=_TSIT5_DENSE,
     dense_order=4,
 )
+_FEHLBERG2_B = (1 / 512, 255 / 256, 1 / 512)
+_FEHLBERG2 = MethodTableau(
+    name="fehlberg2",
+    order=2,
+    tableau=_tab(a=[[], [1 / 2], [1 / 256, 255 / 256]], b=_FEHLBERG2_B, c=[0.0, 1 / 2, 1.0]),
+    error=(1 / 512 - 1 / 256, 0.0, 1 / 512),  # the embedded first-order weights (1/256, 255/256, 0)
+    mid=hermite_mid(_FEHLBERG2_B),  # not torchdiffeq's first-order y_0 + h k_2 / 2
+)
+_ADAPTIVE_HEUN = MethodTableau(
+    name="adaptive_heun",
+    order=2,
+    tableau=_tab(a=[[], [1.0]], b=[0.5, 0.5], c=[0.0, 1.0]),
+    error=(0.5, -0.5),  # Euler's step y_0 + h k_1 embedded
+    mid=hermite_mid((0.5, 0.5)),  # not torchdiffeq's first-order y_0 + h k_1 / 2
+)
 TABLEAUX: dict[str, MethodTableau] = {
+    "dopri8": DOPRI8,
     "dopri5": _DOPRI5,
     "tsit5": _TSIT5,
     "bosh3": _BOSH3,
+    "fehlberg2": _FEHLBERG2,
+    "adaptive_heun": _ADAPTIVE_HEUN,
     "euler": MethodTableau("euler", 1, _tab([[]], [1.0], [0.0])),
     "midpoint": MethodTableau("midpoint", 2, _tab([[], [0.5]], [0.0, 1.0], [0.0, 0.5])),
     "heun2": MethodTableau("heun2", 2, _tab([[], [1.0]], [0.5, 0.5], [0.0, 1.0])),

@@ -254,8 +254,8 @@ def test_step_t_norm_and_tolerance_tensors_take_the_library_stepper():
 
 
 def test_a_solve_left_to_torchdiffeq_says_its_gradient_holds_the_steps_fixed():
-    """Where a solve runs inside torchdiffeq (a method the library's stepper does not take yet), its backprop
-    holds the step sizes after the first fixed: a warning names it and the setting that accepts it."""
+    """Where a solve runs inside torchdiffeq (an option the library's stepper does not take, here torchdiffeq's
+    ``dtype``), its backprop holds the step sizes after the first fixed: a warning names it, and why."""
     x = _y0()[0].clone().requires_grad_()
-    with pytest.warns(UserWarning, match="holds every step size after the first fixed"):
-        odeint(VdP(), x, torch.tensor([0.0, 0.1], dtype=F64), method="dopri8", **TOL)
+    with pytest.warns(UserWarning, match=r"runs on torchdiffeq's own solver here \(options \['dtype'\]\).*holds every"):
+        odeint(VdP(), x, torch.tensor([0.0, 0.1], dtype=F64), method="dopri8", options={"dtype": F64}, **TOL)
