@@ -20,6 +20,8 @@ from cde_nets.solvers import fast_rk
 from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.gradients import Backprop, as_gradient
 from cde_nets.solvers.options import ADAPTIVE_METHODS, SolverOptions
+from cde_nets.solvers.order_conditions import order_defects
+from cde_nets.solvers.tableaux import TABLEAUX, dense_at
 
 # the order of each method's dense output (global): the error at mid-step of one step is O(h^(order + 1))
 INTERPOLANT_ORDER = {"dopri8": 7, "dopri5": 4, "tsit5": 4, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
@@ -174,3 +176,22 @@ def test_dopri8_conserves_a_separable_h2_energy(tol):
             drift[method] = float((field.energy(2.0, y) - H0).abs().max())
     assert drift["dopri8"] < 10 * tol * max(1.0, float(H0.abs().max()))
     assert drift["dopri8"] < drift["dopri5"]
+
+
+def test_dopri8_extension_is_c1_seventh_order_and_small():
+    """dopri8's continuous extension ``y_0 + h Σ b_i(θ) k_i`` over its 14 stages and 5 of its own: order 7 at
+    every ``θ`` (the 85 conditions of trees with at most 7 vertices, Hairer, Nørsett & Wanner I, eq. II.6.11)
+    but not 8, ``b(1) = b``, slopes ``b'(0) = e_1`` and ``b'(1) = e_14`` (the field at the step's ends: C¹
+    across steps), and ``Σ_i |b_i(θ)|`` never above the step's own ``Σ_i |b_i| = 3.1`` (rounding no larger than a
+    step's)."""
+    tab = TABLEAUX["dopri8"]
+    assert tab.stages == 14 and len(tab.all_c) == 19 and tab.fsal and tab.dense is not None
+    slope = [sum((p + 1) * row[i] for p, row in enumerate(tab.dense)) for i in range(19)]
+    assert list(tab.dense[0]) == [1.0] + [0.0] * 18
+    assert max(abs(x - (i == 13)) for i, x in enumerate(slope)) < 1e-12
+    for theta in np.linspace(0.05, 1.0, 20):
+        weights = dense_at(tab, float(theta))
+        assert max(abs(d) for d, _ in order_defects(tab.all_a, weights, 7, float(theta))) < 1e-12
+        assert sum(abs(w) for w in weights) <= sum(abs(b) for b in tab.tableau.b) + 1e-12
+    assert max(abs(d) for d, _ in order_defects(tab.all_a, dense_at(tab, 0.5), 8, 0.5)) > 1e-7
+    assert max(abs(x - y) for x, y in zip(dense_at(tab, 1.0), tab.tableau.b)) < 1e-12

@@ -81,6 +81,18 @@ class Logged(Field):
 
 
 @pytest.mark.parametrize("times", TIMES)
+@pytest.mark.parametrize("method", ["fehlberg2", "adaptive_heun"])
+def test_callbacks_are_torchdiffeqs(method, times):
+    """The methods that carry their last stage into the next step call every callback as torchdiffeq does, at
+    the same times and step sizes, rejections included, either way in time."""
+    ours_f, theirs_f, y0, t = Logged(), Logged(), _y0(), TIMES[times]
+    with torch.no_grad():
+        odeint(ours_f, y0, t, method=method, rtol=1e-4, atol=1e-6)
+        torchdiffeq.odeint(theirs_f, y0, t, method=torchdiffeq_method(method), rtol=1e-4, atol=1e-6)
+    assert ours_f.log == theirs_f.log and any(kind == "reject" for kind, _, _ in ours_f.log)
+
+
+@pytest.mark.parametrize("times", TIMES)
 def test_dopri8_takes_torchdiffeqs_steps(times):
     """dopri8 through the odeint door takes torchdiffeq's steps (every callback, either way in time); at the ends
     of its steps, where both dense outputs are the step, values and torchdiffeq's backprop gradients are its."""
