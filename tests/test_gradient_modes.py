@@ -11,7 +11,7 @@ from cde_nets.fields import NAIS, CubicFriction, Hamiltonian, SecondOrder
 from cde_nets.fields.bound import BoundField
 from cde_nets.solvers import SolverError
 from cde_nets.solvers.counting import SolverStats, counted
-from cde_nets.solvers.gradients import Backprop, Symplectic
+from cde_nets.solvers.gradients import Backprop, Checkpoint, Symplectic
 from cde_nets.solvers.grids import jump_options
 from cde_nets.solvers.replay import record_steps, replay
 from cde_nets.solvers.tableaux import TABLEAUX
@@ -111,6 +111,19 @@ def test_checkpoint_and_symplectic_equal_backprop(name, method):
         assert _rel(g, g_b) < (1e-9 if method == "dopri8" else 1e-10), (mode, _rel(g, g_b))
         assert s["steps_forward"] == s_b["steps_forward"] == s["steps_backward"]
         assert s["nfe_backward"] > 0
+
+
+@pytest.mark.parametrize("method", ["dopri8", "fehlberg2", "adaptive_heun"])
+def test_replays_with_the_step_sizes_held_equal_backprop(method):
+    """With the step sizes constants (``steps="fixed"``, and ``"torchdiffeq"`` from a given first step) nothing
+    rounds through an error estimate: the replays, which carry fehlberg2's and adaptive_heun's reused last stage
+    back to the step that made it, equal backprop to 1e-13 (measured 1e-15), rejected steps included."""
+    for steps in ("fixed", "torchdiffeq"):
+        _, g_b, s_b = _grads("hamiltonian", method, Backprop(steps=steps))
+        assert s_b["rejected_forward"] > 0
+        for mode in (Checkpoint(steps=steps), Symplectic(steps=steps)):
+            _, g, _ = _grads("hamiltonian", method, mode)
+            assert _rel(g, g_b) < 1e-13, (steps, mode, _rel(g, g_b))
 
 
 def test_torchdiffeq_backprop_also_differentiates_its_first_step():
