@@ -174,7 +174,7 @@ import math, unittest, torch, torchdiffeq
 
 class Decay(unittest.TestCase):
     def test_methods(self):
-        # dopri8 runs inside torchdiffeq (the engine's own import of it), gl4 and radauIIA5 on cde_nets' implicit core
+        # dopri8 on the engine's stepper with its own dense output, gl4 and radauIIA5 on cde_nets' implicit core
         for method in ("dopri5", "rk4", "tsit5", "dopri8", "gl4", "radauIIA5"):
             with self.subTest(method=method):
                 t = torch.tensor([0.0, 1.0], dtype=torch.float64)

@@ -15,10 +15,10 @@ of any shape or a tuple of them, at times ``t`` increasing or decreasing from an
 - gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
 - events are located by torchdiffeq's root finder and differentiated by the implicit function theorem here.
 
-Where the engine lacks a method or an option (``dopri8``, ``fehlberg2``, ``adaptive_heun``, the Adams methods,
-``scipy_solver``; a custom ``norm``, ``dtype``, ``interp="cubic"``, per-element tolerances) the flattened,
-forwards problem goes to torchdiffeq's own solver. Deliberate differences from torchdiffeq (unknown options raise,
-the adjoint's default norm, ...) are listed in ``docs/guides/from_torchdiffeq.md``.
+Where the engine lacks a method or an option (the Adams methods, ``scipy_solver``; ``dtype``, ``interp="cubic"``,
+a complex state) the flattened, forwards problem goes to torchdiffeq's own solver. Deliberate differences from
+torchdiffeq (unknown options raise, the adjoint's default norm, ...) are listed in
+``docs/guides/from_torchdiffeq.md``.
 """
 
 from __future__ import annotations

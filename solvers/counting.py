@@ -117,7 +117,7 @@ class Counted(nn.Module):
             if isinstance(y, torch.Tensor) and y.requires_grad:  # the adjoint's vector-Jacobian product at t
                 y.register_hook(partial(self._probe_vjp, t))
         elif self.recorder is not None:
-            self.recorder.evaluated()
+            self.recorder.evaluated(out)
         return out
 
     def _probe_vjp(self, t, grad):

@@ -144,13 +144,14 @@ class Problem(nn.Module):
             out = self.func(-t if self.sign < 0 else t, y, rows=self.all_rows)
         else:
             out = self.func(-t if self.sign < 0 else t, unflatten(y, self.shapes))
-        if self.recorder is not None:
-            self.recorder.evaluated()
         if self.shapes is not None:
             if not isinstance(out, tuple | list) or len(out) != len(self.shapes):
                 raise TypeError(f"`func` must return a tuple of {len(self.shapes)} tensors for a tuple state.")
             out = torch.cat([o.reshape(-1) for o in out])
-        return -out if self.sign < 0 else out
+        out = -out if self.sign < 0 else out
+        if self.recorder is not None:
+            self.recorder.evaluated(out)
+        return out
 
 
 def kind(method: str) -> str | None:
@@ -259,11 +260,11 @@ def solve_flat(
                 (),
                 rtol=rtol,
                 atol=atol,
-                method=torchdiffeq_method(method),
+                method=method,
                 options=options,
                 adjoint_rtol=adjoint["rtol"],
                 adjoint_atol=adjoint["atol"],
-                adjoint_method=torchdiffeq_method(adj_method),
+                adjoint_method=adj_method,
                 adjoint_options={k: v for k, v in adj_options.items() if k != "norm"},
                 stats=_NoStats(),
                 adjoint_adaptive=adj_method in ADAPTIVE,

@@ -20,10 +20,13 @@ its order, so for ``dopri5`` the values and backprop gradients are its own bit f
   graph.
 
 Methods: ``dopri5`` (Dormand & Prince 1980, "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6,
-with Shampine's 1986 dense output), ``tsit5`` (Tsitouras 2011, with his continuous extension), ``bosh3``
-(Bogacki & Shampine 1989, with the cubic Hermite dense output rather than torchdiffeq's second-order one:
-:mod:`solvers.torchdiffeq_methods`), and the fixed-step ``euler``,
-``midpoint``, ``heun2``, ``heun3`` and ``rk4`` (the 3/8 rule), with their tableaux from :mod:`solvers.tableaux`.
+with Shampine's 1986 dense output), ``tsit5`` (Tsitouras 2011, with his continuous extension), ``dopri8`` (Prince &
+Dormand 1981, with a seventh-order continuous extension whose five stages are evaluated only for a step that
+holds an output time: :mod:`solvers.dopri8`), ``bosh3`` (Bogacki & Shampine 1989), ``fehlberg2`` and
+``adaptive_heun`` (the last two not FSAL: a step's end is ``y_0 + h Σ b_i k_i``, and its last stage is the next
+step's first all the same), these three with the cubic Hermite dense output rather than torchdiffeq's lower-order
+ones (:mod:`solvers.torchdiffeq_methods`), and the fixed-step ``euler``, ``midpoint``, ``heun2``, ``heun3`` and
+``rk4`` (the 3/8 rule), with their tableaux from :mod:`solvers.tableaux`.
 Step-size control is the standard one of Hairer, Nørsett & Wanner ("Solving Ordinary Differential Equations I",
 §II.4): the initial step of their algorithm, the step accepted when the error ratio is at most 1, and the next
 step ``h · min(ifactor, max(safety · ratio^(−1/p), dfactor))`` (``dfactor`` only after a rejection), as torchdiffeq
@@ -33,10 +36,11 @@ after ``t_0``), its ``step_t`` (a step clipped there, the field not re-read) and
 tolerances. Under ``backprop`` every step size carries its dependence on the state, through the error ratio and
 the controller (:mod:`solvers.step_sizes`; ``steps="torchdiffeq"``: the first step size's only, as torchdiffeq).
 
-So the accepted and rejected steps and the number of field evaluations are torchdiffeq's; ``dopri5``'s numbers
-are its bits, the fixed-step methods other than ``euler`` and ``midpoint`` (which torchdiffeq writes as formulas,
-not tableaux) agree to rounding. :func:`fast_applies` says when this path is taken; the adapter falls back to
-torchdiffeq for the rest (adjoint gradients, decreasing times, other methods).
+So the accepted and rejected steps and the number of field evaluations are torchdiffeq's (dopri8's, plus five
+for each step that holds an output time); ``dopri5``'s numbers are its bits, the fixed-step methods other than
+``euler`` and ``midpoint`` (which torchdiffeq writes as formulas, not tableaux) agree to rounding.
+:func:`fast_applies` says when this path is taken; the adapter falls back to torchdiffeq for the rest (the
+adjoint's backward solve, decreasing times, the multistep methods, complex states).
 """
 
 from __future__ import annotations
@@ -63,7 +67,19 @@ __all__ = ["FAST_METHODS", "HOST_TIME", "fast_applies", "odeint_fast"]
 # The time tensors of a fixed grid carry their value on the host under this attribute, so that a piecewise field
 # finds the piece in force without reading the device (cde_nets.pieces.TimeGrid.index).
 
-FAST_METHODS = ("dopri5", "tsit5", "bosh3", "euler", "midpoint", "heun2", "heun3", "rk4")
+FAST_METHODS = (
+    "dopri8",
+    "dopri5",
+    "tsit5",
+    "bosh3",
+    "fehlberg2",
+    "adaptive_heun",
+    "euler",
+    "midpoint",
+    "heun2",
+    "heun3",
+    "rk4",
+)
 _OPTIONS = {
     "first_step",
     "max_step",
@@ -277,7 +293,13 @@ def odeint_fast(
 
 
 def _engine(
-    func, y0: torch.Tensor, tab: MethodTableau, last: Sequence[float], rtol: Any, atol: Any, norm: Any = None
+    func,
+    y0: torch.Tensor,
+    tab: MethodTableau,
+    last: Sequence[Sequence[float]],
+    rtol: Any,
+    atol: Any,
+    norm: Any = None,
 ) -> Buffered | Graph:
     # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers; a norm of
     # the user's or per-element tolerances take the general engine
@@ -322,7 +344,7 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
             for ci in c[1:]
         ]
     times = clock.many(values, host=True)
-    eng = _engine(func, y0, tab, tab.tableau.b, 0.0, 0.0)
+    eng = _engine(func, y0, tab, (tab.tableau.b,), 0.0, 0.0)
     step_cb = _callback(func, "callback_step")
     out: list[torch.Tensor] = [y0]
     j, y = 1, y0
@@ -359,8 +381,6 @@ class _Adaptive:
         options: dict,
         steps: str = "differentiated",
     ):
-        if not tab.fsal:
-            raise ValueError(f"the fast path implements FSAL adaptive methods only, not {tab.name!r}")
         self.func, self.y0, self.t, self.tab = func, y0, t, tab
         # per-element tolerances stay tensors (torchdiffeq's `rtol`/`atol` may be either)
         self.rtol = rtol if isinstance(rtol, torch.Tensor) else float(rtol)
@@ -385,6 +405,8 @@ class _Adaptive:
         self.step_index = min(bisect.bisect(self.step_t, t0), len(self.step_t) - 1)
         self._fitted: tuple | None = None
         self._coeffs: list[torch.Tensor] = []
+        self._extra_for: tuple | None = None  # the step whose dense stages are in self._extra
+        self._extra: list[torch.Tensor] = []
         self.on_step = _callback(func, "callback_step")
         self.on_accept = _callback(func, "callback_accept_step")
         self.on_reject = _callback(func, "callback_reject_step")
@@ -456,22 +478,51 @@ class _Adaptive:
         return eng.evaluate(self._coeffs, x)
 
     def _extension(self, eng: Buffered | Graph, last: tuple, tj: float) -> torch.Tensor:
-        """A method's own continuous extension (tsit5): ``y_0 + Σ_i (h b_i(x)) k_i``, summed as the replays sum it
-        (:mod:`solvers.replay`), so that their gradients are of the same function."""
+        """A method's own continuous extension (tsit5, dopri8): ``y_0 + Σ_i (h b_i(x)) k_i``, summed as the replays
+        sum it (:mod:`solvers.replay`), so that their gradients are of the same function."""
         t0, t1, h, y0, _ = last
+        weights: Sequence[Scalar]
         if isinstance(t0, torch.Tensor) or isinstance(t1, torch.Tensor):
             num = tj - t0 if isinstance(t0, torch.Tensor) else torch.tensor(tj - t0, dtype=torch.float64)
             x = num / (t1 - t0)
             powers = torch.stack([x ** (p + 1) for p in range(len(self.tab.dense))])  # type: ignore[arg-type]
             table = torch.tensor(self.tab.dense, dtype=torch.float64, device=x.device)
-            weights: Sequence[Scalar] = list((powers @ table).to(y0.dtype).unbind(0))
+            # the weights of the solve without a graph, with the derivative of the polynomial in x
+            values = dense_at(self.tab, float(x.detach()))
+            weights = [attach(v, w) for v, w in zip(values, (powers @ table).unbind(0))]
         else:
             weights = dense_at(self.tab, (tj - t0) / (t1 - t0))
+        ks = self._dense_stages(eng, last)
         out = y0
-        for i, w in enumerate(weights):
+        for w, k in zip(weights, ks):
             if isinstance(w, torch.Tensor) or w != 0.0:
-                out = out + (w * h) * eng.get(i)
+                out = out + (w * h) * k
         return out
+
+    def _dense_stages(self, eng: Buffered | Graph, last: tuple) -> list[torch.Tensor]:
+        """The slopes the extension weighs: the step's stages, then the extension's own (dopri8's), evaluated
+        once for the step ``last`` at ``t_0 + c h``, ``y_0 + Σ_j (h a_j) k_j``, as the replays evaluate them."""
+        ks = [eng.get(i) for i in range(self.tab.stages)]
+        if not self.tab.dense_stages:
+            return ks
+        if self._extra_for is not last:
+            t0, _, h, y0, _ = last
+            recorder = getattr(self.func, "recorder", None)
+            if recorder is not None:  # these evaluations are no step's (solvers.replay.Recorder)
+                recorder.reading = True
+            try:
+                extra: list[torch.Tensor] = []
+                for c, row in self.tab.dense_stages:
+                    Y = y0
+                    for a, k in zip(row, ks + extra):
+                        if a != 0.0:
+                            Y = Y + (a * h) * k
+                    extra.append(self.func(self.clock.at(t0 + c * h), Y))
+            finally:
+                if recorder is not None:
+                    recorder.reading = False
+            self._extra, self._extra_for = extra, last
+        return ks + self._extra
 
     def run(self) -> torch.Tensor:
         tab, clock, func = self.tab, self.clock, self.func
@@ -485,7 +536,9 @@ class _Adaptive:
         f0 = func(clock.at(t_first), y0)
         dt: Scalar = self._initial_step(t_first, f0) if self.first_step is None else float(self.first_step)
         assert tab.error is not None
-        eng = _engine(func, y0, tab, tab.error, self.rtol, self.atol, self.norm)
+        # a non-FSAL step computes its end from b; either way the next step's first stage is this one's last
+        rows = (tab.error,) if tab.fsal else (tab.tableau.b, tab.error)
+        eng = _engine(func, y0, tab, rows, self.rtol, self.atol, self.norm)
         eng.set(0, f0)
         t0: Scalar = t_all[0]
         t0f = t_all[0]  # t0 on the host (t0 itself is a tensor while it carries a graph)
@@ -519,7 +572,7 @@ class _Adaptive:
                     if t0f < jt < t1f:
                         on_step, on_jump, t1, dt, t1f, dtf = False, True, jt, jt - t0, jt, jt - t0f
                 hy = eng.weights(dt)
-                Y = eng.run_stages(func, clock.adaptive_times(t0, hy, t1, c), fsal=True)
+                Y = eng.run_stages(func, clock.adaptive_times(t0, hy, t1, c), fsal=tab.fsal)
                 ratio, finite = eng.ratio(Y)
                 # the next step from this one's stages, before an accepted step moves the engine on
                 nxt = self._next_graph(eng, y, Y, dt, dtf, ratio) if self.differentiated else None

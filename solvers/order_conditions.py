@@ -6,8 +6,8 @@ equations", §31-32): a method ``(A, b)`` has order ``p`` when ``Σ_i b_i Φ_i(�
 A dense output ``y_0 + h Σ_i b_i(θ) k_i`` is of order ``q`` at ``θ`` when ``Σ_i b_i(θ) Φ_i(τ) = θ^{|τ|} / γ(τ)``
 for ``|τ| ≤ q`` (Hairer, Nørsett & Wanner 1993, "Solving Ordinary Differential Equations I", §II.6, eq. 6.11).
 
-Plain Python floats: the tableaux are checked at import, and the largest (order 5, 17 trees) takes well under a
-millisecond.
+Plain Python floats: the tableaux are checked at import; each subtree's elementary weights are computed once per
+check, so the largest (dopri8's order 8, 200 trees over 14 stages) takes a few milliseconds.
 """
 
 from __future__ import annotations
@@ -56,13 +56,16 @@ def _density(tree: Tree) -> int:
     return out
 
 
-def _weights(a: Sequence[Sequence[float]], tree: Tree) -> list[float]:
+def _weights(a: Sequence[Sequence[float]], tree: Tree, memo: dict[Tree, list[float]]) -> list[float]:
+    if tree in memo:
+        return memo[tree]
     s = len(a)
     phi = [1.0] * s
     for sub in tree:
-        inner = _weights(a, sub)
+        inner = _weights(a, sub, memo)
         for i in range(s):
             phi[i] *= sum(a[i][j] * inner[j] for j in range(len(a[i])))
+    memo[tree] = phi
     return phi
 
 
@@ -73,8 +76,9 @@ def order_defects(
     (an explicit method's rows may be short: the missing entries are zero). ``θ = 1``: the step's own conditions;
     else those of a dense output whose weights at ``θ`` are ``b``."""
     out = []
+    memo: dict[Tree, list[float]] = {}  # each subtree's elementary weights once
     for p in range(1, order + 1):
         for tree in trees(p):
-            phi = _weights(a, tree)
+            phi = _weights(a, tree, memo)
             out.append((sum(bi * f for bi, f in zip(b, phi)) - theta**p / _density(tree), tree))
     return out

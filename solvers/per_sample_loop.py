@@ -439,18 +439,28 @@ def initial_step(stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.
     with torch.set_grad_enabled(graph):
         scale = rows.atol + y.abs() * rows.rtol
         d0, d1 = _rms(y / scale), _rms(f0 / scale)
-        h0 = torch.where((d0 < 1e-5) | (d1 < 1e-5), torch.full_like(d0, 1e-6), 0.01 * d0 / d1)
+        tiny = (d0 < 1e-5) | (d1 < 1e-5)
+        # the branch not taken is divided by one instead of a zero: the same values where it is taken, and no
+        # infinite derivative multiplied by the zero cotangent torch.where sends it (NaN)
+        h0 = torch.where(tiny, torch.full_like(d0, 1e-6), 0.01 * d0 / torch.where(tiny, 1.0, d1))
         Y1 = y + h0[:, None] * f0
     f1 = stepper.F((t0 + h0.to(torch.float64)).to(stepper.dtype), Y1 if graph else Y1.detach(), rows.ids)
     with torch.set_grad_enabled(graph):
         d2 = _rms(((f1 if graph else f1.detach()) - f0) / scale) / h0
         small = (d1 <= 1e-15) & (d2 <= 1e-15)
-        h1 = torch.where(small, torch.clamp(h0 * 1e-3, min=1e-6), root(0.01 / torch.maximum(d1, d2), stepper.order))
+        larger = torch.where(small, 1.0, torch.maximum(d1, d2))
+        h1 = torch.where(small, torch.clamp(h0 * 1e-3, min=1e-6), root(0.01 / larger, stepper.order))
         return torch.minimum(100 * h0, h1.abs()).to(torch.float64)
 
 
 def _rms(x: torch.Tensor) -> torch.Tensor:
-    return x.pow(2).mean(1).sqrt()
+    m = x.pow(2).mean(1)
+    if not m.requires_grad:
+        return m.sqrt()
+    # the same values, with a zero derivative where a row's norm is zero (the square root's is infinite there, and
+    # the initial step's max(d1, d2) sends zero cotangents through the smaller: 0 · ∞ would be NaN)
+    positive = m > 0
+    return torch.where(positive, m, 1).sqrt() * positive
 
 
 def _spread(tol: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -61,8 +61,10 @@ from typing import Any, NamedTuple
 import torch
 
 from .errors import BACKWARD_UNSTABLE, Reason, SolverError
+from .fast_rk import fast_applies, odeint_fast
 from .norms import StateNorm
 from .piece_grads import piece_slots
+from .torchdiffeq_methods import torchdiffeq_method
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
 
@@ -225,16 +227,19 @@ class _Backward:
 
 
 class _PiecewiseAdjoint(torch.autograd.Function):
-    """Forward: torchdiffeq ``odeint`` without a graph. Backward: the adjoint solve described in the module."""
+    """Forward: the library's own stepper without a graph (:mod:`solvers.fast_rk`, torchdiffeq's steps), or
+    torchdiffeq's ``odeint`` for what it does not take. Backward: the adjoint solve described in the module."""
 
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
         from torchdiffeq import odeint
 
+        method, kw = cfg["method"], dict(rtol=cfg["rtol"], atol=cfg["atol"], options=cfg["options"])
         with torch.no_grad():
-            ys = odeint(
-                cfg["func"], y0, t, rtol=cfg["rtol"], atol=cfg["atol"], method=cfg["method"], options=cfg["options"]
-            )
+            if fast_applies(method, False, y0, t, (), cfg["options"]):
+                ys = odeint_fast(cfg["func"], y0, t, method=method, graph=False, **kw)
+            else:
+                ys = odeint(cfg["func"], y0, t, method=torchdiffeq_method(method), **kw)
         ctx.cfg = cfg
         ctx.save_for_backward(t, ys, *params)
         return ys
@@ -294,7 +299,7 @@ def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, 
             t[i - 1 : i + 1].flip(0),
             rtol=cfg["adjoint_rtol"],
             atol=cfg["adjoint_atol"],
-            method=cfg["adjoint_method"],
+            method=torchdiffeq_method(cfg["adjoint_method"]),
             options={**cfg["adjoint_options"], "norm": _backward_norm(cfg)},
         )
     except AssertionError as exc:
@@ -348,7 +353,9 @@ def piecewise_adjoint(
     stats: Any,
     adjoint_adaptive: bool,
 ) -> torch.Tensor:
-    """``odeint(func, y0, t)`` whose backward pass is the seminorm adjoint with piecewise parameter states.
+    """``odeint(func, y0, t)`` whose backward pass is the seminorm adjoint with piecewise parameter states;
+    ``method`` and ``adjoint_method`` are the library's method names (its own stepper solves forwards where it can,
+    torchdiffeq backwards).
 
     ``params``: every tensor to differentiate (parameters, and inputs the field closes over); those that are the
     ``data`` of an entry of ``pieces`` get piece-by-piece gradients, the others full ones. ``adjoint_options``:

@@ -22,6 +22,10 @@ starts from the state before it, so it costs no memory). The backward pass carri
   now taken in its time argument too; the stage-free part of the attempt (the stage inputs and times, the new
   state, the error ratio, the controller, the dense output) is differentiated as a small graph of its own.
 
+A method that is not FSAL (``fehlberg2``, ``adaptive_heun``) starts an attempt from the last stage of the accepted
+attempt before (:mod:`solvers.replay`): its start is ``(y_n, k_1, t_n, ĥ_n)``, and ``k_1`` passes through a
+rejected attempt unchanged.
+
 ``steps="torchdiffeq"``: the same chain, the controller's output a constant (torchdiffeq computes it under
 no-grad), so ``λ_ĥ`` reaches ``H`` from the first attempt only while ``λ_t`` still carries the first size's part
 of every later time.
@@ -52,8 +56,9 @@ _NONE, _NEXT, _PREV = 0, 1, -1
 class Attempt:
     """One attempted step: from ``t0`` with proposed size ``hp``, taken with ``h`` (``clip``: the time it was
     shortened to land on, else ``None``), ``accepted`` or not, from state ``y0``; its first stage read at
-    ``first = (time, perturbation)``; ``jumped``: accepted on a jump of the field (the next first stage is read
-    on its far side)."""
+    ``first = (time, perturbation)``, or ``carried`` (a method that is not FSAL reuses the last stage of the
+    accepted attempt before); ``jumped``: accepted on a jump of the field (the next first stage is read on its
+    far side)."""
 
     t0: float
     hp: float
@@ -63,20 +68,21 @@ class Attempt:
     y0: torch.Tensor
     first: tuple[float, int]
     jumped: bool = False
+    carried: torch.Tensor | None = None
 
 
 def attempts(rows: Sequence[list], t0: float, clips: Sequence[float]) -> list[Attempt]:
-    """The attempts from a recorder's rows ``[t0, proposed, used, accepted, y0, jumped]``; ``clips``: the times a
-    step may be shortened to land on (``jump_t``, ``step_t``), increasing."""
+    """The attempts from a recorder's rows ``[t0, proposed, used, accepted, y0, jumped, carried]``; ``clips``: the
+    times a step may be shortened to land on (``jump_t``, ``step_t``), increasing."""
     out: list[Attempt] = []
     first: tuple[float, int] = (t0, _NONE)
-    for start, hp, h, accepted, y0, jumped in rows:
+    for start, hp, h, accepted, y0, jumped, carried in rows:
         clip = None
         if h != hp and clips:  # shortened: it ends exactly on the clip time nearest its end
             end = start + h
             k = bisect.bisect_left(clips, end)
             clip = min(clips[max(k - 1, 0) : k + 1], key=lambda c: abs(c - end))
-        out.append(Attempt(start, hp, h, accepted, clip, y0, first, jumped))
+        out.append(Attempt(start, hp, h, accepted, clip, y0, first, jumped, carried))
         if accepted:
             first = (out[-1].clip if out[-1].clip is not None else start + h, _NEXT if jumped else _PREV)
     return out
@@ -139,10 +145,10 @@ class _Algebra:
         if i == 0:
             return y, _moved(self.t, self.a.first[1], y.dtype)
         Y = y
-        for j, w in enumerate(tab.tableau.a[i]):
+        for j, w in enumerate(tab.all_a[i]):
             if w != 0.0:
                 Y = Y + (self.hy * w) * self.ks[j]
-        c = tab.tableau.c[i]
+        c = tab.all_c[i]
         T = _moved(self.t1, _PREV, y.dtype) if c == 1.0 else (self.t + c * self.h).to(_real(y.dtype))
         return Y, T
 
@@ -219,14 +225,19 @@ def _leaves(a: Attempt, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def _outputs(alg: _Algebra, y1: torch.Tensor, lam, times: Sequence[float], cots: Sequence[torch.Tensor]):
-    """The attempt's outputs paired with their cotangents: ``(y_{n+1}, t_{n+1}, ĥ_{n+1}, dense outputs)``."""
-    lam_y, lam_t, lam_h = lam
+    """The attempt's outputs paired with their cotangents: ``(y_{n+1}, t_{n+1}, ĥ_{n+1}, dense outputs)``, and
+    the slope the next attempt carries in (``λ_f`` not ``None``): this one's last stage if accepted, else the
+    slope it carried in itself."""
+    lam_y, lam_t, lam_h, lam_f = lam
     a = alg.a
     outs: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []
     if lam_y is not None:
         outs.append(y1 if a.accepted else alg.y)
         grads.append(lam_y)
+    if lam_f is not None:
+        outs.append(alg.ks[alg.spec.tab.stages - 1] if a.accepted else alg.ks[0])
+        grads.append(lam_f)
     outs.append(alg.t1 if a.accepted else alg.t)
     grads.append(lam_t)
     nxt = alg.next_size(y1)
@@ -251,19 +262,31 @@ def _grad(outs, grads, wrt: list[torch.Tensor], acc: Grads, n_own: int) -> list[
     return list(got[:n_own])
 
 
+def _n_stages(tab: MethodTableau, times: Sequence[float]) -> int:
+    """The stages an attempt's replay evaluates: the dense output's own too where it gives outputs (dopri8)."""
+    return len(tab.all_c) if times else tab.stages
+
+
 def checkpoint_attempt(func, spec: _Spec, a: Attempt, lam, times, cots, acc: Grads) -> tuple:
-    """The cotangents of attempt ``a``'s start from those of its end, its graph rebuilt from ``a.y0``."""
+    """The cotangents of attempt ``a``'s start ``(y, t, ĥ, carried slope)`` from those of its end, its graph
+    rebuilt from ``a.y0``."""
     with torch.enable_grad():
         y, t, hp = _leaves(a, a.y0.dtype)
+        f = None if a.carried is None else a.carried.detach().requires_grad_()
         acc.fresh()
         alg = _Algebra(spec, a, y, t, hp)
-        for i in range(spec.tab.stages):
+        for i in range(_n_stages(spec.tab, times)):
+            if i == 0 and f is not None:
+                alg.ks.append(f)
+                continue
             Y, T = alg.stage(i)
             alg.ks.append(func(T, Y))
         y1 = alg.end()
         outs, grads = _outputs(alg, y1, lam, times, cots)
-        g_y, g_t, g_h = _grad(outs, grads, [y, t, hp], acc, 3)
-    return _zero(g_y, y), _zero(g_t, t), _zero(g_h, hp)
+        wrt = [y, t, hp] if f is None else [y, t, hp, f]
+        got = _grad(outs, grads, wrt, acc, len(wrt))
+    g_f = None if f is None else _zero(got[3], f)
+    return _zero(got[0], y), _zero(got[1], t), _zero(got[2], hp), g_f
 
 
 def stagewise(
@@ -316,8 +339,10 @@ def field_vjp(func, Y: torch.Tensor, T: torch.Tensor, kappa: torch.Tensor, acc: 
 
 def symplectic_attempt(func, spec: _Spec, a: Attempt, lam, times, cots, acc: Grads) -> tuple:
     """As :func:`checkpoint_attempt`, with one field evaluation's graph at a time (:func:`stagewise`): the
-    stages recomputed without a graph, the attempt's stage-free arithmetic a small graph over them."""
-    s = spec.tab.stages
+    stages recomputed without a graph, the attempt's stage-free arithmetic a small graph over them. A carried
+    first slope is a leaf of the start: its cotangent goes back to the attempt that made it."""
+    s = _n_stages(spec.tab, times)
+    carried = a.carried is not None
     with torch.no_grad():
         t0 = torch.tensor(a.t0, dtype=torch.float64, device=a.y0.device)
         alg0 = _Algebra(spec, a, a.y0, t0, torch.tensor(a.hp, dtype=torch.float64, device=a.y0.device))
@@ -325,7 +350,7 @@ def symplectic_attempt(func, spec: _Spec, a: Attempt, lam, times, cots, acc: Gra
         for i in range(s):
             Y, T = alg0.stage(i)
             points.append((Y, T))
-            alg0.ks.append(func(T, Y))
+            alg0.ks.append(a.carried if i == 0 and a.carried is not None else func(T, Y))
     with torch.enable_grad():
         y, t, hp = _leaves(a, a.y0.dtype)
         alg = _Algebra(spec, a, y, t, hp)
@@ -334,11 +359,13 @@ def symplectic_attempt(func, spec: _Spec, a: Attempt, lam, times, cots, acc: Gra
         y1 = alg.end()
         outs, grads = _outputs(alg, y1, lam, times, cots)
 
-        def vjp(i: int, kappa: torch.Tensor):
-            return field_vjp(func, points[i][0], points[i][1], kappa, acc)
+        skip = 1 if carried else 0  # a carried slope is no evaluation of this attempt's
 
-        g_y, g_t, g_h = stagewise(outs, grads, [y, t, hp, *alg.ks], 3, graphs, vjp)
-    return g_y, g_t, g_h
+        def vjp(i: int, kappa: torch.Tensor):
+            return field_vjp(func, points[i + skip][0], points[i + skip][1], kappa, acc)
+
+        got = stagewise(outs, grads, [y, t, hp, *alg.ks], 3 + skip, graphs[skip:], vjp)
+    return got[0], got[1], got[2], (got[3] if carried else None)
 
 
 def _zero(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -363,7 +390,9 @@ def initial_size_back(func, spec: _Spec, y0: torch.Tensor, t0: float, lam_h: tor
         d2 = (norm((f1 - f0) / scale) / h0).abs()
         if bool(d1 <= 1e-15) and bool(d2 <= 1e-15):
             h1 = torch.maximum(torch.full_like(h0, 1e-6), h0 * 1e-3)
-        else:  # the larger by a host comparison, as the solvers take it: the other's graph stays out
+        else:
+            # the larger picked as the solvers pick it: torch.maximum would send a zero cotangent through the
+            # other, whose RMS norm at a zero slope (f0 = 0) has an infinite derivative, and 0 · inf is NaN
             h1 = (0.01 / (d2 if bool(d2 > d1) else d1)) ** (1.0 / order)
         h = torch.minimum(100 * h0, h1).to(torch.float64)
         (g,) = _grad([h], [lam_h], [y], acc, 1)
@@ -379,11 +408,11 @@ class _Controlled(torch.autograd.Function):
         ys, tries = cfg["record"](y0, t)
         ctx.cfg = cfg
         ctx.meta = [(a.t0, a.hp, a.h, a.accepted, a.clip, a.first, a.jumped) for a in tries]
-        ctx.state_of = _state_indices(tries)
-        distinct = _distinct(tries)
+        states, ctx.state_of = _kept([a.y0 for a in tries])
+        carried, ctx.carried_of = _kept([a.carried for a in tries])
         # saved through autograd so that memory accounting (saved-tensor hooks) sees the checkpoints
-        ctx.save_for_backward(t, *distinct, *params)
-        ctx.n_states = len(distinct)
+        ctx.save_for_backward(t, *states, *carried, *params)
+        ctx.n_kept = (len(states), len(carried))
         return ys
 
     @staticmethod
@@ -391,10 +420,12 @@ class _Controlled(torch.autograd.Function):
     def backward(ctx, grad_ys: torch.Tensor):
         cfg = ctx.cfg
         saved = ctx.saved_tensors
-        t, states, params = saved[0], saved[1 : 1 + ctx.n_states], saved[1 + ctx.n_states :]
+        n_states, n_carried = ctx.n_kept
+        t, states = saved[0], saved[1 : 1 + n_states]
+        carried, params = saved[1 + n_states : 1 + n_states + n_carried], saved[1 + n_states + n_carried :]
         tries = [
-            Attempt(t0, hp, h, acc, clip, states[j], first, jumped)
-            for (t0, hp, h, acc, clip, first, jumped), j in zip(ctx.meta, ctx.state_of)
+            Attempt(t0, hp, h, acc, clip, states[j], first, jumped, None if k < 0 else carried[k])
+            for (t0, hp, h, acc, clip, first, jumped), j, k in zip(ctx.meta, ctx.state_of, ctx.carried_of)
         ]
         pieces: list[PiecewiseParam] = cfg["pieces"]
         slot = cfg["slot"]
@@ -406,6 +437,7 @@ class _Controlled(torch.autograd.Function):
         owed = _owed(tries, tl)
         zero = torch.zeros((), dtype=torch.float64, device=grad_ys.device)
         lam_y: torch.Tensor | None = None
+        lam_f: torch.Tensor | None = None  # of the slope attempt n + 1 carried in
         lam_t, lam_h = zero, zero
         try:
             for p, v in zip(pieces, lazies):
@@ -413,8 +445,8 @@ class _Controlled(torch.autograd.Function):
             for n in range(len(tries) - 1, -1, -1):
                 a = tries[n]
                 js = owed.get(n, [])
-                lam_y, lam_t, g_h = step_back(
-                    func, spec, a, (lam_y, lam_t, lam_h), [tl[j] for j in js], [grad_ys[j] for j in js], acc
+                lam_y, lam_t, g_h, lam_f = step_back(
+                    func, spec, a, (lam_y, lam_t, lam_h, lam_f), [tl[j] for j in js], [grad_ys[j] for j in js], acc
                 )
                 lam_h = g_h if spec.differentiated or n == 0 else zero
                 if a.accepted:
@@ -439,22 +471,16 @@ class _Controlled(torch.autograd.Function):
         return (None, lam_y, None, *(next(g_o) if j is None else acc.g_pieces[j] for j in slot))
 
 
-def _distinct(tries: Sequence[Attempt]) -> list[torch.Tensor]:
-    """The start states of the attempts, each once (a rejected attempt shares its state with the one before)."""
+def _kept(values: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor], list[int]]:
+    """The tensors of consecutive attempts, each once (a rejected attempt shares its start state and carried slope
+    with the one before), and each attempt's index among them (``-1`` for ``None``)."""
     out: list[torch.Tensor] = []
-    for a in tries:
-        if not out or a.y0 is not out[-1]:
-            out.append(a.y0)
-    return out
-
-
-def _state_indices(tries: Sequence[Attempt]) -> list[int]:
-    idx, k, last = [], -1, None
-    for a in tries:
-        if a.y0 is not last:
-            k, last = k + 1, a.y0
-        idx.append(k)
-    return idx
+    idx: list[int] = []
+    for v in values:
+        if v is not None and (not out or v is not out[-1]):
+            out.append(v)
+        idx.append(-1 if v is None else len(out) - 1)
+    return out, idx
 
 
 def _owed(tries: Sequence[Attempt], tl: Sequence[float]) -> dict[int, list[int]]:

@@ -49,9 +49,11 @@ Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tens
 
 
 class Stages:
-    """What both engines share: the weight rows of a step (``a_1 … a_{s−1}``, then ``b`` or the error weights
-    ``e``, then the midpoint weights ``m`` when the method has them), each as long as torchdiffeq's, and the
-    rounding of ``h`` and ``x`` to the state's dtype on the host."""
+    """What both engines share: the weight rows of a step (``a_1 … a_{s−1}``, then ``last``: ``b`` for a fixed
+    step, the error weights ``e`` for an FSAL adaptive one, ``b`` and ``e`` for another adaptive one; then the
+    midpoint weights ``m`` when the method has them), each as long as torchdiffeq's, and the rounding of ``h`` and
+    ``x`` to the state's dtype on the host. Row ``s − 1`` gives a non-FSAL step's end, row :attr:`err_row` its
+    error estimate."""
 
     graph = False
 
@@ -59,7 +61,7 @@ class Stages:
         self,
         y0: torch.Tensor,
         tab: MethodTableau,
-        last: Sequence[float],
+        last: Sequence[Sequence[float]],
         rtol: float,
         atol: float,
         parts: Sequence[int] | None = None,
@@ -67,7 +69,9 @@ class Stages:
         self.s, self.shape, self.n = tab.stages, y0.shape, y0.numel()
         self.kw: dict[str, Any] = dict(dtype=y0.dtype, device=y0.device)
         self.np = np.float32 if y0.dtype == torch.float32 else np.float64
-        self.widths, self.table = _table(tab, tuple(last), self.np)
+        self.last = tuple(tuple(row) for row in last)
+        self.widths, self.table = _table(tab, self.last, self.np)
+        self.err_row = tab.stages - 2 + len(self.last)
         self.rtol, self.atol = rtol, atol
         self.norm: Callable[[torch.Tensor], torch.Tensor] | None = None  # a norm of the user's, if any
         self.parts = None if parts is None else list(parts)  # a tuple state's part sizes (solvers.norms)
@@ -111,9 +115,9 @@ class Stages:
 
 
 @functools.cache
-def _table(tab: MethodTableau, last: tuple[float, ...], dtype: type) -> tuple[list[int], np.ndarray]:
+def _table(tab: MethodTableau, last: tuple[tuple[float, ...], ...], dtype: type) -> tuple[list[int], np.ndarray]:
     """The widths of a step's weight rows and the rows, zero-padded to ``s``, in ``dtype`` (read-only)."""
-    rows = [list(r) for r in (*tab.tableau.a[1:], last)] + ([list(tab.mid)] if tab.mid is not None else [])
+    rows = [list(r) for r in (*tab.tableau.a[1:], *last)] + ([list(tab.mid)] if tab.mid is not None else [])
     table: np.ndarray = np.zeros((len(rows), tab.stages), dtype=dtype)
     for i, r in enumerate(rows):
         table[i, : len(r)] = r
@@ -130,7 +134,7 @@ class Buffered(Stages):
         self,
         y0: torch.Tensor,
         tab: MethodTableau,
-        last: Sequence[float],
+        last: Sequence[Sequence[float]],
         rtol: float,
         atol: float,
         parts: Sequence[int] | None = None,
@@ -203,7 +207,7 @@ class Buffered(Stages):
         return norm, math.isfinite(top)
 
     def _error(self) -> torch.Tensor:
-        return self._sum(self.s - 1, self.err)
+        return self._sum(self.err_row, self.err)
 
     def accept(self, y_new: torch.Tensor) -> torch.Tensor:
         self.cur = self.nxt
@@ -234,7 +238,7 @@ class Rows(Buffered):
         self,
         y0: torch.Tensor,
         tab: MethodTableau,
-        last: Sequence[float],
+        last: Sequence[Sequence[float]],
         rtol: float,
         atol: float,
         order: str,
@@ -361,13 +365,13 @@ class Graph(Stages):
         self,
         y0: torch.Tensor,
         tab: MethodTableau,
-        last: Sequence[float],
+        last: Sequence[Sequence[float]],
         rtol: float,
         atol: float,
         parts: Sequence[int] | None = None,
     ):
         super().__init__(y0, tab, last, rtol, atol, parts)
-        self.rows = _rows_on(tab, tuple(last), y0.dtype, y0.device)
+        self.rows = _rows_on(tab, self.last, y0.dtype, y0.device)
         self.ks: list[torch.Tensor] = [y0] * self.s
         self.w: list[torch.Tensor] = []
         self.hy: torch.Tensor | None = None  # the step in the state's dtype while it carries a graph
@@ -437,8 +441,8 @@ class Graph(Stages):
 
     def ratio(self, y_new: torch.Tensor) -> tuple[float, bool]:
         with torch.no_grad():
-            m = self.widths[self.s - 1]
-            e = self.w[self.s - 1] if self.hy is None else self.rows[self.s - 1] * self.hy
+            m = self.widths[self.err_row]
+            e = self.w[self.err_row] if self.hy is None else self.rows[self.err_row] * self.hy
             err = torch.sum(torch.stack(self.ks[:m], -1) * e, -1)
             a_new = y_new.abs()
             tol = torch.maximum(self.a_cur, a_new)
@@ -457,8 +461,8 @@ class Graph(Stages):
         """The error ratio of :meth:`ratio` as a function of the step's stages, its start, end and size (the value
         agrees with :meth:`ratio`'s to rounding): what the step-size controller reads, differentiated
         (:mod:`solvers.step_sizes`)."""
-        m = self.widths[self.s - 1]
-        e = self.w[self.s - 1] if self.hy is None else self.rows[self.s - 1] * self.hy
+        m = self.widths[self.err_row]
+        e = self.w[self.err_row] if self.hy is None else self.rows[self.err_row] * self.hy
         err = torch.sum(torch.stack(self.ks[:m], -1) * e, -1)
         tol = torch.maximum(y0.abs(), y_new.abs()) * self.rtol + self.atol
         if self.norm is not None:
@@ -488,7 +492,7 @@ class Graph(Stages):
 
 
 @functools.lru_cache(maxsize=64)
-def _rows_on(tab: MethodTableau, last: tuple[float, ...], dtype: torch.dtype, device: torch.device):
+def _rows_on(tab: MethodTableau, last: tuple[tuple[float, ...], ...], dtype: torch.dtype, device: torch.device):
     """The weight rows as tensors (never written: a graph may hold them)."""
     widths, table = _table(tab, last, np.float32 if dtype == torch.float32 else np.float64)
     with torch.inference_mode(False):  # usable by every later call, made in whichever mode the first one ran

@@ -76,7 +76,8 @@ def warn_held_fixed(method: str, why: str) -> None:
         f"method={method!r} runs on torchdiffeq's own solver here ({why}); its backprop holds every step size "
         "after the first fixed, so the gradient is that of those steps, not the derivative of the computed "
         "solution (steps='differentiated', which can differ by orders of magnitude on stiff problems). The "
-        "library's own stepper (dopri5, tsit5, bosh3 on float32/float64 states) differentiates every step; pass "
-        "gradient=Backprop(steps='torchdiffeq') to accept torchdiffeq's gradient without this warning.",
+        "library's own stepper (every adaptive method, on float32/float64 states, with torchdiffeq's step options) "
+        "differentiates every step; pass gradient=Backprop(steps='torchdiffeq') to accept torchdiffeq's gradient "
+        "without this warning.",
         stacklevel=4,
     )

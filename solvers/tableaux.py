@@ -23,131 +23,26 @@ rounding:
 - ``rk4``: Kutta's 3/8 rule (torchdiffeq's ``rk4`` is this one, not the classical tableau), in both modes;
   ``rk4_classical``: the classical tableau (Kutta 1901), a discrete-mode scheme (torchdiffeq has no such method).
 - ``euler``, ``midpoint``, ``heun2`` (explicit trapezoid), ``heun3`` (Heun's third-order method).
+- ``fehlberg2``: Fehlberg's 1(2) pair (Fehlberg 1969, NASA TR R-315, the RKF1(2) formula), stepping with its
+  second-order solution; ``adaptive_heun``: Heun's method (the explicit trapezoid) with Euler's as the embedded
+  estimate. Neither is FSAL: the last stage is ``F(t_1, ·)`` at a state other than ``y_1``, and torchdiffeq reuses
+  it as the next step's first stage all the same, so a step is a map of its start state *and* that carried slope
+  (:mod:`solvers.replay` carries it back). Their dense output is the cubic Hermite one, as ``bosh3``'s.
+- ``dopri8``: Prince & Dormand's RK8(7)13M (:mod:`solvers.dopri8`), with a seventh-order continuous extension.
 
 Evaluation times follow torchdiffeq: a stage with ``c_i = 1`` is evaluated just before ``t_1``
 (``nextafter(t_1, −∞)``), so a step that ends on a parameter jump never sees the next piece; the first stage of
 a fixed step just after ``t_0``. The first stage of an adaptive step is the last stage of the step before
-("first same as last", ``fsal``), re-evaluated just after ``t_0`` when that step ended on a jump.
-
-torchdiffeq's ``adaptive_heun``, ``fehlberg2`` and ``dopri8`` are not here: the first two reuse as the next
-step's first stage an evaluation that is not at the step's end state (their last stage is not the solution),
-so a step is not a map of its start state alone, and ``dopri8`` would need its 14-stage tableau transcribed.
+(for ``fsal`` methods, "first same as last", that is ``F(t_1, y_1)``), re-evaluated at ``y_1`` just after ``t_0``
+when that step ended on a jump.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .order_conditions import order_defects
+from .butcher import MethodTableau, Tableau, dense_at, hermite_mid
+from .dopri8 import DOPRI8
 
 __all__ = ["MethodTableau", "TABLEAUX", "Tableau", "dense_at", "hermite_mid"]
-
-# float64 coefficients satisfy their order conditions to rounding; a wrong digit breaks one by far more
-_ORDER_TOL = 1e-12
-
-
-@dataclass(frozen=True)
-class Tableau:
-    """An explicit Butcher tableau; checks itself (rows of ``a`` sum to ``c``, weights ``b`` sum to 1)."""
-
-    a: tuple[tuple[float, ...], ...]
-    b: tuple[float, ...]
-    c: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        s = len(self.b)
-        if len(self.a) != s or len(self.c) != s:
-            raise ValueError("tableau: a, b, c must describe the same number of stages")
-        for i, (row, ci) in enumerate(zip(self.a, self.c)):
-            if len(row) != i:
-                raise ValueError(f"tableau: explicit row {i} must have {i} entries")
-            if abs(sum(row) - ci) > 1e-14:
-                raise ValueError(f"tableau: row {i} of a sums to {sum(row)}, not c = {ci}")
-        if abs(sum(self.b) - 1.0) > 1e-14:
-            raise ValueError("tableau: weights b must sum to 1")
-
-
-@dataclass(frozen=True)
-class MethodTableau:
-    """A torchdiffeq method: its tableau, and for adaptive methods the error and midpoint weights.
-
-    ``fsal``: the last stage is ``F(t_1, y_1)`` (its row of ``a`` equals ``b``): the next step's first stage.
-    ``continuous``: a method continuous mode serves (a torchdiffeq method); else a discrete-mode scheme only.
-    ``dense``: a method's own continuous extension ``y(t_0 + θh) = y_0 + h Σ_i b_i(θ) k_i`` as the coefficients
-    ``dense[p][i]`` of ``θ^(p+1)`` in ``b_i(θ)`` (order ``dense_order``); without it the dense output is the quartic
-    through the midpoint ``mid``.
-
-    Construction checks the order conditions (:mod:`solvers.order_conditions`): ``b`` to ``order``, the embedded
-    weights ``b − error`` to ``order − 1``, and ``dense`` to ``dense_order`` at ``θ = 1/4, 1/2, 3/4`` (and
-    ``b_i(1) = b_i``).
-    """
-
-    name: str
-    order: int
-    tableau: Tableau
-    error: tuple[float, ...] | None = None
-    mid: tuple[float, ...] | None = None
-    continuous: bool = True
-    dense: tuple[tuple[float, ...], ...] | None = None
-    dense_order: int = 0
-
-    def __post_init__(self) -> None:
-        s = len(self.tableau.b)
-        for name, w in (("error", self.error), ("mid", self.mid)):
-            if w is not None and len(w) != s:
-                raise ValueError(f"tableau {self.name}: `{name}` has {len(w)} weights for {s} stages")
-        if self.error is not None and abs(sum(self.error)) > 1e-14:
-            raise ValueError(f"tableau {self.name}: error weights must sum to 0")
-        if self.mid is not None and abs(sum(self.mid) - 0.5) > 1e-14:
-            raise ValueError(f"tableau {self.name}: midpoint weights must sum to 1/2")
-        b = self.tableau.b
-        self._check_order("b", b, self.order)
-        if self.error is not None:
-            self._check_order("the embedded b - error", [bi - ei for bi, ei in zip(b, self.error)], self.order - 1)
-        if self.dense is not None:
-            if len(self.dense) != 4 or any(len(row) != s for row in self.dense):
-                raise ValueError(f"tableau {self.name}: `dense` must be 4 rows (θ^1..θ^4) of {s} weights")
-            if max(abs(x - y) for x, y in zip(dense_at(self, 1.0), b)) > _ORDER_TOL:
-                raise ValueError(f"tableau {self.name}: the dense output at θ = 1 must be the step, b_i(1) = b_i")
-            for theta in (0.25, 0.5, 0.75):
-                self._check_order(f"dense at θ = {theta}", dense_at(self, theta), self.dense_order, theta)
-
-    def _check_order(self, what: str, weights, order: int, theta: float = 1.0) -> None:
-        worst = max(order_defects(self.tableau.a, weights, order, theta), key=lambda d: abs(d[0]))
-        if abs(worst[0]) > _ORDER_TOL:
-            raise ValueError(
-                f"tableau {self.name}: {what} misses an order-{order} condition by {worst[0]:.3g} (tree {worst[1]})"
-            )
-
-    @property
-    def adaptive(self) -> bool:
-        return self.error is not None
-
-    @property
-    def stages(self) -> int:
-        return len(self.tableau.b)
-
-    @property
-    def fsal(self) -> bool:
-        t = self.tableau
-        return t.c[-1] == 1.0 and t.b[-1] == 0.0 and tuple(t.a[-1]) == tuple(t.b[:-1])
-
-
-def dense_at(tab: MethodTableau, theta: float) -> tuple[float, ...]:
-    """The weights ``b_i(θ)`` of a method's own continuous extension (``tab.dense``) at ``θ``."""
-    assert tab.dense is not None
-    return tuple(sum(row[i] * theta ** (p + 1) for p, row in enumerate(tab.dense)) for i in range(tab.stages))
-
-
-def hermite_mid(b: tuple[float, ...]) -> tuple[float, ...]:
-    """Midpoint weights of the cubic Hermite interpolant through ``y_0, y_1`` with slopes ``k_1, k_s``:
-    ``p(1/2) = y_0 + h (Σ_i b_i k_i / 2 + (k_1 − k_s) / 8)``. The quartic dense output through this midpoint is
-    that cubic; its error within a step is ``O(h^4)`` plus the step's own, so it keeps the order of a method of
-    order ≤ 3 whose ``k_s`` is ``F(t_1, ·)`` at a state within ``O(h^2)`` of ``y_1``."""
-    m = [bi / 2 for bi in b]
-    m[0] += 1 / 8
-    m[-1] -= 1 / 8
-    return tuple(m)
 
 
 def _tab(a, b, c) -> Tableau:
@@ -283,10 +178,28 @@ _TSIT5 = MethodTableau(
     dense=_TSIT5_DENSE,
     dense_order=4,
 )
+_FEHLBERG2_B = (1 / 512, 255 / 256, 1 / 512)
+_FEHLBERG2 = MethodTableau(
+    name="fehlberg2",
+    order=2,
+    tableau=_tab(a=[[], [1 / 2], [1 / 256, 255 / 256]], b=_FEHLBERG2_B, c=[0.0, 1 / 2, 1.0]),
+    error=(1 / 512 - 1 / 256, 0.0, 1 / 512),  # the embedded first-order weights (1/256, 255/256, 0)
+    mid=hermite_mid(_FEHLBERG2_B),  # not torchdiffeq's first-order y_0 + h k_2 / 2
+)
+_ADAPTIVE_HEUN = MethodTableau(
+    name="adaptive_heun",
+    order=2,
+    tableau=_tab(a=[[], [1.0]], b=[0.5, 0.5], c=[0.0, 1.0]),
+    error=(0.5, -0.5),  # Euler's step y_0 + h k_1 embedded
+    mid=hermite_mid((0.5, 0.5)),  # not torchdiffeq's first-order y_0 + h k_1 / 2
+)
 TABLEAUX: dict[str, MethodTableau] = {
+    "dopri8": DOPRI8,
     "dopri5": _DOPRI5,
     "tsit5": _TSIT5,
     "bosh3": _BOSH3,
+    "fehlberg2": _FEHLBERG2,
+    "adaptive_heun": _ADAPTIVE_HEUN,
     "euler": MethodTableau("euler", 1, _tab([[]], [1.0], [0.0])),
     "midpoint": MethodTableau("midpoint", 2, _tab([[], [0.5]], [0.0, 1.0], [0.0, 0.5])),
     "heun2": MethodTableau("heun2", 2, _tab([[], [1.0]], [0.5, 0.5], [0.0, 1.0])),

@@ -11,11 +11,20 @@ midpoint is a lower-order value, which caps every output below the method's orde
 
 cde_nets uses instead the midpoint of the cubic Hermite interpolant through ``y_0, y_1`` with the slopes
 ``k_1, k_s`` every step has (:func:`solvers.tableaux.hermite_mid`), so that the quartic is that cubic and the
-outputs keep the method's order (tests/test_dense_output.py fits the slopes). The fast path
-(:mod:`solvers.fast_rk`) and the replays use it from :mod:`solvers.tableaux`; the solves that run inside
-torchdiffeq (the continuous adjoint, inputs the fast path does not take) get it from solvers with those midpoint
-weights, added to torchdiffeq's table of solvers under their own names, so torchdiffeq's ``"bosh3"`` and the
-others stay as they are for anyone calling torchdiffeq directly.
+outputs keep the method's order (tests/test_dense_output.py fits the slopes). The library's own stepper
+(:mod:`solvers.fast_rk`), which runs every forward solve it can (every adaptive method on a float32/float64
+tensor), and the replays use it from :mod:`solvers.tableaux`. What still runs inside torchdiffeq gets it from
+solvers with those midpoint weights, added to torchdiffeq's table of solvers under their own names, so
+torchdiffeq's ``"bosh3"`` and the others stay as they are for anyone calling torchdiffeq directly:
+
+- the continuous adjoint's backward solve (its state is a tuple: the state, its adjoint and the parameter
+  gradients) and torchdiffeq's own ``odeint_adjoint`` where the piecewise adjoint does not apply;
+- the event search of :func:`cde_nets.odeint_event` (torchdiffeq's root finder on its dense output);
+- forward solves of inputs the stepper does not take (a complex state, torchdiffeq's ``dtype`` option), in
+  every gradient mode, :func:`solvers.replay.record_steps` included.
+
+``dopri8`` there keeps torchdiffeq's own quartic (its seventh-order extension needs stages torchdiffeq's loop
+does not evaluate: :mod:`solvers.dopri8`).
 
 torchdiffeq 0.2.5 has no ``tsit5`` (Tsitouras 2011, "Runge-Kutta pairs of order 5(4) satisfying only the first
 column simplifying assumption", Comput. Math. Appl. 62): it is added to the table as ``cde_nets_tsit5`` from

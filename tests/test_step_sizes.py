@@ -254,8 +254,19 @@ def test_step_t_norm_and_tolerance_tensors_take_the_library_stepper():
 
 
 def test_a_solve_left_to_torchdiffeq_says_its_gradient_holds_the_steps_fixed():
-    """Where a solve runs inside torchdiffeq (a method the library's stepper does not take yet), its backprop
-    holds the step sizes after the first fixed: a warning names it and the setting that accepts it."""
+    """Where a solve runs inside torchdiffeq (an option the library's stepper does not take, here torchdiffeq's
+    ``dtype``), its backprop holds the step sizes after the first fixed: a warning names it, and why."""
     x = _y0()[0].clone().requires_grad_()
-    with pytest.warns(UserWarning, match="holds every step size after the first fixed"):
-        odeint(VdP(), x, torch.tensor([0.0, 0.1], dtype=F64), method="dopri8", **TOL)
+    with pytest.warns(UserWarning, match=r"runs on torchdiffeq's own solver here \(options \['dtype'\]\).*holds every"):
+        odeint(VdP(), x, torch.tensor([0.0, 0.1], dtype=F64), method="dopri8", options={"dtype": F64}, **TOL)
+
+
+def test_a_zero_slope_at_the_start_differentiates_the_first_step_per_sample():
+    """``y' = −t y`` has ``F(0, y) = 0``: the initial step's ``d1`` is zero, and its square root's derivative
+    infinite, though ``max(d1, d2)`` takes ``d2``; the per-sample gradient stays finite and is ``e^(−t²/2)``."""
+    y0 = torch.tensor([[1.0], [-2.0]], dtype=F64, requires_grad=True)
+    out = odeint_per_sample(
+        lambda t, y: -t[:, None] * y, y0, torch.tensor([0.0, 2.0], dtype=F64), rtol=1e-10, atol=1e-12
+    )
+    (g,) = torch.autograd.grad(out[-1].sum(), y0)
+    torch.testing.assert_close(g, torch.full_like(g, math.exp(-2.0)), rtol=1e-8, atol=0)

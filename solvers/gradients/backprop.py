@@ -56,7 +56,7 @@ class Backprop(GradientMethod):
                 jump_t=run.jump_t,
                 grid=run.grid,
             )
-        if self.steps != "torchdiffeq" and s.method in ADAPTIVE_METHODS:
+        if self.steps != "torchdiffeq" and s.method in ADAPTIVE_METHODS and torch.is_grad_enabled():
             warn_held_fixed(s.method, "a method or input the library's own stepper does not take")
         from torchdiffeq import odeint  # here, not at import: torchdiffeq loads scipy
 

@@ -50,10 +50,10 @@ class Checkpoint(GradientMethod):
         if method in REVERSIBLE_METHODS or method in OWN_FIXED_METHODS:
             return super().refusal(method)
         replayable = sorted(m for m, tab in TABLEAUX.items() if tab.continuous)
+        what = "a multistep method" if method.endswith("adams") else "not a Runge-Kutta method of this library's"
         return (
-            f"gradient={self.name!r} replays the solver's steps with its tableau; method={method!r} has none here "
-            f"(it reuses a stage that is not at the step's end, or is not transcribed). Use one of "
-            f"{replayable}, or gradient='backprop'/'adjoint' with {method!r}."
+            f"gradient={self.name!r} replays the solver's steps with its Runge-Kutta tableau; method={method!r} "
+            f"has none ({what}). Use one of {replayable}, or gradient='backprop'/'adjoint' with {method!r}."
         )
 
     def solve(self, run: Run) -> torch.Tensor:

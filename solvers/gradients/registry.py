@@ -41,9 +41,9 @@ def as_gradient(gradient: str | GradientMethod, sde: bool = False) -> GradientMe
 
 def default_gradient(method: str) -> GradientMethod:
     """The gradient a block uses when none is named: the exact gradient of the solver's steps by checkpointed
-    replay where ``method`` can be replayed (dopri5, bosh3, the fixed-step, implicit and composition methods), the
-    reversible one for ``alf``, else the continuous adjoint. On the ode_demo spiral the adjoint trained 4.9x
-    slower than checkpointing to the same loss (docs/guides/from_torchdiffeq.md)."""
+    replay where ``method`` can be replayed (every explicit Runge-Kutta method, the implicit and composition
+    methods), the reversible one for ``alf``, else the continuous adjoint. On the ode_demo spiral the adjoint
+    trained 4.9x slower than checkpointing to the same loss (docs/guides/from_torchdiffeq.md)."""
     for candidate in (Checkpoint(), Reversible()):
         if candidate.supports(method):
             return candidate
