@@ -112,6 +112,37 @@ def test_the_install_alone_is_the_main_jobs_install():
     assert f"The **main job**, `{job}` after it" in README
 
 
+def test_the_reproductions_run_on_one_thread_unless_asked(monkeypatch, tmp_path):
+    """The command's default is one intra-op thread for every reproduction but nais_digits (two); a run that asks
+    for a number gets it."""
+    from cde_nets.experiments import __main__ as cli
+
+    seen = []
+
+    class Ran(Exception):
+        pass
+
+    def run(size, seed, out_dir):
+        seen.append(torch.get_num_threads())
+        raise Ran
+
+    monkeypatch.setattr(cli, "runner", lambda name: run)
+    old = torch.get_num_threads()
+    try:
+        for name, extra in (
+            ("blog", []),
+            ("blog", ["--threads", "2"]),
+            ("nais_digits", []),
+            ("nais_digits", ["--threads", "1"]),
+        ):
+            torch.set_num_threads(2)  # torch's own default on a 2-core machine
+            with pytest.raises(Ran):
+                cli.main([name, "--tiny", "--no-checkpoints", "--out", str(tmp_path / str(len(seen))), *extra])
+    finally:
+        torch.set_num_threads(old)
+    assert seen == [1, 2, 2, 1]
+
+
 # --- README examples ------------------------------------------------------------------------------------------------
 
 
