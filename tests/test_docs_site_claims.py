@@ -112,6 +112,22 @@ def test_the_install_alone_is_the_main_jobs_install():
     assert f"The **main job**, `{job}` after it" in README
 
 
+def test_the_readme_states_the_recorded_main_job_time_under_ten_minutes():
+    """The README's main-job time is the one ``experiments/timings.py --main-job`` recorded, which is under the ten
+    minutes the README promises; the listing's ``all`` row (the quick column's sum) agrees with it."""
+    from cde_nets.experiments import timings
+    from cde_nets.experiments.registry import THREADS, THREADS_OF, total
+
+    job = timings.load_timings()["main_job"]
+    m, s = divmod(round(job["seconds"]), 60)
+    setup = _flat(_section(README, "Set up (Python 3.11, from a clone)"))
+    assert re.findall(r"(\d+) min (\d+) s measured", setup) == [(str(m), str(s))]
+    assert "under ten minutes" in setup and job["seconds"] < 600
+    assert job["threads"] == {"default": THREADS, **THREADS_OF} and THREADS == 1
+    assert "Each reproduction runs on one torch thread" in setup
+    assert 0.8 < total("quick") / job["seconds"] < 1.25  # each one's time in a fresh process, summed
+
+
 def test_the_reproductions_run_on_one_thread_unless_asked(monkeypatch, tmp_path):
     """The command's default is one intra-op thread for every reproduction but nais_digits (two); a run that asks
     for a number gets it."""
