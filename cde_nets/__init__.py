@@ -1,4 +1,5 @@
-"""cde_nets: continuous-depth neural networks in continuous (torchdiffeq) and discrete (solver = layer) mode."""
+"""cde_nets: continuous-depth neural networks in continuous mode (its own ODE engine, matching torchdiffeq) and discrete
+mode (solver = layer)."""
 
 from . import diagnostics, fields
 from .block import Block

@@ -25,7 +25,7 @@ from cde_nets.cli import did_you_mean
 from cde_nets.training import checkpointing
 
 from .reference import attach
-from .registry import REPRODUCTIONS, recorded_only, runner, times, total
+from .registry import REPRODUCTIONS, THREADS, THREADS_OF, recorded_only, runner, threads_for, times, total
 from .report import format_table, write_result
 from .seeds import default_seeds, default_workers, run_seeds
 
@@ -36,6 +36,11 @@ def _seconds(s: float | None) -> str:
     if s < 1:
         return "<1 s"
     return f"{s:.0f} s" if s < 100 else f"{s / 60:.0f} min"
+
+
+def _default_threads() -> str:
+    """``1, 2 for nais_digits``: the threads each reproduction runs on unless ``--threads`` says otherwise."""
+    return ", ".join([str(THREADS)] + [f"{n} for {name}" for name, n in THREADS_OF.items()])
 
 
 def listing() -> str:
@@ -52,8 +57,9 @@ def listing() -> str:
     sums = " ".join(f"{_seconds(total(size)):>7s}" for size in ("tiny", "quick")) + f" {full:>8s}"
     lines.append(f"  {'all':18s} {sums}  every one of them, in this order (the sum of each column)")
     notes = [
-        "  Measured by `python -m cde_nets.experiments.timings` (a fresh process each, one torch thread);",
-        "  the dates and the machine's load at each measurement are in experiments/timings.json.",
+        "  Measured by `python -m cde_nets.experiments.timings` (a fresh process each, on its default torch threads:",
+        f"  {_default_threads()}); the dates and the machine's load at each measurement are in",
+        "  experiments/timings.json.",
     ]
     if recorded:
         notes.append("  * the recorded full run's own time (not yet measured by the timing script).")
@@ -111,10 +117,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
         "--workers",
         type=int,
         default=None,
-        help="seeds run in parallel processes (default: as many as the cores hold at 2 threads a run)",
+        help="seeds run in parallel processes (default: as many as the cores hold at --threads threads a run)",
     )
     parser.add_argument("--out", default="results", help="directory for <name>.json and PNG plots")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"torch intra-op threads per reproduction (default {_default_threads()}: on problems this small a "
+        "second thread costs more than it gives)",
+    )
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -144,8 +156,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
         parser.error(f"--workers must be a positive integer (parallel processes), got {args.workers}")
     if args.seeds is not None and args.seed + args.seeds > 2**32:
         parser.error(f"--seed + --seeds must stay within 2**32, got {args.seed} + {args.seeds}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     size = args.size or "full"
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
     for name in names:
@@ -162,6 +172,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
     try:
         t0 = time.perf_counter()
         for name in names:
+            threads = args.threads or threads_for(name)
+            torch.set_num_threads(threads)
             n_seeds = args.seeds or default_seeds(name, size)
             if n_seeds > 1:
                 res = run_seeds(
@@ -169,8 +181,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
                     size,
                     list(range(args.seed, args.seed + n_seeds)),
                     args.out,
-                    workers=args.workers or default_workers(n_seeds, args.threads),
-                    threads=args.threads,
+                    workers=args.workers or default_workers(n_seeds, threads),
+                    threads=threads,
                     resume=args.resume,
                     checkpoints=args.checkpoints,
                 )

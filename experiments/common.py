@@ -79,7 +79,8 @@ def parameter_count(model: nn.Module) -> int:
 
 
 def threads() -> None:
-    """Experiments are small: two intra-op threads match the 2-core machines they are meant for."""
+    """At most two intra-op threads for a reproduction called directly; ``cde-nets experiments`` sets one before it
+    runs each (its ``--threads``, :data:`experiments.registry.THREADS`), which this keeps."""
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
 

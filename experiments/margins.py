@@ -5,22 +5,23 @@ setting) and exits 1 if any full-setting result misses its margin. The README's 
 the same check (:mod:`experiments.readme_table`).
 
 A margin is statistical: with our mean ``m`` and sample standard deviation ``s`` over the seeds (``s = 0`` for
-one seed), a bound ``b`` is met when ``m`` is on its side (``m >= b`` for ``>=``) or ``b`` lies within
-``m ± 2s``; the table shows that interval. Where ``s > |m|`` (a seed far out) the median and the MAD-sd stand
-in for ``m`` and ``s`` (:mod:`experiments.spread`), so that one wild seed cannot widen the interval over any bound.
+one seed), a bound ``b`` is met when the band ``m ± 2s`` where a seed falls reaches its side (``m + 2s >= b``
+for ``>=``); the table shows that interval. For an accuracy the band is ``m ± 2s`` of the seeds' angles ``arcsin √p``,
+mapped back, so that it stays inside [0, 100] (:mod:`experiments.spread`). Where ``s > |m|`` (a seed far out) the
+median and the MAD-sd stand in for ``m`` and ``s``, so that one wild seed cannot widen the interval over any
+bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import operator
 import sys
 from pathlib import Path
 
 from cde_nets.datasets import DENSITIES_2D
 
-from .spread import of_row
+from .spread import Spread, band, linear_band, of_row
 
 # BSM norms are computed in float32, whose largest number below 1 is 1 − 2⁻²⁴: a norm of exactly 1 may round there.
 FLOAT32_ONE = 1 - 2.0**-24
@@ -64,7 +65,6 @@ MARGINS = (
         )
     ),
 )
-_OPS = {">=": operator.ge, "<=": operator.le}
 
 
 def check(results_dir: Path) -> list[dict]:
@@ -83,27 +83,29 @@ def check(results_dir: Path) -> list[dict]:
         if setting not in rows:
             out.append({**entry, "status": f"not run ({res['size']} setting has no such row)"})
             continue
-        s = of_row(rows[setting])
-        if s is None:
+        s, b = of_row(rows[setting]), band(rows[setting])
+        if s is None or b is None:
             raise ValueError(f"{path}: the row {setting!r} holds no number to check its margin {op} {shown} against")
         if res["size"] != "full":
             status = f"not judged ({res['size']} setting)"
         else:
-            status = "met" if met(op, bound, s.centre, s.spread) else "missed"
-        interval = (s.centre - 2 * s.spread, s.centre + 2 * s.spread)
-        entry |= {"ours": s.centre, "sd": s.spread, "n_seeds": s.n, "interval": interval, "by_median": s.by_median}
+            status = "met" if b.reaches(op, bound) else "missed"
+        entry |= {"ours": s.centre, "sd": s.spread, "n_seeds": s.n, "interval": b.interval, "by_median": s.by_median}
+        entry |= {"angular": b.angular}
         out.append({**entry, "status": status})
     return out
 
 
 def met(op: str, bound: float, mean: float, sd: float) -> bool:
-    """The bound is on the met side of the mean, or within ``mean ± 2 sd``."""
-    return _OPS[op](mean, bound) or abs(mean - bound) <= 2 * sd
+    """The band ``mean ± 2 sd`` reaches the met side of the bound (a number without bounds; an accuracy's band is
+    :func:`experiments.spread.band`)."""
+    return linear_band(Spread(mean, sd, 2, False)).reaches(op, bound)
 
 
 def describe(r: dict) -> str:
-    """``mean ± sd [mean − 2sd, mean + 2sd] (n seeds)``, the median and MAD-sd in their place where the seeds are
-    heavy-tailed, or the single value for one seed."""
+    """``mean ± sd [low, high] (n seeds)`` with the band where a seed falls (``mean ± 2 sd``, on the angular scale
+    for an accuracy), the median and MAD-sd in their place where the seeds are heavy-tailed, or the single value
+    for one seed."""
     if r["ours"] is None:
         return "—"
     if r.get("n_seeds", 1) < 2:

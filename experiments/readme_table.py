@@ -29,6 +29,8 @@ ARCH_START, ARCH_END = "<!-- architectures:start -->", "<!-- architectures:end -
 
 # Plots from the full runs, kept in docs/figures/<name>.png, and what each shows.
 CAPTIONS = {
+    "hdnn_table1": "H-DNN Table I: test accuracy per epoch of each H1 and H2 net on swiss roll and double moons "
+    "(one seed).",
     "hdnn_fig4": "H-DNN Fig. 4: log10 of the mean backward-sensitivity-matrix norm per layer and epoch; the 32-layer "
     "H2-DNN stays ≥ 1 everywhere, the 32-layer tanh MLP's gradients vanish beyond ~15 layers from the "
     "output.",
@@ -55,16 +57,20 @@ command lists them with their running times). Every training writes an atomic pe
 stopped (finished ones are not retrained) and ends with the uninterrupted run's numbers. In your own scripts,
 `with cde_nets.training.checkpointing(dir, resume=True):` does the same for every `Trainer.fit` in the block.
 
-The tables below come from the JSON in `experiments/recorded_results/` (full setting where it was run, otherwise
-the quick setting; each section says which). The first lists the margins the full setting must meet (as data in
-`experiments/margins.py`; `python -m cde_nets.experiments.margins` checks a results folder and exits 1 on a miss).
-A training reproduction at the full setting runs over seeds (`--seeds N`, 5 by default; `--workers N` runs them in
-parallel; each seed's JSON is kept and `--resume` reads finished seeds back): its rows read mean ± sample standard
-deviation (min–max, number of seeds), the per-seed numbers are in the JSON. Where the reference implementation was
-run here on the same seeds, a "reference code" column gives its mean ± sd (commit and command under the table).
-The verdict column (`experiments/verdicts.py`) compares ours with the reference code's mean ± 2 sd, else with the
-published number: an accuracy may lie above it, a row without unit is judged two-sided (or by its margin). Where a
-row's sd exceeds its mean (one seed far out) the row says so and is judged by its median ± 2 MAD-sd.
+The figures come first, then the tables, from the JSON in `experiments/recorded_results/` (full setting where it
+was run, otherwise the quick setting; each section says which). The first table lists the margins the full setting
+must meet (as data in `experiments/margins.py`; `python -m cde_nets.experiments.margins` checks a results folder
+and exits 1 on a miss). A training reproduction at the full setting runs over seeds (`--seeds N`, 5 by default;
+`--workers N` runs them in parallel; each seed's JSON is kept and `--resume` reads finished seeds back): its rows
+read mean ± sample standard deviation (min–max, number of seeds), the per-seed numbers are in the JSON. Where the
+reference implementation was run here on the same seeds, a "reference code" column gives its mean ± sd (commit and
+command under the table). The verdict column (`experiments/verdicts.py`) compares ours with the band of the
+reference code's runs, else with the published number: an accuracy may lie above it, a row without unit is judged
+two-sided (or by its margin). A band is mean ± 2 sd, where a seed's number falls. For an accuracy it is taken on
+the angular scale φ = arcsin √p (p the accuracy as a fraction) and mapped back by p = sin² φ: a test accuracy is a
+binomial proportion, whose spread shrinks towards 0 and 100 %, and on that scale its spread is the same whatever p
+(Bartlett 1947), so the band stays inside [0, 100] and reaches 100 % only when seeds do. Where a row's sd exceeds
+its mean (one seed far out) the row says so and is judged by its median ± 2 MAD-sd.
 H-DNN runs use the reference's training protocol (`experiments/hdnn_protocol.py`: read-out refit from zero per
 batch and at the end, Adam bias correction counted in epochs). Paper letters (H, R, B, S, N) are defined in the
 [bibliography](bibliography.md).
@@ -77,7 +83,8 @@ def margin_table(results_dir: Path) -> list[str]:
         "## Margins",
         "",
         "Full setting; `python -m cde_nets.experiments.margins` checks them. Over several seeds a margin is met "
-        "when our mean is on its side or the bound lies within our mean ± 2 sd (the interval shown).",
+        "when the band of our seeds reaches its side: the interval shown, mean ± 2 sd, for an accuracy on the "
+        "angular scale arcsin √p (above).",
         "",
         "| reproduction | setting | margin | published | ours | status |",
         "|---|---|---|---|---|---|",
@@ -135,29 +142,50 @@ def _section(name: str, res: dict, figures: Path) -> list[str]:
         out += [("    " + line) if line else "" for line in "\n".join(body).split("\n")]
     else:
         out += body
-    if (figures / f"{name}_seeds.png").exists():
-        seeds = len(res.get("seeds", [res["seed"]]))
-        out += [
-            "",
-            f"![{name} over seeds](figures/{name}_seeds.png)",
-            "",
-            f"_Test accuracies: ours (mean ± sd over {seeds} seed{'s' if seeds > 1 else ''}), the reference code's "
-            "runs where recorded (hatched), the published numbers as black markers._",
-        ]
-    if (figures / f"{name}.png").exists():
-        out += ["", f"![{name}](figures/{name}.png)", "", f"_{CAPTIONS.get(name, name)}_"]
+    shown = _figures(name, res, figures)
+    if shown:
+        out += ["", "Figures: " + ", ".join(f"[{alt}](#{anchor})" for anchor, alt, _, _ in shown) + " (above)."]
     return out + [""]
 
 
+def _figures(name: str, res: dict, figures: Path) -> list[tuple[str, str, str, str]]:
+    """``(anchor, alt text, file, caption)`` of each figure of ``name`` in ``figures``: the seeds' accuracies, then
+    the reproduction's own plot."""
+    out = []
+    if (figures / f"{name}_seeds.png").exists():
+        seeds = len(res.get("seeds", [res["seed"]]))
+        caption = (
+            f"Test accuracies: ours (mean ± sd over {seeds} seed{'s' if seeds > 1 else ''}), the reference code's "
+            "runs where recorded (hatched), the published numbers as black markers."
+        )
+        out.append((f"figure-{name}-seeds", f"{name} over seeds", f"{name}_seeds.png", caption))
+    if (figures / f"{name}.png").exists():
+        out.append((f"figure-{name}", name, f"{name}.png", CAPTIONS.get(name, name)))
+    return out
+
+
+def figure_gallery(results: dict[str, dict], figures: Path) -> list[str]:
+    """Markdown: every reproduction's figures, each with its caption and a link to its section's table."""
+    out = ["## Figures", ""]
+    for name, res in results.items():
+        for anchor, alt, file, caption in _figures(name, res, figures):
+            out += [f"![{alt}](figures/{file}){{ #{anchor} }}", "", f"_{caption}_ ([{name}](#{name}))", ""]
+    return out
+
+
 def reproductions_page(results_dir: Path, figures: Path) -> str:
-    """The whole ``docs/reproductions.md``."""
-    out = [INTRO] + margin_table(results_dir)
+    """The whole ``docs/reproductions.md``: the figures first, then the margins and one section per reproduction."""
+    results = {}
     for name in REPRODUCTIONS:
         path = results_dir / f"{name}.json"
-        if not path.exists():
+        if path.exists():
+            results[name] = attach(json.loads(path.read_text()))
+    out = [INTRO] + figure_gallery(results, figures) + margin_table(results_dir)
+    for name in REPRODUCTIONS:
+        if name not in results:
             out += [f"## {name}", "", "Not run in this setting.", ""]
             continue
-        out += _section(name, attach(json.loads(path.read_text())), figures)
+        out += _section(name, results[name], figures)
     return "\n".join(out).rstrip() + "\n"
 
 

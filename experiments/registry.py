@@ -49,6 +49,21 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
         "FFJORD vs RNODE on the 8x8 digits: bits/dim and NFE per step in a fixed CPU-time budget",
     ),
 }
+# Torch intra-op threads per reproduction, unless `--threads` says otherwise. These problems are small (states of
+# dimension 2-64, batches of tens to hundreds), and a second thread costs more than it gives: on the 2-core machine
+# the quick reproductions took 2.1-10.6x their one-thread time with two threads (docs/performance.md, "The main
+# job and threads"). One thread gives the same results to the bit as two, except nais_digits, whose ResNet-SH-BN
+# row moves with the thread count (87.56 % against 89.33 % test accuracy, quick setting, seed 0): it keeps the two
+# threads its recorded runs were made with.
+THREADS = 1
+THREADS_OF = {"nais_digits": 2}
+
+
+def threads_for(name: str) -> int:
+    """The intra-op threads ``name`` runs on by default (:data:`THREADS`, :data:`THREADS_OF`)."""
+    return THREADS_OF.get(name, THREADS)
+
+
 # Registered before their first full run is recorded (the lead runs them on a free core); the listing shows their
 # full time as unknown until then.
 FULL_RUN_PENDING: frozenset[str] = frozenset()

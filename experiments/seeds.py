@@ -21,7 +21,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from .registry import runner
+from .registry import THREADS, runner
 from .report import _fmt, write_result
 from .spread import of_row
 
@@ -45,7 +45,6 @@ TRAINING = frozenset(
 FULL_SEEDS = 5
 # flows_2d trains two flows per density and seed: three seeds (the issue's mean) fit its half-hour budget
 FULL_SEEDS_OF = {"flows_2d": 3}
-THREADS_PER_RUN = 2  # what experiments.common.threads() gives each run
 
 
 def default_seeds(name: str, size: str) -> int:
@@ -57,7 +56,7 @@ def default_seeds(name: str, size: str) -> int:
 def default_workers(n_seeds: int, threads: int | None = None) -> int:
     """As many parallel seeds as the cores this process may use hold runs of ``threads`` threads each."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(n_seeds, cores // (threads or THREADS_PER_RUN)))
+    return max(1, min(n_seeds, cores // (threads or THREADS)))
 
 
 def seed_path(out_dir: str | Path, name: str, size: str, seed: int) -> Path:

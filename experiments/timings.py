@@ -1,11 +1,13 @@
 """Measure how long each reproduction takes at a setting, the way the listing states it, and store the times.
 
 ``python -m cde_nets.experiments.timings --size tiny|quick|full [--only NAME ...]`` runs each reproduction in a
-fresh process (``cde-nets experiments NAME --SIZE --threads 1 --no-checkpoints`` into a temporary folder, one
-torch thread as on the 2-core reference machine) and writes its wall time to ``experiments/timings.json`` with
-the date, the machine's facts and the 1-minute load average before the run, so that a time taken on a busy
-machine says so. ``--main-job`` times the README's main-job command (set-up included) in a fresh clone of this
-repository's ``HEAD``. ``cde-nets experiments`` lists these times; its ``all`` row is the sum of its column.
+fresh process (``cde-nets experiments NAME --SIZE --threads N --no-checkpoints`` into a temporary folder, on the
+torch threads the command gives it by default: one, two for nais_digits) and writes its wall time to
+``experiments/timings.json`` with the date, the machine's facts, the 1-minute load average before and after the
+run and the process's CPU time, so that a time taken on a busy machine says so. ``--main-job`` times the README's
+main job in a fresh clone of this repository's ``HEAD``: the README's install runs first, untimed, then the main
+job (``.venv/bin/python -m cde_nets.experiments all --quick``) is timed as the README runs it. ``cde-nets
+experiments`` lists these times; its ``all`` row is the sum of its column.
 
 Run it on a quiet machine (load below 1.5): the listing is only as true as the machine was idle.
 """
@@ -33,6 +35,8 @@ def machine() -> dict:
     """Facts that make a time comparable: CPU, cores, Python, torch, threads."""
     import torch
 
+    from .registry import THREADS
+
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -44,7 +48,7 @@ def machine() -> dict:
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torch_threads": 1,
+        "torch_threads": THREADS,
         "platform": platform.platform(),
     }
 
@@ -60,22 +64,33 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _timed(cmd: list[str], **kw) -> dict:
+    """Run ``cmd`` (a child process): its wall time, its CPU time (user + system, its children included), and the
+    load average before and after."""
+    load, t0, c0 = _load(), time.perf_counter(), os.times()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, **kw)
+    seconds, c1 = time.perf_counter() - t0, os.times()
+    cpu = c1.children_user - c0.children_user + c1.children_system - c0.children_system
+    return {"seconds": round(seconds, 1), "cpu_s": round(cpu, 1), "load_before": load, "load_after": _load()}
+
+
 def time_reproduction(name: str, size: str, seed: int = 0) -> dict:
-    """Wall time of one reproduction at ``size`` in a fresh process, with the date and the load before it."""
+    """Wall time of one reproduction at ``size`` in a fresh process on the threads the command gives it by default,
+    with the date and the load around it."""
+    from .registry import threads_for
+
+    threads = threads_for(name)
     flag = [] if size == "full" else [f"--{size}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     with tempfile.TemporaryDirectory(prefix="timing_") as out:
         cmd = [sys.executable, "-m", "cde_nets.experiments", name, *flag, "--seed", str(seed)]
-        cmd += ["--threads", "1", "--no-checkpoints", "--out", out]
-        load = _load()
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-        seconds = time.perf_counter() - t0
-    return {"seconds": round(seconds, 1), "date": _now(), "load_before": load}
+        cmd += ["--threads", str(threads), "--no-checkpoints", "--out", out]
+        timed = _timed(cmd, env=env)
+    return {**timed, "date": _now(), "threads": threads}
 
 
 def main_job_command() -> str:
-    """The README's main-job command line (set-up and ``experiments all --quick``)."""
+    """The README's main-job command line (the install, then ``experiments all --quick`` after its last ``&&``)."""
     readme = (_ROOT / "README.md").read_text()
     lines = [line for line in readme.splitlines() if line.startswith("python3") and "all --quick" in line]
     if len(lines) != 1:
@@ -84,16 +99,18 @@ def main_job_command() -> str:
 
 
 def time_main_job() -> dict:
-    """The README's main job, timed from a fresh clone of ``HEAD`` (what a newcomer runs first)."""
-    command = main_job_command()
+    """The README's main job, timed from a fresh clone of ``HEAD`` after the README's install (what a newcomer runs
+    first); the install is not timed."""
+    from .registry import THREADS, THREADS_OF
+
+    install, job = main_job_command().rsplit(" && ", 1)
     with tempfile.TemporaryDirectory(prefix="main_job_") as tmp:
         clone = Path(tmp) / "cde_nets"
         subprocess.run(["git", "clone", "-q", str(_ROOT), str(clone)], check=True)
-        load = _load()
-        t0 = time.perf_counter()
-        subprocess.run(["bash", "-c", command], cwd=clone, check=True, stdout=subprocess.DEVNULL)
-        seconds = time.perf_counter() - t0
-    return {"seconds": round(seconds, 1), "date": _now(), "load_before": load, "command": shlex.split(command)[-4:]}
+        subprocess.run(["bash", "-c", install], cwd=clone, check=True, stdout=subprocess.DEVNULL)
+        timed = _timed(["bash", "-c", job], cwd=clone)
+    threads = {"default": THREADS, **THREADS_OF}  # what each reproduction ran on (the command's defaults)
+    return {**timed, "date": _now(), "threads": threads, "command": shlex.split(job)[-4:]}
 
 
 def load_timings(path: Path = TIMINGS) -> dict:

@@ -1,15 +1,17 @@
 """Each row's verdict against the reference code's spread (or the published number), and the footnotes that give the
 cause of every row outside it, with what was tried.
 
-A row is *within reference* when our mean lies within two of the reference code's standard deviations of its mean
-(two or more reference seeds), else *within published* when the published number lies within our mean ± 2 sd or, for
-an accuracy (``%``), our mean is above it, unless four or more seeds all lie below it (a sign test, ``P ≤ 1/16``:
-one seed far out can widen ``mean ± 2 sd`` to hold any published number). A row without unit has no better direction
-and is judged two-sided, or one-sided by its margin where :mod:`experiments.margins` declares one; one whose seeds
-all give the same number has no spread to judge a difference by and is *not judged* unless it equals the published
-one. Where a row's seeds are heavy-tailed (``sd > |mean|``) the median and the MAD-sd stand in for the mean and sd
-(:mod:`experiments.spread`) and the verdict says ``(median)``. Otherwise the row is *outside* and needs a footnote
-(:data:`FOOTNOTES`), or *not judged* where a single seed of ours has no spread to compare."""
+A row is *within reference* when our mean lies within the band of the reference code's runs, its mean ± 2 sd (two
+or more reference seeds), else *within published* when the band of our seeds, mean ± 2 sd, holds the published
+number or, for an accuracy (``%``), reaches above it, unless four or more seeds all lie below it (a sign test,
+``P ≤ 1/16``: one seed far out can widen the band to hold any published number). An accuracy's band is taken on
+the angular scale ``arcsin √p`` and mapped back, so that it stays inside [0, 100] (:mod:`experiments.spread`). A
+row without unit has no better direction and is judged two-sided, or one-sided by its margin where
+:mod:`experiments.margins` declares one; one whose seeds all give the same number has no spread to judge a
+difference by and is *not judged* unless it equals the published one. Where a row's seeds are heavy-tailed
+(``sd > |mean|``) the median and the MAD-sd stand in for the mean and sd (:mod:`experiments.spread`) and the
+verdict says ``(median)``. Otherwise the row is *outside* and needs a footnote (:data:`FOOTNOTES`), or *not
+judged* where a single seed of ours has no spread to compare."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ import math
 
 from cde_nets.datasets import DENSITIES_2D
 
-from .margins import FLOW_VARIANTS, MARGINS, met
-from .spread import of_reference, of_row
+from .margins import FLOW_VARIANTS, MARGINS
+from .spread import band, of_reference, of_row, reference_band
 
 __all__ = ["FOOTNOTES", "verdict"]
 
@@ -186,27 +188,28 @@ def verdict(row: dict, name: str | None = None) -> str | None:
     """``within reference``, ``within published``, ``outside`` (footnoted), ``not judged (...)``, or None where
     nothing is compared; ``(median)`` is added where a heavy tail put the median in place of the mean
     (:mod:`experiments.spread`). ``name`` (the reproduction) lets a row with a declared margin be judged by it."""
-    ours = of_row(row)
-    if ours is None:
+    ours, ours_band = of_row(row), band(row)
+    if ours is None or ours_band is None:
         return None
+    percent = row.get("unit") == "%"
     ref = row.get("reference")
     theirs = of_reference(ref) if ref and len(ref["values"]) > 1 else None
     tag = " (median)" if ours.by_median or (theirs and theirs.by_median) else ""
-    if theirs and abs(ours.centre - theirs.centre) <= 2 * theirs.spread:
+    if ref and theirs and reference_band(ref, percent).holds(ours.centre):
         return "within reference" + tag
-    published = _low_end(row.get("published")) if row.get("unit") == "%" else row.get("published")
+    published = _low_end(row.get("published")) if percent else row.get("published")
     if not (isinstance(published, (int, float)) and math.isfinite(published)):
         return "outside" + tag if theirs else None
-    if row.get("unit") == "%":  # an accuracy: above the published one is as good
-        within = met(">=", published, ours.centre, ours.spread) and not _every_seed_below(row, published)
+    if percent:  # an accuracy: above the published one is as good
+        within = ours_band.reaches(">=", published) and not _every_seed_below(row, published)
     elif (name, row["setting"]) in _MARGIN:
-        within = met(*_MARGIN[(name, row["setting"])], ours.centre, ours.spread)
+        within = ours_band.reaches(*_MARGIN[(name, row["setting"])])
     elif ours.spread <= _NO_SPREAD * abs(ours.centre):  # no seed spread to judge a difference by
         within = math.isclose(ours.centre, published, rel_tol=_NO_SPREAD)
         if not within and not theirs and ours.n > 1:
             return "not judged (no seed spread)"
     else:  # no direction is better: two-sided
-        within = abs(ours.centre - published) <= 2 * ours.spread
+        within = ours_band.holds(published)
     if within:
         return "within published" + tag
     return "outside" + tag if theirs or ours.n > 1 else "not judged (one seed)"

@@ -160,6 +160,35 @@ def test_api_pages_show_the_true_defaults(site):
     assert checked > 50 and wrong == []
 
 
+_SIGNATURE = re.compile(r'<div class="doc-signature highlight"><pre><span></span><code>(.*?)</code></pre>', re.S)
+
+
+def test_api_signatures_are_formatted_to_fit_the_page(site):
+    """mkdocstrings lays a signature out one parameter a line only when Black or Ruff is installed (the docs extra
+    brings Ruff); without it ODEBlock's signature was one line of 464 characters, cut off at the page's edge.
+    Checked on every callable's signature (an attribute's value may hold a longer string)."""
+    folder, _ = site
+    signatures: list[tuple[str, list[str]]] = []
+    for page in sorted((folder / "api").rglob("index.html")):
+        for m in _SIGNATURE.finditer(page.read_text()):
+            parser = _Page()
+            parser.feed(m.group(1))
+            lines = "".join(parser.text).splitlines()
+            if lines and re.match(r"[\w.]+\(", lines[0]):
+                signatures.append((lines[0].split("(")[0], lines))
+    assert len(signatures) > 100
+    assert len(dict(signatures)["ODEBlock"]) > 10  # one parameter a line
+    wide = [(name, max(map(len, lines))) for name, lines in signatures if max(map(len, lines)) > 90]
+    assert wide == []
+
+
+def test_the_docs_extra_installs_a_signature_formatter():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
+    assert any(re.match(r"(ruff|black)\b", requirement) for requirement in extra), extra
+
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 

@@ -11,3 +11,11 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 def test_generated_docs_pages_are_current():
     assert main(["--check", "--docs", str(DOCS)]) == 0
+
+
+def test_the_reproductions_page_shows_every_figure_before_the_margins_table():
+    page = (DOCS / "reproductions.md").read_text()
+    margins = page.index("## Margins")
+    figures = sorted(p.name for p in (DOCS / "figures").glob("*.png") if f"(figures/{p.name})" in page)
+    assert len(figures) >= 8
+    assert all(page.index(f"(figures/{name})") < margins for name in figures)

@@ -1,17 +1,16 @@
 """Every running time the listing states is measured by experiments/timings.py and stored with its date, the
-machine's facts and the load; the ``all`` row is the sum of its column."""
+machine's facts and the load; the ``all`` row is the sum of its column. (The README's main-job time is checked
+against the stored one in tests/test_docs_site_claims.py.)"""
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+import subprocess
 
 from cde_nets.experiments import timings
 from cde_nets.experiments.__main__ import _seconds, listing
 from cde_nets.experiments.registry import REPRODUCTIONS, SETTINGS, times, total
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_stored_time_says_when_and_where_it_was_measured():
@@ -40,13 +39,19 @@ def test_the_timing_script_measures_one_reproduction(tmp_path):
     assert 0 < entry["seconds"] < 300 and entry["machine"]["torch_threads"] == 1
 
 
-def test_the_readme_states_the_measured_main_job_time_or_none():
-    readme = (ROOT / "README.md").read_text()
-    stated = re.findall(r"(\d+)\s+min\s+(\d+)\s+s\s+measured", readme)
-    job = timings.load_timings().get("main_job")
-    if job is None:
-        assert stated == [], "the README states a main-job time that experiments/timings.py never measured"
-    else:
-        m, s = divmod(round(job["seconds"]), 60)
-        assert stated == [(str(m), str(s))]
-    assert "all --quick" in timings.main_job_command()
+def test_the_main_job_is_timed_after_the_readmes_install_in_a_fresh_clone(monkeypatch):
+    """The install runs first and is not timed; the job is the README's own command, run in the clone."""
+    ran = []
+
+    def run(cmd, **kw):
+        ran.append((cmd, kw.get("cwd")))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(timings.subprocess, "run", run)
+    entry = timings.time_main_job()
+    install, job = timings.main_job_command().rsplit(" && ", 1)
+    (clone, _), (setup, where), (timed, there) = ran
+    assert clone[:3] == ["git", "clone", "-q"] and str(where) == str(there) == clone[-1]
+    assert setup == ["bash", "-c", install] and install.endswith('-e ".[experiments]"')
+    assert timed == ["bash", "-c", job] and job == ".venv/bin/python -m cde_nets.experiments all --quick"
+    assert entry["command"] == ["-m", "cde_nets.experiments", "all", "--quick"] and entry["threads"]["default"] == 1
