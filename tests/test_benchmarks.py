@@ -8,6 +8,7 @@ import pkgutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import cde_nets.benchmarks
 from cde_nets.benchmarks.__main__ import BENCHMARKS
@@ -182,3 +183,14 @@ def test_value_text_never_prints_nan_or_a_zero_ratio():
     assert value_text(0.0, ".1e") == "0.0e+00" and value_text(0.004, "+.1%") == "+0.4%"
     assert at_most("r", 1.2, 1.1).met is False and at_most("r", 1.0, 1.1).met is True
     assert at_most("r", float("nan"), 1.1).met is None and at_most("p", 0.02, 0.03, "+.1%").goal == "<= 3%"
+
+
+def test_dropin_spiral_with_torchdiffeqs_steps_has_torchdiffeqs_losses(tmp_path):
+    """The race's third runner, ``Backprop(steps="torchdiffeq")``, trains on torchdiffeq's gradients bit for bit,
+    so its losses equal torchdiffeq's exactly in both dtypes (the default differentiates every step size)."""
+    from cde_nets.benchmarks.torchdiffeq_dropin import _spiral_race
+
+    for dtype in (torch.float32, torch.float64):
+        race = _spiral_race(3, dtype)
+        assert race["torchdiffeq_steps"]["losses_equal"], (dtype, race["torchdiffeq_steps"]["max_loss_diff"])
+        assert race["torchdiffeq_steps"]["max_loss_diff"] == 0.0
