@@ -25,6 +25,7 @@ from .momentum import Momentum
 from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
 from .runge_kutta import RK4, Euler, Midpoint, RK4Classical, RungeKutta
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
+from .splitting import SPLITTING_SCHEMES, Splitting
 
 __all__ = [
     "Tableau",
@@ -46,6 +47,8 @@ __all__ = [
     "Composition",
     "Yoshida4",
     "Yoshida6",
+    "Splitting",
+    "SPLITTING_SCHEMES",
     "ImplicitRungeKutta",
     "ImplicitMidpoint",
     "GL4",
