@@ -205,16 +205,16 @@ def test_continuous_mode_gradients(name):
     grads = []
     for gradient in ("backprop", "checkpoint", "reversible"):
         f.zero_grad()
-        sol = ODEBlock(f, method=name, gradient=gradient, step_size=0.25).solve(y0)
+        sol = ODEBlock(f, method=name, gradient=gradient, step_size=0.5).solve(y0)
         (sol.y**2).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in f.parameters()]))
-        assert sol.stats["nfe_forward"] == 6 * splitting_tableau(name).evaluations
+        assert sol.stats["nfe_forward"] == 3 * splitting_tableau(name).evaluations
     assert float((grads[1] - grads[0]).abs().max()) <= 1e-10 and float((grads[2] - grads[0]).abs().max()) <= 1e-10
-    block = ODEBlock(f, method=name, step_size=0.25)
+    block = ODEBlock(f, method=name, step_size=0.5)
     x = y0.clone().requires_grad_(True)
     (g,) = torch.autograd.grad((block(x) ** 2).sum(), x)
     eps = 1e-6
-    for i in range(4):
+    for i in (0, 3):
         e = torch.zeros_like(y0)
         e[0, i] = eps
         with torch.no_grad():
@@ -238,6 +238,24 @@ def test_every_method_has_its_rows_and_runs_on_ms1():
     net = discretize(m, "mcate42")
     y = torch.randn(4, dtype=D, generator=torch.Generator().manual_seed(3))
     Phi = torch.autograd.functional.jacobian(lambda x: net(x[None])[0], y)
-    J = m.J_at(0)
+    J = m.J_at(0).detach()
     assert float((Phi.T @ J @ Phi - J).abs().max()) <= 1e-13
     assert math.isclose(sum(splitting_tableau("sofspa10").a), 1.0, abs_tol=1e-14)
+
+
+@pytest.mark.slow
+def test_no_secular_energy_drift_where_rk4_drifts():
+    """A tanh H2 field (one piece), 300 steps of h = 0.5 from two states: the drift study's tapered per-sample
+    slope of the energy error (:func:`~cde_nets.diagnostics.energy_error_fit`) is below 1e-4 of rk4's for a
+    Nyström-order method, McLachlan's S_B3A and an eighth-order composition, and their error ends within 10× its
+    first-1% maximum (rk4's grows 100×). The 10⁵-step runs of every method are in the work-precision
+    reproduction."""
+    from cde_nets.diagnostics import long_run_energy
+
+    f = Hamiltonian(4, K="blockdiag", generator=torch.Generator().manual_seed(4)).double()
+    y0 = torch.randn(2, 4, dtype=D, generator=torch.Generator().manual_seed(3))
+    rk4 = long_run_energy(f, "rk4", y0, 0.5, 300)["fit"]
+    assert rk4["ratio"] > 30
+    for name in ("mcate4", "mcate42", "kahan_li8"):
+        fit = long_run_energy(f, name, y0, 0.5, 300)["fit"]
+        assert abs(fit["slope"]) < 1e-4 * abs(rk4["slope"]) and fit["ratio"] < 10, (name, fit)
