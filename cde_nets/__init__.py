@@ -9,6 +9,7 @@ from .functional import odeint, odeint_adjoint, odeint_event
 from .ode_block import ODEBlock
 from .pieces import Pieces, TimeGrid, smoothness
 from .sde_block import SDEBlock
+from .second_order_solve import solve_second_order
 from .solution import Solution
 from .solvers.gradients import Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic
 from .solvers.options import SolverOptions
@@ -40,5 +41,6 @@ __all__ = [
     "odeint",
     "odeint_adjoint",
     "odeint_event",
+    "solve_second_order",
 ]
 __version__ = "0.1.0"

@@ -105,6 +105,14 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("midpoint", "any", "RK2 (midpoint) block, for comparison", "—"),
     Architecture("rk4", "any", "RK4 block (Kutta's 3/8 rule, torchdiffeq's rk4), for comparison", "—"),
     Architecture("rk4_classical", "any", "RK4 block (classical tableau), for comparison", "—"),
+    Architecture("nystrom4", "any", "Nyström net: RKN step of order 4 on (x, v)", "Abramowitz & Stegun 25.5.20"),
+    Architecture(
+        "nystrom4", "second_order", "second-order residual net by the Nyström step, order 4", "B §8; A&S 25.5.20"
+    ),
+    Architecture("dprkn6", "any", "Nyström net: Dormand-Prince RKN step of order 6, q'' = f(q)", "DP 1987"),
+    Architecture(
+        "dprkn6", "second_order", "undamped second-order net (Hauser C²) by DPRKN6, order 6", "S §2.2; DP 1987"
+    ),
     *_splitting_rows(),
 )
 

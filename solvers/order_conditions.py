@@ -12,6 +12,11 @@ partitioned Runge-Kutta method; its conditions are those of the bi-coloured tree
 differentials vanishing on a separable field (a ``p`` vertex's children are derivatives of ``F_p``, which depends on
 ``q`` alone).
 
+A Runge-Kutta-Nyström method for ``q'' = f(q, q')`` (:func:`nystrom_defects`) is checked on the Nyström trees
+(Hairer, Nørsett & Wanner 1993, §II.14): fat vertices are evaluations of ``f``; a meagre vertex (``q' = v``, linear)
+has no child (``v_0``) or one fat child; a fat vertex's children are meagre (``∂f/∂q``) or, when ``f`` depends on
+``q'``, fat (``∂f/∂q'``).
+
 Plain Python floats for the Butcher tableaux: they are checked at import, and the largest (order 5, 17 trees) takes
 well under a millisecond.
 """
@@ -23,7 +28,7 @@ from functools import cache
 
 import numpy as np
 
-__all__ = ["order_defects", "splitting_defects", "trees"]
+__all__ = ["nystrom_defects", "nystrom_trees", "order_defects", "splitting_defects", "trees"]
 
 Tree = tuple  # a rooted tree: the sorted tuple of its root's subtrees (the single vertex is ``()``)
 
@@ -126,4 +131,92 @@ def splitting_defects(
                 if kept(tree, part):
                     value = float(np.sum(np.where(masks[part], coef * phi(tree, part), 0.0)))
                     out.append((value - 1.0 / _density(tree), part, tree))
+    return out
+
+
+NystromTree = tuple  # a fat-rooted Nyström tree: the sorted children, each (0,) meagre leaf, (1, τ) meagre with fat
+# child τ, or (2, τ) fat child τ (an f that depends on q')
+
+
+@cache
+def nystrom_trees(order: int, velocity: bool) -> tuple[NystromTree, ...]:
+    """Every fat-rooted Nyström tree with ``order`` vertices (1, 1, 2, 3, 6, 10, 20, 36 for ``q'' = f(q)``;
+    1, 2, 6, 18, 60, 204, 730 with ``velocity``, ``f(q, q')``)."""
+    if order == 1:
+        return ((),)
+    items: list[tuple[tuple, int]] = [((0,), 1)]
+    for m in range(1, order - 1):
+        for tree in nystrom_trees(m, velocity):
+            items.append(((1, tree), m + 1))
+    if velocity:
+        items += [((2, tree), m) for m in range(1, order) for tree in nystrom_trees(m, velocity)]
+    out: set[NystromTree] = set()
+
+    def pick(start: int, left: int, chosen: tuple) -> None:
+        if left == 0:
+            out.add(tuple(sorted(chosen, key=repr)))
+        for k in range(start, len(items)):
+            if items[k][1] <= left:
+                pick(k, left - items[k][1], (*chosen, items[k][0]))
+
+    pick(0, order - 1, ())
+    return tuple(sorted(out, key=repr))
+
+
+@cache
+def _nystrom_size(tree: NystromTree) -> int:
+    return 1 + sum(1 if ch[0] == 0 else _nystrom_size(ch[1]) + (ch[0] == 1) for ch in tree)
+
+
+@cache
+def _nystrom_density(tree: NystromTree) -> int:
+    out = _nystrom_size(tree)
+    for ch in tree:
+        if ch[0] == 1:
+            out *= (_nystrom_size(ch[1]) + 1) * _nystrom_density(ch[1])
+        elif ch[0] == 2:
+            out *= _nystrom_density(ch[1])
+    return out
+
+
+def nystrom_defects(
+    c: Sequence[float],
+    a: Sequence[Sequence[float]],
+    b: Sequence[float],
+    bp: Sequence[float],
+    order: int,
+    av: Sequence[Sequence[float]] | None = None,
+    theta: float = 1.0,
+) -> list[tuple[float, str, int, NystromTree]]:
+    """``(defect, component, order, τ)`` of the conditions up to ``order`` of the Runge-Kutta-Nyström method
+    ``Q_i = q_0 + c_i h v_0 + h² Σ_j a_ij k_j``, ``V_i = v_0 + h Σ_j av_ij k_j`` (only when ``av`` is given: ``f``
+    depends on ``q'``), ``k_i = f(Q_i, V_i)``, ``q_1 = q_0 + h v_0 + h² Σ_i b_i k_i``, ``v_1 = v_0 + h Σ_i bp_i k_i``:
+    ``Σ_i bp_i Φ_i(τ) = θ^{|τ|−1} / γ(τ)`` (``v``, ``|τ| ≤ order``) and ``Σ_i b_i Φ_i(τ) = θ^{|τ|−1} / ((|τ| + 1)
+    γ(τ))`` (``q``, ``|τ| ≤ order − 1``) with ``Φ_i`` the product over the children of ``c_i`` (meagre leaf),
+    ``(a Φ(σ))_i`` (meagre with fat child ``σ``) or ``(av Φ(σ))_i`` (fat child ``σ``). ``θ < 1``: the conditions
+    of a dense output ``q_0 + θ h v_0 + (θh)² Σ b_i(θ) k_i``, ``v_0 + θ h Σ bp_i(θ) k_i`` whose weights at ``θ`` are
+    ``b``, ``bp`` (Hairer, Nørsett & Wanner 1993, §II.14)."""
+    cv = np.asarray(c, dtype=float)
+    A = np.asarray(a, dtype=float)
+    AV = None if av is None else np.asarray(av, dtype=float)
+    memo: dict[NystromTree, np.ndarray] = {}
+
+    def phi(tree: NystromTree) -> np.ndarray:
+        if tree not in memo:
+            out = np.ones(len(cv))
+            for ch in tree:
+                if ch[0] == 0:
+                    out = out * cv
+                else:
+                    out = out * ((A if ch[0] == 1 else AV) @ phi(ch[1]))
+            memo[tree] = out
+        return memo[tree]
+
+    out = []
+    for p in range(1, order + 1):
+        for tree in nystrom_trees(p, AV is not None):
+            gamma = _nystrom_density(tree)
+            out.append((float(np.dot(bp, phi(tree))) - theta ** (p - 1) / gamma, "v", p, tree))
+            if p < order:
+                out.append((float(np.dot(b, phi(tree))) - theta ** (p - 1) / ((p + 1) * gamma), "q", p + 1, tree))
     return out

@@ -22,6 +22,7 @@ from .implicit import GL4, GL6, ImplicitMidpoint, ImplicitRungeKutta
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
+from .nystrom import DPRKN6, Nystrom, Nystrom4
 from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
 from .runge_kutta import RK4, Euler, Midpoint, RK4Classical, RungeKutta
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
@@ -48,6 +49,9 @@ __all__ = [
     "Yoshida4",
     "Yoshida6",
     "Splitting",
+    "Nystrom",
+    "Nystrom4",
+    "DPRKN6",
     "SPLITTING_SCHEMES",
     "ImplicitRungeKutta",
     "ImplicitMidpoint",
