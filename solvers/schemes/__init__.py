@@ -23,6 +23,7 @@ from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
 from .nystrom import DPRKN6, Nystrom, Nystrom4
+from .projected import Projected
 from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
 from .runge_kutta import RK4, Euler, Midpoint, RK4Classical, RungeKutta
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
@@ -49,6 +50,7 @@ __all__ = [
     "Yoshida4",
     "Yoshida6",
     "Splitting",
+    "Projected",
     "Nystrom",
     "Nystrom4",
     "DPRKN6",
