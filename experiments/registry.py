@@ -48,6 +48,10 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
         "cde_nets.experiments.flows_digits",
         "FFJORD vs RNODE on the 8x8 digits: bits/dim and NFE per step in a fixed CPU-time budget",
     ),
+    "work_precision": (
+        "cde_nets.experiments.work_precision",
+        "Work-precision: energy error and drift against cost, splitting/Nyström/Gauss/projected vs RK, 5 fields",
+    ),
 }
 # Registered before their first full run is recorded (the lead runs them on a free core); the listing shows their
 # full time as unknown until then.
