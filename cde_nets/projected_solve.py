@@ -32,7 +32,9 @@ def solve_projected(
     ``mcate5``, ``nystrom4``, …) in fixed steps of at most ``step_size`` over ``t`` (default ``[0, field.T]``), each
     step followed by ``projection`` (Hairer, Lubich & Wanner 2006, §IV.4): the invariants keep their initial values
     to rounding, the method keeps its order, a symplectic method loses its symplecticity. Returns the library's
-    :class:`~cde_nets.Solution`; gradients (``"backprop"`` or ``"checkpoint"``) are exact for the projected map."""
+    :class:`~cde_nets.Solution`; gradients are exact for the projected map: ``"backprop"`` reaches every tensor
+    the field and the invariants read, ``"checkpoint"`` (one state per step stored, each step recomputed in
+    backward) the field's parameters and ``y0``."""
     ts = torch.tensor([0.0, float(getattr(field, "T", 1.0))], dtype=torch.float64) if t is None else t
     ts = torch.as_tensor(ts, dtype=torch.float64)
     stats = SolverStats()
