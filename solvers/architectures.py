@@ -113,6 +113,10 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         "dprkn6", "second_order", "undamped second-order net (Hauser C²) by DPRKN6, order 6", "S §2.2; DP 1987"
     ),
+    Architecture("dprkn8", "any", "Nyström net: Dormand-El-Mikkawy-Prince RKN step of order 8, q'' = f(q)", "DEP 1987"),
+    Architecture(
+        "dprkn8", "second_order", "undamped second-order net (Hauser C²) by DPRKN8, order 8", "S §2.2; DEP 1987"
+    ),
     *_splitting_rows(),
 )
 

@@ -171,6 +171,8 @@ def integrate_nystrom(
     n = y0.shape[-1] // 2
     q, v = y0[..., :n], y0[..., n:]
     out: dict[int, torch.Tensor] = {0: y0}
+    if dense and tab.dense_q is None:
+        raise ValueError(f"method={method!r} has no dense output; drop `dense`, or use method='dprkn6'.")
     interp = NystromDense(tab) if (dense or step_size is None) and tab.dense_q is not None else None
     count = _Counter(stats)
     if step_size is not None:
@@ -192,7 +194,7 @@ def integrate_nystrom(
             if t1 in tt:
                 out[tt.index(t1)] = torch.cat([q, v], -1)
         return torch.stack([out[i] for i in range(len(tt))]), interp
-    assert interp is not None and tab.embedded is not None
+    assert tab.embedded is not None
     return _adaptive(tab, field, q, v, tt, jumps, piece, rtol, atol, first_step, max_steps, count, interp, out)
 
 
@@ -227,12 +229,13 @@ def _fixed_points(tt: list[float], jumps: list[float], step: float) -> list[floa
 
 
 def _adaptive(tab, field, q, v, tt, jumps, piece, rtol, atol, first_step, max_steps, count, interp, out):
-    """Adaptive steps with the embedded pair, stopping at each jump; outputs from the dense output."""
+    """Adaptive steps with the embedded pair, stopping at each jump; outputs from the dense output, or, for a
+    method without one, at steps that end on the requested times."""
     b_hat, bp_hat = tab.embedded
     eq = [bi - ei for bi, ei in zip(tab.b, b_hat)]
     ev = [bi - ei for bi, ei in zip(tab.bp, bp_hat)]
     expo = -1.0 / (tab.embedded_order + 1)
-    ends = sorted(set(jumps) | {tt[-1]})
+    ends = sorted(set(jumps) | {tt[-1]} | (set(tt[1:]) if interp is None else set()))
     t0 = tt[0]
     h = first_step or _initial_step(tab, field, piece, q, v, t0, ends[0], rtol, atol, count)
     k1: torch.Tensor | None = None
@@ -259,7 +262,8 @@ def _adaptive(tab, field, q, v, tt, jumps, piece, rtol, atol, first_step, max_st
                 err = math.inf
             factor = 0.2 if err == math.inf else min(10.0, max(0.2, 0.9 * (err + 1e-300) ** expo))
             if err <= 1.0:
-                interp.add(t0, h, q, v, ks)
+                if interp is not None:
+                    interp.add(t0, h, q, v, ks)
                 t0 = end if last else t0 + h
                 q, v = q1, v1
                 k1 = ks[-1] if tab.fsal else None
@@ -268,6 +272,8 @@ def _adaptive(tab, field, q, v, tt, jumps, piece, rtol, atol, first_step, max_st
                 count.step(rejected=True)
                 factor = min(factor, 1.0)
             h = h * factor
+        if interp is None and end in tt:
+            out[tt.index(end)] = torch.cat([q, v], -1)
     for i, ti in enumerate(tt):
         if i not in out:
             out[i] = interp.at(ti)

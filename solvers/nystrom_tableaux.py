@@ -21,6 +21,9 @@ output at ``θ = 1/4, 1/2, 3/4`` (and that the dense output at ``θ = 1`` is the
   (Dormand & Prince 1987, "Runge-Kutta-Nyström triples", Comput. Math. Appl. 13, 937-949): six evaluations per
   step, the last one at the new point (first same as last). Its dense output is sixth order in ``q`` and fifth in
   ``q'``.
+- ``dprkn8``: the 8(6) pair of Dormand, El-Mikkawy & Prince (1987, "High-order embedded Runge-Kutta-Nyström
+  formulae", IMA J. Numer. Anal. 7, 423-430), ``q'' = f(q)``: eight evaluations per step (first same as last), no
+  dense output (an adaptive solve ends steps on the requested times).
 """
 
 from __future__ import annotations
@@ -228,4 +231,72 @@ def _dprkn6() -> NystromTableau:
     )
 
 
-NYSTROM_TABLEAUX: dict[str, NystromTableau] = {tab.name: tab for tab in (_nystrom4(), _dprkn6())}
+def _dprkn8() -> NystromTableau:
+    entries = {
+        (1, 0): 1 / 800,
+        (2, 0): 1 / 600,
+        (2, 1): 1 / 300,
+        (3, 0): 9 / 200,
+        (3, 1): -9 / 100,
+        (3, 2): 9 / 100,
+        (4, 0): -66701 / 197352,
+        (4, 1): 28325 / 32892,
+        (4, 2): -2665 / 5482,
+        (4, 3): 2170 / 24669,
+        (5, 0): 227015747 / 304251000,
+        (5, 1): -54897451 / 30425100,
+        (5, 2): 12942349 / 10141700,
+        (5, 3): -9499 / 304251,
+        (5, 4): 539 / 9250,
+        (6, 0): -1131891597 / 901789000,
+        (6, 1): 41964921 / 12882700,
+        (6, 2): -6663147 / 3220675,
+        (6, 3): 270954 / 644135,
+        (6, 4): -108 / 5875,
+        (6, 5): 114 / 1645,
+        (7, 0): 13836959 / 3667458,
+        (7, 1): -17731450 / 1833729,
+        (7, 2): 1063919505 / 156478208,
+        (7, 3): -33213845 / 39119552,
+        (7, 4): 13335 / 28544,
+        (7, 5): -705 / 14272,
+        (7, 6): 1645 / 57088,
+    }
+    b = (223 / 7938, 0.0, 1175 / 8064, 925 / 6048, 41 / 448, 925 / 14112, 1175 / 72576, 0.0, 0.0)
+    entries.update({(8, j): b[j] for j in range(8)})
+    b_hat = (
+        7987313 / 109941300,
+        0.0,
+        1610737 / 44674560,
+        10023263 / 33505920,
+        -497221 / 12409600,
+        10023263 / 78180480,
+        1610737 / 402071040,
+        0.0,
+        0.0,
+    )
+    bp_hat = (
+        7987313 / 109941300,
+        0.0,
+        1610737 / 40207104,
+        10023263 / 23454144,
+        -497221 / 6204800,
+        10023263 / 23454144,
+        1610737 / 40207104,
+        -4251941 / 54970650,
+        3 / 20,
+    )
+    return NystromTableau(
+        "dprkn8",
+        8,
+        c=(0.0, 1 / 20, 1 / 10, 3 / 10, 1 / 2, 7 / 10, 9 / 10, 1.0, 1.0),
+        a=_lower(9, entries),
+        b=b,
+        bp=(223 / 7938, 0.0, 5875 / 36288, 4625 / 21168, 41 / 224, 4625 / 21168, 5875 / 36288, 223 / 7938, 0.0),
+        source="Dormand, El-Mikkawy & Prince 1987",
+        embedded=(b_hat, bp_hat),
+        embedded_order=6,
+    )
+
+
+NYSTROM_TABLEAUX: dict[str, NystromTableau] = {tab.name: tab for tab in (_nystrom4(), _dprkn6(), _dprkn8())}

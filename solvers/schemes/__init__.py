@@ -22,7 +22,7 @@ from .implicit import GL4, GL6, ImplicitMidpoint, ImplicitRungeKutta
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
-from .nystrom import DPRKN6, Nystrom, Nystrom4
+from .nystrom import DPRKN6, DPRKN8, Nystrom, Nystrom4
 from .projected import Projected
 from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
 from .runge_kutta import RK4, Euler, Midpoint, RK4Classical, RungeKutta
@@ -54,6 +54,7 @@ __all__ = [
     "Nystrom",
     "Nystrom4",
     "DPRKN6",
+    "DPRKN8",
     "SPLITTING_SCHEMES",
     "ImplicitRungeKutta",
     "ImplicitMidpoint",

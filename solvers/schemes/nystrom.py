@@ -16,7 +16,7 @@ from ..nystrom_ode import check_second_order, nystrom_step
 from ..nystrom_tableaux import NYSTROM_TABLEAUX
 from .base import Scheme
 
-__all__ = ["DPRKN6", "Nystrom", "Nystrom4"]
+__all__ = ["DPRKN6", "DPRKN8", "Nystrom", "Nystrom4"]
 
 
 class Nystrom(Scheme):
@@ -66,3 +66,10 @@ class DPRKN6(Nystrom):
 
     name, order, equation = "dprkn6", 6, "Dormand & Prince 1987"
     description = "Dormand-Prince RKN step of order 6 on (x, v), q'' = f(q)"
+
+
+class DPRKN8(Nystrom):
+    """The eighth-order Nyström step of Dormand, El-Mikkawy & Prince (1987) for ``q'' = f(q)``."""
+
+    name, order, equation = "dprkn8", 8, "Dormand, El-Mikkawy & Prince 1987"
+    description = "Dormand-El-Mikkawy-Prince RKN step of order 8 on (x, v), q'' = f(q)"

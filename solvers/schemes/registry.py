@@ -11,7 +11,7 @@ from .implicit import GL4, GL6, ImplicitMidpoint
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
-from .nystrom import DPRKN6, Nystrom4
+from .nystrom import DPRKN6, DPRKN8, Nystrom4
 from .runge_kutta import RK4, Euler, Midpoint, RK4Classical
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
 from .splitting import SPLITTING_SCHEMES
@@ -38,6 +38,7 @@ _CLASSES: tuple[type[Scheme], ...] = (
     GL6,
     Nystrom4,
     DPRKN6,
+    DPRKN8,
     *SPLITTING_SCHEMES.values(),
 )
 SCHEME_CLASSES: dict[str, type[Scheme]] = {c.name: c for c in _CLASSES}
