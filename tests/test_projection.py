@@ -43,7 +43,7 @@ def test_energy_and_angular_momentum_held_to_rounding_at_every_step():
     assert float((sol.y[0] - exact).abs().max()) < float((y[0] - exact).abs().max())
 
 
-@pytest.mark.parametrize(("method", "order", "Ns"), [("rk4", 4, (100, 141, 200, 283)), ("verlet", 2, (200, 283, 400))])
+@pytest.mark.parametrize(("method", "order", "Ns"), [("rk4", 4, (100, 141, 200, 283)), ("verlet", 2, (100, 141, 200))])
 def test_projected_method_keeps_its_order(method, order, Ns):
     """Kepler (e = 0.5) over one period against the closed form, projected onto energy and angular momentum:
     the fitted order is the method's, within 0.1 (HLW Thm. IV.4.2)."""
