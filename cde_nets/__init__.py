@@ -9,11 +9,14 @@ from .flows import ContinuousFlow
 from .functional import odeint, odeint_adjoint, odeint_event
 from .ode_block import ODEBlock
 from .pieces import Pieces, TimeGrid, smoothness
+from .projected_solve import solve_projected
 from .sde_block import SDEBlock
+from .second_order_solve import solve_second_order
 from .solution import Solution
 from .solvers.gradients import Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic
 from .solvers.options import SolverOptions
 from .solvers.per_sample import odeint_per_sample
+from .solvers.projection import Projection
 from .stop import Stop
 
 __all__ = [
@@ -43,5 +46,8 @@ __all__ = [
     "odeint_adjoint",
     "odeint_event",
     "odeint_per_sample",
+    "solve_second_order",
+    "solve_projected",
+    "Projection",
 ]
 __version__ = "0.1.0"

@@ -101,7 +101,8 @@ class ODEBlock(Block):
             fixed-step implicit Runge-Kutta (``implicit_midpoint``, ``gl4``, ``gl6``: symplectic; ``trapezoid``,
             ``radauIIA3``, ``radauIIA5``, ``sdirk2``, ``trbdf2``, ``implicit_euler``: for stiff fields;
             :mod:`~cde_nets.solvers.implicit`, gradients ``backprop``/``checkpoint``/``adjoint``) or Yoshida's
-            symplectic compositions for separable fields (``yoshida4``, ``yoshida6``); see
+            symplectic compositions and splitting methods for separable fields (``yoshida4``, ``yoshida6``,
+            ``mcate5``, ``kahan_li8``, ``sofspa10``, ...: :data:`~cde_nets.solvers.split_ode.SPLIT_METHODS`); see
             ``docs/guides/symplectic.md``.
         rtol, atol: tolerances of adaptive methods (default 1e-6, 1e-8); refused for fixed-step methods.
         gradient: a gradient method (:mod:`~cde_nets.solvers.gradients`) or its short name:

@@ -48,6 +48,10 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
         "cde_nets.experiments.flows_digits",
         "FFJORD vs RNODE on the 8x8 digits: bits/dim and NFE per step in a fixed CPU-time budget",
     ),
+    "work_precision": (
+        "cde_nets.experiments.work_precision",
+        "Work-precision: energy error and drift against cost, splitting/Nyström/Gauss/projected vs RK, 5 fields",
+    ),
 }
 # Torch intra-op threads per reproduction, unless `--threads` says otherwise. These problems are small (states of
 # dimension 2-64, batches of tens to hundreds), and a second thread costs more than it gives: on the 2-core machine

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .splitting_tableaux import SPLITTING_SPECS
+
 __all__ = ["Architecture", "ARCHITECTURES", "architecture", "architecture_table"]
 
 
@@ -24,6 +26,25 @@ class Architecture(NamedTuple):
 
 
 _NS, _FV = "non-separable", "field velocity"
+
+
+def _splitting_rows() -> tuple[Architecture, ...]:
+    """Three rows per splitting method of :mod:`solvers.splitting_tableaux`, from its declared order and source."""
+    rows: list[Architecture] = []
+    for name, spec in SPLITTING_SPECS.items():
+        nystrom = f" (order {spec.nystrom_order} for q'' = f(q))" if spec.nystrom_order else ""
+        rows += [
+            Architecture(name, "any", f"{name} net: symplectic splitting, order {spec.order}{nystrom}", spec.source),
+            Architecture(
+                name, "hamiltonian", f"H2-DNN of order {spec.order} ({name} splitting)", f"eqs. H12-13; {spec.source}"
+            ),
+            Architecture(
+                name, "any", "splitting-type net, first order (not symplectic: the field is not separable)", "—", _NS
+            ),
+        ]
+    return tuple(rows)
+
+
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("euler", "any", "ResNet block x + h F(x)", "—"),
     Architecture("euler", "hamiltonian", "H1-DNN (MS2 when K skew and J Kᵀ = I)", "eq. H9"),
@@ -84,6 +105,19 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("midpoint", "any", "RK2 (midpoint) block, for comparison", "—"),
     Architecture("rk4", "any", "RK4 block (Kutta's 3/8 rule, torchdiffeq's rk4), for comparison", "—"),
     Architecture("rk4_classical", "any", "RK4 block (classical tableau), for comparison", "—"),
+    Architecture("nystrom4", "any", "Nyström net: RKN step of order 4 on (x, v)", "Abramowitz & Stegun 25.5.20"),
+    Architecture(
+        "nystrom4", "second_order", "second-order residual net by the Nyström step, order 4", "B §8; A&S 25.5.20"
+    ),
+    Architecture("dprkn6", "any", "Nyström net: Dormand-Prince RKN step of order 6, q'' = f(q)", "DP 1987"),
+    Architecture(
+        "dprkn6", "second_order", "undamped second-order net (Hauser C²) by DPRKN6, order 6", "S §2.2; DP 1987"
+    ),
+    Architecture("dprkn8", "any", "Nyström net: Dormand-El-Mikkawy-Prince RKN step of order 8, q'' = f(q)", "DEP 1987"),
+    Architecture(
+        "dprkn8", "second_order", "undamped second-order net (Hauser C²) by DPRKN8, order 8", "S §2.2; DEP 1987"
+    ),
+    *_splitting_rows(),
 )
 
 

@@ -4,6 +4,7 @@ from .base import Field, Shared
 from .baselines import MS1, MS2, MS3
 from .cubic_friction import CubicFriction, CubicFrictionConv
 from .hamiltonian import Hamiltonian, canonical_J
+from .kepler import Kepler, kepler_orbit
 from .nais import NAIS, NAISConv
 from .second_order import PiecewiseMLP, SecondOrder
 
@@ -17,6 +18,8 @@ __all__ = [
     "CubicFrictionConv",
     "Hamiltonian",
     "canonical_J",
+    "Kepler",
+    "kepler_orbit",
     "NAIS",
     "NAISConv",
     "SecondOrder",

@@ -22,9 +22,12 @@ from .implicit import GL4, GL6, ImplicitMidpoint, ImplicitRungeKutta
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
+from .nystrom import DPRKN6, DPRKN8, Nystrom, Nystrom4
+from .projected import Projected
 from .registry import SCHEME_CLASSES, SCHEMES, get_scheme
 from .runge_kutta import RK4, Euler, Midpoint, RK4Classical, RungeKutta
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
+from .splitting import SPLITTING_SCHEMES, Splitting
 
 __all__ = [
     "Tableau",
@@ -46,6 +49,13 @@ __all__ = [
     "Composition",
     "Yoshida4",
     "Yoshida6",
+    "Splitting",
+    "Projected",
+    "Nystrom",
+    "Nystrom4",
+    "DPRKN6",
+    "DPRKN8",
+    "SPLITTING_SCHEMES",
     "ImplicitRungeKutta",
     "ImplicitMidpoint",
     "GL4",

@@ -11,33 +11,37 @@ from .implicit import GL4, GL6, ImplicitMidpoint
 from .lags import CK, LM2, Dense
 from .leapfrog import ALF
 from .momentum import Momentum
+from .nystrom import DPRKN6, DPRKN8, Nystrom4
 from .runge_kutta import RK4, Euler, Midpoint, RK4Classical
 from .split import SymplecticEuler, SymplecticEulerQP, Verlet
+from .splitting import SPLITTING_SCHEMES
 
 __all__ = ["SCHEME_CLASSES", "SCHEMES", "architecture", "get_scheme"]
 
-SCHEME_CLASSES: dict[str, type[Scheme]] = {
-    c.name: c
-    for c in (
-        Euler,
-        Midpoint,
-        RK4,
-        RK4Classical,
-        SymplecticEuler,
-        SymplecticEulerQP,
-        Verlet,
-        Momentum,
-        CK,
-        Dense,
-        LM2,
-        ALF,
-        Yoshida4,
-        Yoshida6,
-        ImplicitMidpoint,
-        GL4,
-        GL6,
-    )
-}
+_CLASSES: tuple[type[Scheme], ...] = (
+    Euler,
+    Midpoint,
+    RK4,
+    RK4Classical,
+    SymplecticEuler,
+    SymplecticEulerQP,
+    Verlet,
+    Momentum,
+    CK,
+    Dense,
+    LM2,
+    ALF,
+    Yoshida4,
+    Yoshida6,
+    ImplicitMidpoint,
+    GL4,
+    GL6,
+    Nystrom4,
+    DPRKN6,
+    DPRKN8,
+    *SPLITTING_SCHEMES.values(),
+)
+SCHEME_CLASSES: dict[str, type[Scheme]] = {c.name: c for c in _CLASSES}
 SCHEMES: dict[str, Scheme] = {name: cls() for name, cls in SCHEME_CLASSES.items()}
 
 
