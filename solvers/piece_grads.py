@@ -69,3 +69,18 @@ class Grads:
         for (j, l), g in zip(keys, grads[k:]):
             if g is not None:
                 self.g_pieces[j][l] += g
+
+    def result(self, lam: torch.Tensor, slot: Sequence[int | None], gradient: str, nfe: int) -> tuple:
+        """The gradients a replay's backward returns for ``(·, y0, ·, *params)``: ``lam`` for ``y0``, then each
+        parameter's, whole or assembled from its pieces. A non-finite ``lam`` is named, not passed on."""
+        from .errors import Reason, SolverError
+
+        if not bool(torch.isfinite(lam).all()):
+            raise SolverError(
+                f"the gradient became non-finite (NaN/inf) in the {gradient} backward pass after {nfe} field "
+                "evaluations; lower the learning rate or check the loss.",
+                nfe=nfe,
+                reason=Reason.NONFINITE_GRADIENT,
+            )
+        g_o = iter(self.g_others)
+        return (None, lam, None, *(next(g_o) if j is None else self.g_pieces[j] for j in slot))

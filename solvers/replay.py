@@ -59,7 +59,6 @@ from typing import Any
 
 import torch
 
-from .errors import Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
@@ -475,15 +474,7 @@ class _Replay(torch.autograd.Function):
                 p.set_views(None)
         assert lam is not None
         lam = lam + grad_ys[0]
-        if not bool(torch.isfinite(lam).all()):
-            raise SolverError(
-                f"the gradient became non-finite (NaN/inf) in the {cfg['gradient']} backward pass after "
-                f"{stats.nfe_backward} field evaluations; lower the learning rate or check the loss.",
-                nfe=stats.nfe_backward,
-                reason=Reason.NONFINITE_GRADIENT,
-            )
-        g_o = iter(acc.g_others)
-        return (None, lam, None, *(next(g_o) if j is None else acc.g_pieces[j] for j in slot))
+        return acc.result(lam, slot, cfg["gradient"], stats.nfe_backward)
 
 
 def replay_gradient(

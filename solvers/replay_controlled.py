@@ -41,7 +41,6 @@ from typing import Any
 
 import torch
 
-from .errors import Reason, SolverError
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
 from .step_sizes import controller_factor
@@ -460,15 +459,7 @@ class _Controlled(torch.autograd.Function):
             for p in pieces:
                 p.set_views(None)
         lam_y = lam_y + grad_ys[0]
-        if not bool(torch.isfinite(lam_y).all()):
-            raise SolverError(
-                f"the gradient became non-finite (NaN/inf) in the {cfg['gradient']} backward pass after "
-                f"{stats.nfe_backward} field evaluations; lower the learning rate or check the loss.",
-                nfe=stats.nfe_backward,
-                reason=Reason.NONFINITE_GRADIENT,
-            )
-        g_o = iter(acc.g_others)
-        return (None, lam_y, None, *(next(g_o) if j is None else acc.g_pieces[j] for j in slot))
+        return acc.result(lam_y, slot, cfg["gradient"], stats.nfe_backward)
 
 
 def _kept(values: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor], list[int]]:

@@ -123,26 +123,24 @@ def test_every_sample_of_the_mixed_batch():
     assert abs(float(mu[203]) - 20.88) < 1e-2
 
 
-def test_the_per_sample_adjoint_names_a_diverging_backward_solve():
-    """The time-reversed solve of the stiff sample diverges; the per-sample adjoint said nothing and returned
-    1.2e79. It now stops within a round of the state leaving the forward trajectory's size, naming the exact
-    methods."""
-    field = VdPRows(torch.tensor([20.88], dtype=F64))
+@pytest.mark.parametrize(
+    ("mu", "match"),
+    [
+        # The time-reversed solve of the stiff sample diverges; the per-sample adjoint said nothing and returned
+        # 1.2e79. It now stops within a round of the state leaving the forward trajectory's size, naming the
+        # exact methods.
+        (20.88, "diverged.*gradient='checkpoint'"),
+        # The backward solve stays bounded but ends elsewhere (time-reversed Van der Pol at μ = 1 over [0, 10]
+        # falls towards the origin): the reconstructed state is 60 times its size away from the forward's, and the
+        # adjoint read along it was 20 % off backprop's gradient.
+        (1.0, "landed"),
+    ],
+)
+def test_the_per_sample_adjoint_names_a_failing_backward_solve(mu, match):
+    field = VdPRows(torch.tensor([mu], dtype=F64))
     y0 = torch.tensor([[2.0, 0.0]], dtype=F64, requires_grad=True)
     out = odeint_per_sample(field, y0, T10, rows=True, gradient=Adjoint(), params=[], **TOL)
-    with pytest.raises(SolverError, match="diverged.*gradient='checkpoint'") as info:
-        _loss(out[-1]).sum().backward()
-    assert info.value.reason is Reason.BACKWARD_UNSTABLE
-
-
-def test_a_backward_solve_that_lands_off_the_forward_trajectory_is_named():
-    """Where the backward solve stays bounded but ends elsewhere (time-reversed Van der Pol at μ = 1 over
-    [0, 10] falls towards the origin), the landing check names it: the reconstructed state is 60 times its size
-    away from the forward's, and the adjoint read along it was 20 % off backprop's gradient."""
-    field = VdPRows(torch.tensor([1.0], dtype=F64))
-    y0 = torch.tensor([[2.0, 0.0]], dtype=F64, requires_grad=True)
-    out = odeint_per_sample(field, y0, T10, rows=True, gradient=Adjoint(), params=[], **TOL)
-    with pytest.raises(SolverError, match="landed") as info:
+    with pytest.raises(SolverError, match=match) as info:
         _loss(out[-1]).sum().backward()
     assert info.value.reason is Reason.BACKWARD_UNSTABLE
 

@@ -11,8 +11,7 @@ consecutive Verlet steps are merged: ``3·2 + 1`` and ``9·2 + 1`` evaluations p
 
 from __future__ import annotations
 
-from .base import axpy
-from .split import _Split
+from .split import _Substeps
 
 __all__ = ["Composition", "Yoshida4", "Yoshida6"]
 
@@ -23,7 +22,7 @@ def _triple(weights: tuple[float, ...], order: int) -> tuple[float, ...]:
     return tuple(w * g for g in (g1, g2, g1) for w in weights)
 
 
-class Composition(_Split):
+class Composition(_Substeps):
     """Verlet steps of sizes ``γ_k h`` in sequence (:attr:`weights`), adjacent ``p`` half steps merged."""
 
     weights: tuple[float, ...] = (1.0,)
@@ -43,24 +42,6 @@ class Composition(_Split):
 
     def evaluations(self, l):
         return 2 * len(self.weights) + 1
-
-    def step(self, f, l, state, h, coef=None, t=None):
-        p, q = state
-        for part, c, ts in self.stages(l * h if t is None else t, h):
-            if part == 0:
-                p = axpy(p, c * h, self.derivative(f, l, p, q, 0, ts))
-            else:
-                q = axpy(q, c * h, self.derivative(f, l, p, q, 1, ts))
-        return (p, q)
-
-    def inverse(self, f, l, state, h, coef=None, t=None):
-        p, q = state
-        for part, c, ts in reversed(self.stages(l * h if t is None else t, h)):
-            if part == 0:
-                p = p - (c * h) * self.derivative(f, l, p, q, 0, ts)
-            else:
-                q = q - (c * h) * self.derivative(f, l, p, q, 1, ts)
-        return (p, q)
 
 
 class Yoshida4(Composition):

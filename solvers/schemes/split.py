@@ -134,6 +134,30 @@ class _Split(Scheme):
         return out[:, : self.n_p] if part == 0 else out[:, self.n_p :]
 
 
+class _Substeps(_Split):
+    """A method given by its substeps (:meth:`stages`): kicks ``p ← p + c h F_p(q)`` and drifts
+    ``q ← q + c h F_q(p)`` in sequence, each a shear, so the step is symplectic and explicitly invertible."""
+
+    def step(self, f, l, state, h, coef=None, t=None):
+        p, q = state
+        for part, c, ts in self.stages(l * h if t is None else t, h):
+            if part == 0:
+                p = axpy(p, c * h, self.derivative(f, l, p, q, 0, ts))
+            else:
+                q = axpy(q, c * h, self.derivative(f, l, p, q, 1, ts))
+        return (p, q)
+
+    def inverse(self, f, l, state, h, coef=None, t=None):
+        """The substeps in reverse order, subtracted: each reads only the half it does not change."""
+        p, q = state
+        for part, c, ts in reversed(self.stages(l * h if t is None else t, h)):
+            if part == 0:
+                p = p - (c * h) * self.derivative(f, l, p, q, 0, ts)
+            else:
+                q = q - (c * h) * self.derivative(f, l, p, q, 1, ts)
+        return (p, q)
+
+
 class SymplecticEuler(_Split):
     """Semi-implicit Euler, ``p`` first: ``p' = p + h F_p(p, q)``, ``q' = q + h F_q(p', q)`` — H2-DNN (Galimberti et
     al. 2023, eqs. 12-13), MS3 (app. I, eq. 40)."""

@@ -14,13 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..splitting_tableaux import SPLITTING_SPECS, SplittingTableau, splitting_tableau
-from .base import axpy
-from .split import _Split
+from .split import _Substeps
 
 __all__ = ["SPLITTING_SCHEMES", "Splitting"]
 
 
-class Splitting(_Split):
+class Splitting(_Substeps):
     """A splitting method of :mod:`solvers.splitting_tableaux` on a ``(p, q)`` split (subclasses set :attr:`name`;
     :data:`SPLITTING_SCHEMES` holds one per table)."""
 
@@ -42,25 +41,6 @@ class Splitting(_Split):
             if part == 1:
                 drifted += c
         return tuple(out)
-
-    def step(self, f, l, state, h, coef=None, t=None):
-        p, q = state
-        for part, c, ts in self.stages(l * h if t is None else t, h):
-            if part == 0:
-                p = axpy(p, c * h, self.derivative(f, l, p, q, 0, ts))
-            else:
-                q = axpy(q, c * h, self.derivative(f, l, p, q, 1, ts))
-        return (p, q)
-
-    def inverse(self, f, l, state, h, coef=None, t=None):
-        """The substeps in reverse order, subtracted: each reads only the half it does not change."""
-        p, q = state
-        for part, c, ts in reversed(self.stages(l * h if t is None else t, h)):
-            if part == 0:
-                p = p - (c * h) * self.derivative(f, l, p, q, 0, ts)
-            else:
-                q = q - (c * h) * self.derivative(f, l, p, q, 1, ts)
-        return (p, q)
 
 
 def _scheme(name: str) -> type[Splitting]:
