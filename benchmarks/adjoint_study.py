@@ -60,7 +60,7 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     payload = {
         "setting": f"Hamiltonian H2 form (K blockdiag, canonical J), dim 4, 16 pieces, T=4, tanh, init_std 1, "
         f"swiss roll n={n} padded to R^4, BCE of a fixed linear read-out; float64; reference: "
-        "backprop through dopri5 at rtol=atol=1e-10; memory = peak bytes saved for backward "
+        "backprop through dopri5 at rtol=atol=1e-10, step sizes held; memory = peak bytes saved for backward "
         "during the forward pass (saved_tensors_hooks)",
         **to_jsonable(study),
     }
