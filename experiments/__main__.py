@@ -15,19 +15,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from contextlib import nullcontext
-from pathlib import Path
+from collections.abc import Iterator
 
 import torch
 
 from cde_nets.checkpoint import CheckpointError, RunInUseError, RunLock
 from cde_nets.cli import did_you_mean
-from cde_nets.training import checkpointing
 
 from .reference import attach
-from .registry import REPRODUCTIONS, THREADS, THREADS_OF, recorded_only, runner, threads_for, times, total
+from .registry import REPRODUCTIONS, THREADS, THREADS_OF, recorded_only, threads_for, times, total
 from .report import format_table, write_result
-from .seeds import default_seeds, default_workers, run_seeds
+from .seeds import cores, default_seeds, default_workers, run_one, run_seeds, side_by_side
 
 
 def _seconds(s: float | None) -> str:
@@ -87,6 +85,40 @@ a crash or a kill, the same command with --resume continues where each training 
 of an uninterrupted run."""
 
 
+def _results(names: list[str], size: str, args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
+    """Each reproduction's result in order. Several at one seed each (``all --quick``) run side by side in worker
+    processes, as many as the cores hold their threads (``--workers`` caps them): each is the same computation, on
+    the same threads, as alone; a reproduction over several seeds runs its seeds in parallel instead."""
+    threads = {name: args.threads or threads_for(name) for name in names}
+    seeds = {name: args.seeds or default_seeds(name, size) for name in names}
+    budget, workers = cores(), args.workers or cores()
+    if len(names) > 1 and all(n == 1 for n in seeds.values()) and workers > 1 and budget > min(threads.values()):
+        jobs = [
+            (name, threads[name], (name, size, args.seed, args.out, threads[name], args.resume, args.checkpoints))
+            for name in names
+        ]
+        yield from side_by_side(jobs, budget, workers)
+        return
+    for name in names:
+        torch.set_num_threads(threads[name])
+        if seeds[name] > 1:
+            yield (
+                name,
+                run_seeds(
+                    name,
+                    size,
+                    list(range(args.seed, args.seed + seeds[name])),
+                    args.out,
+                    workers=args.workers or default_workers(seeds[name], threads[name]),
+                    threads=threads[name],
+                    resume=args.resume,
+                    checkpoints=args.checkpoints,
+                ),
+            )
+        else:
+            yield name, run_one(name, size, args.seed, args.out, threads[name], args.resume, args.checkpoints)
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experiments") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
@@ -117,7 +149,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
         "--workers",
         type=int,
         default=None,
-        help="seeds run in parallel processes (default: as many as the cores hold at --threads threads a run)",
+        help="parallel processes: a reproduction's seeds, or under `all` at one seed the reproductions side by side "
+        "(default: as many as the cores hold at their threads)",
     )
     parser.add_argument("--out", default="results", help="directory for <name>.json and PNG plots")
     parser.add_argument(
@@ -171,25 +204,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
         parser.error(str(exc))
     try:
         t0 = time.perf_counter()
-        for name in names:
-            threads = args.threads or threads_for(name)
-            torch.set_num_threads(threads)
-            n_seeds = args.seeds or default_seeds(name, size)
-            if n_seeds > 1:
-                res = run_seeds(
-                    name,
-                    size,
-                    list(range(args.seed, args.seed + n_seeds)),
-                    args.out,
-                    workers=args.workers or default_workers(n_seeds, threads),
-                    threads=threads,
-                    resume=args.resume,
-                    checkpoints=args.checkpoints,
-                )
-            else:
-                ckpt_dir = Path(args.out) / "checkpoints" / f"{name}-{size}-seed{args.seed}"
-                with checkpointing(ckpt_dir, resume=args.resume) if args.checkpoints else nullcontext():
-                    res = runner(name)(size=size, seed=args.seed, out_dir=args.out)
+        for _name, res in _results(names, size, args):
             res = attach(res)
             path = write_result(res, args.out)
             print(format_table(res))

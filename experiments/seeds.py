@@ -14,8 +14,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import nullcontext
 from multiprocessing import get_context
 from pathlib import Path
@@ -55,8 +55,7 @@ def default_seeds(name: str, size: str) -> int:
 
 def default_workers(n_seeds: int, threads: int | None = None) -> int:
     """As many parallel seeds as the cores this process may use hold runs of ``threads`` threads each."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(n_seeds, cores // (threads or THREADS)))
+    return max(1, min(n_seeds, cores() // (threads or THREADS)))
 
 
 def seed_path(out_dir: str | Path, name: str, size: str, seed: int) -> Path:
@@ -77,6 +76,53 @@ def _one_seed(name: str, size: str, seed: int, out_dir: str, threads: int | None
         res = runner(name)(size=size, seed=seed, out_dir=str(path.parent / f"seed{seed}"))
     path.parent.mkdir(parents=True, exist_ok=True)
     os.replace(write_result(res, path.parent / f"seed{seed}"), path)
+
+
+def run_one(name: str, size: str, seed: int, out_dir: str, threads: int, resume: bool, ckpt: bool) -> dict:
+    """One reproduction at one seed on ``threads`` intra-op threads (in this process or a worker), its training
+    checkpointed under ``OUT/checkpoints/<name>-<size>-seed<N>/``; returns its result, unwritten."""
+    import torch
+
+    from cde_nets.training import checkpointing
+
+    torch.set_num_threads(threads)
+    ckpt_dir = Path(out_dir) / "checkpoints" / f"{name}-{size}-seed{seed}"
+    with checkpointing(ckpt_dir, resume=resume) if ckpt else nullcontext():
+        return runner(name)(size=size, seed=seed, out_dir=out_dir)
+
+
+def cores() -> int:
+    """The cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def side_by_side(jobs: list[tuple[str, int, tuple]], budget: int, workers: int) -> Iterator[tuple[str, dict]]:
+    """Run ``run_one(*args)`` for each ``(name, threads, args)`` in spawned processes, at most ``workers`` at a
+    time and as many as ``budget`` cores hold their threads (a job wider than the budget runs alone), and yield
+    ``(name, result)`` in the jobs' order as each becomes ready. A worker's exception is raised unchanged; the jobs
+    not yet started are not started."""
+    pending = list(jobs)
+    running: dict[Future, tuple[str, int]] = {}
+    ready: dict[str, dict] = {}
+    order = [name for name, _, _ in jobs]
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
+        try:
+            while pending or running:
+                used = sum(t for _, t in running.values())
+                while pending and (not running or (used + pending[0][1] <= budget and len(running) < workers)):
+                    name, t, args = pending.pop(0)
+                    running[pool.submit(run_one, *args)] = (name, t)
+                    used += t
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    name, _ = running.pop(fut)
+                    ready[name] = fut.result()
+                while order and order[0] in ready:
+                    name = order.pop(0)
+                    yield name, ready.pop(name)
+        finally:
+            for fut in running:
+                fut.cancel()
 
 
 def _finished(out_dir: str | Path, name: str, size: str, seed: int, log: Callable[[str], Any]) -> dict:
