@@ -53,7 +53,7 @@ def listing() -> str:
     recorded = any(recorded_only(name) for name in REPRODUCTIONS)
     full = _seconds(total("full")) + ("*" if recorded and total("full") is not None else " ")
     sums = " ".join(f"{_seconds(total(size)):>7s}" for size in ("tiny", "quick")) + f" {full:>8s}"
-    lines.append(f"  {'all':18s} {sums}  every one of them, in this order (the sum of each column)")
+    lines.append(f"  {'all':18s} {sums}  every one of them (the sum of each column; side by side at one seed)")
     notes = [
         "  Measured by `python -m cde_nets.experiments.timings` (a fresh process each, on its default torch threads:",
         f"  {_default_threads()}); the dates and the machine's load at each measurement are in",

@@ -110,6 +110,7 @@ def test_resume_from_a_truncated_checkpoint_prints_the_error_alone_and_exits_2(t
     from torch import nn
 
     import cde_nets.experiments.__main__ as experiments
+    import cde_nets.experiments.seeds as seeds
     from cde_nets.training import Trainer
 
     def run(size, seed, out_dir):  # a one-epoch training in place of the reproduction: the same checkpointing
@@ -120,7 +121,7 @@ def test_resume_from_a_truncated_checkpoint_prints_the_error_alone_and_exits_2(t
         )
         return {"name": "hauser", "size": size, "rows": [], "figures": []}
 
-    monkeypatch.setattr(experiments, "runner", lambda name: run)
+    monkeypatch.setattr(seeds, "runner", lambda name: run)
     monkeypatch.setattr(experiments, "attach", lambda res: res)
     monkeypatch.setattr(experiments, "write_result", lambda res, out: tmp_path / "unused.json")
     monkeypatch.setattr(experiments, "format_table", lambda res: "")

@@ -237,3 +237,28 @@ def test_every_reference_row_is_a_row_of_ours_over_seeds_0_to_4():
             assert list(runs) == [0, 1, 2, 3, 4], (setting, list(runs))
             for v in runs.values():
                 assert 0 <= v <= 100 and abs(v / 0.025 - round(v / 0.025)) <= 0.2 + 1e-9, (setting, v)
+
+
+def test_reproductions_side_by_side_give_their_results_in_order_as_each_alone(tmp_path):
+    """``all`` at one seed runs the reproductions in worker processes, two at a time on two cores of one thread
+    each: each result equals the same reproduction run alone in this process (bar its wall time), and the results
+    come in the jobs' order."""
+    import torch
+
+    from cde_nets.experiments.seeds import run_one, side_by_side
+
+    names = ["hdnn_table1", "noise_robustness"]
+    jobs = [(n, 1, (n, "tiny", 0, str(tmp_path / "side"), 1, False, False)) for n in names]
+    threads = torch.get_num_threads()
+    try:
+        alone = {n: run_one(n, "tiny", 0, str(tmp_path / "alone"), 1, False, False) for n in names}
+    finally:
+        torch.set_num_threads(threads)
+    got = list(side_by_side(jobs, budget=2, workers=2))
+    assert [n for n, _ in got] == names
+
+    def bare(res):
+        return json.loads(json.dumps({k: v for k, v in res.items() if k not in ("time_s", "figures")}))
+
+    for n, res in got:
+        assert bare(res) == bare(alone[n]), n
