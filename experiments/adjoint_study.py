@@ -148,6 +148,10 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         "the JSON: nfe_forward, nfe_backward, time_s, peak_saved_bytes per row.",
         f"Swiss roll, {s['n']} points padded to R⁴, BCE of a fixed random linear read-out; float64; "
         f"reference: backprop through dopri5 at rtol = atol = {s['ref_rtol']:.0e}, step sizes held on their mesh.",
+        "backprop, checkpoint and symplectic differentiate every adaptive step size (the derivative of the loss as "
+        "computed); 'backprop (fixed steps)' holds the sizes on their mesh (the discrete adjoint of the ODE). Where "
+        "the controller rings (many rejected steps) the first can be far from the ODE's gradient while exact for "
+        "the computed loss: the gradients guide, 'Step sizes are functions of the state'.",
     ]
     figures = _plot(studies, out_dir)
     return result(
