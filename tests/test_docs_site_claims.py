@@ -114,7 +114,8 @@ def test_the_install_alone_is_the_main_jobs_install():
 
 def test_the_readme_states_the_recorded_main_job_time_under_ten_minutes():
     """The README's main-job time is the one ``experiments/timings.py --main-job`` recorded, which is under the ten
-    minutes the README promises; the listing's ``all`` row (the quick column's sum) agrees with it."""
+    minutes the README promises; the reproductions run side by side, so it lies between the quick column's sum
+    (one after another) and that sum shared evenly over the cores."""
     from cde_nets.experiments import timings
     from cde_nets.experiments.registry import THREADS, THREADS_OF, total
 
@@ -124,8 +125,10 @@ def test_the_readme_states_the_recorded_main_job_time_under_ten_minutes():
     assert re.findall(r"(\d+) min (\d+) s measured", setup) == [(str(m), str(s))]
     assert "under ten minutes" in setup and job["seconds"] < 600
     assert job["threads"] == {"default": THREADS, **THREADS_OF} and THREADS == 1
-    assert "Each reproduction runs on one torch thread" in setup
-    assert 0.8 < total("quick") / job["seconds"] < 1.25  # each one's time in a fresh process, summed
+    assert "Each reproduction runs on one torch thread" in setup and "side by side" in setup
+    # side by side on the machine's cores: no slower than one after another, no faster than perfectly shared
+    cores = job["machine"]["cores"]
+    assert 0.9 * total("quick") / cores < job["seconds"] < total("quick")
 
 
 def test_the_reproductions_run_on_one_thread_unless_asked(monkeypatch, tmp_path):
