@@ -135,6 +135,7 @@ def test_the_reproductions_run_on_one_thread_unless_asked(monkeypatch, tmp_path)
     """The command's default is one intra-op thread for every reproduction but nais_digits (two); a run that asks
     for a number gets it."""
     from cde_nets.experiments import __main__ as cli
+    from cde_nets.experiments import seeds
 
     seen = []
 
@@ -145,7 +146,7 @@ def test_the_reproductions_run_on_one_thread_unless_asked(monkeypatch, tmp_path)
         seen.append(torch.get_num_threads())
         raise Ran
 
-    monkeypatch.setattr(cli, "runner", lambda name: run)
+    monkeypatch.setattr(seeds, "runner", lambda name: run)
     old = torch.get_num_threads()
     try:
         for name, extra in (
