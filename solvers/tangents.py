@@ -24,8 +24,9 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["Slots", "dual_solve", "find_slots", "swapped"]
+__all__ = ["Slots", "dense_zero_tangents", "dual_solve", "find_slots", "swapped"]
 
 # the per-call caches of cde_nets.pieces.gathered, by attribute name: a fresh value for each tangent solve
 _CACHES = ("_memo", "_constants", "_unbound")
@@ -124,6 +125,65 @@ def swapped(slots: Slots, values: Mapping[int, torch.Tensor]) -> Iterator[None]:
             _set(table, name, old)
 
 
+# binary arithmetic whose forward-mode formula, for an operand without a tangent (a plain tensor, a Python number),
+# multiplies a zero tensor of torch's own kind, each costing a shape computation on the meta device (~0.2 ms a call
+# on the CPU, torch 2.13): given a dense zero tangent instead, the same formula costs microseconds
+_BINARY = {
+    getattr(torch.Tensor, name)
+    for name in (
+        "__add__",
+        "__radd__",
+        "__sub__",
+        "__rsub__",
+        "__mul__",
+        "__rmul__",
+        "__truediv__",
+        "__rtruediv__",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "add_",
+        "sub_",
+        "mul_",
+        "div_",
+    )
+} | {torch.add, torch.sub, torch.mul, torch.div, torch.maximum, torch.minimum}
+
+
+class _DenseZeroTangents(TorchFunctionMode):
+    """Inside a tangent solve: the operand without a tangent of a binary operation with a dual one gets a dense
+    zero tangent (a Python number becomes a 0-d tensor of the dual operand's dtype, the value it is cast to anyway),
+    so the result's value and tangent are the same and cheaper to compute."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _BINARY and len(args) == 2:
+            a, b = args
+            if _dual(a) and not _dual(b):
+                args = (a, _zero_dual(b, a))
+            elif _dual(b) and not _dual(a) and not func.__name__.endswith("_"):
+                args = (_zero_dual(a, b), b)
+        return func(*args, **kwargs)
+
+
+def dense_zero_tangents() -> TorchFunctionMode:
+    """The mode of a tangent solve (:class:`_DenseZeroTangents`)."""
+    return _DenseZeroTangents()
+
+
+def _dual(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and fwAD.unpack_dual(x).tangent is not None
+
+
+def _zero_dual(x: object, like: torch.Tensor) -> object:
+    if isinstance(x, float):
+        x = torch.tensor(x, dtype=like.dtype, device=like.device)
+    elif not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return x
+    return fwAD.make_dual(x, torch.zeros_like(x))
+
+
 def dual_solve(
     solve: Callable[[torch.Tensor], torch.Tensor],
     y0: torch.Tensor,
@@ -140,7 +200,7 @@ def dual_solve(
             for key, x in inputs.items()
         }
         start = values.get(id(y0), y0.detach())
-        with swapped(slots, values):
+        with swapped(slots, values), _DenseZeroTangents():
             out = solve(start)
         primal, tangent = fwAD.unpack_dual(out)
         primal = primal.clone()

@@ -20,11 +20,11 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch.autograd.functional import jacobian
 
-from ..errors import check_positive_int
+from ..errors import SolverError, check_positive_int
 from ..fast_rk import FAST_METHODS, fast_applies, odeint_fast
 from ..options import REVERSIBLE_METHODS
 from ..step_sizes import check_steps
-from ..tangents import dual_solve, find_slots, swapped
+from ..tangents import dense_zero_tangents, dual_solve, find_slots, swapped
 from .base import GradientMethod, Run
 from .checkpoint import backwards_in_time
 
@@ -164,7 +164,7 @@ def _jacobian(
 
     def through(*xs: torch.Tensor) -> torch.Tensor:
         values = {**plain, **dict(zip(keys, xs))}
-        with swapped(slots, values):
+        with swapped(slots, values), dense_zero_tangents():
             out = solve(values[id(y0)])
         primal.append(fwAD.unpack_dual(out).primal.clone())
         return out
@@ -173,6 +173,8 @@ def _jacobian(
         with torch.enable_grad():
             J = jacobian(through, tuple(plain[k] for k in keys), vectorize=True, strategy="forward-mode")
         return primal[-1], list(J)
+    except SolverError:
+        raise
     except RuntimeError:
         pass  # torch's batched tangents do not cover every operation (a 1-D state's matmul): one direction a solve
     blocks = []
