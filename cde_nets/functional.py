@@ -321,8 +321,6 @@ def odeint(
         kw = dict(rtol=rtol, atol=atol, method=method, options=options, event_fn=event_fn)
         return odeint_adjoint(func, y0, t, adjoint_params=adjoint_params, **kw)
     if event_fn is not None:
-        if getattr(gradient, "name", gradient) == "forward":
-            raise ValueError("gradient='forward' does not serve `event_fn`; use gradient='backprop' or 'checkpoint'.")
         return _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, None)
     return _solve(
         func,

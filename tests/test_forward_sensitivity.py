@@ -164,6 +164,33 @@ def test_forward_only_call_and_piecewise_odeint_closure():
     assert torch.allclose(gA, bA, rtol=1e-12, atol=1e-14)
 
 
+def test_events_in_both_doors_equal_backprop():
+    """The event's time and state are differentiated around the solve to it (implicit function theorem), which
+    forward mode serves as backprop does."""
+    func = Linear(torch.tensor([[0.1, 1.0], [-1.0, 0.0]], dtype=torch.float64))
+    y0 = torch.tensor([[1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    grads = []
+    for gradient in ("forward", "backprop"):
+        t_event, sol = odeint(
+            func,
+            y0,
+            torch.tensor([0.0, 5.0], dtype=torch.float64),
+            event_fn=lambda t, y: y[..., 0].sum(),
+            gradient=gradient,
+        )
+        grads.append(torch.autograd.grad(t_event + sol[-1].sum(), [func.A, y0]))
+    assert _rel(*grads) < 1e-10
+    g = torch.Generator().manual_seed(3)
+    field = Hamiltonian(2, layers=2, T=1.0, generator=g).double()
+    y0 = torch.randn(3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    grads = []
+    for gradient in ("forward", "backprop"):
+        sol = ODEBlock(field, rtol=1e-6, atol=1e-8, gradient=gradient).solve(y0, event=lambda t, y: y[:, 0] - 0.1)
+        assert bool(sol.fired.any())
+        grads.append(torch.autograd.grad(sol.y.square().sum() + sol.stop_times.sum(), [*field.parameters(), y0]))
+    assert _rel(*grads) < 1e-10
+
+
 def test_refusals_name_the_argument_and_the_fix():
     field = Hamiltonian(2, layers=2, T=1.0).double()
     with pytest.raises(ValueError, match="method='alf'.*gradient='reversible'"):
@@ -177,8 +204,8 @@ def test_refusals_name_the_argument_and_the_fix():
     func, y0 = MLP(), torch.ones(1, 2, dtype=torch.float64)
     with pytest.raises(ValueError, match="method='explicit_adams'"):
         odeint(func, y0, TIMES, method="explicit_adams", gradient="forward")
-    with pytest.raises(ValueError, match="does not serve `event_fn`"):
-        odeint(func, y0, TIMES, event_fn=lambda t, y: y[..., 0], gradient="forward")
+    with pytest.raises(ValueError, match="gradient='forward' does not serve per-sample steps"):
+        odeint(func, y0, TIMES, controller="per_sample", gradient="forward")
     with pytest.raises(ValueError, match="above max_entries=10.*gradient='checkpoint'"):
         odeint(func, y0, TIMES, gradient=Forward(max_entries=10)).sum().backward()
     hidden = torch.ones(2, 2, dtype=torch.float64, requires_grad=True)

@@ -45,7 +45,7 @@ class Forward(GradientMethod):
 
     Serves the methods of the library's Runge-Kutta stepper (:data:`~solvers.fast_rk.FAST_METHODS`), on
     float32/float64 states with torchdiffeq's step options. The implicit, composition and ``alf`` methods, the
-    Adams methods, the per-sample controller and events are refused by name.
+    Adams methods and the per-sample controller are refused by name.
     """
 
     steps: str = "differentiated"
