@@ -164,6 +164,23 @@ def test_forward_only_call_and_piecewise_odeint_closure():
     assert torch.allclose(gA, bA, rtol=1e-12, atol=1e-14)
 
 
+def test_constants_memoised_before_the_solve_are_not_reused():
+    """Inside one block call a field memoises its constants (``gathered``): built from the plain parameters before
+    the solve, reused by the tangent solve they would carry no tangent, and the parameters' gradient would be zero."""
+    from cde_nets.pieces import gathered
+
+    g = torch.Generator().manual_seed(2)
+    field = CubicFriction(2, layers=2, gamma=0.5, zero_init=False, generator=g).double()
+    y0 = torch.randn(2, 2, generator=g, dtype=torch.float64)
+    grads = []
+    for gradient in ("forward", "backprop"):
+        with gathered(field):
+            field(torch.tensor(0.0, dtype=torch.float64), y0)  # fills the memo under grad mode
+            y = ODEBlock(field, method="rk4", step_size=0.25, gradient=gradient)(y0)
+            grads.append(torch.autograd.grad(y.square().sum(), list(field.parameters())))
+    assert _rel(*grads) < 1e-10
+
+
 def test_events_in_both_doors_equal_backprop():
     """The event's time and state are differentiated around the solve to it (implicit function theorem), which
     forward mode serves as backprop does."""
