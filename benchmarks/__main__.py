@@ -257,6 +257,23 @@ def _per_sample_device(res: dict) -> Headline:
     ]
 
 
+def _forward_sensitivity(res: dict) -> Headline:
+    rows = res["rows"]
+    worst = max(r["forward_rel_diff_from_backprop"] for r in rows)
+    return [
+        at_most("forward / backprop gradient, worst relative difference", worst, 1e-10, ".1e"),
+        info("forward / reverse crossover, parameters", res["crossover_params"], ".0f"),
+        info(
+            f"forward / best reverse time, {rows[0]['params']} parameters", rows[0]["forward_over_best_reverse"], ".2f"
+        ),
+        info(
+            f"forward / best reverse time, {rows[-1]['params']} parameters",
+            rows[-1]["forward_over_best_reverse"],
+            ".1f",
+        ),
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -280,6 +297,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("implicit_tolerance", _implicit_tolerance, "drift <= 1e-3 of rk4's; the cost of each stage tolerance"),
     ("per_sample", _per_sample, "fewer batched calls on mixed μ; <= 1.1 on equal μ"),
     ("per_sample_device", _per_sample_device, "measured on a GPU (the CPU in --tiny)"),
+    ("forward_sensitivity", _forward_sensitivity, "equal to backprop (1e-10); the crossover recorded"),
 )
 
 
@@ -307,6 +325,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "implicit_tolerance": {"tiny": 1.0},
     "per_sample": {"tiny": 1.0},
     "per_sample_device": {"tiny": 6.0},
+    "forward_sensitivity": {"tiny": 1.0},
 }
 
 

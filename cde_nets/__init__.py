@@ -1,7 +1,7 @@
 """cde_nets: continuous-depth neural networks in continuous mode (its own ODE engine, matching torchdiffeq) and discrete
 mode (solver = layer)."""
 
-from . import diagnostics, fields
+from . import diagnostics, fields, sensitivity
 from .block import Block
 from .collected_terms import IntegratedTerms, integrated_terms
 from .discrete import DiscreteNet, discretize
@@ -13,7 +13,7 @@ from .projected_solve import solve_projected
 from .sde_block import SDEBlock
 from .second_order_solve import solve_second_order
 from .solution import Solution
-from .solvers.gradients import Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic
+from .solvers.gradients import Adjoint, Backprop, Checkpoint, Forward, GradientMethod, Reversible, Symplectic
 from .solvers.options import SolverOptions
 from .solvers.per_sample import odeint_per_sample
 from .solvers.projection import Projection
@@ -22,6 +22,7 @@ from .stop import Stop
 __all__ = [
     "diagnostics",
     "fields",
+    "sensitivity",
     "Block",
     "ODEBlock",
     "SDEBlock",
@@ -40,6 +41,7 @@ __all__ = [
     "Adjoint",
     "Backprop",
     "Checkpoint",
+    "Forward",
     "Symplectic",
     "Reversible",
     "odeint",

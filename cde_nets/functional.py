@@ -74,7 +74,7 @@ _ADAPTIVE_OPTIONS = {
 _FIXED_OPTIONS = {"step_size", "grid_constructor", "perturb", "interp", "max_num_steps", "norm"}
 _ADAMS_OPTIONS = _FIXED_OPTIONS | {"max_iters", "max_order"}
 _SCIPY_OPTIONS = {"solver", "min_step", "max_step", "norm"}
-_GRADIENTS = ("backprop", "adjoint", "checkpoint", "symplectic")
+_GRADIENTS = ("backprop", "adjoint", "checkpoint", "symplectic", "forward")
 # the options the fast path reads (after step_size became a grid constructor)
 
 
@@ -279,7 +279,8 @@ def odeint(
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
         gradient: this library's addition: ``"backprop"`` (default, torchdiffeq's), ``"adjoint"``,
-            ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low memory; the implicit methods
+            ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low memory), ``"forward"`` (the
+            Jacobian by forward-mode differentiation through the steps: for few parameters; the implicit methods
             take ``"backprop"``, ``"checkpoint"`` and ``"adjoint"``, each step by the implicit function theorem), or
             the gradient
             method object (``Adjoint(rtol=1e-9)`` sets the backward solve as ``odeint_adjoint``'s ``adjoint_*``).

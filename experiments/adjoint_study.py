@@ -113,9 +113,10 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
             tolerances=s["tolerances"],
             steps=s["steps"],
             methods=s["methods"],
-            # every registered gradient method, and backprop on the steps' mesh (their sizes held fixed) beside
-            # the default, which differentiates them
-            gradients=(*GRADIENTS, Backprop(steps="fixed")),
+            # every registered gradient method but forward mode (one solve per parameter, hundreds here: its
+            # crossover is benchmarks/forward_sensitivity.py's), and backprop on the steps' mesh (their sizes held
+            # fixed) beside the default, which differentiates them
+            gradients=(*(n for n, cls in GRADIENTS.items() if not cls.per_input), Backprop(steps="fixed")),
             repeat=s["repeat"],
             reference=dict(rtol=s["ref_rtol"], atol=s["ref_rtol"]),
         )

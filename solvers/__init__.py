@@ -5,7 +5,17 @@ from .adapter import integrate
 from .architectures import ARCHITECTURES
 from .counting import SolverStats
 from .errors import Reason, SolverError
-from .gradients import GRADIENTS, Adjoint, Backprop, Checkpoint, GradientMethod, Reversible, Symplectic, as_gradient
+from .gradients import (
+    GRADIENTS,
+    Adjoint,
+    Backprop,
+    Checkpoint,
+    Forward,
+    GradientMethod,
+    Reversible,
+    Symplectic,
+    as_gradient,
+)
 from .options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
 from .schemes import SCHEMES, Scheme, Tableau, get_scheme
 from .schemes.registry import architecture
@@ -22,6 +32,7 @@ __all__ = [
     "Adjoint",
     "Backprop",
     "Checkpoint",
+    "Forward",
     "Symplectic",
     "Reversible",
     "as_gradient",

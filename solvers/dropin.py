@@ -20,7 +20,8 @@ from torch import nn
 
 from .errors import Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
-from .gradients import Adjoint, Checkpoint, GradientMethod
+from .gradients import Adjoint, Checkpoint, Forward, GradientMethod
+from .gradients.forward import jacobian_solve
 from .grids import negated_time_options
 from .implicit_grid import ImplicitGrid
 from .implicit_tableaux import IMPLICIT_TABLEAUX
@@ -216,8 +217,10 @@ def solve_flat(
 ) -> torch.Tensor:
     """Solve the flat, forwards problem (``t`` increasing, detached) with the engine: the one place the functional
     API calls it, so that a change of the engine's entry point is a change here only. ``gradient``: one of the
-    registered gradient methods the functional API serves (backprop, adjoint, checkpoint, symplectic); the
-    adjoint's backward settings come in ``adjoint`` (torchdiffeq's ``adjoint_*`` arguments)."""
+    registered gradient methods the functional API serves (backprop, adjoint, checkpoint, symplectic, forward);
+    the adjoint's backward settings come in ``adjoint`` (torchdiffeq's ``adjoint_*`` arguments)."""
+    if isinstance(gradient, Forward):
+        gradient.check(method)
     if method in IMPLICIT:
         return ImplicitGrid(func, method, options).solve(y0, t, gradient.name, params)
     import torchdiffeq  # here, not at import: torchdiffeq loads scipy
@@ -247,6 +250,10 @@ def solve_flat(
             options=fast_options,
             graph=gradient.forward_graph,
             steps=getattr(gradient, "steps", "differentiated"),
+        )
+    if isinstance(gradient, Forward):
+        return jacobian_solve(
+            func, y0, t, params, method=method, rtol=rtol, atol=atol, options=fast_options, gradient=gradient
         )
     if isinstance(gradient, Adjoint):
         adj_options = adjoint["options"]

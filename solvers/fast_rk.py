@@ -58,7 +58,7 @@ import torch
 
 from .norms import StateNorm
 from .rk_stages import Buffered, Graph, Rows, sum_order
-from .step_sizes import attach, check_steps, controller_factor
+from .step_sizes import attach, carries, check_steps, controller_factor
 from .tableaux import TABLEAUX, MethodTableau, dense_at
 from .times import HOST_TIME
 
@@ -460,7 +460,7 @@ class _Adaptive:
         else:
             h1 = (0.01 / (d2 if d2 > d1 else d1)) ** (1.0 / float(self.tab.order))
         h = torch.min(100 * h0, h1.abs()).to(torch.float64)
-        return h if h.requires_grad and self.steps != "fixed" else float(h.detach())
+        return h if carries(h) and self.steps != "fixed" else float(h.detach())
 
     def _interpolate(self, eng: Buffered | Graph, last: tuple, tj: float) -> torch.Tensor:
         """The dense output of step ``last`` at ``tj``, ``x = (tj − t_0)/(t_1 − t_0)`` in float64 then the state's

@@ -30,8 +30,9 @@ import warnings
 from collections.abc import Callable
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
-__all__ = ["STEPS", "attach", "check_steps", "controller_factor", "warn_held_fixed"]
+__all__ = ["STEPS", "attach", "carries", "check_steps", "controller_factor", "warn_held_fixed"]
 
 STEPS = ("differentiated", "fixed", "torchdiffeq")
 
@@ -47,10 +48,16 @@ def check_steps(steps: object) -> str:
     return str(steps)
 
 
+def carries(x: torch.Tensor) -> bool:
+    """Whether ``x`` carries a derivative: a reverse-mode graph, or a forward-mode tangent (the forward
+    sensitivity, :mod:`solvers.gradients.forward`, differentiates the same formulas in tangent mode)."""
+    return x.requires_grad or fwAD.unpack_dual(x).tangent is not None
+
+
 def attach(value: float | torch.Tensor, graph: torch.Tensor | float) -> torch.Tensor | float:
     """``value`` exactly, with the derivative of ``graph`` (which equals ``value`` up to rounding): the solver's
     own numbers stay its own bits, the gradient is that of the formula that made them."""
-    if not isinstance(graph, torch.Tensor) or not graph.requires_grad:
+    if not isinstance(graph, torch.Tensor) or not carries(graph):
         return value
     return (graph - graph.detach()) + value
 

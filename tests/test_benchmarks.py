@@ -92,6 +92,11 @@ EXPECTED = {
         {"setting", "goal", "torchode", "rows"},
         {"case", "batch", "mode", "device", "calls", "shared_s", "per_sample_s", "per_sample_over_shared"},
     ),
+    "forward_sensitivity": (
+        "forward_sensitivity",
+        {"setting", "rows", "crossover_params"},
+        {"params", "forward_s", "backprop_s", "checkpoint_s", "adjoint_s", "forward_over_best_reverse"},
+    ),
 }
 
 

@@ -8,6 +8,7 @@ from .adjoint import Adjoint
 from .backprop import Backprop
 from .base import GradientMethod, Run
 from .checkpoint import Checkpoint
+from .forward import Forward
 from .registry import GRADIENTS, as_gradient, default_gradient, gradient_names
 from .reversible import Reversible
 from .symplectic import Symplectic
@@ -17,6 +18,7 @@ __all__ = [
     "Adjoint",
     "Backprop",
     "Checkpoint",
+    "Forward",
     "GradientMethod",
     "Reversible",
     "Run",

@@ -69,6 +69,8 @@ class GradientMethod:
     forward_graph: ClassVar[bool] = False  # the backward pass differentiates the forward solve's own operations
     counts_vjp: ClassVar[bool] = False  # nfe_backward counts vector-Jacobian products through recorded evaluations
     sde: ClassVar[bool] = False  # also served by the SDE block
+    # costs one solve per differentiated input element (forward mode): studies over many parameters leave it out
+    per_input: ClassVar[bool] = False
 
     def supports(self, method: str) -> bool:
         """Whether this gradient method can serve ``method`` (default: every method but the reversible ones, and

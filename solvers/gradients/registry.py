@@ -6,6 +6,7 @@ from .adjoint import Adjoint
 from .backprop import Backprop
 from .base import GradientMethod
 from .checkpoint import Checkpoint
+from .forward import Forward
 from .reversible import Reversible
 from .symplectic import Symplectic
 
@@ -17,6 +18,7 @@ GRADIENTS: dict[str, type[GradientMethod]] = {
     "checkpoint": Checkpoint,
     "symplectic": Symplectic,
     "reversible": Reversible,
+    "forward": Forward,
 }
 
 
