@@ -54,15 +54,15 @@ def test_conservation_tiny(tmp_path):
 
 
 def test_adjoint_study_tiny(tmp_path):
-    """Tightening the tolerance by 10^3 cuts the error of the adjoint and of backprop on the steps' mesh (reference:
-    rtol 1e-8). Backprop's default differentiates the step sizes too: the derivative of the computed loss, which at
-    rtol 1e-6 (94 accepted and 226 rejected steps on the Hamiltonian field: the controller rings) is 38 % from the
-    ODE's gradient though a central difference of the solve confirms it (tests/test_step_sizes.py)."""
+    """Tightening the tolerance by 10^2 cuts the error of every gradient (reference: rtol 1e-8 on the steps'
+    mesh). At rtol 1e-6 the Hamiltonian field's controller rings (94 accepted and 226 rejected steps), where the
+    default's gradient, the derivative of the computed loss, is 38 % from the ODE's: tests/test_step_sizes.py pins
+    that case; this setting stays clear of it."""
     res = adjoint_study.run("tiny", 0, tmp_path)
     for model in adjoint_study.MODELS:
         err = {(r["mode"], r["rtol"]): r["ours"] for r in res["rows"] if r.get("model") == model}
-        for mode in ("adjoint", "backprop (fixed steps)"):
-            assert err[(mode, 1e-6)] < err[(mode, 1e-3)] and err[(mode, 1e-6)] < 1e-2
+        for mode in ("adjoint", "backprop", "checkpoint", "symplectic", "backprop (fixed steps)"):
+            assert err[(mode, 1e-5)] < err[(mode, 1e-3)] and err[(mode, 1e-5)] < 1e-3
         assert err[("backprop", 1e-3)] < 0.1
         nfe = [r["nfe_backward"] for r in res["rows"] if r.get("model") == model and r.get("mode") == "adjoint"]
         assert all(v > 0 for v in nfe)

@@ -268,3 +268,43 @@ def test_a_zero_slope_at_the_start_differentiates_the_first_step_per_sample():
     )
     (g,) = torch.autograd.grad(out[-1].sum(), y0)
     torch.testing.assert_close(g, torch.full_like(g, math.exp(-2.0)), rtol=1e-8, atol=0)
+
+
+def test_where_the_controller_rings_the_default_is_the_computed_losss_derivative():
+    """The adjoint study's Hamiltonian field (16 swiss-roll points) at rtol 1e-6: 94 accepted and 226 rejected
+    steps. The default gradient, which differentiates the step sizes, is 38 % from the gradient on the steps'
+    mesh, and it is the derivative of the loss as computed: along the direction where the two differ, a central
+    difference of the solves gives 0.25566, the default 0.25569, the mesh's gradient -0.0599."""
+    from cde_nets.experiments import adjoint_study
+
+    x, label, readout = adjoint_study._data(16, 0)
+    field = adjoint_study.MODELS["Hamiltonian H2 (16 pieces, T = 4)"]()
+    params = [p for p in field.parameters() if p.requires_grad]
+
+    def loss(block):
+        return torch.nn.functional.binary_cross_entropy_with_logits(block(x) @ readout, label)
+
+    default, held = (
+        ODEBlock(field, method="dopri5", rtol=1e-6, atol=1e-6, gradient=g)
+        for g in (Backprop(), Backprop(steps="fixed"))
+    )
+    stats = default.solve(x).stats
+    assert (stats.steps_forward, stats.rejected_forward) == (94, 226)
+    g_default, g_held = (torch.autograd.grad(loss(b), params) for b in (default, held))
+    diff = [a - b for a, b in zip(g_default, g_held)]
+    size = math.sqrt(sum(float(d.square().sum()) for d in diff))
+    assert size > 0.3 * math.sqrt(sum(float(g.square().sum()) for g in g_held))
+    v = [d / size for d in diff]
+    eps = 1e-6
+    with torch.no_grad():
+        for p, d in zip(params, v):
+            p.add_(eps * d)
+        up = float(loss(default))
+        for p, d in zip(params, v):
+            p.sub_(2 * eps * d)
+        down = float(loss(default))
+        for p, d in zip(params, v):
+            p.add_(eps * d)
+    fd = (up - down) / (2 * eps)
+    along = [sum(float((g * d).sum()) for g, d in zip(gs, v)) for gs in (g_default, g_held)]
+    assert abs(along[0] - fd) < 1e-3 * abs(fd) and abs(along[1] - fd) > 0.5 * abs(fd)
