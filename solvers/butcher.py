@@ -7,10 +7,11 @@ held to its order conditions on construction (:mod:`solvers.order_conditions`). 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .order_conditions import order_defects
 
-__all__ = ["MethodTableau", "Tableau", "dense_at", "hermite_mid"]
+__all__ = ["MethodTableau", "Tableau", "dense_at", "hermite_mid", "quartic"]
 
 # float64 coefficients satisfy their order conditions to rounding; a wrong digit breaks one by far more
 _ORDER_TOL = 1e-12
@@ -137,3 +138,16 @@ def hermite_mid(b: tuple[float, ...]) -> tuple[float, ...]:
     m[0] += 1 / 8
     m[-1] -= 1 / 8
     return tuple(m)
+
+
+def quartic(y0: Any, y1: Any, ymid: Any, d: Any, end: Any, x: Any) -> Any:
+    """torchdiffeq's dense output between two steps: the quartic ``p(x)``, ``x ∈ [0, 1]``, with ``p(0) = y_0``,
+    ``p(1/2) = y_{1/2}``, ``p(1) = y_1`` and end slopes ``p'(0) = d = h k_1``, ``p'(1) = end = h k_s``, as the
+    nested products torchdiffeq evaluates (so the replays give its bits)."""
+    r1 = y1 - y0 - d
+    r2 = end - d
+    r3 = ymid - y0 - 0.5 * d
+    a4 = 2 * r2 - 8 * r1 + 16 * r3
+    b3 = r2 - 2 * r1 - 2 * a4
+    c2 = r1 - b3 - a4
+    return y0 + x * (d + x * (c2 + x * (b3 + x * a4)))

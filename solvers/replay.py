@@ -63,7 +63,7 @@ from .fast_rk import fast_applies, odeint_fast
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
 from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt
-from .tableaux import TABLEAUX, MethodTableau, dense_at
+from .tableaux import TABLEAUX, MethodTableau, dense_at, quartic
 from .torchdiffeq_methods import torchdiffeq_method
 
 __all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
@@ -234,13 +234,7 @@ def _dense(tab: MethodTableau, steps: Steps, n: int, y0, y1, ks, t: float) -> to
     assert tab.mid is not None
     ymid = _combine(y0, tab.mid, ks, h)
     d = h * ks[0]
-    r1 = y1 - y0 - d
-    r2 = h * ks[-1] - d
-    r3 = ymid - y0 - 0.5 * d
-    a4 = 2 * r2 - 8 * r1 + 16 * r3
-    b3 = r2 - 2 * r1 - 2 * a4
-    c2 = r1 - b3 - a4
-    return y0 + x * (d + x * (c2 + x * (b3 + x * a4)))
+    return quartic(y0, y1, ymid, d, h * ks[-1], x)
 
 
 def _outputs(steps: Steps, t: torch.Tensor) -> tuple[dict[int, list[int]], dict[int, list[int]]]:

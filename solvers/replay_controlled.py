@@ -44,7 +44,7 @@ import torch
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
 from .step_sizes import controller_factor
-from .tableaux import MethodTableau
+from .tableaux import MethodTableau, quartic
 
 __all__ = ["Attempt", "attempts", "controlled_replay", "field_vjp", "stagewise"]
 
@@ -207,13 +207,7 @@ class _Algebra:
         assert tab.mid is not None
         ymid = self._combine(tab.mid)
         d = hy * ks[0]
-        r1 = y1 - y0 - d
-        r2 = hy * ks[-1] - d
-        r3 = ymid - y0 - 0.5 * d
-        a4 = 2 * r2 - 8 * r1 + 16 * r3
-        b3 = r2 - 2 * r1 - 2 * a4
-        c2 = r1 - b3 - a4
-        return y0 + x * (d + x * (c2 + x * (b3 + x * a4)))
+        return quartic(y0, y1, ymid, d, hy * ks[-1], x)
 
 
 def _leaves(a: Attempt, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -39,10 +39,10 @@ when that step ended on a jump.
 
 from __future__ import annotations
 
-from .butcher import MethodTableau, Tableau, dense_at, hermite_mid
+from .butcher import MethodTableau, Tableau, dense_at, hermite_mid, quartic
 from .dopri8 import DOPRI8
 
-__all__ = ["MethodTableau", "TABLEAUX", "Tableau", "dense_at", "hermite_mid"]
+__all__ = ["MethodTableau", "TABLEAUX", "Tableau", "dense_at", "hermite_mid", "quartic"]
 
 
 def _tab(a, b, c) -> Tableau:
