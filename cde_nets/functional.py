@@ -43,9 +43,11 @@ from cde_nets.solvers.dropin import (
     tolerance,
     unflatten,
 )
+from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
+from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample import odeint_per_sample
 from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
@@ -56,7 +58,7 @@ State = torch.Tensor | tuple[torch.Tensor, ...]
 # the event search's step limit when `options` set no `max_num_steps` (torchdiffeq's search has none, so an event
 # that never changes sign runs it for ever): the blocks' `max_steps` default
 EVENT_MAX_STEPS = 100_000
-METHODS = (*ADAPTIVE, *FIXED, *IMPLICIT, "scipy_solver")
+METHODS = (*ADAPTIVE, *FIXED, *IMPLICIT, *REVERSIBLE_METHODS, *SPLIT_METHODS, "scipy_solver")
 
 _ADAPTIVE_OPTIONS = {
     "first_step",
@@ -74,7 +76,10 @@ _ADAPTIVE_OPTIONS = {
 _FIXED_OPTIONS = {"step_size", "grid_constructor", "perturb", "interp", "max_num_steps", "norm"}
 _ADAMS_OPTIONS = _FIXED_OPTIONS | {"max_iters", "max_order"}
 _SCIPY_OPTIONS = {"solver", "min_step", "max_step", "norm"}
-_GRADIENTS = ("backprop", "adjoint", "checkpoint", "symplectic", "forward")
+# the library's reversible integrator (adaptive, or fixed with `step_size`) and symplectic compositions
+_ALF_OPTIONS = {"eta", "first_step", "max_step", "safety", "ifactor", "dfactor", "step_size", "max_num_steps"}
+_SPLIT_OPTIONS = {"step_size", "max_num_steps"}
+_GRADIENTS = ("backprop", "adjoint", "checkpoint", "symplectic", "reversible", "forward")
 # the options the fast path reads (after step_size became a grid constructor)
 
 
@@ -85,6 +90,10 @@ def _valid_options(method: str) -> set[str]:
         return _ADAMS_OPTIONS
     if method in IMPLICIT:
         return set(IMPLICIT_GRID_OPTIONS)
+    if method in REVERSIBLE_METHODS:
+        return _ALF_OPTIONS
+    if method in SPLIT_METHODS:
+        return _SPLIT_OPTIONS
     return _SCIPY_OPTIONS if method == "scipy_solver" else _FIXED_OPTIONS
 
 
@@ -344,6 +353,7 @@ def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, co
     if not isinstance(y0, torch.Tensor):
         raise ValueError("controller='per_sample' needs a tensor `y0` of shape (batch, *state), not a tuple.")
     _check_state(y0, method or "dopri5")
+    check_cell(as_gradient(gradient), method or "dopri5", controller)
     kw = dict(rtol=rtol, atol=atol, method=method or "dopri5", options=options, gradient=gradient, params=params)
     return odeint_per_sample(func, y0, t, **kw)
 

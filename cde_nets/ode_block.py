@@ -11,13 +11,13 @@ from torch import nn
 
 from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.counting import SolverStats
+from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
 from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient, default_gradient
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
 from cde_nets.solvers.output_times import with_output_times, with_start_time
-from cde_nets.solvers.per_sample import check_per_sample_gradient
 from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.times import check_times
 
@@ -178,8 +178,7 @@ class ODEBlock(Block):
             raise ValueError(f"set `controller` in the SolverOptions: SolverOptions(..., controller={controller!r}).")
         self.solver = solver
         self.gradient = default_gradient(solver.method) if gradient is None else as_gradient(gradient)
-        self.gradient.check(solver.method)
-        check_per_sample_gradient(solver.controller, self.gradient, solver.method)
+        check_cell(self.gradient, solver.method, solver.controller)
         if solver.step_size is not None:
             n = solver.steps_over(self._pieces())
             if n > solver.max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first

@@ -8,11 +8,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .counting import SolverStats, counted
+from .engine import solve
 from .errors import Reason, SolverError
-from .gradients import GradientMethod, Run
+from .gradients import GradientMethod
 from .grids import jump_options
 from .options import ADAPTIVE_METHODS, REVERSIBLE_METHODS, SolverOptions
 from .piecewise_adjoint import PiecewiseParam
+from .run import Run
 
 __all__ = ["integrate"]
 
@@ -43,7 +45,6 @@ def integrate(
     given: the backward pass adds its counts there later). ``norm`` (adaptive methods) replaces the RMS error norm
     of the forward solve.
     """
-    gradient.check(solver.method)
     stats = SolverStats() if stats is None else stats
     # alf counts its own steps through the adaptive callbacks, on a fixed grid too
     adaptive = solver.method in ADAPTIVE_METHODS or solver.method in REVERSIBLE_METHODS
@@ -53,7 +54,7 @@ def integrate(
         options["norm"] = norm
     run = Run(func, y0, t, solver, options, tuple(params or ()), tuple(pieces or ()), jump_t, grid)
     try:
-        ys = gradient(run)
+        ys = solve(run, gradient)
     except AssertionError as exc:
         if exc is func.field_error:
             raise

@@ -44,9 +44,9 @@ import torch
 
 from .counting import Counted
 from .errors import Reason, SolverError, check_positive
-from .options import SolverOptions
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
+from .run import Settings
 from .schemes.leapfrog import leapfrog_inverse, leapfrog_step
 
 __all__ = ["alf_step", "alf_inverse", "integrate_alf"]
@@ -254,7 +254,7 @@ def integrate_alf(
     y0: torch.Tensor,
     t: torch.Tensor,
     *,
-    solver: SolverOptions,
+    solver: Settings,
     reversible: bool,
     params: Sequence[torch.Tensor] | None,
     pieces: Sequence[PiecewiseParam] | None,

@@ -4,34 +4,29 @@ one flat state integrated forwards, and the one function that hands it to the en
 A tuple state is concatenated into one tensor (its default error norm stays torchdiffeq's, the largest of its parts'
 RMS norms: :func:`state_norm`); decreasing times ``t`` are negated (``s = −t``,
 ``dy/ds = −func(−s, y)``) with the options that hold times (``step_t``, ``jump_t``, a grid constructor); the
-user's torchdiffeq callbacks are forwarded in the user's own time and shapes. :func:`solve_flat` then picks the
-engine's piece: the fast Runge-Kutta path (:mod:`solvers.fast_rk`), the piecewise seminorm adjoint
-(:mod:`solvers.piecewise_adjoint`), the replayed exact gradients (:mod:`solvers.replay`), or torchdiffeq's own
-solver for the methods and options the engine lacks.
+user's torchdiffeq callbacks are forwarded in the user's own time and shapes. :func:`solve_flat` then hands the
+problem to the engine (:func:`solvers.engine.solve`), the core ``ODEBlock`` calls too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from .counting import SolverStats
+from .engine import solve
 from .errors import Reason, SolverError
-from .fast_rk import fast_applies, odeint_fast
-from .gradients import Adjoint, Checkpoint, Forward, GradientMethod
-from .gradients.forward import jacobian_solve
-from .grids import negated_time_options
-from .implicit_grid import ImplicitGrid
+from .gradients import Adjoint, GradientMethod
+from .grids import negated_time_options, step_grid
 from .implicit_tableaux import IMPLICIT_TABLEAUX
 from .norms import StateNorm
+from .options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
 from .per_sample import wants_rows
-from .piecewise_adjoint import piecewise_adjoint
-from .replay import replay_gradient
-from .step_sizes import warn_held_fixed
-from .tableaux import TABLEAUX
-from .torchdiffeq_methods import torchdiffeq_method
+from .run import Backward, Run
 
 __all__ = [
     "ADAPTIVE",
@@ -49,11 +44,9 @@ __all__ = [
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
 
-ADAPTIVE = ("dopri8", "dopri5", "tsit5", "bosh3", "fehlberg2", "adaptive_heun")
-FIXED = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams")
+ADAPTIVE = tuple(ADAPTIVE_METHODS)
+FIXED = (*FIXED_METHODS, "explicit_adams", "implicit_adams", "fixed_adams")  # torchdiffeq's multistep methods too
 IMPLICIT = tuple(IMPLICIT_TABLEAUX)  # implicit Runge-Kutta on a fixed grid (solvers.implicit_grid)
-_FAST_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb"}
-_FAST_OPTIONS |= {"grid_constructor", "norm", "step_t"}
 CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
 _ADJOINT_CALLBACKS = tuple(f"{c}_adjoint" for c in CALLBACKS)
 
@@ -89,6 +82,9 @@ class Problem(nn.Module):
         self.func, self.shapes, self.sign, self.kind = func, shapes, sign, kind
         self.max_num_steps, self.n_steps = max_num_steps, 0
         self.recorder: Any = None
+        self.stats = SolverStats()  # the engine's pieces count here; the functional API reports none
+        # what a symplectic composition calls the halves of: the user's separable module, on a forwards tensor state
+        self.composed = func if shapes is None and sign > 0 else self
         # forward(t, y, rows): a field with per-sample data reads it for the batch rows it is handed (all of them
         # on the shared step)
         self.all_rows: torch.Tensor | None = None
@@ -156,7 +152,9 @@ class Problem(nn.Module):
 
 
 def kind(method: str) -> str | None:
-    return "adaptive" if method in ADAPTIVE else ("fixed" if method in FIXED or method in IMPLICIT else None)
+    if method in ADAPTIVE or method in REVERSIBLE_METHODS:
+        return "adaptive"
+    return "fixed" if method in FIXED or method in IMPLICIT or method in SPLIT_METHODS else None
 
 
 def flip_options(options: dict, sign: float, shapes: list[torch.Size] | None, adjoint: bool = False) -> dict:
@@ -177,19 +175,6 @@ def state_norm(options: dict, shapes: list[torch.Size] | None, method: str) -> d
     if shapes is None or method not in ADAPTIVE or "norm" in options:
         return options
     return {**options, "norm": StateNorm([s.numel() for s in shapes])}
-
-
-def _step_grid(step_size: float) -> Callable:
-    """torchdiffeq's fixed-step grid: ``t_0 + k · step_size`` for ``k = 0, 1, …, ⌈(t_N − t_0)/step_size⌉``, the last
-    point moved onto ``t_N``."""
-
-    def construct(func, y0, t):
-        n = int(torch.ceil((t[-1] - t[0]) / step_size + 1).item())
-        grid = torch.arange(0, n, dtype=t.dtype, device=t.device) * step_size + t[0]
-        grid[-1] = t[-1]
-        return grid
-
-    return construct
 
 
 def tolerance(tol: Any, shapes: list[torch.Size] | None, name: str) -> Any:
@@ -215,116 +200,31 @@ def solve_flat(
     params: tuple[torch.Tensor, ...],
     adjoint: dict,
 ) -> torch.Tensor:
-    """Solve the flat, forwards problem (``t`` increasing, detached) with the engine: the one place the functional
-    API calls it, so that a change of the engine's entry point is a change here only. ``gradient``: one of the
-    registered gradient methods the functional API serves (backprop, adjoint, checkpoint, symplectic, forward);
-    the adjoint's backward settings come in ``adjoint`` (torchdiffeq's ``adjoint_*`` arguments)."""
-    if isinstance(gradient, Forward):
-        gradient.check(method)
-    if method in IMPLICIT:
-        return ImplicitGrid(func, method, options).solve(y0, t, gradient.name, params)
-    import torchdiffeq  # here, not at import: torchdiffeq loads scipy
-
-    fast_options = dict(options)
-    if "step_size" in fast_options:
-        step = fast_options.pop("step_size")
-        if step is not None:
-            fast_options.setdefault("grid_constructor", _step_grid(step))
-    if fast_options.get("interp", "linear") == "linear":
-        fast_options.pop("interp", None)
-    own_norm = "norm" in options and not isinstance(options["norm"], StateNorm)  # a norm of the user's
-    fast = (
-        set(fast_options) <= _FAST_OPTIONS
-        and isinstance(rtol, float | int | torch.Tensor)
-        and isinstance(atol, float | int | torch.Tensor)
-        and fast_applies(method, gradient.forward_graph, y0, t, params, fast_options)
-    )
-    if fast:
-        return odeint_fast(
-            func,
-            y0,
-            t,
-            method=method,
-            rtol=rtol,
-            atol=atol,
-            options=fast_options,
-            graph=gradient.forward_graph,
-            steps=getattr(gradient, "steps", "differentiated"),
-        )
-    if isinstance(gradient, Forward):
-        return jacobian_solve(
-            func, y0, t, params, method=method, rtol=rtol, atol=atol, options=fast_options, gradient=gradient
-        )
-    if isinstance(gradient, Adjoint):
-        adj_options = adjoint["options"]
-        if adj_options.get("norm", "seminorm") == "seminorm" and not own_norm and method != "scipy_solver":
-            adj_method = adjoint["method"]
-            return piecewise_adjoint(
-                func,
-                y0,
-                t,
-                params,
-                (),
-                rtol=rtol,
-                atol=atol,
-                method=method,
-                options=options,
-                adjoint_rtol=adjoint["rtol"],
-                adjoint_atol=adjoint["atol"],
-                adjoint_method=adj_method,
-                adjoint_options={k: v for k, v in adj_options.items() if k != "norm"},
-                stats=_NoStats(),
-                adjoint_adaptive=adj_method in ADAPTIVE,
-            )
-        return torchdiffeq.odeint_adjoint(
-            func,
-            y0,
-            t,
-            rtol=rtol,
-            atol=atol,
-            method=torchdiffeq_method(method),
-            options=options,
-            adjoint_rtol=adjoint["rtol"],
-            adjoint_atol=adjoint["atol"],
-            adjoint_method=torchdiffeq_method(adjoint["method"]),
-            adjoint_options=adj_options,
-            adjoint_params=params,
-        )
-    if isinstance(gradient, Checkpoint):  # and Symplectic, its subclass
-        if not gradient.supports(method):
-            raise ValueError(gradient.refusal(method))
-        return replay_gradient(
-            func,
-            y0,
-            t,
-            params,
-            (),
-            gradient=gradient.name,
-            step_back=gradient.step_back,
-            tableau=TABLEAUX[method],
-            method=method,
-            rtol=rtol,
-            atol=atol,
-            options=options,
-            stats=_NoStats(),
-            steps=gradient.steps,
-        )
-    if method in ADAPTIVE and getattr(gradient, "steps", "") == "differentiated" and torch.is_grad_enabled():
-        warn_held_fixed(method, _why_torchdiffeq(fast_options, y0))
-    return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=torchdiffeq_method(method), options=options)
+    """Solve the flat, forwards problem (``t`` increasing, detached) on the engine (:func:`solvers.engine.solve`),
+    the same core ``ODEBlock`` calls. ``gradient``: a registered gradient method; the adjoint's backward settings
+    come per call in ``adjoint`` (torchdiffeq's ``adjoint_*`` arguments)."""
+    backward = None
+    if isinstance(gradient, Adjoint) and adjoint:
+        backward = Backward(adjoint["rtol"], adjoint["atol"], adjoint["method"], adjoint["options"])
+    step_size, grid = None, None
+    if method in REVERSIBLE_METHODS or method in SPLIT_METHODS:  # the block's own methods: the grid is handed over
+        options = dict(options)
+        step_size = options.pop("step_size", None)
+        grid = None if step_size is None else step_grid(step_size)(func, y0, t)
+    settings = _Settings(method, rtol, atol, options, step_size, max_steps=func.max_num_steps or 2**62)
+    interpolated = method in IMPLICIT
+    run = Run(func, y0, t, settings, options, params, grid=grid, interpolated=interpolated, backward=backward)
+    return solve(run, gradient)
 
 
-def _why_torchdiffeq(options: dict, y0: torch.Tensor) -> str:
-    """Why a solve went to torchdiffeq's own solver, for the message."""
-    extra = sorted(set(options) - _FAST_OPTIONS)
-    if extra:
-        return f"options {extra}"
-    if y0.dtype not in (torch.float32, torch.float64):
-        return f"a {y0.dtype} state"
-    return "a method of torchdiffeq's"
+@dataclass(frozen=True)
+class _Settings:
+    """The forward solve's settings as torchdiffeq's arguments give them (tolerances may be tensors); the step
+    budget (``max_num_steps``) is counted by :class:`Problem`."""
 
-
-class _NoStats:
-    """The counters the engine's pieces update (the functional API reports none)."""
-
-    nfe_forward = nfe_backward = steps_forward = steps_backward = rejected_forward = rejected_backward = 0
+    method: str
+    rtol: Any
+    atol: Any
+    options: dict
+    step_size: float | None = None
+    max_steps: int = 2**62

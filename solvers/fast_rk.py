@@ -62,7 +62,7 @@ from .step_sizes import attach, carries, check_steps, controller_factor
 from .tableaux import TABLEAUX, MethodTableau, dense_at
 from .times import HOST_TIME
 
-__all__ = ["FAST_METHODS", "HOST_TIME", "fast_applies", "odeint_fast"]
+__all__ = ["FAST_METHODS", "HOST_TIME", "STEPPER_OPTIONS", "fast_applies", "odeint_fast"]
 
 # The time tensors of a fixed grid carry their value on the host under this attribute, so that a piecewise field
 # finds the piece in force without reading the device (cde_nets.pieces.TimeGrid.index).
@@ -93,6 +93,7 @@ _OPTIONS = {
     "norm",  # torchdiffeq's: a callable of the scaled error (a tuple state's StateNorm by default)
     "step_t",
 }
+STEPPER_OPTIONS = frozenset(_OPTIONS)  # the torchdiffeq options the stepper takes
 _NONE, _NEXT, _PREV = 0, 1, -1
 
 Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tensor while it carries a graph

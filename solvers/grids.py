@@ -10,7 +10,15 @@ import torch
 
 from .options import ADAPTIVE_METHODS
 
-__all__ = ["adjoint_options", "aligned_grid", "grid_constructor", "jump_options", "negated_time_options"]
+__all__ = [
+    "adjoint_options",
+    "aligned_grid",
+    "grid_constructor",
+    "jump_options",
+    "negated_time_options",
+    "step_grid",
+    "stepper_options",
+]
 
 
 def aligned_grid(boundaries: Sequence[float], step_size: float | None) -> torch.Tensor:
@@ -40,6 +48,32 @@ def grid_constructor(grid: torch.Tensor):
         return pts if t[0] <= t[-1] else pts.flip(0)
 
     return construct
+
+
+def step_grid(step_size: float):
+    """torchdiffeq's fixed-step grid as a ``grid_constructor``: ``t_0 + k · step_size`` for
+    ``k = 0, 1, …, ⌈(t_N − t_0)/step_size⌉``, the last point moved onto ``t_N``."""
+
+    def construct(func, y0, t):
+        n = int(torch.ceil((t[-1] - t[0]) / step_size + 1).item())
+        grid = torch.arange(0, n, dtype=t.dtype, device=t.device) * step_size + t[0]
+        grid[-1] = t[-1]
+        return grid
+
+    return construct
+
+
+def stepper_options(options: dict) -> dict:
+    """torchdiffeq's options as the library's explicit stepper reads them: ``step_size`` as the grid it makes,
+    the default ``interp="linear"`` dropped."""
+    options = dict(options)
+    if "step_size" in options:
+        step = options.pop("step_size")
+        if step is not None:
+            options.setdefault("grid_constructor", step_grid(step))
+    if options.get("interp", "linear") == "linear":
+        options.pop("interp", None)
+    return options
 
 
 def jump_options(method: str, jump_t: torch.Tensor | None, grid: torch.Tensor | None) -> dict:

@@ -14,6 +14,7 @@ from typing import Any
 from .errors import check_positive, check_positive_int
 from .implicit_ode import IMPLICIT_METHODS, IMPLICIT_OPTIONS
 from .split_ode import SPLIT_METHODS
+from .tableaux import TABLEAUX
 
 __all__ = [
     "ADAPTIVE_METHODS",
@@ -31,15 +32,10 @@ __all__ = [
 ]
 
 # name -> order
-ADAPTIVE_METHODS: dict[str, int] = {
-    "dopri8": 8,
-    "dopri5": 5,
-    "tsit5": 5,
-    "bosh3": 3,
-    "fehlberg2": 2,
-    "adaptive_heun": 2,
-}
-FIXED_METHODS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
+# the explicit Runge-Kutta methods are their checked tableaux (solvers.tableaux): adaptive where an error estimate is
+# embedded, fixed-step otherwise; a tableau marked not `continuous` serves the discrete schemes only
+ADAPTIVE_METHODS: dict[str, int] = {n: tab.order for n, tab in TABLEAUX.items() if tab.error is not None}
+FIXED_METHODS: dict[str, int] = {n: tab.order for n, tab in TABLEAUX.items() if tab.error is None and tab.continuous}
 # the alf integrator is cde_nets' own (solvers.alf), adaptive or on a fixed grid
 REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}
 # also cde_nets' own, fixed-step: implicit Runge-Kutta (solvers.implicit_ode) and, for separable fields, the

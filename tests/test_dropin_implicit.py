@@ -137,8 +137,9 @@ def test_callbacks_tuple_states_and_errors():
     y0, t = torch.ones(2, dtype=F64), torch.tensor([0.0, 1.0], dtype=F64)
     with pytest.raises(ValueError, match="unknown key.*'rtol_newton'.*'gl4'"):
         odeint(lambda t, y: -y, y0, t, method="gl4", options=dict(step_size=0.1, rtol_newton=1e-3))
-    with pytest.raises(ValueError, match="gradient=.*'symplectic'"):
-        odeint(lambda t, y: -y, y0, t, method="gl4", gradient="symplectic", adjoint_params=())
+    off_grid, f = torch.tensor([0.0, 0.55, 1.0], dtype=F64), lambda t, y: -y  # 0.55: between the 0.1 grid points
+    with pytest.raises(ValueError, match="gradient='symplectic' steps to every output time.*grid"):
+        odeint(f, y0, off_grid, method="gl4", options=dict(step_size=0.1), gradient="symplectic", adjoint_params=())
     with pytest.raises(ValueError, match="leave `adjoint_method`"):
         odeint_adjoint(lambda t, y: -y, y0, t, method="gl4", adjoint_method="dopri5", adjoint_params=())
     with pytest.raises(ValueError, match="leave `adjoint_method`"):

@@ -10,12 +10,11 @@ import torch
 from cde_nets import ODEBlock
 from cde_nets.fields import MS1, MS2, MS3, NAIS, CubicFriction, CubicFrictionConv, Hamiltonian, NAISConv, SecondOrder
 from cde_nets.fields.bound import BoundField
-from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverOptions, adapter, fast_rk
+from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverOptions, adapter, engine, fast_rk
 from cde_nets.solvers.counting import SolverStats, counted
 from cde_nets.solvers.errors import SolverError
 from cde_nets.solvers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 from cde_nets.solvers.gradients import Backprop
-from cde_nets.solvers.gradients import base as gradient_base
 from cde_nets.solvers.grids import jump_options
 from cde_nets.solvers.replay import record_steps
 
@@ -144,7 +143,7 @@ def test_fast_path_is_taken_and_falls_back(monkeypatch):
         calls.append(kwargs["method"])
         return odeint_fast(*args, **kwargs)
 
-    monkeypatch.setattr(gradient_base, "odeint_fast", spy)
+    monkeypatch.setattr(engine, "odeint_fast", spy)
     block = ODEBlock(Hamiltonian(4, layers=2).double(), rtol=1e-6, atol=1e-8)
     block(y0.requires_grad_()).sum().backward()  # adjoint: torchdiffeq
     with torch.no_grad():

@@ -9,6 +9,7 @@ import torch
 
 from ..errors import check_positive
 from ..grids import adjoint_options
+from ..norms import StateNorm
 from ..options import ADAPTIVE_METHODS, OWN_FIXED_METHODS, check_method
 from ..piecewise_adjoint import lands_on_boundaries, piecewise_adjoint
 from ..torchdiffeq_methods import torchdiffeq_method
@@ -70,14 +71,25 @@ class Adjoint(GradientMethod):
         from torchdiffeq import odeint_adjoint  # here, not at import: torchdiffeq loads scipy
 
         s, func = run.solver, run.func
-        adj_method = s.method if self.method is None else self.method
-        adj_options = adjoint_options(adj_method, run.jump_t, run.grid, self.seminorm)
-        adj_rtol = s.rtol if self.rtol is None else self.rtol
-        adj_atol = s.atol if self.atol is None else self.atol
-        if adj_method in ADAPTIVE_METHODS and run.jump_t is not None:
-            func.backward_jumps = sorted(float(j) for j in run.jump_t.tolist())
-        if self._piecewise_applies(run, adj_method):
-            func.scan_backward = False
+        if run.backward is None:
+            adj_method = s.method if self.method is None else self.method
+            adj_options = adjoint_options(adj_method, run.jump_t, run.grid, self.seminorm)
+            adj_rtol = s.rtol if self.rtol is None else self.rtol
+            adj_atol = s.atol if self.atol is None else self.atol
+            if adj_method in ADAPTIVE_METHODS and run.jump_t is not None:
+                func.backward_jumps = sorted(float(j) for j in run.jump_t.tolist())
+            piecewise = self._piecewise_applies(run, adj_method)
+            if piecewise:
+                func.scan_backward = False
+        else:  # set per call, as torchdiffeq's odeint_adjoint takes it
+            b = run.backward
+            adj_method, adj_rtol, adj_atol, adj_options = b.method, b.rtol, b.atol, dict(b.options)
+            own_norm = "norm" in run.options and not isinstance(run.options["norm"], StateNorm)
+            seminorm = adj_options.get("norm", "seminorm") == "seminorm"
+            piecewise = seminorm and not own_norm and s.method != "scipy_solver"
+            if piecewise:
+                adj_options.pop("norm", None)
+        if piecewise:
             return piecewise_adjoint(
                 func,
                 run.y0,

@@ -8,57 +8,24 @@ object that owns its solve; the short strings (``gradient="adjoint"``) name the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import ClassVar
 
 import torch
 
-from ..counting import Counted, SolverStats
-from ..fast_rk import fast_applies, odeint_fast
-from ..implicit_ode import integrate_implicit
-from ..options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS, SolverOptions
-from ..piecewise_adjoint import PiecewiseParam
-from ..split_ode import integrate_split
+from ..options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
+from ..run import Run
 
 __all__ = ["GradientMethod", "Run"]
-
-
-@dataclass
-class Run:
-    """One solve of ``y' = func(t, y)`` from ``y0`` at the times ``t`` (float64, increasing).
-
-    ``options`` are the torchdiffeq options of the forward solve (the solver's own plus the jump times or grid);
-    ``params`` the tensors to differentiate (parameters and any tensor the field closes over); ``pieces`` those of
-    them that are constant on pieces of time; ``jump_t`` (adaptive) and ``grid`` (fixed steps) where the field's
-    parameters jump.
-    """
-
-    func: Counted
-    y0: torch.Tensor
-    t: torch.Tensor
-    solver: SolverOptions
-    options: dict
-    params: tuple[torch.Tensor, ...]
-    pieces: tuple[PiecewiseParam, ...]
-    jump_t: torch.Tensor | None
-    grid: torch.Tensor | None
-
-    @property
-    def stats(self) -> SolverStats:
-        return self.func.stats
-
-    @property
-    def method(self) -> str:
-        return self.solver.method
 
 
 class GradientMethod:
     """Base class of the gradient methods (``ODEBlock(..., gradient=...)``).
 
     A subclass sets :attr:`name` (its short string), declares what it serves (:meth:`supports`, and
-    :attr:`sde` for the SDE block), and implements :meth:`solve`. Forward-only calls, and every call of a method
-    whose gradient is backpropagation through the forward's operations (:attr:`forward_graph`), go through the
-    fast forward path where it applies (:func:`~solvers.fast_rk.fast_applies`), the same steps as torchdiffeq.
+    :attr:`sde` for the SDE block), and implements :meth:`solve`. The engine (:func:`solvers.engine.solve`) calls
+    :meth:`solve` only where its own steppers do not serve the call: forward-only calls, and every call of a method
+    whose gradient is backpropagation through the forward's operations (:attr:`forward_graph`), run on the
+    library's stepper where it applies (:func:`~solvers.fast_rk.fast_applies`), the same steps as torchdiffeq.
     """
 
     name: ClassVar[str] = ""
@@ -103,26 +70,6 @@ class GradientMethod:
         if not self.supports(method):
             raise ValueError(self.refusal(method))
 
-    def __call__(self, run: Run) -> torch.Tensor:
-        """The states at ``run.t``, ``(len(t), *y0.shape)``, with this method's backward pass attached."""
-        if run.method in OWN_FIXED_METHODS:
-            return own_fixed_step(run, cast(str, self.sweep))
-        graph = self.forward_graph
-        if fast_applies(run.method, graph, run.y0, run.t, run.params, run.options):
-            s = run.solver
-            return odeint_fast(
-                run.func,
-                run.y0,
-                run.t,
-                method=s.method,
-                rtol=s.rtol,
-                atol=s.atol,
-                options=run.options,
-                graph=graph,
-                steps=getattr(self, "steps", "differentiated"),
-            )
-        return self.solve(run)
-
     def solve(self, run: Run) -> torch.Tensor:
         raise NotImplementedError
 
@@ -134,16 +81,3 @@ class GradientMethod:
         fields = getattr(self, "__dataclass_fields__", {})
         args = ", ".join(f"{k}={getattr(self, k)!r}" for k in fields if getattr(self, k) != fields[k].default)
         return f"{type(self).__name__}({args})"
-
-
-def own_fixed_step(run: Run, sweep: str) -> torch.Tensor:
-    """A solve by one of cde_nets' own fixed-step methods: the implicit Runge-Kutta sweep (gradients of each step by
-    the implicit function theorem) or a symplectic composition, with the gradient ``sweep`` names. They count
-    their own evaluations, so they get the field itself, not the counting wrapper."""
-    s, field = run.solver, run.func.field
-    kw: dict[str, Any] = dict(
-        method=s.method, gradient=sweep, params=run.params, grid=run.grid, max_steps=s.max_steps, stats=run.stats
-    )
-    if s.method in SPLIT_METHODS:
-        return integrate_split(field, run.y0, run.t, **kw)
-    return integrate_implicit(field, run.y0, run.t, options=dict(s.options), **kw)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, cast
 
 import torch
@@ -119,4 +119,4 @@ def backwards_in_time(run: Run) -> Run:
     jump_t = None if run.jump_t is None else -run.jump_t
     grid_t = None if run.grid is None else -run.grid.flip(0)
     func = cast(Counted, _Reversed(run.func))
-    return Run(func, run.y0, -run.t, run.solver, options, run.params, run.pieces, jump_t, grid_t)
+    return replace(run, func=func, t=-run.t, options=options, jump_t=jump_t, grid=grid_t)

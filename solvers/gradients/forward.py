@@ -22,6 +22,7 @@ from torch.autograd.functional import jacobian
 
 from ..errors import SolverError, check_positive_int
 from ..fast_rk import FAST_METHODS, fast_applies, odeint_fast
+from ..grids import stepper_options
 from ..options import REVERSIBLE_METHODS
 from ..step_sizes import check_steps
 from ..tangents import dense_zero_tangents, dual_solve, find_slots, swapped
@@ -90,7 +91,7 @@ class Forward(GradientMethod):
             method=s.method,
             rtol=s.rtol,
             atol=s.atol,
-            options=run.options,
+            options=stepper_options(run.options),
             gradient=self,
         )
 

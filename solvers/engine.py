@@ -1,0 +1,100 @@
+"""The one core both doors call: :func:`solve` takes a :class:`~solvers.run.Run` and a gradient method and
+returns the states at ``run.t`` with that method's backward pass attached.
+
+Shaped after diffrax's ``diffeqsolve`` (Kidger 2021, "On neural differential equations", §5): the choice of how to
+differentiate is an object (:mod:`solvers.gradients`) that declares what it serves (``supports``/``check``: one
+refusal, the same from ``ODEBlock`` and from ``cde_nets.odeint``) and owns the solve where its backward pass needs
+one of its own. The engine picks the stepper family by what the method is:
+
+- the library's fixed-step methods (implicit Runge-Kutta, symplectic compositions) sweep their grid with the
+  gradient the method object names (:attr:`~solvers.gradients.GradientMethod.sweep`); a run with torchdiffeq's
+  fixed-grid semantics (``run.interpolated``: outputs read off the steps by interpolation) takes the implicit
+  methods on that grid (:mod:`solvers.implicit_grid`);
+- every explicit Runge-Kutta method runs on the library's own stepper (:mod:`solvers.fast_rk`) wherever the
+  gradient differentiates the forward operations, or none is needed;
+- otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .fast_rk import fast_applies, odeint_fast
+from .gradients.base import GradientMethod
+from .grids import stepper_options
+from .implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
+from .implicit_ode import integrate_implicit
+from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, SPLIT_METHODS
+from .per_sample import check_per_sample_gradient
+from .run import Run
+from .split_ode import integrate_split
+
+__all__ = ["check_cell", "solve"]
+
+
+def check_cell(gradient: GradientMethod, method: str, controller: str = "batch") -> None:
+    """Refuse, naming the fix, a gradient method that cannot serve ``method`` under ``controller``: the one check
+    both doors make, in one order (the controller's refusal is the more specific)."""
+    check_per_sample_gradient(controller, gradient, method)
+    gradient.check(method)
+
+
+def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
+    """The states at ``run.t``, ``(len(t), *y0.shape)``, with ``gradient``'s backward pass attached; a
+    ``ValueError`` naming the fix where ``gradient`` cannot serve ``run.method``."""
+    gradient.check(run.method)
+    if run.method in OWN_FIXED_METHODS:
+        return _own_fixed_step(run, gradient)
+    s, options = run.solver, stepper_options(run.options)
+    scalar_tolerances = all(isinstance(tol, float | int | torch.Tensor) for tol in (s.rtol, s.atol))
+    if scalar_tolerances and fast_applies(run.method, gradient.forward_graph, run.y0, run.t, run.params, options):
+        return odeint_fast(
+            run.func,
+            run.y0,
+            run.t,
+            method=s.method,
+            rtol=s.rtol,
+            atol=s.atol,
+            options=options,
+            graph=gradient.forward_graph,
+            steps=getattr(gradient, "steps", "differentiated"),
+        )
+    return gradient.solve(run)
+
+
+def _own_fixed_step(run: Run, gradient: GradientMethod) -> torch.Tensor:
+    """A solve by one of cde_nets' own fixed-step methods: the implicit Runge-Kutta sweep (gradients of each step by
+    the implicit function theorem) or a symplectic composition, with the gradient ``gradient.sweep`` names. They
+    count their own evaluations, so they get the field itself, not the counting wrapper."""
+    s, sweep = run.solver, str(gradient.sweep)
+    if run.interpolated and s.method in IMPLICIT_METHODS:
+        grid_solver = ImplicitGrid(run.func, s.method, dict(run.options))
+        if sweep in IMPLICIT_GRID_GRADIENTS:
+            return grid_solver.solve(run.y0, run.t, sweep, run.params)
+        grid = grid_solver.grid(run.y0, run.t)
+        _check_on_grid(run.t, grid, gradient)
+        run = Run(run.func, run.y0, run.t, s, run.options, run.params, grid=grid)
+    field: Any = getattr(run.func, "field", run.func)
+    if s.method in SPLIT_METHODS:  # the composition calls the field's halves: the user's own module
+        field = getattr(run.func, "composed", field)
+    kw: dict[str, Any] = dict(
+        method=s.method, gradient=sweep, params=run.params, grid=run.grid, max_steps=s.max_steps, stats=run.stats
+    )
+    if s.method in SPLIT_METHODS:
+        return integrate_split(field, run.y0, run.t, **kw)
+    options = {k: v for k, v in s.options.items() if k in ("newton", "max_iters", "newton_tol")}
+    return integrate_implicit(field, run.y0, run.t, options=options, **kw)
+
+
+def _check_on_grid(t: torch.Tensor, grid: torch.Tensor, gradient: GradientMethod) -> None:
+    """A sweep that steps to every output time serves torchdiffeq's grid semantics only where the outputs lie on
+    the grid (nothing to interpolate)."""
+    on = set(grid.tolist())
+    if any(v not in on for v in t.tolist()):
+        raise ValueError(
+            f"gradient={gradient.name!r} steps to every output time, but `t` has times between the points of the "
+            "fixed grid, which torchdiffeq's semantics read by interpolation: put every time of `t` on the grid "
+            "(options={'grid_constructor': ...} or no `step_size`, so that the grid is `t`)."
+        )

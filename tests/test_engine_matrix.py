@@ -1,0 +1,100 @@
+"""Both doors on one engine: every method the library steps itself x every gradient method, through ``ODEBlock``
+and through ``cde_nets.odeint``, either served by both with the same values and gradients or refused by both with
+the same message (:func:`cde_nets.solvers.engine.solve`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cde_nets import ODEBlock, odeint
+from cde_nets.fields import Hamiltonian
+from cde_nets.solvers.capabilities import markdown, served
+from cde_nets.solvers.gradients import GRADIENTS
+from cde_nets.solvers.options import (
+    ADAPTIVE_METHODS,
+    FIXED_METHODS,
+    IMPLICIT_METHODS,
+    PER_SAMPLE_METHODS,
+    REVERSIBLE_METHODS,
+    SPLIT_METHODS,
+)
+
+F64 = torch.float64
+METHODS = (*ADAPTIVE_METHODS, *FIXED_METHODS, *REVERSIBLE_METHODS, *IMPLICIT_METHODS, *SPLIT_METHODS)
+T_OUT = torch.tensor([0.0, 0.5, 1.0], dtype=F64)  # on the fixed steps' grid: nothing read by interpolation
+STEP = 0.25
+
+
+def _field() -> Hamiltonian:
+    torch.manual_seed(0)
+    return Hamiltonian(2, K="blockdiag").double()  # separable: the compositions take it too
+
+
+def _settings(method: str) -> tuple[dict, dict]:
+    """The same solve as the block's keywords and as odeint's."""
+    if method in ADAPTIVE_METHODS or method in REVERSIBLE_METHODS:
+        return dict(rtol=1e-4, atol=1e-6), dict(rtol=1e-4, atol=1e-6)
+    return dict(step_size=STEP), dict(options={"step_size": STEP})
+
+
+def _outcome(door, field: Hamiltonian):
+    """``(values, gradients)`` of the door's solve, or the refusal's message."""
+    y0 = torch.tensor([[0.3, -0.2], [0.1, 0.4]], dtype=F64, requires_grad=True)
+    w = torch.linspace(-1.0, 1.0, 12, dtype=F64).reshape(3, 2, 2)
+    try:
+        ys = door(field, y0)
+    except ValueError as exc:
+        return str(exc)
+    grads = torch.autograd.grad((ys * w).sum(), [y0, *field.parameters()])
+    return ys.detach(), grads
+
+
+def _block(method: str, gradient: str, controller: str = "batch"):
+    block_kw, _ = _settings(method)
+    return lambda f, y0: (
+        ODEBlock(f, 1.0, method=method, gradient=gradient, controller=controller, **block_kw).solve(y0, t=T_OUT).ys
+    )
+
+
+def _odeint(method: str, gradient: str, controller: str = "batch"):
+    _, kw = _settings(method)
+    return lambda f, y0: odeint(f, y0, T_OUT, method=method, gradient=gradient, controller=controller, **kw)
+
+
+def _same(a, b) -> None:
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b, f"ODEBlock: {a!r}\nodeint: {b!r}"
+        return
+    (ya, ga), (yb, gb) = a, b
+    torch.testing.assert_close(ya, yb, rtol=1e-12, atol=1e-13)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_both_doors_serve_or_refuse_the_same_cells(method: str) -> None:
+    n_served = 0
+    for gradient in GRADIENTS:
+        a = _outcome(_block(method, gradient), _field())
+        b = _outcome(_odeint(method, gradient), _field())
+        _same(a, b)
+        assert isinstance(a, str) != served(method, gradient)  # the docs' table says what the doors do
+        n_served += not isinstance(a, str)
+    assert n_served >= 2  # backprop and at least one low-memory gradient
+
+
+@pytest.mark.parametrize("method", PER_SAMPLE_METHODS)
+def test_both_doors_serve_the_same_per_sample_cells(method: str) -> None:
+    for gradient in GRADIENTS:
+        a = _outcome(_block(method, gradient, "per_sample"), _field())
+        b = _outcome(_odeint(method, gradient, "per_sample"), _field())
+        _same(a, b)
+        assert isinstance(a, str) != served(method, gradient, "per_sample")
+
+
+def test_the_capability_page_is_generated_from_the_classes() -> None:
+    page = Path(__file__).resolve().parents[1] / "docs" / "guides" / "capabilities.md"
+    assert page.read_text(encoding="utf-8") == markdown(), "run `python -m cde_nets.solvers.capabilities`"
