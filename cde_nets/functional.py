@@ -277,22 +277,24 @@ def odeint(
         rtol, atol: tolerances of adaptive methods (per part of a tuple state as tuples).
         method: ``"dopri5"`` (default), ``"tsit5"``, ``"dopri8"``, ``"bosh3"``, ``"fehlberg2"``,
             ``"adaptive_heun"``, ``"euler"``, ``"midpoint"``, ``"heun2"``, ``"heun3"``, ``"rk4"``,
-            ``"explicit_adams"``, ``"implicit_adams"``, ``"fixed_adams"``, ``"scipy_solver"``, or an implicit
+            ``"explicit_adams"``, ``"implicit_adams"``, ``"fixed_adams"``, ``"scipy_solver"``, an implicit
             Runge-Kutta method on a fixed grid (torchdiffeq master's): ``"implicit_euler"``,
             ``"implicit_midpoint"``, ``"trapezoid"``, ``"gl4"``, ``"gl6"``, ``"radauIIA3"``, ``"radauIIA5"``,
-            ``"sdirk2"``, ``"trbdf2"`` (:mod:`~cde_nets.solvers.implicit_grid`).
+            ``"sdirk2"``, ``"trbdf2"`` (:mod:`~cde_nets.solvers.implicit_grid`), this library's reversible
+            ``"alf"`` (adaptive, or fixed with ``options={"step_size": h}``), or a symplectic composition for a
+            separable field (``"yoshida4"``, ``"verlet"``, ...: Guides → Capabilities lists them).
         options: torchdiffeq's method options; unknown keys raise ``ValueError``. The implicit methods take
             ``step_size``/``grid_constructor``, ``perturb``, ``interp`` and their Newton solve's ``max_iters``
             (default 50), ``newton`` (``"simplified"``, ``"full"``, ``"fixed_point"``) and ``newton_tol``
             (default: to rounding).
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
-        gradient: this library's addition: ``"backprop"`` (default, torchdiffeq's), ``"adjoint"``,
-            ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low memory), ``"forward"`` (the
-            Jacobian by forward-mode differentiation through the steps: for few parameters; the implicit methods
-            take ``"backprop"``, ``"checkpoint"`` and ``"adjoint"``, each step by the implicit function theorem), or
-            the gradient
-            method object (``Adjoint(rtol=1e-9)`` sets the backward solve as ``odeint_adjoint``'s ``adjoint_*``).
+        gradient: this library's addition: ``"backprop"`` (default, torchdiffeq's), ``"adjoint"`` (the
+            continuous adjoint), ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low
+            memory), ``"reversible"`` (states rebuilt by the step's exact inverse: ``alf``, the compositions, the
+            symmetric implicit methods), ``"forward"`` (the Jacobian by forward-mode differentiation through the
+            steps: for few parameters), or the gradient method object (``Adjoint(rtol=1e-9)`` sets the backward
+            solve as ``odeint_adjoint``'s ``adjoint_*``). Guides → Capabilities has the table of what serves what.
         adjoint_params: the tensors differentiated by the gradients other than ``"backprop"`` (default: ``func``'s
             parameters).
         controller: this library's addition: ``"batch"`` (default: one step size for the whole batch,
@@ -389,13 +391,6 @@ def odeint_adjoint(
         raise ValueError(
             f"`adjoint_method`={adj_method!r} differs from `method`={method!r}, so `options` cannot serve the "
             "backward solve: pass `adjoint_options` too."
-        )
-    own = adjoint_rtol is None and adjoint_atol is None and adjoint_options in (None, options)
-    if method in IMPLICIT and (adj_method != method or not own):
-        raise ValueError(
-            f"method={method!r} takes the discrete adjoint of its own steps (rebuilt backwards on the forward grid, "
-            "differentiated by the implicit function theorem): leave `adjoint_method`, `adjoint_options`, "
-            "`adjoint_rtol` and `adjoint_atol` unset."
         )
     if adjoint_options is None:
         adj_options = {k: v for k, v in (options or {}).items() if k not in ("norm", "max_num_steps")}

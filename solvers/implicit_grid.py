@@ -15,10 +15,9 @@ steps do and its test suite checks (``perturb=False``); starting from the previo
 (:mod:`solvers.implicit_predictor`, as the engine's implicit solves do) would save 10-15 % of the evaluations.
 
 Gradients: ``backprop`` differentiates the steps; ``checkpoint`` keeps the grid states and re-runs each step
-backwards for its vector-Jacobian product; ``adjoint`` keeps only the last state and rebuilds each step's start by
-the step with ``−h`` from its end (the discrete counterpart of the continuous adjoint's backward solve: exact to
-the Newton tolerance for the symmetric methods, ``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3;
-off by the local error per step for the others), memory constant in the number of steps.
+backwards for its vector-Jacobian product; ``reversible`` (the symmetric methods) keeps only the last state and
+rebuilds each step's start by the step with ``−h`` from its end (exact to the Newton tolerance,
+``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3), memory constant in the number of steps.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ __all__ = ["IMPLICIT_GRID_GRADIENTS", "IMPLICIT_GRID_OPTIONS", "ImplicitGrid", "
 
 IMPLICIT_GRID_OPTIONS = frozenset({"step_size", "grid_constructor", "perturb", "interp", "max_iters", "newton"})
 IMPLICIT_GRID_OPTIONS |= {"newton_tol", "max_num_steps"}
-IMPLICIT_GRID_GRADIENTS = ("backprop", "checkpoint", "adjoint")
+IMPLICIT_GRID_GRADIENTS = ("backprop", "checkpoint", "reversible")
 _MAX_EVENT_STEPS = 1_000_000
 
 
@@ -131,7 +130,7 @@ class ImplicitGrid:
         if gradient == "backprop":
             return torch.stack(self._forward(y0, grid, [float(v) for v in t.tolist()])[0])
         leaves = tuple(p for p in params if p.requires_grad)
-        return _Sweep.apply(self, grid, [float(v) for v in t.tolist()], gradient == "adjoint", y0, *leaves)
+        return _Sweep.apply(self, grid, [float(v) for v in t.tolist()], gradient == "reversible", y0, *leaves)
 
     def _forward(self, y0: torch.Tensor, grid: list[float], t: list[float], keep: bool = False):
         """Step over the grid: the outputs, the step that read each, and every grid state (``keep``) or the last."""

@@ -6,13 +6,12 @@ theorem, :mod:`solvers.implicit`):
 - ``"backprop"``: every step recorded, its stages' graph and converged stages kept; memory ``O(steps)``.
 - ``"checkpoint"``: the forward keeps the state at every grid point (no graph); backward re-solves each step and
   takes its vector-Jacobian product. Memory: one state per step.
-- ``"adjoint"``: the forward keeps only the output states; backward rebuilds each step's start by the step with
-  ``−h`` from its end (the discrete counterpart of the adjoint method's backward state solve, Chen et al. 2018) and
-  takes the step's vector-Jacobian product there. For the symmetric methods (``implicit_midpoint``, ``trapezoid``,
-  ``gl4``, ``gl6``: ``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3) the rebuilt states are the
-  forward's up to the Newton tolerance, so the gradient equals ``"checkpoint"``'s to rounding in memory constant
-  in the number of steps; for the others the rebuild errs by the method's local error per step, like the
-  continuous adjoint's backward solve.
+- ``"reversible"`` (the symmetric methods ``implicit_midpoint``, ``trapezoid``, ``gl4``, ``gl6``:
+  ``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3): the forward keeps only the output states;
+  backward rebuilds each step's start by the step with ``−h`` from its end and takes the step's vector-Jacobian
+  product there. The rebuilt states are the forward's up to the Newton tolerance, so the gradient equals
+  ``"checkpoint"``'s to rounding in memory constant in the number of steps. (For the other methods the rebuild
+  would err by the local error per step: they are not served.)
 - ``"symplectic"``: the forward keeps the state at every grid point (no graph); backward re-solves each step's
   stages without a graph and integrates the adjoint system with the symplectic partner of the method (the method
   itself for ``implicit_midpoint``, ``gl4``, ``gl6``), one evaluation's graph at a time
@@ -52,7 +51,7 @@ __all__ = [
 ]
 
 IMPLICIT_METHODS: dict[str, int] = {name: tab.order for name, tab in IMPLICIT_TABLEAUX.items()}
-IMPLICIT_GRADIENTS = ("backprop", "checkpoint", "adjoint", "symplectic")
+IMPLICIT_GRADIENTS = ("backprop", "checkpoint", "reversible", "symplectic")
 IMPLICIT_OPTIONS = {"newton", "max_iters", "newton_tol"}
 
 
@@ -175,7 +174,7 @@ def integrate_implicit(
 ) -> torch.Tensor:
     """Solve ``y' = field(t, y)`` with the implicit ``method`` stepping on ``grid`` (plus the times ``t``); the
     states at ``t``, ``(len(t), *y0.shape)``. ``params``: the tensors ``field`` closes over that get gradients
-    with ``"checkpoint"``/``"adjoint"`` (``"backprop"`` reaches every tensor by autograd)."""
+    with ``"checkpoint"``/``"reversible"``/``"symplectic"`` (``"backprop"`` reaches every tensor by autograd)."""
     if gradient not in IMPLICIT_GRADIENTS:
         raise ValueError(
             f"method={method!r} (implicit Runge-Kutta) takes gradient={IMPLICIT_GRADIENTS}; got {gradient!r}."
@@ -196,7 +195,7 @@ def sweep(
     """Fixed steps of ``stepper`` (``step(t0, t1, y)``; ``rebuild(t0, t1, y1)``: the start from the end;
     ``step_back(t0, t1, y, λ, params)``: the symplectic adjoint of a step) over the grid and ``t``; ``gradient``:
     ``"backprop"``, ``"checkpoint"`` (states stored), ``"symplectic"`` (states stored, adjoint by
-    ``step_back``) or ``"adjoint"``/``"reversible"`` (states rebuilt backwards)."""
+    ``step_back``) or ``"reversible"`` (states rebuilt backwards)."""
     pts, where = _points(t, grid)
     if len(pts) - 1 > max_steps:
         raise ValueError(f"{len(pts) - 1} steps exceed max_steps={max_steps}; raise `max_steps` or the step size.")
@@ -217,7 +216,7 @@ class _Sweep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, stepper, pts, where, gradient, y0, *params):
-        rebuild = gradient in ("adjoint", "reversible")
+        rebuild = gradient == "reversible"
         with torch.no_grad():
             y, states, ys = y0, [y0], [y0] if where[0] == 0 else []
             for k in range(len(pts) - 1):

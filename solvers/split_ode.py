@@ -4,9 +4,8 @@ Störmer-Verlet) and the splitting methods of :mod:`solvers.splitting_tableaux` 
 
 A step ``[t_0, t_1]`` inside piece ``l`` of a piecewise field is one layer of the discrete scheme with
 ``h = t_1 − t_0`` (:meth:`~solvers.schemes.Scheme.step`), so continuous and discrete mode share one formula. Gradient
-methods: ``"backprop"``; ``"checkpoint"`` (states stored, each step recomputed in backward); ``"adjoint"`` or
-``"reversible"`` (the same: states rebuilt backwards by the composition's exact inverse, memory constant in the
-number of steps).
+methods: ``"backprop"``; ``"checkpoint"`` (states stored, each step recomputed in backward); ``"reversible"``
+(states rebuilt backwards by the composition's exact inverse, memory constant in the number of steps).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from .splitting_tableaux import SPLITTING_ORDERS
 __all__ = ["SPLIT_METHODS", "SPLIT_GRADIENTS", "integrate_split"]
 
 SPLIT_METHODS: dict[str, int] = {"yoshida4": 4, "yoshida6": 6, **SPLITTING_ORDERS}
-SPLIT_GRADIENTS = ("backprop", "checkpoint", "adjoint", "reversible")
+SPLIT_GRADIENTS = ("backprop", "checkpoint", "reversible")
 
 
 class _SchemeStepper:

@@ -226,9 +226,9 @@ def test_memory_saved_per_step_does_not_depend_on_newton_iterations():
     assert len(set(iters)) >= 2 and len(set(saved)) == 1 and saved[0] > 0, (iters, saved)
 
 
-@pytest.mark.parametrize("gradient", ["checkpoint", "adjoint"])
+@pytest.mark.parametrize("gradient", ["checkpoint", "reversible"])
 def test_block_gradient_modes_agree_with_backprop(gradient):
-    """ODEBlock with gl4 on a 3-piece H1 field: checkpoint and adjoint (states rebuilt by the step with −h, exact
+    """ODEBlock with gl4 on a 3-piece H1 field: checkpoint and reversible (states rebuilt by the step with −h, exact
     for a symmetric method) give backprop's gradient to 1e-10; the counts add up."""
     f = Hamiltonian(4, layers=3, T=1.0, generator=torch.Generator().manual_seed(8)).double()
     y0 = torch.randn(5, 4, dtype=D, generator=torch.Generator().manual_seed(9))
@@ -249,8 +249,12 @@ def test_block_gradient_modes_agree_with_backprop(gradient):
 
 def test_errors_name_the_argument_and_the_fix():
     f = _h1()
-    with pytest.raises(ValueError, match="method='alf' \\(not 'gl4'\\), or gradient='checkpoint'"):
-        ODEBlock(f, method="gl4", gradient="reversible")
+    with pytest.raises(
+        ValueError, match="symmetric implicit method .* \\(not 'radauIIA3'\\); use gradient='checkpoint'"
+    ):
+        ODEBlock(f, method="radauIIA3", gradient="reversible")
+    with pytest.raises(ValueError, match="'adjoint' is the continuous adjoint.*use gradient='reversible'"):
+        ODEBlock(f, method="gl4", gradient="adjoint")
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['foo'\]"):
         ODEBlock(f, method="gl4", options={"foo": 1})
     with pytest.raises(ValueError, match="Newton\\(kind"):

@@ -42,7 +42,6 @@ class Adjoint(GradientMethod):
     seminorm: bool = True
 
     name = "adjoint"
-    sweep = "adjoint"  # cde_nets' own fixed-step methods rebuild each step's start by the step with −h
     sde = True
 
     def __post_init__(self) -> None:
@@ -61,11 +60,16 @@ class Adjoint(GradientMethod):
     def check(self, method: str) -> None:
         super().check(method)
         self.check_ode()
-        if method in OWN_FIXED_METHODS and self != Adjoint():
-            raise ValueError(
-                f"method={method!r} has no backward ODE solve to set: its adjoint rebuilds each step's start by "
-                f"the step with -h. Use gradient='adjoint' (not {self!r})."
+
+    def refusal(self, method: str) -> str:
+        if method in OWN_FIXED_METHODS:
+            return (
+                f"gradient='adjoint' is the continuous adjoint, a backward ODE solve by an explicit method; "
+                f"method={method!r} steps a fixed grid of its own. For its exact gradient in constant memory use "
+                "gradient='reversible' (each step's start rebuilt by its exact inverse: the symmetric methods), or "
+                "'checkpoint'/'symplectic' (one state per step)."
             )
+        return super().refusal(method)
 
     def solve(self, run: Run) -> torch.Tensor:
         from torchdiffeq import odeint_adjoint  # here, not at import: torchdiffeq loads scipy

@@ -30,8 +30,8 @@ class GradientMethod:
 
     name: ClassVar[str] = ""
     # how the fixed-step sweeps of cde_nets' own methods (implicit Runge-Kutta, symplectic compositions) give this
-    # gradient: "backprop", "checkpoint" (states stored), "adjoint"/"reversible" (states rebuilt by the inverse
-    # step), or None where they cannot (solvers.implicit_ode.sweep)
+    # gradient: "backprop", "checkpoint" (states stored), "symplectic", "reversible" (states rebuilt by the exact
+    # inverse step), or None where they cannot (solvers.implicit_ode.sweep)
     sweep: ClassVar[str | None] = None
     forward_graph: ClassVar[bool] = False  # the backward pass differentiates the forward solve's own operations
     counts_vjp: ClassVar[bool] = False  # nfe_backward counts vector-Jacobian products through recorded evaluations
@@ -43,7 +43,7 @@ class GradientMethod:
         """Whether this gradient method can serve ``method`` (default: every method but the reversible ones, and
         the implicit and composition methods where it declares no :attr:`sweep`)."""
         if method in OWN_FIXED_METHODS:
-            return self.sweep is not None and (self.sweep != "reversible" or method in SPLIT_METHODS)
+            return self.sweep is not None
         return method not in REVERSIBLE_METHODS
 
     def refusal(self, method: str) -> str:
@@ -55,13 +55,14 @@ class GradientMethod:
             )
         if method in IMPLICIT_METHODS:
             return (
-                f"method={method!r} (implicit Runge-Kutta) takes gradient='backprop', 'checkpoint', 'adjoint' or "
-                f"'symplectic' (each step's gradient by the implicit function theorem); got {self.name!r}."
+                f"method={method!r} (implicit Runge-Kutta) takes gradient='backprop', 'checkpoint', 'symplectic' "
+                f"or, for the symmetric methods, 'reversible' (each step's gradient by the implicit function "
+                f"theorem); got {self.name!r}."
             )
         if method in SPLIT_METHODS:
             return (
                 f"method={method!r} (a symplectic composition) takes gradient='backprop', 'checkpoint', or "
-                f"'adjoint'/'reversible' (states rebuilt by its exact inverse, constant memory); got {self.name!r}."
+                f"'reversible' (states rebuilt by its exact inverse, constant memory); got {self.name!r}."
             )
         return f"gradient={self.name!r} cannot serve method={method!r}; use gradient='backprop'."
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from ..alf import integrate_alf
-from ..options import REVERSIBLE_METHODS, SPLIT_METHODS
+from ..implicit import get_tableau
+from ..options import IMPLICIT_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
 from .base import GradientMethod, Run
 
 __all__ = ["Reversible"]
@@ -15,20 +16,26 @@ __all__ = ["Reversible"]
 
 @dataclass(frozen=True, repr=False)
 class Reversible(GradientMethod):
-    """States rebuilt backwards by the integrator's exact inverse (:mod:`solvers.alf`): the gradient of the
-    integrator's map in memory constant in the number of steps. Needs an invertible method (``alf``)."""
+    """States rebuilt backwards by the integrator's exact inverse: the gradient of the integrator's map in memory
+    constant in the number of steps. Needs a method whose step is exactly invertible: ``alf`` (MALI, Zhuang et al.
+    2021; :mod:`solvers.alf`), the symplectic compositions (each substep a shear, undone by its negative), and the
+    symmetric implicit Runge-Kutta methods (``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3: the
+    step with ``−h`` from a step's end rebuilds its start to the Newton tolerance)."""
 
     name = "reversible"
-    sweep = "reversible"  # the symplectic compositions are exactly invertible too
+    sweep = "reversible"
 
     def supports(self, method: str) -> bool:
+        if method in IMPLICIT_METHODS:
+            return get_tableau(method).symmetric
         return method in REVERSIBLE_METHODS or method in SPLIT_METHODS
 
     def refusal(self, method: str) -> str:
+        symmetric = sorted(m for m in IMPLICIT_METHODS if get_tableau(m).symmetric)
         return (
-            f"gradient='reversible' reconstructs states with an invertible integrator: use "
-            f"method='alf' (not {method!r}), or gradient='checkpoint' for an exact gradient of "
-            f"{method!r}."
+            f"gradient='reversible' rebuilds states with an exactly invertible step: method='alf', a symplectic "
+            f"composition, or a symmetric implicit method {symmetric} (not {method!r}); use gradient='checkpoint' "
+            f"for an exact gradient of {method!r}."
         )
 
     def solve(self, run: Run) -> torch.Tensor:
