@@ -112,9 +112,11 @@ class ODEBlock(Block):
             solver), or the exact gradient of the solver's steps at low memory: ``"checkpoint"`` (replay each step
             from a stored state), ``"symplectic"`` (the symplectic adjoint over the replayed stages),
             ``"reversible"`` (``method="alf"``: states rebuilt by the integrator's inverse, constant memory). See
-            the gradient methods guide. Default (``None``): ``Checkpoint()`` where the method's steps can be
-            replayed, ``Reversible()`` for ``alf``, else ``Adjoint()``
-            (:func:`~cde_nets.solvers.gradients.default_gradient`).
+            the gradient methods guide. Default (``None``): chosen per call from the state's size
+            (:meth:`gradient_for`, :func:`~cde_nets.solvers.gradients.default_gradient`): ``Backprop()`` for
+            explicit Runge-Kutta methods while bytes of ``y0`` × stages × steps (100 assumed for adaptive
+            methods) is at most 64 MiB, else ``Checkpoint()``; ``Checkpoint()`` for the implicit and composition
+            methods, ``Reversible()`` for ``alf``, else ``Adjoint()``.
         step_size: fixed-step methods only; default one step per parameter piece (the discrete-mode grid). The
             grid always contains every piece boundary.
         jumps: adaptive methods only (default True): tell the solver where time-varying parameters jump
@@ -177,9 +179,11 @@ class ODEBlock(Block):
         elif controller != solver.controller:
             raise ValueError(f"set `controller` in the SolverOptions: SolverOptions(..., controller={controller!r}).")
         self.solver = solver
-        self.gradient = default_gradient(solver.method) if gradient is None else as_gradient(gradient)
-        self.gradient.check(solver.method)
-        check_per_sample_gradient(solver.controller, self.gradient, solver.method)
+        # None: chosen per call from the state's size (gradient_for); set to the choice during the call only
+        self.gradient: GradientMethod | None = None if gradient is None else as_gradient(gradient)
+        if self.gradient is not None:
+            self.gradient.check(solver.method)
+        check_per_sample_gradient(solver.controller, self.gradient or default_gradient(solver.method), solver.method)
         if solver.step_size is not None:
             n = solver.steps_over(self._pieces())
             if n > solver.max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first
@@ -271,7 +275,32 @@ class ODEBlock(Block):
         often with per-call data, and the block stays a pure function of ``(y0, u)``. The block's own ``stop``
         rule is the event ``‖F(t, y)‖ − eps``.
         """
-        return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats()))
+        if self.gradient is not None:
+            return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats()))
+        self.gradient = self.gradient_for(y0, t)
+        try:
+            return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats()))
+        finally:
+            self.gradient = None
+
+    def gradient_for(self, y0: torch.Tensor, t=None) -> GradientMethod:
+        """The gradient method a call from ``y0`` (through the times ``t``) uses: the block's ``gradient``, or,
+        for a block built without one, :func:`~cde_nets.solvers.gradients.default_gradient`'s choice from the
+        bytes of ``y0`` and the steps (a fixed-step grid's count, with one more per output time; assumed for
+        adaptive methods): backprop while its graph is small, checkpointed replay beyond. Shapes only, so every
+        call of the same shapes makes the same choice."""
+        if self.gradient is not None:
+            return self.gradient
+        if not isinstance(y0, torch.Tensor):
+            return default_gradient(self.method)
+        steps = None
+        if not self.solver.adaptive:
+            try:
+                outputs = 0 if t is None else len(t)
+            except TypeError:  # a 0-d time: refused by the solve, with its own message
+                outputs = 0
+            steps = self.solver.steps_over(self._pieces()) + outputs
+        return default_gradient(self.method, y0.numel() * y0.element_size(), steps)
 
     def _solve_call(self, y0, u, t, event, t_end, dense: bool, event_tol: float, stats: SolverStats) -> Solution:
         bound = self.bind(y0, u)
@@ -453,7 +482,7 @@ class ODEBlock(Block):
                 y0,
                 t,
                 solver=self.solver if solver is None else solver,
-                gradient=self.gradient,
+                gradient=self.gradient or self.gradient_for(y0),
                 params=self._params(bound),
                 pieces=_piecewise(self.field),
                 jump_t=jump_t,
