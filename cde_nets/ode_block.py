@@ -116,7 +116,8 @@ class ODEBlock(Block):
             (:meth:`gradient_for`, :func:`~cde_nets.solvers.gradients.default_gradient`): ``Backprop()`` for
             explicit Runge-Kutta methods while bytes of ``y0`` × stages × steps (100 assumed for adaptive
             methods) is at most 64 MiB, else ``Checkpoint()``; ``Checkpoint()`` for the implicit and composition
-            methods, ``Reversible()`` for ``alf``, else ``Adjoint()``.
+            methods, ``Reversible()`` for ``alf``, else ``Adjoint()``. ``block.gradient`` is then ``None``
+            (the call's choice while it runs).
         step_size: fixed-step methods only; default one step per parameter piece (the discrete-mode grid). The
             grid always contains every piece boundary.
         jumps: adaptive methods only (default True): tell the solver where time-varying parameters jump

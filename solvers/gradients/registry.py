@@ -65,8 +65,8 @@ def default_gradient(method: str, state_bytes: int | None = None, steps: int | N
     steps before it takes them; a longer adaptive solve keeps a proportionally larger graph). Measured (one
     thread, CPU time, benchmarks/default_gradient.py): backprop is 1.2-1.9x faster than checkpointing from the
     ode_demo spiral to an MLP of 64 x 256 per batch of 256, where its graph is at most 14 MiB; for a
-    convolutional field on 16 x 28 x 28 maps, batch 64, checkpointing took 0.95x backprop's time at dopri5 and
-    1.46x at rk4 with a fifth of its memory (98 against 493 MiB). Without ``state_bytes`` (the size unknown),
+    convolutional field on 16 x 28 x 28 maps, batch 64, checkpointing took 0.98x backprop's time at dopri5 and
+    1.40x at rk4 with a fifth of its memory (98 against 493 MiB). Without ``state_bytes`` (the size unknown),
     and for the implicit and composition methods, the checkpointed replay as before; the reversible gradient
     for ``alf``; else the continuous adjoint. The rule reads shapes only: no solve, no synchronisation, the
     same choice for every call of the same shapes."""
