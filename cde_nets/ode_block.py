@@ -13,6 +13,7 @@ from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.errors import Reason, SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
+from cde_nets.solvers.fast_rk import fast_applies
 from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient, default_gradient
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
@@ -301,7 +302,24 @@ class ODEBlock(Block):
             except TypeError:  # a 0-d time: refused by the solve, with its own message
                 outputs = 0
             steps = self.solver.steps_over(self._pieces()) + outputs
-        return default_gradient(self.method, y0.numel() * y0.element_size(), steps)
+        chosen = default_gradient(self.method, y0.numel() * y0.element_size(), steps)
+        if isinstance(chosen, Backprop) and self.solver.controller == "batch" and not self._own_stepper(y0, t):
+            # torchdiffeq would run it, holding the step sizes fixed: the replay differentiates every step
+            return default_gradient(self.method)
+        return chosen
+
+    def _own_stepper(self, y0: torch.Tensor, t) -> bool:
+        """Whether backprop through a call from ``y0`` at the times ``t`` runs on the library's own stepper
+        (:func:`~cde_nets.solvers.fast_rk.fast_applies`: increasing times, its options, a float32/float64 state)."""
+        try:
+            times = (
+                torch.tensor([0.0, self.T], dtype=torch.float64)
+                if t is None
+                else torch.as_tensor(t, dtype=torch.float64).detach()
+            )
+        except (TypeError, ValueError, RuntimeError):  # refused by the solve, with its own message
+            return False
+        return fast_applies(self.method, True, y0, times, None, self.solver.options)
 
     def _solve_call(self, y0, u, t, event, t_end, dense: bool, event_tol: float, stats: SolverStats) -> Solution:
         bound = self.bind(y0, u)

@@ -67,6 +67,11 @@ def test_the_default_is_chosen_per_call_from_the_state_bytes_times_the_evaluatio
     for method in ("dopri5", "dopri8", "fehlberg2", "adaptive_heun", "bosh3"):
         assert ODEBlock(field, method=method).gradient_for(small) == Backprop()
     assert ODEBlock(field, gradient="checkpoint").gradient_for(small) == Checkpoint()
+    # where torchdiffeq would run backprop (decreasing times, a half-precision state), holding the step sizes
+    # fixed, the replay differentiates every step
+    assert block.gradient_for(small, t=[1.0, 0.5, 0.0]) == Checkpoint()
+    assert block.gradient_for(small, t=[0.0, 0.5, 1.0]) == Backprop()
+    assert fixed.gradient_for(torch.empty(5, 4, dtype=torch.float16)) == Checkpoint()
     spy = _Spy(field)
     spy.block.append(ODEBlock(spy, T=1.0))
     spy.block[0](torch.randn(5, 4, dtype=torch.float64))

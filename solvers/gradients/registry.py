@@ -69,7 +69,9 @@ def default_gradient(method: str, state_bytes: int | None = None, steps: int | N
     1.40x at rk4 with a fifth of its memory (98 against 493 MiB). Without ``state_bytes`` (the size unknown),
     and for the implicit and composition methods, the checkpointed replay as before; the reversible gradient
     for ``alf``; else the continuous adjoint. The rule reads shapes only: no solve, no synchronisation, the
-    same choice for every call of the same shapes."""
+    same choice for every call of the same shapes. A block asks for it only where backprop would run on the
+    library's own stepper, which differentiates every step size (increasing times, a float32/float64 state);
+    elsewhere torchdiffeq's backprop would hold the sizes fixed, and the block keeps the replay."""
     tab = TABLEAUX.get(method)
     if state_bytes is not None and tab is not None and tab.continuous and method not in OWN_FIXED_METHODS:
         n = ASSUMED_ADAPTIVE_STEPS if steps is None else steps
