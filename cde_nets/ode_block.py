@@ -289,8 +289,9 @@ class ODEBlock(Block):
         """The gradient method a call from ``y0`` (through the times ``t``) uses: the block's ``gradient``, or,
         for a block built without one, :func:`~cde_nets.solvers.gradients.default_gradient`'s choice from the
         bytes of ``y0`` and the steps (a fixed-step grid's count, with one more per output time; assumed for
-        adaptive methods): backprop while its graph is small, checkpointed replay beyond. Shapes only, so every
-        call of the same shapes makes the same choice."""
+        adaptive methods): backprop while its graph is small, checkpointed replay beyond, and the replay wherever
+        backprop would leave the library's own stepper (decreasing times, a half-precision state). It reads
+        shapes and the order of ``t`` only, so every call of the same shapes and times makes the same choice."""
         if self.gradient is not None:
             return self.gradient
         if not isinstance(y0, torch.Tensor):
