@@ -274,6 +274,31 @@ def _forward_sensitivity(res: dict) -> Headline:
     ]
 
 
+def _default_gradient(res: dict) -> Headline:
+    rows = res["rows"]
+    small = [r for r in rows if r["backprop_peak_bytes"] <= 64 * 2**20]
+
+    def default_over_fastest(r: dict) -> float:
+        return r[f"{r['default']}_s"] / min(r["backprop_s"], r["checkpoint_s"])
+
+    ratios = [r["checkpoint_over_backprop"] for r in rows]
+    biggest = max(rows, key=lambda r: r["backprop_peak_bytes"])
+    return [
+        at_most(
+            "default / faster exact gradient, time, where backprop keeps <= 64 MiB, worst",
+            max(map(default_over_fastest, small)) if small else None,
+            1.05,
+            ".2f",
+        ),
+        info("checkpoint / backprop time, fewest-most", f"{min(ratios):.2f}-{max(ratios):.2f}", "s"),
+        info(
+            f"backprop / checkpoint memory, {biggest['case']} {biggest['solver']}",
+            biggest["backprop_peak_bytes"] / biggest["checkpoint_peak_bytes"],
+            ".1f",
+        ),
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -298,6 +323,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("per_sample", _per_sample, "fewer batched calls on mixed μ; <= 1.1 on equal μ"),
     ("per_sample_device", _per_sample_device, "measured on a GPU (the CPU in --tiny)"),
     ("forward_sensitivity", _forward_sensitivity, "equal to backprop (1e-10); the crossover recorded"),
+    ("default_gradient", _default_gradient, "the default within 1.05 of the faster exact gradient while small"),
 )
 
 
@@ -326,6 +352,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "per_sample": {"tiny": 1.0},
     "per_sample_device": {"tiny": 6.0},
     "forward_sensitivity": {"tiny": 1.0},
+    "default_gradient": {"tiny": 1.0},
 }
 
 

@@ -14,6 +14,7 @@ from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
+from cde_nets.solvers.fast_rk import fast_applies
 from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient, default_gradient
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
@@ -112,9 +113,12 @@ class ODEBlock(Block):
             solver), or the exact gradient of the solver's steps at low memory: ``"checkpoint"`` (replay each step
             from a stored state), ``"symplectic"`` (the symplectic adjoint over the replayed stages),
             ``"reversible"`` (``method="alf"``: states rebuilt by the integrator's inverse, constant memory). See
-            the gradient methods guide. Default (``None``): ``Checkpoint()`` where the method's steps can be
-            replayed, ``Reversible()`` for ``alf``, else ``Adjoint()``
-            (:func:`~cde_nets.solvers.gradients.default_gradient`).
+            the gradient methods guide. Default (``None``): chosen per call from the state's size
+            (:meth:`gradient_for`, :func:`~cde_nets.solvers.gradients.default_gradient`): ``Backprop()`` for
+            explicit Runge-Kutta methods while bytes of ``y0`` × stages × steps (100 assumed for adaptive
+            methods) is at most 64 MiB, else ``Checkpoint()``; ``Checkpoint()`` for the implicit and composition
+            methods, ``Reversible()`` for ``alf``, else ``Adjoint()``. ``block.gradient`` is then ``None``
+            (the call's choice while it runs).
         step_size: fixed-step methods only; default one step per parameter piece (the discrete-mode grid). The
             grid always contains every piece boundary.
         jumps: adaptive methods only (default True): tell the solver where time-varying parameters jump
@@ -177,8 +181,9 @@ class ODEBlock(Block):
         elif controller != solver.controller:
             raise ValueError(f"set `controller` in the SolverOptions: SolverOptions(..., controller={controller!r}).")
         self.solver = solver
-        self.gradient = default_gradient(solver.method) if gradient is None else as_gradient(gradient)
-        check_cell(self.gradient, solver.method, solver.controller)
+        # None: chosen per call from the state's size (gradient_for); set to the choice during the call only
+        self.gradient: GradientMethod | None = None if gradient is None else as_gradient(gradient)
+        check_cell(self.gradient or default_gradient(solver.method), solver.method, solver.controller)
         if solver.step_size is not None:
             n = solver.steps_over(self._pieces())
             if n > solver.max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first
@@ -270,7 +275,50 @@ class ODEBlock(Block):
         often with per-call data, and the block stays a pure function of ``(y0, u)``. The block's own ``stop``
         rule is the event ``‖F(t, y)‖ − eps``.
         """
-        return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats()))
+        if self.gradient is not None:
+            return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats()))
+        self.gradient = self.gradient_for(y0, t)
+        try:
+            return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats()))
+        finally:
+            self.gradient = None
+
+    def gradient_for(self, y0: torch.Tensor, t=None) -> GradientMethod:
+        """The gradient method a call from ``y0`` (through the times ``t``) uses: the block's ``gradient``, or,
+        for a block built without one, :func:`~cde_nets.solvers.gradients.default_gradient`'s choice from the
+        bytes of ``y0`` and the steps (a fixed-step grid's count, with one more per output time; assumed for
+        adaptive methods): backprop while its graph is small, checkpointed replay beyond, and the replay wherever
+        backprop would leave the library's own stepper (decreasing times, a half-precision state). It reads
+        shapes and the order of ``t`` only, so every call of the same shapes and times makes the same choice."""
+        if self.gradient is not None:
+            return self.gradient
+        if not isinstance(y0, torch.Tensor):
+            return default_gradient(self.method)
+        steps = None
+        if not self.solver.adaptive:
+            try:
+                outputs = 0 if t is None else len(t)
+            except TypeError:  # a 0-d time: refused by the solve, with its own message
+                outputs = 0
+            steps = self.solver.steps_over(self._pieces()) + outputs
+        chosen = default_gradient(self.method, y0.numel() * y0.element_size(), steps)
+        if isinstance(chosen, Backprop) and self.solver.controller == "batch" and not self._own_stepper(y0, t):
+            # torchdiffeq would run it, holding the step sizes fixed: the replay differentiates every step
+            return default_gradient(self.method)
+        return chosen
+
+    def _own_stepper(self, y0: torch.Tensor, t) -> bool:
+        """Whether backprop through a call from ``y0`` at the times ``t`` runs on the library's own stepper
+        (:func:`~cde_nets.solvers.fast_rk.fast_applies`: increasing times, its options, a float32/float64 state)."""
+        try:
+            times = (
+                torch.tensor([0.0, self.T], dtype=torch.float64)
+                if t is None
+                else torch.as_tensor(t, dtype=torch.float64).detach()
+            )
+        except (TypeError, ValueError, RuntimeError):  # refused by the solve, with its own message
+            return False
+        return fast_applies(self.method, True, y0, times, None, self.solver.options)
 
     def _solve_call(self, y0, u, t, event, t_end, dense: bool, event_tol: float, stats: SolverStats) -> Solution:
         bound = self.bind(y0, u)
@@ -452,7 +500,7 @@ class ODEBlock(Block):
                 y0,
                 t,
                 solver=self.solver if solver is None else solver,
-                gradient=self.gradient,
+                gradient=self.gradient or self.gradient_for(y0),
                 params=self._params(bound),
                 pieces=_piecewise(self.field),
                 jump_t=jump_t,

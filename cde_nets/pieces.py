@@ -134,7 +134,10 @@ class Pieces(nn.Module):
         """Inside :func:`gathered`: the pieces as views of one ``data.unbind(0)``, made when first asked for (a
         field that reads its :meth:`~cde_nets.fields.base.Field.constants` never needs them)."""
         if not self._unbound:
-            object.__setattr__(self, "_unbound", self.data.unbind(0))
+            # with a graph even when the first read is under no_grad (an event check): every later read of the
+            # call differentiates through these views
+            with torch.enable_grad():
+                object.__setattr__(self, "_unbound", self.data.unbind(0))
         return cast(tuple[torch.Tensor, ...], self._unbound)
 
     def at(self, t: float | torch.Tensor) -> torch.Tensor:

@@ -97,6 +97,11 @@ EXPECTED = {
         {"setting", "rows", "crossover_params"},
         {"params", "forward_s", "backprop_s", "checkpoint_s", "adjoint_s", "forward_over_best_reverse"},
     ),
+    "default_gradient": (
+        "default_gradient",
+        {"setting", "rows"},
+        {"case", "solver", "default", "steps", "backprop_s", "checkpoint_over_backprop", "backprop_peak_bytes"},
+    ),
 }
 
 

@@ -144,11 +144,14 @@ def test_fast_path_is_taken_and_falls_back(monkeypatch):
         return odeint_fast(*args, **kwargs)
 
     monkeypatch.setattr(engine, "odeint_fast", spy)
-    block = ODEBlock(Hamiltonian(4, layers=2).double(), rtol=1e-6, atol=1e-8)
-    block(y0.requires_grad_()).sum().backward()  # adjoint: torchdiffeq
+    field = Hamiltonian(4, layers=2).double()
+    block = ODEBlock(field, rtol=1e-6, atol=1e-8, gradient="checkpoint")
+    block(y0.requires_grad_()).sum().backward()  # the replay records its steps itself
     with torch.no_grad():
         block(y0)
     assert calls == ["dopri5"]
+    ODEBlock(field, rtol=1e-6, atol=1e-8)(y0).sum().backward()  # the default at this size, backprop: with its graph
+    assert calls == ["dopri5", "dopri5"]
 
 
 @pytest.mark.parametrize("method", ["dopri5", "rk4"])

@@ -188,3 +188,21 @@ def test_constants_keep_the_formula_bit_for_bit(case):
     assert torch.equal(out, ref_out)
     for p, ref in zip(net.parameters(), ref_grads):
         assert torch.equal(p.grad, ref)
+
+
+def test_views_first_read_under_no_grad_keep_their_graph():
+    """A stopping event checks ‖F‖ under no_grad before any step: the pieces' views made then must still carry
+    the graph, or backprop through the steps loses every piece's gradient (SecondOrder reads its MLP's pieces
+    as views). Backprop then equals the checkpointed replay, which rebuilds the pieces outside the call."""
+    from cde_nets import Stop
+    from cde_nets.fields import SecondOrder
+
+    torch.manual_seed(0)
+    field = SecondOrder(2, layers=2).double()
+    y0 = torch.randn(2, 4, dtype=torch.float64)
+    grads = []
+    for gradient in ("backprop", "checkpoint"):
+        block = ODEBlock(field, method="rk4", step_size=0.25, stop=Stop(eps=0.5), gradient=gradient)
+        grads.append(torch.autograd.grad(block(y0).square().sum(), list(field.parameters())))
+    for a, b in zip(*grads):
+        assert (a - b).norm() <= 1e-10 * b.norm() and b.norm() > 0
