@@ -32,6 +32,7 @@ from .replay import replay_gradient
 from .step_sizes import warn_held_fixed
 from .tableaux import TABLEAUX
 from .torchdiffeq_methods import torchdiffeq_method
+from .validation import check_field_output, check_tolerance, check_tolerances
 
 __all__ = [
     "ADAPTIVE",
@@ -44,6 +45,7 @@ __all__ = [
     "solve_flat",
     "state_norm",
     "tolerance",
+    "tolerances",
     "unflatten",
 ]
 
@@ -89,6 +91,7 @@ class Problem(nn.Module):
         self.func, self.shapes, self.sign, self.kind = func, shapes, sign, kind
         self.max_num_steps, self.n_steps = max_num_steps, 0
         self.recorder: Any = None
+        self.checked = False  # the first evaluation's output is checked against the state, later ones are not
         # forward(t, y, rows): a field with per-sample data reads it for the batch rows it is handed (all of them
         # on the shared step)
         self.all_rows: torch.Tensor | None = None
@@ -145,9 +148,10 @@ class Problem(nn.Module):
             out = self.func(-t if self.sign < 0 else t, y, rows=self.all_rows)
         else:
             out = self.func(-t if self.sign < 0 else t, unflatten(y, self.shapes))
+        if not self.checked:
+            check_field_output(out, unflatten(y, self.shapes), "`func`", "func(t, y)")
+            self.checked = True
         if self.shapes is not None:
-            if not isinstance(out, tuple | list) or len(out) != len(self.shapes):
-                raise TypeError(f"`func` must return a tuple of {len(self.shapes)} tensors for a tuple state.")
             out = torch.cat([o.reshape(-1) for o in out])
         out = -out if self.sign < 0 else out
         if self.recorder is not None:
@@ -193,6 +197,13 @@ def _step_grid(step_size: float) -> Callable:
 
 
 def tolerance(tol: Any, shapes: list[torch.Size] | None, name: str) -> Any:
+    """``rtol`` or ``atol`` as the engine takes it (a tuple state's tuple as one flat tensor), checked
+    (:func:`~solvers.validation.check_tolerance`: torchdiffeq's ``0`` allowed, a negative value refused)."""
+    check_tolerance(name, tol, zero_ok=True)
+    return _flat_tolerance(tol, shapes, name)
+
+
+def _flat_tolerance(tol: Any, shapes: list[torch.Size] | None, name: str) -> Any:
     if isinstance(tol, torch.Tensor) and tol.requires_grad:
         raise ValueError(f"`{name}` must not require grad.")
     if shapes is not None and isinstance(tol, tuple | list):
@@ -200,6 +211,12 @@ def tolerance(tol: Any, shapes: list[torch.Size] | None, name: str) -> Any:
             raise ValueError(f"`{name}` as a tuple needs one tolerance per part of `y0` ({len(shapes)}).")
         return torch.cat([torch.as_tensor(v, dtype=torch.float64).expand(s).reshape(-1) for v, s in zip(tol, shapes)])
     return tol
+
+
+def tolerances(rtol: Any, atol: Any, shapes: list[torch.Size] | None) -> tuple[Any, Any]:
+    """Both tolerances (:func:`tolerance`), refused where both are zero."""
+    check_tolerances(rtol, atol, zero_ok=True)
+    return _flat_tolerance(rtol, shapes, "rtol"), _flat_tolerance(atol, shapes, "atol")
 
 
 def solve_flat(
