@@ -45,11 +45,13 @@ def check_tolerance(name: str, tol: Any, *, zero_ok: bool) -> Any:
         return tol
     bound = ">= 0" if zero_ok else "> 0"
     if isinstance(tol, torch.Tensor):
-        if not (tol.is_floating_point() or tol.dtype in (torch.int32, torch.int64)):
-            raise TypeError(f"`{name}` must be a number or a real tensor, got a {tol.dtype} tensor.")
+        if not (tol.is_floating_point() or tol.dtype in (torch.int32, torch.int64)) or tol.numel() == 0:
+            raise TypeError(f"`{name}` must be a number or a non-empty real tensor, got a {tol.dtype} tensor.")
         with torch.no_grad():
-            bad = ~torch.isfinite(tol) | ((tol < 0) if zero_ok else (tol <= 0))
-            if bool(bad.any()):
+            # the least and largest values in one read: NaN propagates through both
+            lo, hi = torch.stack(torch.aminmax(tol.reshape(-1).double())).tolist()
+            if not (lo >= 0 if zero_ok else lo > 0) or not math.isfinite(hi):
+                bad = ~torch.isfinite(tol) | ((tol < 0) if zero_ok else (tol <= 0))
                 first = tuple(bad.nonzero()[0].tolist())
                 raise ValueError(
                     f"`{name}` must hold finite numbers {bound}, got {float(tol[first]):g} at index {first}. "
@@ -160,7 +162,13 @@ def check_output_times(t: Any, device: torch.device) -> torch.Tensor:
         got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
         raise ValueError(f"`t` must be a 1-D floating-point tensor of at least one time, got {got}.")
     d = t.detach()
-    finite, up, down = torch.stack([torch.isfinite(d).all(), (d[1:] > d[:-1]).all(), (d[1:] < d[:-1]).all()]).tolist()
+    if len(d) <= 64:  # one read, the comparisons on the host
+        v = d.tolist()
+        finite = all(math.isfinite(x) for x in v)
+        up, down = all(a < b for a, b in zip(v, v[1:])), all(a > b for a, b in zip(v, v[1:]))
+    else:
+        checks = [torch.isfinite(d).all(), (d[1:] > d[:-1]).all(), (d[1:] < d[:-1]).all()]
+        finite, up, down = torch.stack(checks).tolist()
     if not finite:
         finite_times("t", d)
     if len(d) > 1 and not (up or down):
