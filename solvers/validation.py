@@ -177,8 +177,8 @@ def check_output_times(t: Any, device: torch.device) -> torch.Tensor:
 
 
 def check_field_output(out: Any, y: State, who: str, call: str = "F(t, y)", fix: str = "") -> None:
-    """Refuse a field output ``out = F(t, y)`` that is not shaped like the state ``y`` (a tensor, or a tuple of
-    tensors part by part), naming the field (``who``), the shape expected and the shape got. ``y' = F(t, y)``
+    """Refuse a field output ``out = F(t, y)`` that is not shaped like the state ``y`` (a tensor; or a tuple of
+    tensors of the parts' sizes), naming the field (``who``), the shape expected and the shape got. ``y' = F(t, y)``
     needs ``F(t, y)`` in the state's space; a wrong shape would otherwise fail deep inside a solver's step
     arithmetic, or broadcast into a silently wrong answer. For a solve's first evaluation only."""
     if isinstance(y, torch.Tensor):
@@ -197,7 +197,8 @@ def check_field_output(out: Any, y: State, who: str, call: str = "F(t, y)", fix:
             f"{len(y)} tensors, shaped like y's parts."
         )
     for k, (o, part) in enumerate(zip(out, y)):
-        if o.shape != part.shape:
+        # torchdiffeq flattens a tuple's parts, so it takes any shape of the part's size: so does this
+        if o.numel() != part.numel():
             raise ValueError(
                 f"{who} returned shape {tuple(o.shape)} for part {k} of the state, of shape {tuple(part.shape)}; "
                 f"{call} must return each part's shape."
