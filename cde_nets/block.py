@@ -18,6 +18,7 @@ from torch import nn
 
 from cde_nets.solvers.errors import check_positive
 from cde_nets.solvers.times import check_times
+from cde_nets.solvers.validation import check_floating
 
 from .fields.base import Field
 from .fields.bound import BoundField
@@ -101,10 +102,9 @@ class Block(nn.Module):
 def _check_tensor_state(y0: object) -> None:
     if not isinstance(y0, torch.Tensor):
         raise TypeError(f"`y0` must be a torch.Tensor, got {type(y0).__name__}.")
-    if y0.dim() < 1 or not y0.is_floating_point():
-        raise ValueError(
-            f"`y0` must be a floating-point tensor of shape (batch, ...), got {y0.dtype} of shape {tuple(y0.shape)}."
-        )
+    check_floating("y0", y0)
+    if y0.dim() < 1:
+        raise ValueError(f"`y0` must be a tensor of shape (batch, ...), got shape {tuple(y0.shape)}.")
 
 
 def _check_signature(field: nn.Module) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cde_nets.nonfinite import Watch, check_result
 from cde_nets.solvers.dropin import (
     ADAPTIVE,
     CALLBACKS,
@@ -40,7 +41,7 @@ from cde_nets.solvers.dropin import (
     kind,
     solve_flat,
     state_norm,
-    tolerance,
+    tolerances,
     unflatten,
 )
 from cde_nets.solvers.engine import check_cell
@@ -51,6 +52,7 @@ from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample import odeint_per_sample
 from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
+from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
 
@@ -118,58 +120,6 @@ def _check_options(method: str, options: dict | None, name: str = "options") -> 
     return dict(options)
 
 
-def _check_state(y0: Any, method: str) -> tuple[torch.Tensor, list[torch.Size] | None]:
-    """The state as one flat tensor (a tuple's parts concatenated) and the parts' shapes (``None``: a tensor);
-    refused, naming ``y0``, where it holds NaN/inf or is half precision under an adaptive method."""
-    if isinstance(y0, torch.Tensor):
-        flat, shapes = y0, None
-    else:
-        if not isinstance(y0, tuple) or not y0 or not all(isinstance(y, torch.Tensor) for y in y0):
-            raise TypeError(f"`y0` must be a tensor or a tuple of tensors, got {type(y0).__name__}.")
-        if len({y.dtype for y in y0}) > 1 or len({y.device for y in y0}) > 1:
-            raise ValueError("the tensors of a tuple `y0` must share one dtype and device; cast them first.")
-        flat, shapes = torch.cat([y.reshape(-1) for y in y0]), [y.shape for y in y0]
-    if method in ADAPTIVE and flat.dtype in (torch.float16, torch.bfloat16):
-        raise ValueError(
-            f"the adaptive method={method!r} does not support {str(flat.dtype).removeprefix('torch.')} states: its "
-            "error norms and step times are computed in the state's dtype, where they overflow or cannot resolve a "
-            "step. Use a float32/float64 `y0`, or a fixed-step method (e.g. method='rk4' with "
-            "options={'step_size': ...}), which runs in half precision."
-        )
-    if flat.is_floating_point() and not torch.compiler.is_compiling():
-        _check_finite(y0, flat, shapes)
-    return flat, shapes
-
-
-def _check_finite(y0: State, flat: torch.Tensor, shapes: list[torch.Size] | None) -> None:
-    """Refuse a ``y0`` holding NaN/inf, naming the part and the first index: the solve would start from it (one
-    host read)."""
-    with torch.no_grad():
-        bad = ~torch.isfinite(flat)
-        if not bool(bad.any()):
-            return
-    parts: list[torch.Tensor] = [flat] if shapes is None else list(y0)
-    for k, y in enumerate(parts):
-        part_bad = ~torch.isfinite(y.detach())
-        if bool(part_bad.any()):
-            name = "`y0`" if shapes is None else f"`y0[{k}]`"
-            first = tuple(part_bad.nonzero()[0].tolist())
-            raise ValueError(
-                f"{name} holds {int(part_bad.sum())} non-finite value(s) (NaN or inf), the first at index {first}: "
-                "the solve starts from it. Clean the input (or lower the learning rate if it came from training)."
-            )
-
-
-def _check_times(t: Any, y0: torch.Tensor) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or len(t) == 0 or not t.is_floating_point():
-        got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"`t` must be a 1-D floating-point tensor of at least one time, got {got}.")
-    d = t.detach()
-    if len(d) > 1 and not (bool((d[1:] > d[:-1]).all()) or bool((d[1:] < d[:-1]).all())):
-        raise ValueError("`t` must be strictly increasing or strictly decreasing.")
-    return t.to(y0.device)
-
-
 def _params(func: Callable, adjoint_params: Sequence[torch.Tensor] | None, gradient: str) -> tuple[torch.Tensor, ...]:
     if adjoint_params is None:
         if not isinstance(func, nn.Module):
@@ -203,11 +153,11 @@ def _solve(
         raise ValueError(f"`gradient` must be one of {_GRADIENTS}, got {gradient!r}.")
     method = _check_method(method)
     options = _check_options(method, options)
-    flat, shapes = _check_state(y0, method)
-    t = _check_times(t, flat)
+    flat, shapes = check_state(y0, method, method in ADAPTIVE)
+    t = check_output_times(t, flat.device)
     _warn_callbacks(func, method)
     params = _params(func, adjoint_params, gradient) if gradient != "backprop" else ()
-    rtol, atol = tolerance(rtol, shapes, "rtol"), tolerance(atol, shapes, "atol")
+    rtol, atol = tolerances(rtol, atol, shapes)
     if flat.numel() == 0:  # an empty batch: nothing to integrate; one evaluation joins it to func's graph
         y = flat + 0 * Problem(func, shapes)(t[0], flat)
         return unflatten(y.unsqueeze(0).expand(len(t), *y.shape), shapes, (len(t),))
@@ -239,10 +189,50 @@ def _solve(
                 adjoint=adj,
             )
         except AssertionError as exc:
-            raise SolverError(f"the solver stopped: {str(exc)[:300]}. Loosen `rtol`/`atol` or use float64.") from exc
+            raise _stopped(exc, problem, flat, t.detach() * sign, rtol, atol, method, opts) from exc
+        _check_solution(ys, problem, flat, t.detach() * sign, rtol, atol, method, opts)
     if forward_func is not None:
         ys = with_output_times(forward_func, ys, t)
     return unflatten(ys, shapes, (len(t),))
+
+
+def _check_solution(ys: torch.Tensor, problem: Problem, *rerun: Any) -> None:
+    """Refuse a non-finite solution, naming where the field first returned NaN/inf (one host read per solve: a
+    NaN state stays NaN, so the solution's values say whether any step went non-finite)."""
+    if not torch.compiler.is_compiling():
+        check_result(ys, lambda: _nonfinite(problem, *rerun) or _NONFINITE)
+
+
+def _stopped(exc: AssertionError, problem: Problem, *rerun: Any) -> SolverError:
+    """The error of a solve that stopped on an assertion of the solver's: a step size that underflowed because
+    the field returned NaN/inf (its error estimate is then NaN) says so, with where."""
+    located = _nonfinite(problem, *rerun)
+    if located is not None:
+        return SolverError(located, reason=Reason.NONFINITE)
+    text = str(exc)
+    reason = Reason.UNDERFLOW if "underflow" in text else (Reason.NONFINITE if "non-finite" in text else Reason.OTHER)
+    return SolverError(f"the solver stopped: {text[:300]}. Loosen `rtol`/`atol` or use float64.", reason=reason)
+
+
+_NONFINITE = "the solve returned NaN/inf, though the field's values stayed finite in a re-run of it."
+
+
+def _nonfinite(problem: Problem, y0: torch.Tensor, s: torch.Tensor, rtol, atol, method: str, opts: dict) -> str | None:
+    """Where the forward solve of ``problem`` from ``y0`` at the engine's times ``s`` first met a non-finite field
+    value, found by re-running it without gradients up to that evaluation; ``None`` if the field stays finite."""
+    watch = Watch(problem.func, stop=True)
+    rerun = Problem(watch, problem.shapes, problem.sign, problem.max_num_steps, problem.kind)
+    rerun.with_rows, rerun.user = problem.with_rows, dict.fromkeys(problem.user)  # no user callbacks twice
+    with torch.no_grad():
+        try:
+            solve_flat(rerun, y0.detach(), s, rtol=rtol, atol=atol, method=method, options=opts,
+                       gradient=as_gradient("backprop"), params=(), adjoint={})  # fmt: skip
+        except Exception:  # noqa: BLE001 - Found, or the re-run's own failure: the watch says what it saw
+            pass
+    if watch.t is None:
+        return None
+    fix = "use smaller steps (options={'step_size': ...}, or an adaptive method), shrink the weights or inputs, or "
+    return nonfinite_message(watch.t, watch.first, "", fix + "use float64.")
 
 
 def _warn_callbacks(func: Callable, method: str) -> None:
@@ -354,7 +344,7 @@ def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, co
         raise ValueError("`event_fn` runs on the shared step; use controller='batch' with it.")
     if not isinstance(y0, torch.Tensor):
         raise ValueError("controller='per_sample' needs a tensor `y0` of shape (batch, *state), not a tuple.")
-    _check_state(y0, method or "dopri5")
+    check_state(y0, method or "dopri5", (method or "dopri5") in ADAPTIVE)
     check_cell(as_gradient(gradient), method or "dopri5", controller)
     kw = dict(rtol=rtol, atol=atol, method=method or "dopri5", options=options, gradient=gradient, params=params)
     return odeint_per_sample(func, y0, t, **kw)
@@ -433,8 +423,8 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
         raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
     method = _check_method(method)
     opts = _check_options(method, options)
-    flat, shapes = _check_state(y0, method)
-    t = _check_times(t, flat)
+    flat, shapes = check_state(y0, method, method in ADAPTIVE)
+    t = check_output_times(t, flat.device)
     if len(t) < 2:
         raise ValueError("with `event_fn`, `t` needs two times: the start and any later (or earlier) time.")
     sign = -1.0 if bool(t[0] > t[1]) else 1.0
@@ -454,6 +444,7 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     t_star = (s_event.to(t.dtype) * sign).reshape(())
     if not torch.is_grad_enabled():
         return t_star, unflatten(found, shapes, (2,))
+    event_fn = event.combined()
     return _event_state(
         func, y0, t, t_star, found, shapes, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint
     )
@@ -461,6 +452,7 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
 
 def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, event):
     """torchdiffeq's event search on the flat, forwards problem, without a graph."""
+    rtol, atol = tolerances(rtol, atol, shapes)
     with torch.no_grad():
         try:
             from torchdiffeq import odeint as torchdiffeq_odeint  # here: torchdiffeq loads scipy
@@ -469,8 +461,8 @@ def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, even
                 problem,
                 flat.detach(),
                 t.detach()[:2] * sign,
-                rtol=tolerance(rtol, shapes, "rtol"),
-                atol=tolerance(atol, shapes, "atol"),
+                rtol=rtol,
+                atol=atol,
                 method=torchdiffeq_method(method),
                 options=state_norm(flip_options(opts, sign, shapes), shapes, method),
                 event_fn=event,
@@ -503,8 +495,18 @@ class _WatchedEvent:
         g = self.event_fn(t, unflatten(y, self.shapes))
         self.last = (t, g)  # read only for a message: no host read per evaluation
         if self.first is None:
+            check_event_output(g, "`event_fn`")
             self.first = self.last
         return g
+
+    def combined(self) -> Callable:
+        """The event function as one scalar, as torchdiffeq's search sees several values: each made positive at
+        the start by its sign there, the least of them (the first to reach zero ends the solve), so that the
+        implicit function theorem differentiates the event that ended it. A single value stays as it is."""
+        if self.first is None or self.first[1].numel() == 1:
+            return self.event_fn
+        signs, event_fn = torch.sign(self.first[1].detach()), self.event_fn
+        return lambda t, y: torch.min(event_fn(t, y) * signs)
 
     def no_sign_change(self, exc: SolverError, limit: int, default: bool) -> SolverError:
         """The error of a search that stopped (``exc``) before the event function changed sign."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["nonfinite_parameter", "Watch", "check_result"]
+__all__ = ["Found", "nonfinite_parameter", "Watch", "check_result"]
 
 
 def nonfinite_parameter(module: nn.Module) -> str | None:
@@ -24,25 +24,39 @@ def nonfinite_parameter(module: nn.Module) -> str | None:
     return None
 
 
-class Watch:
-    """Wraps a callable ``f(t, y)``: records the first time at which it returned a non-finite value."""
+class Found(Exception):
+    """Raised by a :class:`Watch` with ``stop`` at the first non-finite output: the re-run need go no further."""
 
-    def __init__(self, f: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+
+class Watch:
+    """Wraps a callable ``f(t, y)``: records the first time at which it returned a non-finite value and which
+    evaluation that was (``first``, counting from 1); with ``stop``, raises :class:`Found` there."""
+
+    def __init__(self, f: Callable[..., torch.Tensor], stop: bool = False):
         self.f = f
+        self.stop = stop
         self.t: float | None = None
         self.evaluations = 0
+        self.first = 0
 
-    def __call__(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = self.f(t, y)
+    def __call__(self, t: torch.Tensor, y: torch.Tensor, **kwargs) -> torch.Tensor:
+        out = self.f(t, y, **kwargs)
         self.evaluations += 1
-        if self.t is None and not bool(torch.isfinite(out).all()):
-            self.t = float(t)
+        if self.t is None and not _finite(out):
+            self.t, self.first = float(t), self.evaluations
+            if self.stop:
+                raise Found
         return out
 
     def __getattr__(self, name: str):
         if name == "f":
             raise AttributeError(name)
         return getattr(self.f, name)
+
+
+def _finite(out) -> bool:
+    parts = out if isinstance(out, tuple | list) else (out,)
+    return all(bool(torch.isfinite(o).all()) for o in parts if isinstance(o, torch.Tensor))
 
 
 def check_result(y: torch.Tensor, explain: Callable[[], str]) -> None:

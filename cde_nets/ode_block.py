@@ -21,6 +21,7 @@ from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.times import check_times
+from cde_nets.solvers.validation import check_half_precision, nonfinite_message
 
 from .block import Block
 from .block_regularisers import AugmentedBound, TrajectoryRegularisers
@@ -28,7 +29,7 @@ from .collected_terms import report
 from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField
-from .nonfinite import Watch, check_result, nonfinite_parameter
+from .nonfinite import Found, Watch, check_result, nonfinite_parameter
 from .per_sample_block import solve_per_sample
 from .pieces import gathered, piece_modules, set_views
 from .solution import Solution
@@ -432,13 +433,7 @@ class ODEBlock(Block):
         until they underflow (or overflow its norms), and the failure would surface far from its cause."""
         if not self.solver.adaptive or not y0.is_floating_point():
             return
-        if y0.dtype in (torch.float16, torch.bfloat16):
-            raise ValueError(
-                f"the adaptive method={self.method!r} does not support {str(y0.dtype).removeprefix('torch.')} "
-                "states: its error norms and step times are computed in the state's dtype, where they overflow "
-                "or cannot resolve a step. Use a float32/float64 state, or a fixed-step method (e.g. "
-                "method='rk4' with `step_size`), which runs in half precision."
-            )
+        check_half_precision(self.method, y0.dtype, "state", "`step_size`")
         # the unit roundoff: torchdiffeq's default rtol = 1e-7 on a float32 state (u = 6e-8) stays allowed
         eps = torch.finfo(y0.dtype).eps / 2
         adjoint_rtol = self.gradient.rtol if isinstance(self.gradient, Adjoint) else None
@@ -528,22 +523,18 @@ class ODEBlock(Block):
                 f"parameter `{name}` holds NaN/inf, so the solve is non-finite; restore the last good checkpoint "
                 "(a diverged optimiser step?) or re-initialise it."
             )
-        watch = Watch(bound)
+        watch = Watch(bound, stop=True)
         with torch.no_grad():
             try:
                 integrate(watch, y0.detach(), t, solver=self.solver, gradient=Backprop(), jump_t=jump_t, grid=grid)
-            except SolverError:
+            except (SolverError, Found):
                 pass
         if watch.t is None:
             return None
         grid_ = getattr(self.field, "grid", None)
         piece = f" (piece {grid_.index(watch.t)} of {grid_.L})" if grid_ is not None and grid_.L > 1 else ""
-        return (
-            f"the state became non-finite (NaN/inf) in the forward solve: the field first returned a "
-            f"non-finite value at t={watch.t:.6g}{piece}, evaluation {watch.evaluations}. The solution blows "
-            "up there: use smaller steps (`step_size`, or an adaptive method), shrink the weights or inputs, "
-            "or use float64."
-        )
+        fix = "use smaller steps (`step_size`, or an adaptive method), shrink the weights or inputs, or use float64."
+        return nonfinite_message(watch.t, watch.first, piece, fix)
 
     def _solve_events(
         self,

@@ -27,6 +27,7 @@ from .norms import StateNorm
 from .options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
 from .per_sample import wants_rows
 from .run import Backward, Run
+from .validation import check_field_output, check_tolerance, check_tolerances
 
 __all__ = [
     "ADAPTIVE",
@@ -39,6 +40,7 @@ __all__ = [
     "solve_flat",
     "state_norm",
     "tolerance",
+    "tolerances",
     "unflatten",
 ]
 
@@ -85,6 +87,7 @@ class Problem(nn.Module):
         self.stats = SolverStats()  # the engine's pieces count here; the functional API reports none
         # what a symplectic composition calls the halves of: the user's separable module, on a forwards tensor state
         self.composed = func if shapes is None and sign > 0 else self
+        self.checked = False  # the first evaluation's output is checked against the state, later ones are not
         # forward(t, y, rows): a field with per-sample data reads it for the batch rows it is handed (all of them
         # on the shared step)
         self.all_rows: torch.Tensor | None = None
@@ -141,9 +144,10 @@ class Problem(nn.Module):
             out = self.func(-t if self.sign < 0 else t, y, rows=self.all_rows)
         else:
             out = self.func(-t if self.sign < 0 else t, unflatten(y, self.shapes))
+        if not self.checked:
+            check_field_output(out, unflatten(y, self.shapes), "`func`", "func(t, y)")
+            self.checked = True
         if self.shapes is not None:
-            if not isinstance(out, tuple | list) or len(out) != len(self.shapes):
-                raise TypeError(f"`func` must return a tuple of {len(self.shapes)} tensors for a tuple state.")
             out = torch.cat([o.reshape(-1) for o in out])
         out = -out if self.sign < 0 else out
         if self.recorder is not None:
@@ -178,6 +182,13 @@ def state_norm(options: dict, shapes: list[torch.Size] | None, method: str) -> d
 
 
 def tolerance(tol: Any, shapes: list[torch.Size] | None, name: str) -> Any:
+    """``rtol`` or ``atol`` as the engine takes it (a tuple state's tuple as one flat tensor), checked
+    (:func:`~solvers.validation.check_tolerance`: torchdiffeq's ``0`` allowed, a negative value refused)."""
+    check_tolerance(name, tol, zero_ok=True)
+    return _flat_tolerance(tol, shapes, name)
+
+
+def _flat_tolerance(tol: Any, shapes: list[torch.Size] | None, name: str) -> Any:
     if isinstance(tol, torch.Tensor) and tol.requires_grad:
         raise ValueError(f"`{name}` must not require grad.")
     if shapes is not None and isinstance(tol, tuple | list):
@@ -185,6 +196,12 @@ def tolerance(tol: Any, shapes: list[torch.Size] | None, name: str) -> Any:
             raise ValueError(f"`{name}` as a tuple needs one tolerance per part of `y0` ({len(shapes)}).")
         return torch.cat([torch.as_tensor(v, dtype=torch.float64).expand(s).reshape(-1) for v, s in zip(tol, shapes)])
     return tol
+
+
+def tolerances(rtol: Any, atol: Any, shapes: list[torch.Size] | None) -> tuple[Any, Any]:
+    """Both tolerances (:func:`tolerance`), refused where both are zero."""
+    check_tolerances(rtol, atol, zero_ok=True)
+    return _flat_tolerance(rtol, shapes, "rtol"), _flat_tolerance(atol, shapes, "atol")
 
 
 def solve_flat(

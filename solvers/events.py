@@ -40,6 +40,8 @@ from typing import cast
 
 import torch
 
+from .validation import check_event_output
+
 __all__ = ["EventResult", "HermiteDense", "event_time", "hermite", "integrate_events", "locate_roots"]
 
 Solve = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -236,6 +238,7 @@ class _EventLoop:
         if self.event is not None:
             with torch.no_grad():
                 self.g_prev = self.event(torch.full((self.batch,), t0, dtype=y0.dtype, device=device), y0, self.idx)
+            check_event_output(self.g_prev, "`event`", (self.batch,))
             if stop_below:
                 at_start = cast(torch.Tensor, self.g_prev) <= 0
                 if bool(at_start.any()):

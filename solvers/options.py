@@ -15,6 +15,7 @@ from .errors import check_positive, check_positive_int
 from .implicit_ode import IMPLICIT_METHODS, IMPLICIT_OPTIONS
 from .split_ode import SPLIT_METHODS
 from .tableaux import TABLEAUX
+from .validation import TOLERANCE_HINT
 
 __all__ = [
     "ADAPTIVE_METHODS",
@@ -116,9 +117,9 @@ def _max_num_steps(options: Mapping | None, max_steps: int | None) -> tuple[Mapp
 
 
 def validate_tolerances(rtol: float, atol: float) -> tuple[float, float]:
-    rtol = check_positive("rtol", rtol, "Typical values: 1e-3 (training) to 1e-10 (reference solutions).")
-    atol = check_positive("atol", atol, "Typical values: 1e-4 (training) to 1e-12 (reference solutions).")
-    return rtol, atol
+    """A block's tolerances: numbers > 0 (the functional API's :func:`~solvers.validation.check_tolerance`
+    also takes tensors and, as torchdiffeq, 0; both say the same)."""
+    return check_positive("rtol", rtol, TOLERANCE_HINT["rtol"]), check_positive("atol", atol, TOLERANCE_HINT["atol"])
 
 
 class FrozenOptions(dict):

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .validation import finite_times
+
 __all__ = ["HOST_TIME", "check_times"]
 
 # attribute name of the host value a fixed-grid evaluation time carries (``getattr(t, HOST_TIME)``)
@@ -27,6 +29,8 @@ def check_times(
         tt = t.detach().double() if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise TypeError(f"`t` must be a 1-D sequence of times, got {type(t).__name__}.") from exc
+    if tt.dim() == 1:
+        finite_times("t", tt)
     up = tt.dim() == 1 and len(tt) >= 2 and bool((tt[1:] > tt[:-1]).all())
     down = backwards and tt.dim() == 1 and len(tt) >= 2 and bool((tt[1:] < tt[:-1]).all())
     if not (up or down):

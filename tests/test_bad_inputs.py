@@ -492,7 +492,7 @@ API: list[Case] = [
         "ode-t-nan",
         lambda: ODEBlock(Hamiltonian(4)).solve(torch.zeros(1, 4), t=[0.0, float("nan")]),
         ValueError,
-        "`t` must be a 1\\-D strictly monotone sequence o",
+        "`t` holds a non\\-finite time \\(NaN or inf\\): `t\\[1\\]`=nan",
     ),
     (
         "ode-t-negative",

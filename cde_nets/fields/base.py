@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from cde_nets.solvers.errors import check_finite
+from cde_nets.solvers.validation import check_floating
 
 from ..pieces import TimeGrid
 
@@ -191,8 +192,7 @@ class Field(nn.Module):
             raise ValueError(
                 f"`{name}` has shape {tuple(t.shape)}, but {type(self).__name__} expects (batch, {sizes}); {fix}"
             )
-        if not t.is_floating_point():
-            raise TypeError(f"`{name}` must be a floating-point tensor, got {t.dtype}; call `.float()` or `.double()`.")
+        check_floating(name, t)
 
     def check_state(self, y: torch.Tensor, name: str = "y0") -> None:
         """Raise a ``ValueError`` naming ``name`` if ``y`` is not ``(batch, *state_shape)`` or not finite."""

@@ -18,6 +18,7 @@ from torch import nn
 
 from cde_nets.solvers.errors import check_positive_int
 from cde_nets.solvers.per_sample import wants_rows
+from cde_nets.solvers.validation import check_field_output, check_floating
 
 from .base import Field
 
@@ -51,11 +52,9 @@ class ModuleField(Field):
     def check_state(self, y: torch.Tensor, name: str = "y0") -> None:
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"`{name}` must be a torch.Tensor, got {type(y).__name__}.")
-        if y.dim() < 1 or not y.is_floating_point():
-            raise ValueError(
-                f"`{name}` must be a floating-point tensor of shape (batch, ...), got {y.dtype} "
-                f"of shape {tuple(y.shape)}."
-            )
+        check_floating(name, y)
+        if y.dim() < 1:
+            raise ValueError(f"`{name}` must be a tensor of shape (batch, ...), got shape {tuple(y.shape)}.")
 
 
 def as_field(module: nn.Module, T: float | None, steps: int | None) -> Field:
@@ -87,14 +86,8 @@ def check_output(field: nn.Module, y: torch.Tensor, out: Any) -> None:
     evaluation only.
     """
     name = type(field.module if isinstance(field, ModuleField) else field).__name__
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"the field {name} returned {type(out).__name__}; F(t, y) must return a tensor of y's shape.")
-    if out.shape != y.shape:
-        raise ValueError(
-            f"the field {name} returned shape {tuple(out.shape)} for a state y of shape {tuple(y.shape)}; "
-            f"F(t, y) must return y's shape {tuple(y.shape)} (dy/dt has one entry per entry of y): check the "
-            "field's last layer (e.g. its output features)."
-        )
+    fix = ": check the field's last layer (e.g. its output features)"
+    check_field_output(out, y, f"the field {name}", fix=fix)
 
 
 class BoundField:
