@@ -27,9 +27,10 @@ from .collected_terms import report
 from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField
+from .gathering import gathered
 from .nonfinite import Watch, check_result, nonfinite_parameter
 from .per_sample_block import solve_per_sample
-from .pieces import gathered, piece_modules, set_views
+from .pieces import piece_modules, set_views
 from .solution import Solution
 from .stop import Stop, as_stop
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from cde_nets.checkpoint import CheckpointError, RunInUseError, RunLock
-from cde_nets.cli import did_you_mean
+from cde_nets.solvers.errors import did_you_mean
 
 from .reference import attach
 from .registry import REPRODUCTIONS, THREADS, THREADS_OF, recorded_only, threads_for, times, total

@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 from .margins import RECORDED, check, describe
-from .reference import attach, reference_cell
+from .reference import attach
 from .registry import REPRODUCTIONS
-from .report import _fmt, seeds_label
+from .report import _fmt, reference_cell, seeds_label, summary
 from .seed_figure import seed_figure
-from .seeds import summary
 from .verdicts import FOOTNOTES, verdict
 
 FOLD_ROWS = 40  # longer sections (the adjoint and conservation sweeps) fold into a collapsible block

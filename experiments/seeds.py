@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from .registry import THREADS, runner
-from .report import _fmt, write_result
-from .spread import of_row
+from .report import write_result
 
-__all__ = ["TRAINING", "default_seeds", "default_workers", "aggregate", "run_seeds", "seed_path", "summary"]
+__all__ = ["TRAINING", "default_seeds", "default_workers", "aggregate", "run_seeds", "seed_path"]
 
 # The reproductions that train a network: their numbers move with the seed. The others are deterministic sweeps.
 TRAINING = frozenset(
@@ -212,25 +211,3 @@ def run_seeds(
             done[seed] = _finished(out_dir, name, size, seed, log)
     # this invocation's wall time, unless some seeds ran before it: then the seeds' own times, summed
     return aggregate([done[s] for s in seeds], time_s=None if len(todo) < len(seeds) else time.perf_counter() - t0)
-
-
-def summary(row: dict, digits: int = 4) -> str:
-    """``mean ± sd (min–max, n seeds)`` for a row aggregated over several seeds, the plain value otherwise; a
-    heavy-tailed row (``sd > |mean|``) adds the median and MAD-sd it is judged by (:mod:`experiments.spread`)."""
-    unit = row.get("unit", "")
-    if row.get("n_seeds", 1) < 2 or "sd" not in row:
-        return _fmt(row["ours"], unit)
-    if row["min"] == row["max"]:  # a count or a closed form: every seed gives the same number
-        return f"{_fmt(row['min'], unit)} (all {row['n_seeds']} seeds)"  # min: the recorded number, an int stays one
-    g = f".{digits}g"
-    text = (
-        f"{row['ours']:{g}} ± {row['sd']:.2g}{(' ' + unit) if unit else ''} "
-        f"({row['min']:{g}}–{row['max']:{g}}, {row['n_seeds']} seeds)"
-    )
-    gone = row.get("diverged")
-    if isinstance(gone, dict) and gone:
-        text = text[:-1] + f"; seed{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} diverged)"
-    s = of_row(row)
-    if s and s.by_median:  # the mean is one far seed's: say so, and what the row is judged by
-        text += f"; sd > mean: median {s.centre:{g}} ± {s.spread:.2g} (MAD)"
-    return text

@@ -8,7 +8,8 @@ import pytest
 
 from cde_nets.experiments.__main__ import main
 from cde_nets.experiments.margins import check, met
-from cde_nets.experiments.seeds import aggregate, default_seeds, summary
+from cde_nets.experiments.report import summary
+from cde_nets.experiments.seeds import aggregate, default_seeds
 
 NAME = "hdnn_table1"
 
