@@ -62,7 +62,7 @@ def _mlp_decay(weight: float) -> Regulariser:
 
 def _bsm_recorder(step, layers: int, probe: torch.Tensor):
     """``fit`` epoch callback: per-layer BSM norms on ``probe`` (min/mean per sample, and of the mean matrix),
-    stored in the epoch's metrics so that a checkpointed run keeps them when it is resumed."""
+    stored in the epoch's metrics so that a snapshotted run keeps them when it is resumed."""
 
     def record(epoch, model, metrics):
         res = discrete_bsm(step, model.embed(probe), layers=layers, matrices=True)

@@ -603,9 +603,9 @@ CLI: list[tuple[str, list[str], str]] = [
     ("threads-negative", ["blog", "--tiny", "--threads", "-2"], r"--threads must be a positive integer"),
     ("threads-not-int", ["blog", "--tiny", "--threads", "two"], r"argument --threads: invalid int value"),
     (
-        "resume-without-checkpoints",
-        ["blog", "--tiny", "--resume", "--no-checkpoints"],
-        r"--resume needs the checkpoints",
+        "resume-without-snapshots",
+        ["blog", "--tiny", "--resume", "--no-snapshots"],
+        r"--resume needs the snapshots",
     ),
     ("quick-and-tiny", ["blog", "--tiny", "--quick"], r"not allowed with argument"),
     ("seed-not-int", ["blog", "--seed", "x"], r"argument --seed: invalid int value"),
@@ -636,7 +636,7 @@ def test_bad_command_line_is_refused_before_any_work(argv, match, tmp_path, caps
 
 
 def test_a_stale_lock_is_taken_over_and_released(tmp_path):
-    from cde_nets.checkpoint import RunLock
+    from cde_nets.snapshots import RunLock
 
     (tmp_path / ".lock").write_text("999999999")  # no such process
     with RunLock(tmp_path):
