@@ -37,7 +37,7 @@ __all__ = ["NYSTROM_TABLEAUX", "NystromTableau", "dense_weights"]
 
 _ORDER_TOL = 1e-12
 
-Rows = tuple[tuple[float, ...], ...]
+Matrix = tuple[tuple[float, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,15 @@ class NystromTableau:
     name: str
     order: int
     c: tuple[float, ...]
-    a: Rows
+    a: Matrix
     b: tuple[float, ...]
     bp: tuple[float, ...]
     source: str
-    av: Rows | None = None
+    av: Matrix | None = None
     embedded: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     embedded_order: int = 0
-    dense_q: Rows | None = None
-    dense_v: Rows | None = None
+    dense_q: Matrix | None = None
+    dense_v: Matrix | None = None
     dense_order: int = 0
 
     def __post_init__(self) -> None:
@@ -120,7 +120,7 @@ def dense_weights(tab: NystromTableau, theta: float) -> tuple[tuple[float, ...],
     return bq, bv
 
 
-def _lower(s: int, entries: dict[tuple[int, int], float]) -> Rows:
+def _lower(s: int, entries: dict[tuple[int, int], float]) -> Matrix:
     return tuple(tuple(entries.get((i, j), 0.0) for j in range(s)) for i in range(s))
 
 

@@ -28,7 +28,7 @@ import torch
 from .errors import BACKWARD_UNSTABLE, Reason, SolverError
 from .gradients import Adjoint
 from .per_sample_grads import advance_for, integrate_rows
-from .per_sample_loop import PerSampleInfo, Round, Rows, Stepper
+from .per_sample_loop import PerSampleInfo, Round, RowClocks, Stepper
 
 __all__ = ["SeparateAdjoint", "adjoint_rows"]
 
@@ -113,7 +113,7 @@ class _Augmented:
         self.nfe += 1
         return torch.cat((-f.detach(), vjp), 1)
 
-    def quadrature(self, stepper: Stepper, rd: Round, rows: Rows) -> None:
+    def quadrature(self, stepper: Stepper, rd: Round, rows: RowClocks) -> None:
         """``Σ_i h_b b_i a_iᵀ ∂F/∂θ(Y_i)`` over the rows whose step was accepted, one product for the round."""
         stages, self.records = self.records[-stepper.s :], []
         if not self.params:
@@ -146,7 +146,7 @@ def _backward(cfg: dict, outs: torch.Tensor, gs: torch.Tensor, params, sel: torc
         seg = PerSampleInfo.zeros(len(sel), outs.device)
         watch = _Divergence(outs[j, sel], outs[j - 1, sel], sel, times[:, j], times[:, j - 1], atol / rtol)
 
-        def hook(rd: Round, rows: Rows, watch: _Divergence = watch) -> None:
+        def hook(rd: Round, rows: RowClocks, watch: _Divergence = watch) -> None:
             aug.quadrature(stepper, rd, rows)
             watch.round(rd.y[:, :N], rows.ids, aug.nfe)
 

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from .errors import Reason, SolverError
-from .per_sample_loop import Round, Rows, Stepper, dense, start
+from .per_sample_loop import Round, RowClocks, Stepper, dense, start
 from .per_sample_steps import controlled_advance, count_replayed
 
 __all__ = ["advance_for", "integrate_rows"]
 
-Advance = Callable[[torch.Tensor, torch.Tensor, Rows], Round]
+Advance = Callable[[torch.Tensor, torch.Tensor, RowClocks], Round]
 
 
 def advance_for(mode: str, stepper: Stepper, params: Sequence[torch.Tensor] = ()) -> Advance:
@@ -48,7 +48,7 @@ def advance_for(mode: str, stepper: Stepper, params: Sequence[torch.Tensor] = ()
         return controlled_advance(mode, stepper, params)
     replayed = _CheckpointRound if mode == "checkpoint" else _SymplecticRound
 
-    def replay(y: torch.Tensor, k0: torch.Tensor, rows: Rows) -> Round:
+    def replay(y: torch.Tensor, k0: torch.Tensor, rows: RowClocks) -> Round:
         box: list[Round] = []
         y1, k1, *values = replayed.apply(stepper, rows, box, y, k0, *params)
         rd = box[0]
@@ -69,7 +69,7 @@ def integrate_rows(
     max_steps: int,
     first_step: float | None,
     advance: Advance,
-    hook: Callable[[Round, Rows], None] | None = None,
+    hook: Callable[[Round, RowClocks], None] | None = None,
 ) -> torch.Tensor:
     """Rounds from ``y`` (``(B, N)``) until every row has reached its last output time; the outputs as
     ``(n · B, N)`` (row ``j · B + b``: sample ``b`` at ``times[b, j]``; the last, the row's state at its end).
@@ -148,7 +148,7 @@ def _count(info: Any, ids: torch.Tensor, passed: torch.Tensor, ran: torch.Tensor
     info.rejected[ids] = last - accepted
 
 
-def _failure(rd: Round, rows: Rows, nfe: int) -> SolverError:
+def _failure(rd: Round, rows: RowClocks, nfe: int) -> SolverError:
     assert rd.bad is not None
     row = int(rd.bad.nonzero()[0])
     b = int(rows.ids[row])
@@ -168,7 +168,7 @@ class _ReplayedRound(torch.autograd.Function):
     """One round without a graph, its inputs and decisions kept for a replay in the backward pass."""
 
     @staticmethod
-    def forward(ctx, stepper: Stepper, rows: Rows, box: list, y: torch.Tensor, k0: torch.Tensor, *params):
+    def forward(ctx, stepper: Stepper, rows: RowClocks, box: list, y: torch.Tensor, k0: torch.Tensor, *params):
         with torch.no_grad():
             rd = stepper.round(y, k0, rows, graph=False)
         box.append(rd)

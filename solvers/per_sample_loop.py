@@ -1,6 +1,6 @@
 r"""The rounds of a per-sample solve (:mod:`solvers.per_sample`): each running row takes one attempted step.
 
-A round is a pure function of the rows' state ``(y, k_1)`` and their clocks (:class:`Rows`):
+A round is a pure function of the rows' state ``(y, k_1)`` and their clocks (:class:`RowClocks`):
 
     ``Y_i = y + h_b Σ_{j<i} a_ij k_j``,   ``k_i = F(t_b + c_i h_b, Y_i)``,   ``err_b = h_b Σ_i e_i k_i``,
 
@@ -25,7 +25,7 @@ from .fast_rk import _dense_weights
 from .per_sample_control import Controller, Decision, in_dtype
 from .tableaux import MethodTableau
 
-__all__ = ["TIME_SPAN", "PerSampleInfo", "Round", "Rows", "Stepper", "dense", "root"]
+__all__ = ["TIME_SPAN", "PerSampleInfo", "Round", "RowClocks", "Stepper", "dense", "root"]
 
 _LANES = 16  # a multiple of every CPU vector width in float64
 
@@ -66,7 +66,7 @@ class PerSampleInfo:
 
 
 @dataclass
-class Rows:
+class RowClocks:
     """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
     ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
     was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time,
@@ -89,8 +89,8 @@ class Rows:
     cap: torch.Tensor
     span: tuple[float, float] | None = None
 
-    def select(self, keep: torch.Tensor) -> Rows:
-        """Rows ``keep``; the float64 clocks are gathered together (one gather for seven; where the moving clocks
+    def select(self, keep: torch.Tensor) -> RowClocks:
+        """The rows ``keep``; the float64 clocks are gathered together (one gather for seven; where the moving clocks
         carry graphs, apart from the constant ones, which must not join those graphs)."""
         if self.t0.requires_grad or self.dt.requires_grad or self.prev.requires_grad:
             t0, dt, t1, prev = (v.index_select(0, keep) for v in (self.t0, self.dt, self.t1, self.prev))
@@ -101,12 +101,12 @@ class Rows:
             ).index_select(1, keep)
         other = (self.ids, self.on_jump, self.tt, self.cursor, self.rtol, self.atol)
         ids, on_jump, tt, cursor, rtol, atol = (v.index_select(0, keep) for v in other)
-        return Rows(ids, t0, dt, t1, on_jump, tl, tt, cursor, t_next, rtol, atol, prev, cap, self.span)
+        return RowClocks(ids, t0, dt, t1, on_jump, tl, tt, cursor, t_next, rtol, atol, prev, cap, self.span)
 
-    def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> Rows:
+    def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> RowClocks:
         """These rows with new clocks (a direct construction: ``dataclasses.replace`` costs a round ~10 µs)."""
         clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.rtol, self.atol, self.prev, self.cap)
-        return Rows(self.ids, t0, dt, t1, *clocks, self.span)
+        return RowClocks(self.ids, t0, dt, t1, *clocks, self.span)
 
 
 @dataclass
@@ -122,7 +122,7 @@ class Round:
     out_rows: list[torch.Tensor]
     out_w: list[torch.Tensor]
     out_t: list[torch.Tensor]  # the output times of those rows
-    rows: Rows  # the clocks after the round
+    rows: RowClocks  # the clocks after the round
     jumped: torch.Tensor | None  # rows whose accepted step ended on a jump: k_1 re-read on its far side
     ok: torch.Tensor
     ratio: torch.Tensor  # √N times the error ratio (valid until the next round)
@@ -211,7 +211,7 @@ class Stepper:
         self.differentiated = False
         self.keep = False  # keep the controller's factor in each round's decision (a replay rebuilds its graph)
 
-    def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
+    def plan(self, rows: RowClocks, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> RowClocks:
         """The next step of every row: ``t1 = min(t0 + dt, t_end)`` (given ``t1``, as the controller clips it),
         shortened to land on the next jump of the field strictly inside it (as torchdiffeq's ``jump_t``:
         ``dt = t_jump − t0``)."""
@@ -245,7 +245,7 @@ class Stepper:
                 setattr(t, TIME_SPAN, span)
         return out
 
-    def reused_times(self, rows: Rows) -> list[torch.Tensor]:
+    def reused_times(self, rows: RowClocks) -> list[torch.Tensor]:
         """:meth:`stage_times` (float64 states) written into a buffer made once per row count: the same values,
         without a new tensor a stage (a round without a graph: the field sees these times during its call only,
         as it sees the stage inputs in reused buffers)."""
@@ -268,7 +268,7 @@ class Stepper:
                 setattr(t, TIME_SPAN, rows.span)
         return out
 
-    def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None, ts: list | None = None):
+    def stages(self, y, k0, rows: RowClocks, graph: bool, inputs: list | None = None, ts: list | None = None):
         """The stages times the step, ``h k_i`` (``(s, m, N)``), their flat view, the last stage input ``Y_s``
         and the last stage ``k_s`` itself; ``inputs`` collects every stage input ``Y_i``. Each stage input is
         ``Y_i = y + Σ_j a_ij (h k_j)``: one product with the stored stages, as the shared step's ``addmv``."""
@@ -305,7 +305,7 @@ class Stepper:
             torch.mul(k, h, out=K_row)
         return W.K, W.flat, Y, k
 
-    def round(self, y: torch.Tensor, k0: torch.Tensor, rows: Rows, graph: bool) -> Round:
+    def round(self, y: torch.Tensor, k0: torch.Tensor, rows: RowClocks, graph: bool) -> Round:
         """One attempted step of every row (``graph``: keep the autograd graph of the values); the control
         (:mod:`solvers.per_sample_control`) works on detached values."""
         if graph or self.dtype != torch.float64:
@@ -339,7 +339,7 @@ class Stepper:
             n_due = int(due.sum())
         okc = d.ok[:, None] if d.ok_n is None else d.ok_n
         clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, rows.rtol, rows.atol)
-        new = Rows(rows.ids, *clocks, d.prev, d.cap, d.span)
+        new = RowClocks(rows.ids, *clocks, d.prev, d.cap, d.span)
         if not d.n_bad and self.jumps is not None:
             new = self.plan(new, d.t_new, d.dt, d.t1)
         k_new = torch.where(okc, k_last, k0)
@@ -430,7 +430,9 @@ def dense(y: torch.Tensor, K: torch.Tensor, r: torch.Tensor, w: torch.Tensor) ->
     return y[r] + torch.bmm(w[:, None], K[:, r].transpose(0, 1))[:, 0]
 
 
-def initial_step(stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: Rows) -> torch.Tensor:
+def initial_step(
+    stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: RowClocks
+) -> torch.Tensor:
     """Hairer, Nørsett & Wanner's initial step (§II.4) for each row, in the state's dtype, as float64; a function
     of ``y`` and ``f0`` where the steps are differentiated (:mod:`solvers.step_sizes`), else a constant."""
     graph = stepper.differentiated and torch.is_grad_enabled()
@@ -469,14 +471,14 @@ def _spread(tol: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return tol.expand(shape).contiguous() if shape[1] < _LANES else tol
 
 
-def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, first_step) -> tuple[Any, Rows]:
+def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, first_step) -> tuple[Any, RowClocks]:
     """The first stage ``F(t_0, y_0)`` (with its graph) and every row's clocks before the first round."""
     B, device = times.shape[0], times.device
     ids = torch.arange(B, device=device)
     # the last output is each row's state once it finishes (its last step ends on it): it never falls due
     tt = torch.cat((times[:, :-1], times.new_full((B, 2), math.inf)), 1)
     t0 = times[:, 0].clone()
-    rows = Rows(
+    rows = RowClocks(
         ids=ids,
         t0=t0,
         dt=t0,

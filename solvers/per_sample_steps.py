@@ -20,16 +20,16 @@ from collections.abc import Sequence
 
 import torch
 
-from .per_sample_loop import Round, Rows, Stepper, dense, dense_weights
+from .per_sample_loop import Round, RowClocks, Stepper, dense, dense_weights
 from .replay_controlled import field_vjp, stagewise
 
 __all__ = ["controlled_advance", "count_replayed", "with_clocks"]
 
 
-def with_clocks(rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, prev: torch.Tensor) -> Rows:
+def with_clocks(rows: RowClocks, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, prev: torch.Tensor) -> RowClocks:
     """``rows`` with these clocks (tensors that may carry graphs)."""
     r = rows
-    return Rows(r.ids, t0, dt, t1, r.on_jump, r.tl, r.tt, r.cursor, r.t_next, r.rtol, r.atol, prev, r.cap, r.span)
+    return RowClocks(r.ids, t0, dt, t1, r.on_jump, r.tl, r.tt, r.cursor, r.t_next, r.rtol, r.atol, prev, r.cap, r.span)
 
 
 class _Accumulator:
@@ -53,7 +53,7 @@ class _Controlled(torch.autograd.Function):
     """One round without a graph; its inputs, clocks and the controller's branches kept for the backward pass."""
 
     @staticmethod
-    def forward(ctx, st: Stepper, rows: Rows, box: list, y, k0, t0, dt, t1, prev, *params):
+    def forward(ctx, st: Stepper, rows: RowClocks, box: list, y, k0, t0, dt, t1, prev, *params):
         with torch.no_grad():
             rd = st.round(y, k0, rows, graph=False)
         box.append(rd)
@@ -66,7 +66,7 @@ class _Controlled(torch.autograd.Function):
         return (rd.y, rd.k0, n.t0, n.dt, n.t1, n.prev, *rd.values)
 
 
-def _outputs(ctx, rg: Rows, yv, kv, K, Y, k_last, k_jump=None) -> list[torch.Tensor]:
+def _outputs(ctx, rg: RowClocks, yv, kv, K, Y, k_last, k_jump=None) -> list[torch.Tensor]:
     """The round's outputs ``(y, k_1, t_0, h, t_1, m, dense outputs…)`` on the forward's branches, as functions of
     its inputs (``rg``: the clocks it started from) and stages; ``k_jump``: the first stage past a jump, where
     the caller evaluates it itself."""
@@ -194,7 +194,7 @@ def controlled_advance(mode: str, st: Stepper, params: Sequence[torch.Tensor]):
     """One round as ``mode`` (``"checkpoint"``/``"symplectic"``) records it, its clocks carried by autograd."""
     fn = ControlledCheckpointRound if mode == "checkpoint" else ControlledSymplecticRound
 
-    def advance(y: torch.Tensor, k0: torch.Tensor, rows: Rows) -> Round:
+    def advance(y: torch.Tensor, k0: torch.Tensor, rows: RowClocks) -> Round:
         box: list[Round] = []
         y1, k1, t0, dt, t1, prev, *values = fn.apply(
             st, rows, box, y, k0, rows.t0, rows.dt, rows.t1, rows.prev, *params
