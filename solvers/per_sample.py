@@ -14,11 +14,11 @@ Hairer's DOPRI5 code (Gustafsson 1991; Hairer & Wanner, "Solving Ordinary Differ
 alone. The shared step keeps torchdiffeq's rule (an accepted step never shrinks the next), bit for bit; the PI
 rule takes fewer calls per sample (1178 batched calls against 1424 on the mixed Van der Pol batch of
 ``benchmarks/per_sample.py``). Acceptance, the step update and the state update
-are ``torch.where`` on the device. Every round makes one batched field evaluation per stage over the samples still
+are ``torch.where`` on the device. Every sweep makes one batched field evaluation per stage over the samples still
 running; samples that pass their last output time leave the batch (their rows are dropped once a quarter of the
 running rows have finished, until no more than a sixteenth of the batch is left; until then they ride along frozen
-at their end), so late rounds cost less. One small
-tensor is read back per round (how many samples still run, whether any failed, whether an output time was
+at their end), so late sweeps cost less. One small
+tensor is read back per sweep (how many samples still run, whether any failed, whether an output time was
 passed), and one more per output time passed. So every sample takes the steps it would take alone, and the field
 is called ``max_b(nfe_b)`` times: the count of the sample that needs the most.
 
@@ -27,10 +27,10 @@ Outputs are read off the accepted step that holds them, with the method's dense 
 
 The field sees ``t`` of shape ``(m,)`` (one time per running row, in the state's dtype) and ``y`` of shape
 ``(m, *state)``, the rows in batch order; it must be row-wise (a row's derivative depends on that row alone).
-Without a graph (no gradient, or a replaying gradient's forward) both are buffers the next round writes again:
+Without a graph (no gradient, or a replaying gradient's forward) both are buffers the next sweep writes again:
 a field that keeps them past its call must copy them.
-Gradients (:mod:`solvers.per_sample_grads`, :mod:`solvers.per_sample_adjoint`): ``backprop`` through the rounds,
-``checkpoint`` and ``symplectic`` replaying each round from its stored inputs (the same per-sample steps: the
+Gradients (:mod:`solvers.per_sample_grads`, :mod:`solvers.per_sample_adjoint`): ``backprop`` through the sweeps,
+``checkpoint`` and ``symplectic`` replaying each sweep from its stored inputs (the same per-sample steps: the
 gradient of the steps taken, as backprop's), and the continuous ``adjoint`` with a per-sample backward solve.
 Every row's step sizes are functions of its state through its error ratio and the PI controller, differentiated
 as such (:mod:`solvers.step_sizes`, :mod:`solvers.per_sample_steps`; ``steps="fixed"`` holds them constant).
@@ -209,7 +209,7 @@ def odeint_per_sample(
         jump_t: times where ``func`` jumps (torchdiffeq's ``jump_t``, common to all samples): a step that would
             cross one is shortened to end on it, and the next step's first stage is read just after it.
         time_spans: every time tensor ``func`` sees carries the least and greatest of its values on the host,
-            ``getattr(t, TIME_SPAN)``, read with each round's counts:
+            ``getattr(t, TIME_SPAN)``, read with each sweep's counts:
             a piecewise field finds the pieces in force without a read of its own.
         return_info: also return the :class:`PerSampleInfo`.
 
@@ -281,7 +281,7 @@ _GLOBAL_HOOKS = (
 def _plain_forward(func: Callable) -> Callable:
     """``func.forward`` for a module that ``nn.Module.__call__`` would only forward to (no hooks of its own or
     global, not compiled, not traced: its fast path), else ``func``: the forward solve calls the field several
-    times a round, and the two Python frames of ``__call__`` cost about 0.9 µs a call (4 % of the mixed Van der
+    times a sweep, and the two Python frames of ``__call__`` cost about 0.9 µs a call (4 % of the mixed Van der
     Pol batch's forward). Read once per solve: hooks added while it runs count from the next solve."""
     if not isinstance(func, nn.Module) or type(func).__call__ is not nn.Module.__call__:
         return func

@@ -20,7 +20,7 @@ never shrinks the next) 1424. The shared step (:mod:`solvers.fast_rk`) keeps tor
 
 The roots run on a buffer padded to whole SIMD vectors (a vectorised ``pow`` and the scalar one of a short tail
 differ in the last bit, which would make a sample's steps depend on its place in the batch). Everything stays on
-the device; the round's one host read is the counts (rows running, rows owing an output, rows whose clock moved).
+the device; the sweep's one host read is the counts (rows running, rows owing an output, rows whose clock moved).
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ FLOOR = 1e-4  # the least previous ratio the PI controller takes (Hairer's DOPRI
 
 
 class Decision(NamedTuple):
-    """One round's decisions for ``m`` rows: ``ok`` accepted, ``t_new`` the rows' time after it, ``dt``/``t1``
+    """One sweep's decisions for ``m`` rows: ``ok`` accepted, ``t_new`` the rows' time after it, ``dt``/``t1``
     the next step and its end, ``alive`` still short of the end, ``due`` owing an output within the accepted step
     (``None`` without outputs between start and end), ``prev``/``cap`` the rows' controller memory after it
     (``max(√N r', 10⁻⁴ √N)^β`` and the bound on the next factor), ``moved`` whose next step advances its clock (false
     for a NaN or underflowed step, and for finished rows, frozen at zero steps), ``norm`` ``√N r`` (in a buffer
-    the next round reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed,
+    the next sweep reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed,
     the accepted steps that ended on a jump of the field (``None`` without jumps), if asked, the span of the
-    next round's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype, and ``ok``
+    next sweep's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype, and ``ok``
     on every component for a state of a few components."""
 
     ok: torch.Tensor
@@ -129,7 +129,7 @@ class Controller:
         """The decisions after an attempted step: ``errT`` the stages times the step, stage-minor (``(m N, s)``),
         ``e`` the error weights, ``y`` the step's start and ``Y`` its attempted end ``(m, N)`` (no graph; the
         error's scale is ``max(|y|, |Y|)``), ``jumps`` whether the field has jumps (``rows.on_jump`` marks the
-        steps that end on one), ``span`` whether to read the span of the next round's times with the counts,
+        steps that end on one), ``span`` whether to read the span of the next sweep's times with the counts,
         ``keep`` whether to keep the factor and where it is free (:attr:`Decision.factor`, :attr:`Decision.free`)."""
         m, N = Y.shape
         ratios, full, floored, norm, norm_n, powers, grow, memory, err, err2 = self._buffers(m, N, Y.dtype)
