@@ -3,7 +3,7 @@ differential equations"), with per-sample events, end times and stopping (:mod:`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -22,7 +22,7 @@ from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.times import check_times
 
 from .block import Block
-from .block_regularisers import AugmentedBound, TrajectoryRegularisers
+from .block_regularisers import AugmentedBound, Regularisation, TrajectoryRegularisers
 from .collected_terms import report
 from .compile_boundary import eager_under_compile
 from .fields.base import Field
@@ -118,31 +118,29 @@ class ODEBlock(Block):
             (:func:`~cde_nets.solvers.gradients.default_gradient`).
         step_size: fixed-step methods only; default one step per parameter piece (the discrete-mode grid). The
             grid always contains every piece boundary.
-        jumps: adaptive methods only (default True): tell the solver where time-varying parameters jump
-            (torchdiffeq's ``jump_t``).
-        max_steps: steps allowed per solve before :class:`~cde_nets.solvers.errors.SolverError` (default 100 000);
-            torchdiffeq's ``options={"max_num_steps": n}`` is the same setting.
-        options: further torchdiffeq options (unknown keys raise).
+        options: further torchdiffeq options (unknown keys raise); ``{"max_num_steps": n}`` sets the steps allowed
+            per solve before :class:`~cde_nets.solvers.errors.SolverError` (default 100 000, ``max_steps`` of
+            :class:`~cde_nets.solvers.options.SolverOptions`).
         solver: instead of ``method`` … ``options``, one :class:`~cde_nets.solvers.options.SolverOptions`
-            (shared between blocks and diagnostics).
-        controller: ``"batch"`` (default: one step size for the batch) or ``"per_sample"``: every sample on its
-            own steps (``dopri5``/``bosh3``), with per-sample ``t`` (``(batch, n)``) and ``t_end``; the field then
-            sees one time per running row (``docs/guides/per_sample.md``).
+            (shared between blocks and diagnostics); it also holds the rarely changed settings: ``jumps``
+            (adaptive methods, default True: tell the solver where time-varying parameters jump, torchdiffeq's
+            ``jump_t``) and ``max_steps``.
+        controller: ``"batch"`` (default, or the ``solver``'s: one step size for the batch) or ``"per_sample"``:
+            every sample on its own steps (``dopri5``/``bosh3``), with per-sample ``t`` (``(batch, n)``) and
+            ``t_end``; the field then sees one time per running row (``docs/guides/per_sample.md``).
         stop: a :class:`~cde_nets.stop.Stop` (``Stop(eps)``): pattern-dependent stopping time — each sample
             stops at the first time ``‖F(t, y)‖ = eps`` (at 0 if it starts below), an event ``g = ‖F‖ − eps``
             located on the interpolant like any other (:meth:`solve`), its time differentiable; finished
             samples leave the batch. Calling the block still returns a tensor; :meth:`solve` also gives
             ``stop_times``.
-        regularisers: names from ``("kinetic", "jacobian", "taylor2")``: ``∫‖F‖²``, ``∫‖∂F/∂y‖²_F`` (Hutchinson,
-            one probe per solve, drawn from ``noise``: ``"gaussian"``, the default, or ``"rademacher"``) and
-            ``∫‖d²y/dt²‖²`` (RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et al. 2020, eq. 3), integrated
-            with the state in the same solve (:mod:`~cde_nets.block_regularisers`); each call's
-            ``Solution.regularisation`` maps each to its batch mean, and every call reports its solution into the
-            open :func:`~cde_nets.integrated_terms` collection, which the :class:`~cde_nets.training.Trainer`'s
-            ``kinetic_energy(λ)``, ... terms read. The adaptive steps stay those of the unregularised block.
-        steer: ``b`` of STEER's random end time (Ghosh et al. 2020, §3): in training mode each call integrates
-            to ``T + U(−b, b)`` (``0 <= b < T``; a field whose parameters are laid out in pieces over ``[0, T]``
-            has no end time to move); in evaluation mode to ``T``.
+        regularisation: a :class:`~cde_nets.block_regularisers.Regularisation`: integrated regularisers
+            (``"kinetic"``, ``"jacobian"``, ``"taylor2"``: RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et
+            al. 2020, eq. 3), integrated with the state in the same solve (:mod:`~cde_nets.block_regularisers`),
+            and STEER's random end time (Ghosh et al. 2020, §3). Each call's ``Solution.regularisation`` maps
+            each integral to its batch mean, and every call reports its solution into the open
+            :func:`~cde_nets.integrated_terms` collection, which the :class:`~cde_nets.training.Trainer`'s
+            ``kinetic_energy(λ)``, ... terms read. The adaptive steps stay those of the unregularised block; in
+            evaluation mode the end time is ``T``.
 
     Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.solution.Solution` (states at
     requested times, statistics, stopping times); its ``stats`` hold the call's counts: ``nfe_forward``,
@@ -159,23 +157,21 @@ class ODEBlock(Block):
         atol: float | None = None,
         gradient: str | GradientMethod | None = None,
         step_size: float | None = None,
-        jumps: bool | None = None,
-        max_steps: int | None = None,
         options: dict | None = None,
         stop: Stop | dict | None = None,
         *,
         solver: SolverOptions | None = None,
-        controller: str = "batch",
-        regularisers: Sequence[str] = (),
-        noise: str | None = None,
-        steer: float = 0.0,
+        controller: str | None = None,
+        regularisation: Regularisation | None = None,
     ):
         super().__init__(field, T)
         if solver is None:
-            solver = SolverOptions(method, rtol, atol, step_size, max_steps, jumps, options or {}, controller)
+            solver = SolverOptions(
+                method, rtol, atol, step_size, options=options or {}, controller=controller or "batch"
+            )
         elif not isinstance(solver, SolverOptions):
             raise TypeError(f"`solver` must be a SolverOptions, got {type(solver).__name__}.")
-        elif controller != solver.controller:
+        elif controller is not None and controller != solver.controller:
             raise ValueError(f"set `controller` in the SolverOptions: SolverOptions(..., controller={controller!r}).")
         self.solver = solver
         self.gradient = default_gradient(solver.method) if gradient is None else as_gradient(gradient)
@@ -186,11 +182,19 @@ class ODEBlock(Block):
             if n > solver.max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first
                 raise ValueError(
                     f"`step_size`={solver.step_size:g} takes {n} steps over [0, {self.T:g}], more than "
-                    f"max_steps={solver.max_steps}; use a larger `step_size` or raise `max_steps`."
+                    f"max_steps={solver.max_steps}; use a larger `step_size` or raise `max_steps` "
+                    "(options={'max_num_steps': n})."
                 )
         self.stop = as_stop(stop, "continuous")
-        self.regularisers = TrajectoryRegularisers(regularisers, noise)
-        self.steer = self._check_steer(steer)
+        if regularisation is None:
+            regularisation = Regularisation()
+        elif not isinstance(regularisation, Regularisation):
+            raise TypeError(
+                f"`regularisation` must be a Regularisation, e.g. Regularisation(('kinetic',)); "
+                f"got {type(regularisation).__name__}."
+            )
+        self.regularisers = TrajectoryRegularisers(regularisation.regularisers, regularisation.noise)
+        self.steer = self._check_steer(regularisation.steer)
         if self.regularisers and (self.stop is not None or solver.method not in {**ADAPTIVE_METHODS, **FIXED_METHODS}):
             raise ValueError(
                 "`regularisers` are integrated with the state by torchdiffeq's explicit methods, over the whole "

@@ -84,7 +84,7 @@ def test_errors_carry_a_reason():
     field = _field()
     y0 = torch.randn(3, 4, dtype=torch.float64)
     with pytest.raises(SolverError) as info:
-        ODEBlock(field, rtol=1e-10, atol=1e-10, max_steps=3)(y0)
+        ODEBlock(field, rtol=1e-10, atol=1e-10, options={"max_num_steps": 3})(y0)
     assert info.value.reason is Reason.MAX_STEPS
 
 
