@@ -67,6 +67,38 @@ def _check_times(t, T: float, device: torch.device | None) -> torch.Tensor:
     return check_times(t, T, device, backwards=True)
 
 
+def _segment_plan(grid: torch.Tensor | None, T: float, est: dict, per_segment: int) -> Callable[[float], list[float]]:
+    """Where the event loop's next solve from ``t`` ends, and the sub-points at which it checks the sign.
+
+    Fixed steps: the next :data:`_SEGMENT_STEPS` grid points, the sign checked at every step. Adaptive: a segment
+    of ``per_segment`` times the last segment's mean step ``est["dt"]`` (``T / 16`` before the first), in
+    :data:`_SUBPOINTS` equal parts."""
+    if grid is not None:
+        pts = grid.tolist()
+
+        def plan(t: float) -> list[float]:
+            nxt = [p for p in pts if p > t]
+            return nxt[:_SEGMENT_STEPS] or [T]
+
+        return plan
+
+    def plan_adaptive(t: float) -> list[float]:
+        seg = min(per_segment * est["dt"], T - t) if "dt" in est else T / 16
+        return [t + seg * k / _SUBPOINTS for k in range(1, _SUBPOINTS)] + [min(t + seg, T)]
+
+    return plan_adaptive
+
+
+def _norm_event(field: Callable[..., torch.Tensor], eps: float) -> Callable[..., torch.Tensor]:
+    """The stopping event ``g = ‖F(t, y)‖ − eps`` per row (:class:`~cde_nets.stop.Stop`)."""
+
+    def event(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        f = field(t, y, idx)
+        return torch.linalg.vector_norm(f.reshape(f.shape[0], -1), dim=1) - eps
+
+    return event
+
+
 def _field_at(bound: BoundField, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``F(t_i, y_i)`` at per-row times ``t`` ``(n,)`` (fields take one time per call). A :class:`Field` with the
     inherited ``forward`` depends on time only through its piece, so rows are grouped by piece; any other module
@@ -528,24 +560,13 @@ class ODEBlock(Block):
                     rows.update(idx=idx, bound=bound.rows(idx))
             return rows["bound"]
 
-        if grid is not None:  # fixed steps: segments of grid points, the sign checked at every step
-            pts = grid.tolist()
-
-            def plan(t: float) -> list[float]:
-                nxt = [p for p in pts if p > t]
-                return nxt[:_SEGMENT_STEPS] or [T]
-        else:  # adaptive: segments of about _SEGMENT_STEPS of the last segment's mean step
-
-            def plan(t: float) -> list[float]:
-                seg = min(per_segment * est["dt"], T - t) if "dt" in est else T / 16
-                return [t + seg * k / _SUBPOINTS for k in range(1, _SUBPOINTS)] + [min(t + seg, T)]
-
         # alf has no dense output: it steps *to* every sub-point, so a segment takes at least _SUBPOINTS steps
         # however long the controller would step, and the mean step (segment / steps) would shrink the next
         # segment every time until the sub-points coincide. Its sub-points are spaced about one step apart
         # instead, and a segment in which no sub-interval needed a second step grows the next one twofold.
         steps_to_points = self.method in REVERSIBLE_METHODS
         per_segment = _SUBPOINTS if steps_to_points else _SEGMENT_STEPS
+        plan = _segment_plan(grid, T, est, per_segment)
 
         def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             g = None if grid is None else grid[(grid >= times[0]) & (grid <= times[-1])]
@@ -565,15 +586,9 @@ class ODEBlock(Block):
         def field(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             return _field_at(bound_rows(idx), t, y)
 
-        stop_below = False
+        stop_below = self.stop is not None
         if self.stop is not None:
-            eps = self.stop.eps
-
-            def event(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-                f = field(t, y, idx)
-                return torch.linalg.vector_norm(f.reshape(f.shape[0], -1), dim=1) - eps
-
-            stop_below = True
+            event = _norm_event(field, self.stop.eps)
         return integrate_events(
             solve,
             field,

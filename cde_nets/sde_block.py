@@ -382,8 +382,6 @@ class SDEBlock(Block):
         return report(self._solve_call(y0, u, t, bm, SolverStats()))
 
     def _solve_call(self, y0: torch.Tensor, u: torch.Tensor | None, t, bm, stats: SolverStats) -> Solution:
-        import torchsde  # imported by the first solve, not by `import cde_nets`
-
         bound = self.bind(y0, u)
         if self.rho is not None and (y0.dim() < 2 or y0.shape[1] != self.rho.shape[0]):
             raise ValueError(
@@ -427,21 +425,7 @@ class SDEBlock(Block):
             for l in range(pieces)
         ]
         grid = self._grid.to(device=y.device, dtype=y.dtype)
-        if bm is None or not stochastic:
-            bm = torchsde.BrownianInterval(
-                t0=float(grid[0]),
-                t1=float(grid[-1]),
-                size=tuple(y.shape),
-                dtype=y.dtype,
-                device=y.device,
-                entropy=self._entropy(),
-                levy_area_approximation=self._levy,
-            )
-        elif tuple(getattr(bm, "shape", ())) != tuple(y.shape):
-            raise ValueError(
-                f"`bm` must have shape {tuple(y.shape)} (paths · batch, numel per sample), got "
-                f"{tuple(getattr(bm, 'shape', ()))}."
-            )
+        bm = self._brownian(bm, y, grid, stochastic)
         extra = [u] if u is not None and u.requires_grad else []
         states = self._integrate(sdes, y, grid, bm, extra)
         check_result(states[-1], lambda: self._nonfinite(states, grid))
@@ -462,6 +446,28 @@ class SDEBlock(Block):
             ys = torch.stack([average(states[i]) for i in save])
             ts = self._grid[save].clone()
         return Solution(y=average(y), ts=ts, ys=ys, stats=stats)
+
+    def _brownian(self, bm, y: torch.Tensor, grid: torch.Tensor, stochastic: bool):
+        """The caller's Brownian motion ``bm`` (checked against the state's shape), or a fresh
+        ``BrownianInterval`` over the grid from this call's entropy (:meth:`_entropy`)."""
+        import torchsde  # imported by the first solve, not by `import cde_nets`
+
+        if bm is None or not stochastic:
+            return torchsde.BrownianInterval(
+                t0=float(grid[0]),
+                t1=float(grid[-1]),
+                size=tuple(y.shape),
+                dtype=y.dtype,
+                device=y.device,
+                entropy=self._entropy(),
+                levy_area_approximation=self._levy,
+            )
+        if tuple(getattr(bm, "shape", ())) != tuple(y.shape):
+            raise ValueError(
+                f"`bm` must have shape {tuple(y.shape)} (paths · batch, numel per sample), got "
+                f"{tuple(getattr(bm, 'shape', ()))}."
+            )
+        return bm
 
     def _nonfinite(self, states: list[torch.Tensor], grid: torch.Tensor) -> str:
         name = nonfinite_parameter(self)

@@ -465,6 +465,30 @@ class Trainer:
             bar.close()
         return history
 
+    def _batch_loss(self, model, net, xb, yb, weight, reg_sums: dict, y_tr, labels_checked: bool) -> tuple:
+        """``(out, loss, total, None)`` for one batch: the task's loss and, in ``total``, the regularisers' terms
+        added (their values summed into ``reg_sums``); ``(None, None, None, error)`` where a block's state went
+        non-finite in the forward pass, which the policy treats as a non-finite loss."""
+        try:
+            # the blocks report this step's integrated regularisers into it: the modules keep nothing
+            with integrated_terms():
+                out = net(xb)
+                if not labels_checked and self.task == "classification":
+                    _check_labels(y_tr, out.shape[-1])
+                loss = task_loss(self.task, out, yb)
+                total = loss * weight
+                for reg in self.regularisers:
+                    value = reg.fn(model)
+                    reg_sums[reg.name] += float(torch.as_tensor(value).detach())
+                    total = total + reg.weight * value
+        except SolverError as exc:
+            # a block whose state went non-finite in the forward pass is a non-finite loss: the policy decides, as
+            # it does for NaN reaching the loss itself
+            if exc.reason is not Reason.NONFINITE:
+                raise
+            return None, None, None, exc
+        return out, loss, total, None
+
     def _epoch(
         self, model, net, opt, x_tr, y_tr, batch_size, batch_gen, epoch, step_sched, last_good, labels_checked
     ) -> tuple[dict, bool]:
@@ -481,26 +505,8 @@ class Trainer:
             idx, n, weight = dp.shard(idx)
             xb, yb = x_tr[idx], y_tr[idx]
             opt.zero_grad(set_to_none=True)
-            diverged: SolverError | None = None
-            try:
-                # the blocks report this step's integrated regularisers into it: the modules keep nothing
-                with integrated_terms():
-                    out = net(xb)
-                    if not labels_checked and self.task == "classification":
-                        _check_labels(y_tr, out.shape[-1])
-                        labels_checked = True
-                    loss = task_loss(self.task, out, yb)
-                    total = loss * weight
-                    for reg in self.regularisers:
-                        value = reg.fn(model)
-                        reg_sums[reg.name] += float(torch.as_tensor(value).detach())
-                        total = total + reg.weight * value
-            except SolverError as exc:
-                # a block whose state went non-finite in the forward pass is a non-finite loss: the policy
-                # decides, as it does for NaN reaching the loss itself
-                if exc.reason is not Reason.NONFINITE:
-                    raise
-                diverged = exc
+            out, loss, total, diverged = self._batch_loss(model, net, xb, yb, weight, reg_sums, y_tr, labels_checked)
+            labels_checked = labels_checked or (diverged is None and self.task == "classification")
             if diverged is None:
                 correct = _correct(out.detach(), yb) if self.task == "classification" and n else 0
                 loss_sum, correct, n, finite = dp.reduce_batch_stats(
@@ -521,19 +527,7 @@ class Trainer:
                 what = "loss" if diverged is None else "state"
             if not finite:
                 if self.nonfinite == "raise":
-                    where = f"the last good snapshot is {str(last_good)!r}" if last_good else "no snapshot was written"
-                    cause = (
-                        f"the state became non-finite in the forward pass ({diverged})"
-                        if diverged is not None
-                        else f"the loss was {float(total.detach()):.6g}"
-                    )
-                    when = f"the {what} became non-finite in epoch {epoch}, batch {b}"
-                    raise NonFiniteError(
-                        f"{when} ({cause}); the parameters were not updated with it and {where}. Lower the learning "
-                        "rate, tighten the solver tolerance, or train with nonfinite='skip' to skip such steps.",
-                        last_good,
-                        when,
-                    ) from diverged
+                    _raise_nonfinite(what, diverged, total, epoch, b, last_good)
                 opt.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
@@ -600,6 +594,25 @@ def _check_labels(y: torch.Tensor, logits: int) -> None:
             "0 or 1 for one logit (binary cross-entropy)" if logits == 1 else f"in 0..{logits - 1} for {logits} logits"
         )
         raise ValueError(f"`data` y_train has label {int(y[i])} at sample {i}; labels must be {what}.")
+
+
+def _raise_nonfinite(
+    what: str, diverged: SolverError | None, total, epoch: int, batch: int, last_good: Path | None
+) -> None:
+    """Stop training on a non-finite ``what`` (loss, state or gradient), naming the cause and the last snapshot."""
+    where = f"the last good snapshot is {str(last_good)!r}" if last_good else "no snapshot was written"
+    cause = (
+        f"the state became non-finite in the forward pass ({diverged})"
+        if diverged is not None
+        else f"the loss was {float(total.detach()):.6g}"
+    )
+    when = f"the {what} became non-finite in epoch {epoch}, batch {batch}"
+    raise NonFiniteError(
+        f"{when} ({cause}); the parameters were not updated with it and {where}. Lower the learning "
+        "rate, tighten the solver tolerance, or train with nonfinite='skip' to skip such steps.",
+        last_good,
+        when,
+    ) from diverged
 
 
 def _check_parameters_finite(model: nn.Module, epoch: int, last_good: Path | None) -> None:

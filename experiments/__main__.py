@@ -119,12 +119,8 @@ def _results(names: list[str], size: str, args: argparse.Namespace) -> Iterator[
             yield name, run_one(name, size, args.seed, args.out, threads[name], args.resume, args.snapshots)
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experiments") -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
-        from .distributed import main as distributed
-
-        return distributed(argv[1:], prog=f"{prog} distributed")
+def _parser(prog: str) -> argparse.ArgumentParser:
+    """The command line: a reproduction's name, its size, seeds, workers, output folder, threads and snapshots."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=_DESCRIPTION,
@@ -170,15 +166,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
         "--no-snapshots", dest="snapshots", action="store_false", help="do not write per-epoch training snapshots"
     )
     parser.add_argument("--list", action="store_true", help="list the reproductions and exit (as with no name)")
-    args = parser.parse_args(argv)
-    if args.list or args.name is None:
-        print("reproductions (seconds at each setting on 2 CPU cores; — where not measured):")
-        print(listing())
-        print(
-            "\nrun one:  cde-nets experiments NAME [--quick|--tiny]\nrun all:  cde-nets experiments all --quick"
-            "   (the main job; `all` alone runs the full setting)\nmore:     cde-nets experiments --help"
-        )
-        return 0
+    return parser
+
+
+def _check_numbers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse seeds, threads and workers out of range, before any work starts."""
     if not 0 <= args.seed < 2**32:  # numpy's and torch's generators both take it
         parser.error(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.threads is not None and args.threads < 1:
@@ -189,6 +181,25 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
         parser.error(f"--workers must be a positive integer (parallel processes), got {args.workers}")
     if args.seeds is not None and args.seed + args.seeds > 2**32:
         parser.error(f"--seed + --seeds must stay within 2**32, got {args.seed} + {args.seeds}")
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experiments") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
+        from .distributed import main as distributed
+
+        return distributed(argv[1:], prog=f"{prog} distributed")
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
+    if args.list or args.name is None:
+        print("reproductions (seconds at each setting on 2 CPU cores; — where not measured):")
+        print(listing())
+        print(
+            "\nrun one:  cde-nets experiments NAME [--quick|--tiny]\nrun all:  cde-nets experiments all --quick"
+            "   (the main job; `all` alone runs the full setting)\nmore:     cde-nets experiments --help"
+        )
+        return 0
+    _check_numbers(parser, args)
     size = args.size or "full"
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
     for name in names:

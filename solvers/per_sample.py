@@ -172,6 +172,29 @@ class _Field:
         return k if self.flat else k.reshape(m, -1)
 
 
+def _check_call(method: str, y0: torch.Tensor, options: Mapping[str, Any] | None) -> dict:
+    """A copy of ``options`` once ``method``, ``y0`` and the options' names are checked."""
+    if method not in PER_SAMPLE_METHODS:
+        raise ValueError(
+            f"controller='per_sample' serves methods {list(PER_SAMPLE_METHODS)}, not {method!r}; use one of them, "
+            "or the shared step (controller='batch') for other methods."
+        )
+    if not isinstance(y0, torch.Tensor) or y0.dim() < 1 or not y0.is_floating_point():
+        raise ValueError("`y0` must be a float tensor of shape (batch, *state).")
+    opts = dict(options or {})
+    unknown = set(opts) - _OPTIONS
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for controller='per_sample'; valid: {sorted(_OPTIONS)}.")
+    return opts
+
+
+def _empty_batch(func: Callable[..., torch.Tensor], y0: torch.Tensor, times: torch.Tensor, rows) -> torch.Tensor:
+    """An empty batch: nothing to integrate; one evaluation joins the result to ``func``'s graph."""
+    t0 = times[:, 0].to(y0.dtype)
+    f0 = func(t0, y0, torch.zeros(0, dtype=torch.long, device=y0.device)) if rows else func(t0, y0)
+    return (y0 + 0 * f0).unsqueeze(0).expand(times.shape[1], *y0.shape)
+
+
 def odeint_per_sample(
     func: Callable[..., torch.Tensor],
     y0: torch.Tensor,
@@ -215,24 +238,12 @@ def odeint_per_sample(
 
     Returns ``(n, batch, *state)``: ``out[j, b]`` is sample ``b`` at ``t[b, j]`` (and the info if asked).
     """
-    if method not in PER_SAMPLE_METHODS:
-        raise ValueError(
-            f"controller='per_sample' serves methods {list(PER_SAMPLE_METHODS)}, not {method!r}; use one of them, "
-            "or the shared step (controller='batch') for other methods."
-        )
-    if not isinstance(y0, torch.Tensor) or y0.dim() < 1 or not y0.is_floating_point():
-        raise ValueError("`y0` must be a float tensor of shape (batch, *state).")
+    opts = _check_call(method, y0, options)
     name = _gradient_name(gradient, method)
-    opts = dict(options or {})
-    unknown = set(opts) - _OPTIONS
-    if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)} for controller='per_sample'; valid: {sorted(_OPTIONS)}.")
     times = _times(t, t_end, y0)
     B = y0.shape[0]
-    if B == 0:  # an empty batch: nothing to integrate; one evaluation joins the result to func's graph
-        t0 = times[:, 0].to(y0.dtype)
-        f0 = func(t0, y0, torch.zeros(0, dtype=torch.long, device=y0.device)) if rows else func(t0, y0)
-        out = (y0 + 0 * f0).unsqueeze(0).expand(times.shape[1], *y0.shape)
+    if B == 0:
+        out = _empty_batch(func, y0, times, rows)
         return (out, PerSampleInfo.zeros(0, y0.device)) if return_info else out
     info = PerSampleInfo.zeros(B, y0.device)
     F = _Field(func, y0.shape[1:], info, wants_rows(func) if rows is None else rows)
@@ -247,18 +258,9 @@ def odeint_per_sample(
         params = _params(func, params, name)
         info.backward = PerSampleInfo.zeros(B, y0.device)
     if name == "adjoint" and graph:
-        cfg = dict(
-            stepper=stepper,
-            times=times,
-            rtol=rt,
-            atol=at,
-            adjoint_rtol=getattr(gradient, "rtol", None),
-            adjoint_atol=getattr(gradient, "atol", None),
-            info=info,
-            max_steps=max_steps,
-            first_step=opts.get("first_step"),
-            design=getattr(gradient, "design", "joint"),
-        )
+        cfg = dict(stepper=stepper, times=times, rtol=rt, atol=at, info=info, max_steps=max_steps)
+        cfg |= dict(adjoint_rtol=getattr(gradient, "rtol", None), adjoint_atol=getattr(gradient, "atol", None))
+        cfg |= dict(first_step=opts.get("first_step"), design=getattr(gradient, "design", "joint"))
         out = adjoint_rows(cfg, y, params or ())
     else:
         mode = name if graph and name != "adjoint" else "none"

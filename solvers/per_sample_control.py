@@ -70,6 +70,18 @@ class Decision(NamedTuple):
     free: torch.Tensor | None = None
 
 
+def _read_counts(
+    flags: list[torch.Tensor], span: tuple[torch.Tensor, torch.Tensor] | None, dtype: torch.dtype
+) -> tuple[list[int], tuple[float, float] | None]:
+    """The sweep's one host read: how many rows each flag holds and, with ``span = (t_new, t1)``, the least and
+    greatest time of the next sweep in ``dtype`` (the counts travel exactly in float64 beside them)."""
+    if span is None:
+        return torch.stack(flags).sum(1).tolist(), None
+    ends = torch.stack((span[0].min(), span[1].max()))
+    *sums, lo, hi = torch.cat((torch.stack(flags).sum(1, dtype=torch.float64), ends)).tolist()
+    return [int(c) for c in sums], (in_dtype(lo, dtype), in_dtype(hi, dtype))
+
+
 class Controller:
     """The controller's constants (made once) and its padded root buffer (made once per row count)."""
 
@@ -173,37 +185,12 @@ class Controller:
             flags.append(due)
         if jumps:
             flags.append(ok & rows.on_jump)
-        if span:  # one read all the same: the counts (exact in float64) with the least and greatest time
-            ends = torch.stack((t_new.min(), t1.max()))
-            *sums, lo, hi = torch.cat((torch.stack(flags).sum(1, dtype=torch.float64), ends)).tolist()
-            counts = [int(c) for c in sums]
-            times: tuple[float, float] | None = in_dtype(lo, Y.dtype), in_dtype(hi, Y.dtype)
-        else:
-            counts = torch.stack(flags).sum(1).tolist()
-            times = None
-        n_alive, n_moved = counts[0], counts[1]
+        counts, times = _read_counts(flags, (t_new, t1) if span else None, Y.dtype)
+        n_alive, n_frozen = counts[0], counts[0] - counts[1]
         n_due = counts[2] if due is not None else 0
         jumped = flags[-1] if jumps and counts[-1] else None
-        return Decision(
-            ok,
-            t_new,
-            dt,
-            t1,
-            alive,
-            due,
-            prev,
-            cap,
-            moved,
-            norm,
-            n_alive,
-            n_due,
-            n_alive - n_moved,
-            jumped,
-            times,
-            ok_n,
-            factor,
-            free,
-        )
+        kept = (alive, due, prev, cap, moved, norm, n_alive, n_due, n_frozen, jumped, times, ok_n, factor, free)
+        return Decision(ok, t_new, dt, t1, *kept)
 
     def differentiated(
         self, rows: Any, d: Decision, K: torch.Tensor, e: torch.Tensor, y: torch.Tensor, Y: torch.Tensor
