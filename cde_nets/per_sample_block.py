@@ -119,13 +119,15 @@ def solve_per_sample(
         method=s.method,
         rtol=s.rtol,
         atol=s.atol,
-        options=dict(s.options),
-        max_steps=s.max_steps,
+        options={
+            **s.options,
+            "max_num_steps": s.max_steps,
+            "time_spans": field.pieces,
+            "jump_t": field.jumps if block.solver.jumps else None,
+        },
         rows=True,
-        time_spans=field.pieces,
         gradient=block.gradient,
         params=block._params(bound),
-        jump_t=field.jumps if block.solver.jumps else None,
         return_info=True,
     )
     if start:

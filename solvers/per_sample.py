@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import check_positive_int
 from .options import PER_SAMPLE_METHODS, validate_tolerances
 from .per_sample_adjoint import adjoint_rows
 from .per_sample_grads import advance_for, integrate_rows
@@ -61,7 +62,17 @@ __all__ = [
     "wants_rows",
 ]
 
-_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor"}
+_OPTIONS = {
+    "first_step",
+    "max_step",
+    "min_step",
+    "safety",
+    "ifactor",
+    "dfactor",
+    "max_num_steps",
+    "jump_t",
+    "time_spans",
+}
 
 Tol = float | torch.Tensor
 PER_SAMPLE_GRADIENTS = ("backprop", "checkpoint", "symplectic", "adjoint")
@@ -205,12 +216,9 @@ def odeint_per_sample(
     rtol: Tol = 1e-6,
     atol: Tol = 1e-8,
     options: Mapping[str, Any] | None = None,
-    max_steps: int = 100_000,
     rows: bool | None = None,
     gradient: Any = "backprop",
     params: Sequence[torch.Tensor] | None = None,
-    jump_t: Any = None,
-    time_spans: bool = False,
     return_info: bool = False,
 ) -> Any:
     """Solve ``y_b' = func(t, y)_b`` for every sample ``b`` of ``y0`` (``(batch, *state)``) on its own steps.
@@ -220,8 +228,13 @@ def odeint_per_sample(
             first column is each sample's start, the last its end.
         t_end: instead of ``t``: ``(batch,)`` end times (``t`` then a common start, default 0).
         rtol, atol: numbers, or ``(batch,)`` tensors of per-sample tolerances.
-        options: ``first_step``, ``max_step``, ``min_step``, ``safety`` (0.9), ``ifactor`` (10), ``dfactor`` (0.2).
-        max_steps: attempted steps allowed per sample before :class:`~solvers.errors.SolverError`.
+        options: ``first_step``, ``max_step``, ``min_step``, ``safety`` (0.9), ``ifactor`` (10), ``dfactor`` (0.2);
+            and, as torchdiffeq names them, ``max_num_steps`` (attempted steps allowed per sample before
+            :class:`~solvers.errors.SolverError`, default 100 000) and ``jump_t`` (times where ``func`` jumps,
+            common to all samples: a step that would cross one is shortened to end on it, and the next step's first
+            stage is read just after it); ``time_spans``: every time tensor ``func`` sees carries the least and
+            greatest of its values on the host, ``getattr(t, TIME_SPAN)``, read with each sweep's counts: a
+            piecewise field finds the pieces in force without a read of its own.
         rows: call ``func(t, y, rows)`` with ``rows`` the ``(m,)`` batch indices of the running rows (for a field
             with per-sample data: gather it with ``data[rows]``); default: when ``func`` (its ``forward``, for a
             module) has a parameter named ``rows`` (:func:`wants_rows`).
@@ -229,16 +242,13 @@ def odeint_per_sample(
             method object (``Adjoint(rtol=1e-8)`` sets the backward solve's tolerances).
         params: for ``"checkpoint"``, ``"symplectic"`` and ``"adjoint"``, the tensors ``func`` reads whose
             gradients are wanted (default: ``func``'s parameters when it is a module).
-        jump_t: times where ``func`` jumps (torchdiffeq's ``jump_t``, common to all samples): a step that would
-            cross one is shortened to end on it, and the next step's first stage is read just after it.
-        time_spans: every time tensor ``func`` sees carries the least and greatest of its values on the host,
-            ``getattr(t, TIME_SPAN)``, read with each sweep's counts:
-            a piecewise field finds the pieces in force without a read of its own.
         return_info: also return the :class:`PerSampleInfo`.
 
     Returns ``(n, batch, *state)``: ``out[j, b]`` is sample ``b`` at ``t[b, j]`` (and the info if asked).
     """
     opts = _check_call(method, y0, options)
+    max_steps = check_positive_int("options['max_num_steps']", opts.pop("max_num_steps", 100_000), "attempted steps")
+    jump_t, time_spans = opts.pop("jump_t", None), opts.pop("time_spans", False)
     name = _gradient_name(gradient, method)
     times = _times(t, t_end, y0)
     B = y0.shape[0]

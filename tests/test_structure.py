@@ -9,9 +9,9 @@ import cde_nets
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PARAMETERS = 12
-# Known offenders, to empty: odeint_adjoint keeps torchdiffeq's signature (13 parameters there too, so that a user
-# swaps the import and nothing else); odeint_per_sample's rare settings are not grouped yet.
-SIGNATURES_ALLOWED = {"odeint_adjoint": 13, "odeint_per_sample": 15}
+# odeint_adjoint keeps torchdiffeq's signature (13 parameters there too, so that a user swaps the import and
+# nothing else).
+SIGNATURES_ALLOWED = {"odeint_adjoint": 13}
 
 
 def _public_callables():
