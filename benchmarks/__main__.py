@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cde_nets.cli import did_you_mean
+from cde_nets.solvers.errors import did_you_mean
 
 from .summary import Row, at_least, at_most, below, info, table
 

@@ -13,7 +13,7 @@ from torchdiffeq import odeint, odeint_adjoint
 
 from cde_nets import ODEBlock
 from cde_nets.fields import CubicFriction, Hamiltonian
-from cde_nets.pieces import gathered
+from cde_nets.gathering import gathered
 
 from .common import interleaved_medians, write
 

@@ -138,7 +138,9 @@ def scaling(tiny: bool) -> list[dict]:
                 ("alf", "backprop"),
                 ("alf", "reversible"),
             ):
-                block = ODEBlock(field, method=method, gradient=mode, step_size=1.0 / steps, max_steps=10 * n)
+                block = ODEBlock(
+                    field, method=method, gradient=mode, step_size=1.0 / steps, options={"max_num_steps": 10 * n}
+                )
                 r = _measure(block, field, y0, u, repeat=1 if tiny else 3)
                 r.pop("grads")
                 rows.append(

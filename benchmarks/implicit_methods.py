@@ -85,7 +85,7 @@ def stiff(tiny: bool) -> list[dict]:
     runs += [("dopri5", {"rtol": r, "atol": r}) for r in ((1e-6,) if tiny else (1e-6, 1e-8))]
     rows = []
     for method, kw in runs:
-        block = ODEBlock(field, T=T, method=method, max_steps=1_000_000, **kw)
+        block = ODEBlock(field, T=T, method=method, **kw, options={"max_num_steps": 1_000_000})
         start = time.perf_counter()
         with torch.no_grad():
             sol = block.solve(y0)

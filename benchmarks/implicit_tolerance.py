@@ -25,7 +25,7 @@ import torch
 from cde_nets.diagnostics.long_run import long_run_energy
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.bound import BoundField
-from cde_nets.pieces import gathered
+from cde_nets.gathering import gathered
 from cde_nets.solvers.implicit import Newton
 from cde_nets.solvers.schemes import GL4, get_scheme
 

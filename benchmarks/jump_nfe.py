@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from cde_nets import ODEBlock
+from cde_nets import ODEBlock, SolverOptions
 from cde_nets.fields import Hamiltonian
 
 from .common import median_time, write
@@ -23,7 +23,7 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     rows = []
     for rtol in (1e-3,) if tiny else (1e-3, 1e-6, 1e-9):
         for gradient, jumps in (("adjoint", True), ("adjoint", False), ("backprop", True), ("backprop", False)):
-            block = ODEBlock(field, rtol=rtol, atol=rtol, gradient=gradient, jumps=jumps)
+            block = ODEBlock(field, gradient=gradient, solver=SolverOptions(rtol=rtol, atol=rtol, jumps=jumps))
             with torch.no_grad():
                 err = (block(y0) - ref).abs().max().item()
 

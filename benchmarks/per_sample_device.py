@@ -4,7 +4,7 @@ The cases of :mod:`~cde_nets.benchmarks.per_sample` moved to a CUDA device (the 
 ``--tiny``): Van der Pol with ``μ`` per sample from ``[1, 25]`` (dopri5, rtol 1e-5, atol 1e-7, ``T = 10``) and the
 small neural ODE (MLP ``2 → 64 → 2``, rtol = atol = 1e-6, ``T = 1``), float64, at the CPU benchmark's batch and at a
 batch a GPU is made for. On a device every read of a value back to the host waits for the queued kernels, so a
-round's cost is mostly launches and that one wait: the per-sample controller reads back once a round, the shared
+sweep's cost is mostly launches and that one wait: the per-sample controller reads back once a sweep, the shared
 step once a step. Columns: batched field calls, and interleaved median wall times (``torch.cuda.synchronize``
 after each solve) forward and forward+backward (backprop to ``y0``), each over the shared step's.
 

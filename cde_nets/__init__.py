@@ -3,6 +3,7 @@ mode (solver = layer)."""
 
 from . import diagnostics, fields, sensitivity
 from .block import Block
+from .block_regularisers import Regularisation
 from .collected_terms import IntegratedTerms, integrated_terms
 from .discrete import DiscreteNet, discretize
 from .flows import ContinuousFlow
@@ -10,7 +11,7 @@ from .functional import odeint, odeint_adjoint, odeint_event
 from .ode_block import ODEBlock
 from .pieces import Pieces, TimeGrid, smoothness
 from .projected_solve import solve_projected
-from .sde_block import SDEBlock
+from .sde_block import SDEBlock, SDESettings
 from .second_order_solve import solve_second_order
 from .solution import Solution
 from .solvers.gradients import Adjoint, Backprop, Checkpoint, Forward, GradientMethod, Reversible, Symplectic
@@ -26,6 +27,7 @@ __all__ = [
     "Block",
     "ODEBlock",
     "SDEBlock",
+    "SDESettings",
     "discretize",
     "DiscreteNet",
     "ContinuousFlow",
@@ -37,6 +39,7 @@ __all__ = [
     "TimeGrid",
     "smoothness",
     "SolverOptions",
+    "Regularisation",
     "GradientMethod",
     "Adjoint",
     "Backprop",

@@ -20,13 +20,31 @@ state gives ``r_{l+1} = r_l + h Σ_i b_i g(Y_i)`` — for forward Euler (a ResNe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .regularisers import NOISES, AugmentedCall, AugmentedField, check_regularisers, draw_probe
 
-__all__ = ["TrajectoryRegularisers", "AugmentedBound", "DiscreteIntegrands"]
+__all__ = ["Regularisation", "TrajectoryRegularisers", "AugmentedBound", "DiscreteIntegrands"]
+
+
+@dataclass(frozen=True)
+class Regularisation:
+    """How an :class:`~cde_nets.ODEBlock` regularises training, beside its solve: ``ODEBlock(field,
+    regularisation=Regularisation(("kinetic",)))``.
+
+    ``regularisers``: names from ``("kinetic", "jacobian", "taylor2")``, the integrals ``∫‖F‖²``,
+    ``∫‖∂F/∂y‖²_F`` (Hutchinson, one probe per solve) and ``∫‖d²y/dt²‖²`` (RNODE, Finlay et al. 2020, eqs. 4-5;
+    TayNODE, Kelly et al. 2020, eq. 3) integrated with the state in the same solve; ``noise``: the distribution
+    of Hutchinson's probe (``"gaussian"``, the default, or ``"rademacher"``; only with ``"jacobian"``);
+    ``steer``: ``b`` of STEER's random end time ``T + U(−b, b)`` in training mode (Ghosh et al. 2020, §3),
+    ``0 <= b < T``. The block checks them against its field and solver when it is built."""
+
+    regularisers: Sequence[str] = ()
+    noise: str | None = None
+    steer: float = 0.0
 
 
 class TrajectoryRegularisers:

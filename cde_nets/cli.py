@@ -5,20 +5,14 @@ The same programs run as ``python -m cde_nets.experiments`` and ``python -m cde_
 
 from __future__ import annotations
 
-import difflib
 import sys
-from collections.abc import Iterable
+
+from cde_nets.solvers.errors import did_you_mean
 
 _COMMANDS = {
     "experiments": "reproductions of the papers' tables and figures (no name: list them with their times)",
     "benchmarks": "speed and memory against torchdiffeq, hand-written loops and momentumnet",
 }
-
-
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``name``, else ``""``."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def main(argv: list[str] | None = None) -> int:

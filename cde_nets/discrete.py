@@ -27,8 +27,8 @@ from .collected_terms import report
 from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField, as_field
+from .gathering import gathered
 from .nonfinite import check_result, nonfinite_parameter
-from .pieces import gathered
 from .solution import Solution
 from .stop import Stop, as_stop
 

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from .fields.base import Field
-from .pieces import gathered, piece_modules
+from .gathering import gathered
+from .pieces import piece_modules
 
 __all__ = ["memory_free", "reconstruction_error"]
 

@@ -3,7 +3,7 @@ differential equations"), with per-sample events, end times and stopping (:mod:`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -24,14 +24,15 @@ from cde_nets.solvers.times import check_times
 from cde_nets.solvers.validation import check_half_precision, nonfinite_message
 
 from .block import Block
-from .block_regularisers import AugmentedBound, TrajectoryRegularisers
+from .block_regularisers import AugmentedBound, Regularisation, TrajectoryRegularisers
 from .collected_terms import report
 from .compile_boundary import eager_under_compile
 from .fields.base import Field
 from .fields.bound import BoundField
+from .gathering import gathered
 from .nonfinite import Found, Watch, check_result, nonfinite_parameter
 from .per_sample_block import solve_per_sample
-from .pieces import gathered, piece_modules, set_views
+from .pieces import piece_modules, set_views
 from .solution import Solution
 from .stop import Stop, as_stop
 
@@ -66,6 +67,38 @@ def _empty(bound: BoundField, y0: torch.Tensor, T: float, t, stats: SolverStats,
 def _check_times(t, T: float, device: torch.device | None) -> torch.Tensor:
     """Output times: strictly increasing (``y0`` at 0) or strictly decreasing (``y0`` at ``T``) within [0, T]."""
     return check_times(t, T, device, backwards=True)
+
+
+def _segment_plan(grid: torch.Tensor | None, T: float, est: dict, per_segment: int) -> Callable[[float], list[float]]:
+    """Where the event loop's next solve from ``t`` ends, and the sub-points at which it checks the sign.
+
+    Fixed steps: the next :data:`_SEGMENT_STEPS` grid points, the sign checked at every step. Adaptive: a segment
+    of ``per_segment`` times the last segment's mean step ``est["dt"]`` (``T / 16`` before the first), in
+    :data:`_SUBPOINTS` equal parts."""
+    if grid is not None:
+        pts = grid.tolist()
+
+        def plan(t: float) -> list[float]:
+            nxt = [p for p in pts if p > t]
+            return nxt[:_SEGMENT_STEPS] or [T]
+
+        return plan
+
+    def plan_adaptive(t: float) -> list[float]:
+        seg = min(per_segment * est["dt"], T - t) if "dt" in est else T / 16
+        return [t + seg * k / _SUBPOINTS for k in range(1, _SUBPOINTS)] + [min(t + seg, T)]
+
+    return plan_adaptive
+
+
+def _norm_event(field: Callable[..., torch.Tensor], eps: float) -> Callable[..., torch.Tensor]:
+    """The stopping event ``g = ‖F(t, y)‖ − eps`` per row (:class:`~cde_nets.stop.Stop`)."""
+
+    def event(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        f = field(t, y, idx)
+        return torch.linalg.vector_norm(f.reshape(f.shape[0], -1), dim=1) - eps
+
+    return event
 
 
 def _field_at(bound: BoundField, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -122,31 +155,29 @@ class ODEBlock(Block):
             (the call's choice while it runs).
         step_size: fixed-step methods only; default one step per parameter piece (the discrete-mode grid). The
             grid always contains every piece boundary.
-        jumps: adaptive methods only (default True): tell the solver where time-varying parameters jump
-            (torchdiffeq's ``jump_t``).
-        max_steps: steps allowed per solve before :class:`~cde_nets.solvers.errors.SolverError` (default 100 000);
-            torchdiffeq's ``options={"max_num_steps": n}`` is the same setting.
-        options: further torchdiffeq options (unknown keys raise).
+        options: further torchdiffeq options (unknown keys raise); ``{"max_num_steps": n}`` sets the steps allowed
+            per solve before :class:`~cde_nets.solvers.errors.SolverError` (default 100 000, ``max_steps`` of
+            :class:`~cde_nets.solvers.options.SolverOptions`).
         solver: instead of ``method`` … ``options``, one :class:`~cde_nets.solvers.options.SolverOptions`
-            (shared between blocks and diagnostics).
-        controller: ``"batch"`` (default: one step size for the batch) or ``"per_sample"``: every sample on its
-            own steps (``dopri5``/``bosh3``), with per-sample ``t`` (``(batch, n)``) and ``t_end``; the field then
-            sees one time per running row (``docs/guides/per_sample.md``).
+            (shared between blocks and diagnostics); it also holds the rarely changed settings: ``jumps``
+            (adaptive methods, default True: tell the solver where time-varying parameters jump, torchdiffeq's
+            ``jump_t``) and ``max_steps``.
+        controller: ``"batch"`` (default, or the ``solver``'s: one step size for the batch) or ``"per_sample"``:
+            every sample on its own steps (``dopri5``/``bosh3``), with per-sample ``t`` (``(batch, n)``) and
+            ``t_end``; the field then sees one time per running row (``docs/guides/per_sample.md``).
         stop: a :class:`~cde_nets.stop.Stop` (``Stop(eps)``): pattern-dependent stopping time — each sample
             stops at the first time ``‖F(t, y)‖ = eps`` (at 0 if it starts below), an event ``g = ‖F‖ − eps``
             located on the interpolant like any other (:meth:`solve`), its time differentiable; finished
             samples leave the batch. Calling the block still returns a tensor; :meth:`solve` also gives
             ``stop_times``.
-        regularisers: names from ``("kinetic", "jacobian", "taylor2")``: ``∫‖F‖²``, ``∫‖∂F/∂y‖²_F`` (Hutchinson,
-            one probe per solve, drawn from ``noise``: ``"gaussian"``, the default, or ``"rademacher"``) and
-            ``∫‖d²y/dt²‖²`` (RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et al. 2020, eq. 3), integrated
-            with the state in the same solve (:mod:`~cde_nets.block_regularisers`); each call's
-            ``Solution.regularisation`` maps each to its batch mean, and every call reports its solution into the
-            open :func:`~cde_nets.integrated_terms` collection, which the :class:`~cde_nets.training.Trainer`'s
-            ``kinetic_energy(λ)``, ... terms read. The adaptive steps stay those of the unregularised block.
-        steer: ``b`` of STEER's random end time (Ghosh et al. 2020, §3): in training mode each call integrates
-            to ``T + U(−b, b)`` (``0 <= b < T``; a field whose parameters are laid out in pieces over ``[0, T]``
-            has no end time to move); in evaluation mode to ``T``.
+        regularisation: a :class:`~cde_nets.block_regularisers.Regularisation`: integrated regularisers
+            (``"kinetic"``, ``"jacobian"``, ``"taylor2"``: RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et
+            al. 2020, eq. 3), integrated with the state in the same solve (:mod:`~cde_nets.block_regularisers`),
+            and STEER's random end time (Ghosh et al. 2020, §3). Each call's ``Solution.regularisation`` maps
+            each integral to its batch mean, and every call reports its solution into the open
+            :func:`~cde_nets.integrated_terms` collection, which the :class:`~cde_nets.training.Trainer`'s
+            ``kinetic_energy(λ)``, ... terms read. The adaptive steps stay those of the unregularised block; in
+            evaluation mode the end time is ``T``.
 
     Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.solution.Solution` (states at
     requested times, statistics, stopping times); its ``stats`` hold the call's counts: ``nfe_forward``,
@@ -163,23 +194,21 @@ class ODEBlock(Block):
         atol: float | None = None,
         gradient: str | GradientMethod | None = None,
         step_size: float | None = None,
-        jumps: bool | None = None,
-        max_steps: int | None = None,
         options: dict | None = None,
         stop: Stop | dict | None = None,
         *,
         solver: SolverOptions | None = None,
-        controller: str = "batch",
-        regularisers: Sequence[str] = (),
-        noise: str | None = None,
-        steer: float = 0.0,
+        controller: str | None = None,
+        regularisation: Regularisation | None = None,
     ):
         super().__init__(field, T)
         if solver is None:
-            solver = SolverOptions(method, rtol, atol, step_size, max_steps, jumps, options or {}, controller)
+            solver = SolverOptions(
+                method, rtol, atol, step_size, options=options or {}, controller=controller or "batch"
+            )
         elif not isinstance(solver, SolverOptions):
             raise TypeError(f"`solver` must be a SolverOptions, got {type(solver).__name__}.")
-        elif controller != solver.controller:
+        elif controller is not None and controller != solver.controller:
             raise ValueError(f"set `controller` in the SolverOptions: SolverOptions(..., controller={controller!r}).")
         self.solver = solver
         # None: chosen per call from the state's size (gradient_for); set to the choice during the call only
@@ -190,11 +219,19 @@ class ODEBlock(Block):
             if n > solver.max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first
                 raise ValueError(
                     f"`step_size`={solver.step_size:g} takes {n} steps over [0, {self.T:g}], more than "
-                    f"max_steps={solver.max_steps}; use a larger `step_size` or raise `max_steps`."
+                    f"max_steps={solver.max_steps}; use a larger `step_size` or raise `max_steps` "
+                    "(options={'max_num_steps': n})."
                 )
         self.stop = as_stop(stop, "continuous")
-        self.regularisers = TrajectoryRegularisers(regularisers, noise)
-        self.steer = self._check_steer(steer)
+        if regularisation is None:
+            regularisation = Regularisation()
+        elif not isinstance(regularisation, Regularisation):
+            raise TypeError(
+                f"`regularisation` must be a Regularisation, e.g. Regularisation(('kinetic',)); "
+                f"got {type(regularisation).__name__}."
+            )
+        self.regularisers = TrajectoryRegularisers(regularisation.regularisers, regularisation.noise)
+        self.steer = self._check_steer(regularisation.steer)
         if self.regularisers and (self.stop is not None or solver.method not in {**ADAPTIVE_METHODS, **FIXED_METHODS}):
             raise ValueError(
                 "`regularisers` are integrated with the state by torchdiffeq's explicit methods, over the whole "
@@ -561,24 +598,13 @@ class ODEBlock(Block):
                     rows.update(idx=idx, bound=bound.rows(idx))
             return rows["bound"]
 
-        if grid is not None:  # fixed steps: segments of grid points, the sign checked at every step
-            pts = grid.tolist()
-
-            def plan(t: float) -> list[float]:
-                nxt = [p for p in pts if p > t]
-                return nxt[:_SEGMENT_STEPS] or [T]
-        else:  # adaptive: segments of about _SEGMENT_STEPS of the last segment's mean step
-
-            def plan(t: float) -> list[float]:
-                seg = min(per_segment * est["dt"], T - t) if "dt" in est else T / 16
-                return [t + seg * k / _SUBPOINTS for k in range(1, _SUBPOINTS)] + [min(t + seg, T)]
-
         # alf has no dense output: it steps *to* every sub-point, so a segment takes at least _SUBPOINTS steps
         # however long the controller would step, and the mean step (segment / steps) would shrink the next
         # segment every time until the sub-points coincide. Its sub-points are spaced about one step apart
         # instead, and a segment in which no sub-interval needed a second step grows the next one twofold.
         steps_to_points = self.method in REVERSIBLE_METHODS
         per_segment = _SUBPOINTS if steps_to_points else _SEGMENT_STEPS
+        plan = _segment_plan(grid, T, est, per_segment)
 
         def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             g = None if grid is None else grid[(grid >= times[0]) & (grid <= times[-1])]
@@ -598,15 +624,9 @@ class ODEBlock(Block):
         def field(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             return _field_at(bound_rows(idx), t, y)
 
-        stop_below = False
+        stop_below = self.stop is not None
         if self.stop is not None:
-            eps = self.stop.eps
-
-            def event(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-                f = field(t, y, idx)
-                return torch.linalg.vector_norm(f.reshape(f.shape[0], -1), dim=1) - eps
-
-            stop_below = True
+            event = _norm_event(field, self.stop.eps)
         return integrate_events(
             solve,
             field,

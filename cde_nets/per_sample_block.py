@@ -2,7 +2,7 @@
 (:mod:`cde_nets.solvers.per_sample`), its own output times ``t`` (``(batch, n)``) or end time ``t_end``.
 
 The field sees the running rows and one time per row. A :class:`~cde_nets.fields.base.Field` whose time enters only
-through its piece (the inherited ``forward``) is evaluated on the running rows once per piece the round's times
+through its piece (the inherited ``forward``) is evaluated on the running rows once per piece the sweep's times
 span, and each row takes the value of its own piece, found on the device (no read per evaluation); any other
 module is called with ``t`` of shape ``(m,)`` and must broadcast it against its rows. A block input ``u`` is
 restricted to the running rows.
@@ -119,13 +119,15 @@ def solve_per_sample(
         method=s.method,
         rtol=s.rtol,
         atol=s.atol,
-        options=dict(s.options),
-        max_steps=s.max_steps,
+        options={
+            **s.options,
+            "max_num_steps": s.max_steps,
+            "time_spans": field.pieces,
+            "jump_t": field.jumps if block.solver.jumps else None,
+        },
         rows=True,
-        time_spans=field.pieces,
         gradient=block.gradient,
         params=block._params(bound),
-        jump_t=field.jumps if block.solver.jumps else None,
         return_info=True,
     )
     if start:

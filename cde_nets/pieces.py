@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import cast
 
 import torch
@@ -20,7 +19,7 @@ from torch import nn
 from cde_nets.solvers.errors import check_positive_int
 from cde_nets.solvers.times import HOST_TIME
 
-__all__ = ["TimeGrid", "Pieces", "smoothness", "piece_modules", "gathered"]
+__all__ = ["TimeGrid", "Pieces", "smoothness", "piece_modules"]
 
 
 class TimeGrid:
@@ -80,7 +79,7 @@ class Pieces(nn.Module):
 
     ``pieces[l]`` is piece ``l``; ``pieces.at(t)`` is the piece in force at time ``t``. ``trainable=False`` keeps
     it as a buffer (moved with the module, excluded from optimisers and from ``adjoint_params``).
-    Inside :func:`gathered`, ``pieces[l]`` returns a view from one ``unbind`` per call (see there).
+    Inside :func:`~cde_nets.gathering.gathered`, ``pieces[l]`` returns a view from one ``unbind`` per call (see there).
     """
 
     _unbound: tuple[torch.Tensor, ...] | None = None  # inside gathered: () until the first piece is read
@@ -131,8 +130,8 @@ class Pieces(nn.Module):
         return self.data[l] if self._unbound is None else self.views()[l]
 
     def views(self) -> tuple[torch.Tensor, ...]:
-        """Inside :func:`gathered`: the pieces as views of one ``data.unbind(0)``, made when first asked for (a
-        field that reads its :meth:`~cde_nets.fields.base.Field.constants` never needs them)."""
+        """Inside :func:`~cde_nets.gathering.gathered`: the pieces as views of one ``data.unbind(0)``, made when
+        first asked for (a field that reads its :meth:`~cde_nets.fields.base.Field.constants` never needs them)."""
         if not self._unbound:
             # with a graph even when the first read is under no_grad (an event check): every later read of the
             # call differentiates through these views
@@ -156,45 +155,6 @@ def piece_modules(module: nn.Module) -> Iterator[Pieces]:
     for m in module.modules():
         if isinstance(m, Pieces) and isinstance(m.data, nn.Parameter):
             yield m
-
-
-@contextmanager
-def gathered(module: nn.Module, stacked: bool = True) -> Iterator[nn.Module]:
-    """Within the block, every :class:`Pieces` of ``module`` hands out views of one ``data.unbind(0)``, and every
-    field's per-call memo (:meth:`cde_nets.fields.base.Field.memo`) is live: its
-    :meth:`~cde_nets.fields.base.Field.constants` are built for all pieces at once (``stacked=False``: piece by
-    piece, from the views).
-
-    Why: ``data[l]`` in a loop over ``L`` layers records ``L`` slicing nodes, and the backward of each one
-    allocates and fills a full ``(L, ...)`` zero gradient, so backward costs O(L² |θ_l|). ``unbind`` is one node
-    whose backward stacks the ``L`` piece gradients once. Discrete nets and backprop-mode ODE blocks wrap each
-    call in this; nested blocks reuse the outer gathering. Leave the block before the parameters change (the
-    views belong to one optimisation step).
-    """
-    from .fields.base import Field
-
-    pieces, fields = [], []
-    for m in module.modules():
-        if isinstance(m, Pieces) and m._unbound is None:
-            pieces.append(m)
-        elif isinstance(m, Field) and m._memo is None:
-            fields.append(m)
-    # plain attributes, not parameters or submodules: object.__setattr__ skips nn.Module's registration checks,
-    # which cost more than the whole of a small layer
-    for p in pieces:
-        set_views(p, ())
-    for f in fields:
-        object.__setattr__(f, "_memo", {})
-        object.__setattr__(f, "_constants", {} if stacked else None)
-    try:
-        yield module
-    finally:
-        for p in pieces:
-            set_views(p, None)
-        for f in fields:
-            # back to the class defaults (None): a module keeps nothing of a call, not even an attribute
-            vars(f).pop("_memo", None)
-            vars(f).pop("_constants", None)
 
 
 def set_views(p: Pieces, views: tuple[torch.Tensor, ...] | None) -> None:

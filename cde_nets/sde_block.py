@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ from .fields.bound import BoundField
 from .nonfinite import check_result, nonfinite_parameter
 from .solution import Solution
 
-__all__ = ["SDEBlock", "SDE_METHODS", "NOISES"]
+__all__ = ["SDEBlock", "SDESettings", "SDE_METHODS", "NOISES"]
 
 NOISES = ("diagonal", "additive", None)
 _ALL_NOISE = ("additive", "diagonal", "general", "scalar")
@@ -123,6 +124,29 @@ class _SDE(nn.Module):
         return self._count(out)
 
 
+@dataclass(frozen=True)
+class SDESettings:
+    """The rarely changed settings of an :class:`SDEBlock`: ``SDEBlock(field, settings=SDESettings(paths=4))``.
+
+    Attributes:
+        sde_type: ``"ito"`` or ``"stratonovich"`` (matters for diagonal noise only); default the method's own.
+        adjoint_method: method of the adjoint's backward solve; default torchsde's choice (Itô diagonal:
+            ``milstein``, Itô additive: ``euler``, Stratonovich: ``midpoint``, ``reversible_heun``:
+            ``adjoint_reversible_heun``).
+        noise_at_eval: keep the noise in ``eval()`` mode. When ``False`` (default) evaluation integrates the
+            drift ODE with ``g = 0`` by the same torchsde method on the same grid (its deterministic limit:
+            ``euler``/``milstein`` → Euler, ``midpoint`` → explicit midpoint, ``heun`` → Heun).
+        paths: with noise on, integrate ``paths`` independent paths per sample and return their mean.
+        channels: number of noise channels when the field declares no ``state_shape``.
+    """
+
+    sde_type: str | None = None
+    adjoint_method: str | None = None
+    noise_at_eval: bool = False
+    paths: int = 1
+    channels: int | None = None
+
+
 class SDEBlock(Block):
     r"""``y(T)`` of ``dy = F(t, y) dt + g(y) dW`` for a :class:`~cde_nets.fields.base.Field` ``F`` (torchsde).
 
@@ -142,20 +166,13 @@ class SDEBlock(Block):
             Euler-Maruyama need not converge with multiplicative noise).
         rtol, atol: tolerances of ``adaptive`` (default 1e-5 and 1e-4, torchsde's: strong orders ½-1 make
             ODE-like tolerances unaffordable); refused without ``adaptive``, where they would be ignored.
-        sde_type: ``"ito"`` or ``"stratonovich"`` (matters for diagonal noise only).
         gradient: ``"adjoint"`` (``sdeint_adjoint``: the adjoint SDE solved backwards on the same Brownian path)
             or ``"backprop"`` (differentiate through the steps).
-        adjoint_method: method of the adjoint's backward solve; default torchsde's choice (Itô diagonal:
-            ``milstein``, Itô additive: ``euler``, Stratonovich: ``midpoint``, ``reversible_heun``:
-            ``adjoint_reversible_heun``).
         seed: seeds the Brownian paths: call ``k`` of the block uses ``BrownianInterval(entropy=...)`` derived
             from ``(seed, k)``, so two blocks with the same seed repeat each other exactly; :meth:`reseed`
             restarts the sequence. ``None``: entropy drawn from ``torch``'s generator (``torch.manual_seed``).
-        noise_at_eval: keep the noise in ``eval()`` mode. When ``False`` (default) evaluation integrates the
-            drift ODE with ``g = 0`` by the same torchsde method on the same grid (its deterministic limit:
-            ``euler``/``milstein`` → Euler, ``midpoint`` → explicit midpoint, ``heun`` → Heun).
-        paths: with noise on, integrate ``paths`` independent paths per sample and return their mean.
-        channels: number of noise channels when the field declares no ``state_shape``.
+        settings: the rarely changed settings, one :class:`SDESettings` (SDE type, the adjoint's method,
+            noise in evaluation, paths per sample, noise channels).
 
     Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.solution.Solution` with the
     states at requested grid times too. After each call, :attr:`stats` holds ``nfe_forward`` (drift plus
@@ -179,15 +196,20 @@ class SDEBlock(Block):
         adaptive: bool = False,
         rtol: float | None = None,
         atol: float | None = None,
-        sde_type: str | None = None,
         gradient: str | GradientMethod = "adjoint",
-        adjoint_method: str | None = None,
         seed: int | None = None,
-        noise_at_eval: bool = False,
-        paths: int = 1,
-        channels: int | None = None,
+        *,
+        settings: SDESettings | None = None,
     ):
         super().__init__(field, T)
+        if settings is None:
+            settings = SDESettings()
+        elif not isinstance(settings, SDESettings):
+            raise TypeError(
+                f"`settings` must be an SDESettings, e.g. SDESettings(paths=4); got {type(settings).__name__}."
+            )
+        sde_type, adjoint_method = settings.sde_type, settings.adjoint_method
+        noise_at_eval, paths, channels = settings.noise_at_eval, settings.paths, settings.channels
         if noise not in NOISES:
             raise ValueError(f"`noise` must be one of {NOISES} (g = σ ⊙ y, g = σ, g = 0), got {noise!r}.")
         self.noise = noise
@@ -360,8 +382,6 @@ class SDEBlock(Block):
         return report(self._solve_call(y0, u, t, bm, SolverStats()))
 
     def _solve_call(self, y0: torch.Tensor, u: torch.Tensor | None, t, bm, stats: SolverStats) -> Solution:
-        import torchsde  # imported by the first solve, not by `import cde_nets`
-
         bound = self.bind(y0, u)
         if self.rho is not None and (y0.dim() < 2 or y0.shape[1] != self.rho.shape[0]):
             raise ValueError(
@@ -405,21 +425,7 @@ class SDEBlock(Block):
             for l in range(pieces)
         ]
         grid = self._grid.to(device=y.device, dtype=y.dtype)
-        if bm is None or not stochastic:
-            bm = torchsde.BrownianInterval(
-                t0=float(grid[0]),
-                t1=float(grid[-1]),
-                size=tuple(y.shape),
-                dtype=y.dtype,
-                device=y.device,
-                entropy=self._entropy(),
-                levy_area_approximation=self._levy,
-            )
-        elif tuple(getattr(bm, "shape", ())) != tuple(y.shape):
-            raise ValueError(
-                f"`bm` must have shape {tuple(y.shape)} (paths · batch, numel per sample), got "
-                f"{tuple(getattr(bm, 'shape', ()))}."
-            )
+        bm = self._brownian(bm, y, grid, stochastic)
         extra = [u] if u is not None and u.requires_grad else []
         states = self._integrate(sdes, y, grid, bm, extra)
         check_result(states[-1], lambda: self._nonfinite(states, grid))
@@ -440,6 +446,28 @@ class SDEBlock(Block):
             ys = torch.stack([average(states[i]) for i in save])
             ts = self._grid[save].clone()
         return Solution(y=average(y), ts=ts, ys=ys, stats=stats)
+
+    def _brownian(self, bm, y: torch.Tensor, grid: torch.Tensor, stochastic: bool):
+        """The caller's Brownian motion ``bm`` (checked against the state's shape), or a fresh
+        ``BrownianInterval`` over the grid from this call's entropy (:meth:`_entropy`)."""
+        import torchsde  # imported by the first solve, not by `import cde_nets`
+
+        if bm is None or not stochastic:
+            return torchsde.BrownianInterval(
+                t0=float(grid[0]),
+                t1=float(grid[-1]),
+                size=tuple(y.shape),
+                dtype=y.dtype,
+                device=y.device,
+                entropy=self._entropy(),
+                levy_area_approximation=self._levy,
+            )
+        if tuple(getattr(bm, "shape", ())) != tuple(y.shape):
+            raise ValueError(
+                f"`bm` must have shape {tuple(y.shape)} (paths · batch, numel per sample), got "
+                f"{tuple(getattr(bm, 'shape', ()))}."
+            )
+        return bm
 
     def _nonfinite(self, states: list[torch.Tensor], grid: torch.Tensor) -> str:
         name = nonfinite_parameter(self)

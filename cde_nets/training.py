@@ -1,7 +1,7 @@
-"""The training loop every experiment uses: reproducible, checkpointed atomically, resumable, and refusing to
+"""The training loop every experiment uses: reproducible, snapshotted atomically, resumable, and refusing to
 continue from anything it cannot trust.
 
-A :class:`Trainer` is the training policy — task and loss, optimiser, regularisers, schedule, what is checkpointed
+A :class:`Trainer` is the training policy — task and loss, optimiser, regularisers, schedule, what is snapshotted
 and when, what happens on a non-finite gradient — and ``trainer.fit(model, data, epochs=, batch_size=)`` applies
 it. Classification uses binary cross-entropy on one logit and cross-entropy on several; regression MSE. The seeds'
 regularisers are :class:`Regulariser` terms (Ruseckas eq. 82 smoothness; Galimberti et al.'s R_K and R_ℓ; weight
@@ -9,10 +9,10 @@ decay).
 
 Reproducibility: the data loaders take a seed, :func:`seeded` fixes initialisation, and the trainer's ``seed``
 fixes the batching and every random draw during training (dropout, Hutchinson probes) through generators of its
-own: the caller's global random state is left as it was. A checkpoint holds the model, optimiser, scheduler,
+own: the caller's global random state is left as it was. A snapshot holds the model, optimiser, scheduler,
 history, those generators and the training configuration, so a run killed at any instant and resumed ends bit
 for bit as an uninterrupted one — and a resume under other settings (optimiser, learning rate, loss,
-regularisers, data, model) is refused with the list of differences. :func:`checkpointing` checkpoints every
+regularisers, data, model) is refused with the list of differences. :func:`snapshotting` snapshots every
 ``fit`` inside a block (a script of several trainings, such as a reproduction:
 ``cde-nets experiments <name> --resume``).
 
@@ -39,15 +39,15 @@ from torch import nn
 
 from cde_nets.solvers.errors import Reason, SolverError, check_positive_int
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .collected_terms import integrated_terms
 from .distributed import data_parallel as dp
 from .pieces import smoothness
 from .progress import progress
+from .snapshots import SnapshotError, load_snapshot, save_snapshot
 
 __all__ = [
     "Trainer",
-    "Checkpoints",
+    "Snapshots",
     "Hooks",
     "NonFiniteError",
     "Regulariser",
@@ -58,11 +58,11 @@ __all__ = [
     "seeded",
     "evaluate",
     "task_loss",
-    "checkpointing",
-    "checkpoint_file",
-    "save_checkpoint",
-    "load_checkpoint",
-    "CheckpointError",
+    "snapshotting",
+    "snapshot_file",
+    "save_snapshot",
+    "load_snapshot",
+    "SnapshotError",
 ]
 
 Matrices = Callable[[nn.Module], Iterable[torch.Tensor]]
@@ -193,19 +193,19 @@ def _scored(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str) -> tu
 
 class NonFiniteError(FloatingPointError):
     """A loss or gradient became NaN/inf; the parameters were not updated with it and nothing non-finite was
-    saved. ``last_checkpoint`` names the last good checkpoint (``None`` if none was written); ``where`` what went
+    saved. ``last_snapshot`` names the last good snapshot (``None`` if none was written); ``where`` what went
     non-finite and when (``"the state became non-finite in epoch 3, batch 0"``), the solver's error, if one
     raised it, being the ``__cause__``."""
 
-    def __init__(self, message: str, last_checkpoint: Path | None, where: str = ""):
+    def __init__(self, message: str, last_snapshot: Path | None, where: str = ""):
         super().__init__(message)
-        self.last_checkpoint = last_checkpoint
+        self.last_snapshot = last_snapshot
         self.where = where
 
 
 @dataclass(frozen=True)
-class Checkpoints:
-    """What is checkpointed and when: the model, optimiser, scheduler, history, random generators and training
+class Snapshots:
+    """What is snapshotted and when: the model, optimiser, scheduler, history, random generators and training
     configuration, written atomically to ``path`` after every ``every``-th epoch and after the last one. With
     ``resume=True`` training continues from ``path`` (a missing file starts afresh, so one command serves the
     first run and every restart)."""
@@ -215,16 +215,16 @@ class Checkpoints:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        check_positive_int("every", self.every, "epochs between checkpoints")
+        check_positive_int("every", self.every, "epochs between snapshots")
         self.check_path()
 
     def check_path(self) -> None:
-        """Refuse a ``path`` that is an existing directory (the checkpoint is a file renamed over it), before any
+        """Refuse a ``path`` that is an existing directory (the snapshot is a file renamed over it), before any
         training is spent."""
         if Path(self.path).is_dir():
             raise ValueError(
-                f"checkpoint `path` {str(self.path)!r} is an existing directory; name a file in it, e.g. "
-                f"{str(Path(self.path) / 'checkpoint.pt')!r}."
+                f"snapshot `path` {str(self.path)!r} is an existing directory; name a file in it, e.g. "
+                f"{str(Path(self.path) / 'snapshot.pt')!r}."
             )
 
 
@@ -232,7 +232,7 @@ class Checkpoints:
 class Hooks:
     """Calls into a training run: ``batch(model, x, y)`` before each batch's forward pass (e.g. refit a read-out on
     the batch's frozen features, as H-DNN's reference training does), ``post_step(model)`` after every optimiser
-    step (e.g. NAIS's ``project_()``), ``epoch(epoch, model, metrics)`` after each epoch, before its checkpoint
+    step (e.g. NAIS's ``project_()``), ``epoch(epoch, model, metrics)`` after each epoch, before its snapshot
     (may add metrics)."""
 
     batch: Callable[[nn.Module, torch.Tensor, torch.Tensor], None] | None = None
@@ -263,14 +263,14 @@ class Trainer:
             state is restored afterwards).
         nonfinite: what a non-finite loss or gradient does, or a block's state gone non-finite in the forward pass
             (its :class:`~cde_nets.solvers.errors.SolverError`): ``"raise"`` (:class:`NonFiniteError` naming the
-            epoch, the batch and the last good checkpoint, the solver's error as its cause) or ``"skip"`` (the step
+            epoch, the batch and the last good snapshot, the solver's error as its cause) or ``"skip"`` (the step
             is skipped and counted in the epoch's ``skipped_steps``). Either way non-finite values never reach the
-            parameters nor a checkpoint.
-        checkpoints: a :class:`Checkpoints` policy (or a path: every epoch, no resume). Inside
-            :func:`checkpointing`, ``None`` means the block's next file.
+            parameters nor a snapshot.
+        snapshots: a :class:`Snapshots` policy (or a path: every epoch, no resume). Inside
+            :func:`snapshotting`, ``None`` means the block's next file.
         hooks: :class:`Hooks` into the run.
         progress: show a tqdm bar on a terminal, one line per epoch when stderr is a file or a pipe (rank 0
-            only); ``desc`` labels it and names the run's checkpoint in a block.
+            only); ``desc`` labels it and names the run's snapshot in a block.
     """
 
     def __init__(
@@ -284,7 +284,7 @@ class Trainer:
         scheduler_interval: str = "epoch",
         seed: int = 0,
         nonfinite: str = "raise",
-        checkpoints: Checkpoints | str | Path | None = None,
+        snapshots: Snapshots | str | Path | None = None,
         hooks: Hooks | None = None,
         progress: bool = True,
         desc: str = "train",
@@ -314,15 +314,15 @@ class Trainer:
         for r in regularisers:
             if not isinstance(r, Regulariser):
                 raise TypeError(f"`regularisers` must hold Regulariser terms, got {type(r).__name__}.")
-        if isinstance(checkpoints, (str, Path)):
-            checkpoints = Checkpoints(checkpoints)
-        if checkpoints is not None and not isinstance(checkpoints, Checkpoints):
-            raise TypeError(f"`checkpoints` must be a Checkpoints policy or a path, got {type(checkpoints).__name__}.")
+        if isinstance(snapshots, (str, Path)):
+            snapshots = Snapshots(snapshots)
+        if snapshots is not None and not isinstance(snapshots, Snapshots):
+            raise TypeError(f"`snapshots` must be a Snapshots policy or a path, got {type(snapshots).__name__}.")
         self.task, self.optimizer, self.lr = task, optimizer, float(lr)
         self.regularisers = regularisers
         self.scheduler, self.scheduler_interval = scheduler, scheduler_interval
         self.seed, self.nonfinite = seed, nonfinite
-        self.checkpoints = checkpoints
+        self.snapshots = snapshots
         self.hooks = hooks or Hooks()
         self.progress, self.desc = bool(progress), str(desc)
 
@@ -351,7 +351,7 @@ class Trainer:
     def fit(self, model: nn.Module, data, *, epochs: int, batch_size: int = 128) -> list[dict]:
         """Train ``model`` on ``data``: a :class:`~cde_nets.datasets.Split` or ``(x_train, y_train, x_test,
         y_test)`` (``None`` for both test entries to skip testing), for ``epochs`` epochs in all (a resumed run
-        trains the missing ones; asking for more epochs than a finished checkpoint holds extends it).
+        trains the missing ones; asking for more epochs than a finished snapshot holds extends it).
 
         Returns the per-epoch metrics (one dict per epoch, resumed epochs included): ``epoch``, ``train_loss`` and
         ``train_accuracy`` (running, over the epoch's batches), ``reg_<name>``, ``test_loss``, ``test_accuracy``,
@@ -364,16 +364,16 @@ class Trainer:
         batch, its loss weighted so that the averaged gradient is that of the global batch mean. Parameters
         follow the single-process run up to rounding for models that treat samples independently and use
         fixed-step solvers. Regularisers and hooks run on every rank; metrics are summed over ranks; only rank 0
-        shows the progress bar and writes checkpoints.
+        shows the progress bar and writes snapshots.
         """
         x_tr, y_tr, x_te, y_te = _check_data(self.task, data)
         check_positive_int("epochs", epochs)
         check_positive_int("batch_size", batch_size)
         dp.check_batch_size(batch_size)
-        policy = self.checkpoints
-        block = _CHECKPOINTING.get()
+        policy = self.snapshots
+        block = _SNAPSHOTTING.get()
         if policy is None and block is not None:
-            policy = Checkpoints(block.next_path(self.desc), resume=block.resume)
+            policy = Snapshots(block.next_path(self.desc), resume=block.resume)
         if policy is not None:
             policy.check_path()  # the directory may have appeared since the policy was made
         opt = self._make_optimizer(model)
@@ -399,7 +399,7 @@ class Trainer:
         start = 0
         last_good: Path | None = None
         if policy is not None and policy.resume and Path(policy.path).exists():
-            ck = load_checkpoint(policy.path)
+            ck = load_snapshot(policy.path)
             _check_resume(policy.path, ck, config, epochs)
             _load_model(policy.path, model, ck["model"])
             opt.load_state_dict(ck["optimizer"])
@@ -437,7 +437,7 @@ class Trainer:
             if policy is not None and ((epoch + 1) % policy.every == 0 or epoch + 1 == epochs):
                 _check_parameters_finite(model, epoch, last_good)
                 if dp.is_main():
-                    save_checkpoint(
+                    save_snapshot(
                         policy.path,
                         {
                             "format": _FORMAT,
@@ -465,6 +465,30 @@ class Trainer:
             bar.close()
         return history
 
+    def _batch_loss(self, model, net, xb, yb, weight, reg_sums: dict, y_tr, labels_checked: bool) -> tuple:
+        """``(out, loss, total, None)`` for one batch: the task's loss and, in ``total``, the regularisers' terms
+        added (their values summed into ``reg_sums``); ``(None, None, None, error)`` where a block's state went
+        non-finite in the forward pass, which the policy treats as a non-finite loss."""
+        try:
+            # the blocks report this step's integrated regularisers into it: the modules keep nothing
+            with integrated_terms():
+                out = net(xb)
+                if not labels_checked and self.task == "classification":
+                    _check_labels(y_tr, out.shape[-1])
+                loss = task_loss(self.task, out, yb)
+                total = loss * weight
+                for reg in self.regularisers:
+                    value = reg.fn(model)
+                    reg_sums[reg.name] += float(torch.as_tensor(value).detach())
+                    total = total + reg.weight * value
+        except SolverError as exc:
+            # a block whose state went non-finite in the forward pass is a non-finite loss: the policy decides, as
+            # it does for NaN reaching the loss itself
+            if exc.reason is not Reason.NONFINITE:
+                raise
+            return None, None, None, exc
+        return out, loss, total, None
+
     def _epoch(
         self, model, net, opt, x_tr, y_tr, batch_size, batch_gen, epoch, step_sched, last_good, labels_checked
     ) -> tuple[dict, bool]:
@@ -481,26 +505,8 @@ class Trainer:
             idx, n, weight = dp.shard(idx)
             xb, yb = x_tr[idx], y_tr[idx]
             opt.zero_grad(set_to_none=True)
-            diverged: SolverError | None = None
-            try:
-                # the blocks report this step's integrated regularisers into it: the modules keep nothing
-                with integrated_terms():
-                    out = net(xb)
-                    if not labels_checked and self.task == "classification":
-                        _check_labels(y_tr, out.shape[-1])
-                        labels_checked = True
-                    loss = task_loss(self.task, out, yb)
-                    total = loss * weight
-                    for reg in self.regularisers:
-                        value = reg.fn(model)
-                        reg_sums[reg.name] += float(torch.as_tensor(value).detach())
-                        total = total + reg.weight * value
-            except SolverError as exc:
-                # a block whose state went non-finite in the forward pass is a non-finite loss: the policy
-                # decides, as it does for NaN reaching the loss itself
-                if exc.reason is not Reason.NONFINITE:
-                    raise
-                diverged = exc
+            out, loss, total, diverged = self._batch_loss(model, net, xb, yb, weight, reg_sums, y_tr, labels_checked)
+            labels_checked = labels_checked or (diverged is None and self.task == "classification")
             if diverged is None:
                 correct = _correct(out.detach(), yb) if self.task == "classification" and n else 0
                 loss_sum, correct, n, finite = dp.reduce_batch_stats(
@@ -521,21 +527,7 @@ class Trainer:
                 what = "loss" if diverged is None else "state"
             if not finite:
                 if self.nonfinite == "raise":
-                    where = (
-                        f"the last good checkpoint is {str(last_good)!r}" if last_good else "no checkpoint was written"
-                    )
-                    cause = (
-                        f"the state became non-finite in the forward pass ({diverged})"
-                        if diverged is not None
-                        else f"the loss was {float(total.detach()):.6g}"
-                    )
-                    when = f"the {what} became non-finite in epoch {epoch}, batch {b}"
-                    raise NonFiniteError(
-                        f"{when} ({cause}); the parameters were not updated with it and {where}. Lower the learning "
-                        "rate, tighten the solver tolerance, or train with nonfinite='skip' to skip such steps.",
-                        last_good,
-                        when,
-                    ) from diverged
+                    _raise_nonfinite(what, diverged, total, epoch, b, last_good)
                 opt.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
@@ -604,10 +596,29 @@ def _check_labels(y: torch.Tensor, logits: int) -> None:
         raise ValueError(f"`data` y_train has label {int(y[i])} at sample {i}; labels must be {what}.")
 
 
+def _raise_nonfinite(
+    what: str, diverged: SolverError | None, total, epoch: int, batch: int, last_good: Path | None
+) -> None:
+    """Stop training on a non-finite ``what`` (loss, state or gradient), naming the cause and the last snapshot."""
+    where = f"the last good snapshot is {str(last_good)!r}" if last_good else "no snapshot was written"
+    cause = (
+        f"the state became non-finite in the forward pass ({diverged})"
+        if diverged is not None
+        else f"the loss was {float(total.detach()):.6g}"
+    )
+    when = f"the {what} became non-finite in epoch {epoch}, batch {batch}"
+    raise NonFiniteError(
+        f"{when} ({cause}); the parameters were not updated with it and {where}. Lower the learning "
+        "rate, tighten the solver tolerance, or train with nonfinite='skip' to skip such steps.",
+        last_good,
+        when,
+    ) from diverged
+
+
 def _check_parameters_finite(model: nn.Module, epoch: int, last_good: Path | None) -> None:
     for name, p in model.state_dict().items():
         if p.is_floating_point() and not bool(torch.isfinite(p).all()):
-            where = f"the last good checkpoint {str(last_good)!r} is kept" if last_good else "nothing was saved"
+            where = f"the last good snapshot {str(last_good)!r} is kept" if last_good else "nothing was saved"
             raise NonFiniteError(
                 f"`{name}` holds non-finite values after epoch {epoch}; it was not saved ({where}).", last_good
             )
@@ -615,7 +626,7 @@ def _check_parameters_finite(model: nn.Module, epoch: int, last_good: Path | Non
 
 def _check_resume(path, ck: dict, config: dict, epochs: int) -> None:
     if ck.get("format") != _FORMAT or "config" not in ck:
-        raise CheckpointError(
+        raise SnapshotError(
             f"{str(path)!r} was not written by this version's Trainer (format "
             f"{ck.get('format')!r}); start afresh without resume, or delete the file."
         )
@@ -625,15 +636,15 @@ def _check_resume(path, ck: dict, config: dict, epochs: int) -> None:
         if key == "model":
             continue
         if old.get(key) != config[key]:
-            diffs.append(f"{key}: {old.get(key)!r} in the checkpoint, {config[key]!r} now")
+            diffs.append(f"{key}: {old.get(key)!r} in the snapshot, {config[key]!r} now")
     diffs += _model_differences(old.get("model", {}), config["model"])
     if diffs:
-        raise CheckpointError(
+        raise SnapshotError(
             f"{str(path)!r} was written with other settings; resume with the same ones (only "
             "`epochs` may grow) or start afresh without resume:\n  " + "\n  ".join(diffs)
         )
     if ck["epoch"] + 1 > epochs:
-        raise CheckpointError(
+        raise SnapshotError(
             f"{str(path)!r} already holds {ck['epoch'] + 1} epochs but epochs={epochs} was asked "
             f"for; ask for epochs >= {ck['epoch'] + 1}, or start afresh without resume."
         )
@@ -641,9 +652,9 @@ def _check_resume(path, ck: dict, config: dict, epochs: int) -> None:
 
 def _model_differences(old: dict, new: dict) -> list[str]:
     out = [f"model parameter {k!r} is missing now" for k in old if k not in new]
-    out += [f"model parameter {k!r} is new (not in the checkpoint)" for k in new if k not in old]
+    out += [f"model parameter {k!r} is new (not in the snapshot)" for k in new if k not in old]
     out += [
-        f"model parameter {k!r} has shape {old[k]} in the checkpoint, {new[k]} now"
+        f"model parameter {k!r} has shape {old[k]} in the snapshot, {new[k]} now"
         for k in new
         if k in old and old[k] != new[k]
     ]
@@ -655,12 +666,12 @@ def _load_model(path, model: nn.Module, state: dict) -> None:
         {k: list(v.shape) for k, v in state.items()}, {k: list(v.shape) for k, v in model.state_dict().items()}
     )
     if diffs:
-        raise CheckpointError(f"{str(path)!r} holds another model:\n  " + "\n  ".join(diffs))
+        raise SnapshotError(f"{str(path)!r} holds another model:\n  " + "\n  ".join(diffs))
     model.load_state_dict(state)
 
 
 @dataclass
-class _Checkpointing:
+class _Snapshotting:
     directory: Path
     resume: bool
     calls: int = 0
@@ -668,17 +679,17 @@ class _Checkpointing:
     def next_path(self, desc: str) -> Path:
         self.calls += 1
         slug = re.sub(r"[^A-Za-z0-9]+", "_", desc).strip("_")[:60] or "fit"
-        return self.directory / f"{self.calls:03d}-{slug}.ckpt"
+        return self.directory / f"{self.calls:03d}-{slug}.snapshot"
 
 
-_CHECKPOINTING: ContextVar[_Checkpointing | None] = ContextVar("cde_nets_checkpointing", default=None)
+_SNAPSHOTTING: ContextVar[_Snapshotting | None] = ContextVar("cde_nets_snapshotting", default=None)
 
 
 @contextmanager
-def checkpointing(directory: str | Path, resume: bool = False) -> Iterator[Path]:
-    """Checkpoint every :meth:`Trainer.fit` called inside the block whose trainer has no ``checkpoints`` policy.
+def snapshotting(directory: str | Path, resume: bool = False) -> Iterator[Path]:
+    """Snapshot every :meth:`Trainer.fit` called inside the block whose trainer has no ``snapshots`` policy.
 
-    The ``k``-th call writes ``directory/<k>-<desc>.ckpt`` after each epoch; with ``resume=True`` each call
+    The ``k``-th call writes ``directory/<k>-<desc>.snapshot`` after each epoch; with ``resume=True`` each call
     continues from its file (a finished one returns its stored history at once, a missing one starts afresh). A
     block whose fits are deterministic given their seeds, as every reproduction's are, therefore ends bit for bit
     as an uninterrupted run however often it was killed and restarted. Resuming a different script, setting or
@@ -686,17 +697,17 @@ def checkpointing(directory: str | Path, resume: bool = False) -> Iterator[Path]
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    token = _CHECKPOINTING.set(_Checkpointing(directory, bool(resume)))
+    token = _SNAPSHOTTING.set(_Snapshotting(directory, bool(resume)))
     try:
         yield directory
     finally:
-        _CHECKPOINTING.reset(token)
+        _SNAPSHOTTING.reset(token)
 
 
-def checkpoint_file(desc: str) -> tuple[Path, bool] | None:
-    """For a training loop of one's own inside a :func:`checkpointing` block: its next file (numbered as the
+def snapshot_file(desc: str) -> tuple[Path, bool] | None:
+    """For a training loop of one's own inside a :func:`snapshotting` block: its next file (numbered as the
     Trainer's fits are) and whether to resume from it; ``None`` outside such a block."""
-    block = _CHECKPOINTING.get()
+    block = _SNAPSHOTTING.get()
     return None if block is None else (block.next_path(desc), block.resume)
 
 

@@ -6,7 +6,7 @@ the count; quick and tiny keep one), in ``--workers`` parallel processes, and re
 deviation and the range, the per-seed numbers kept in the JSON (:mod:`experiments.seeds`).
 
 With no name it lists the reproductions and their running times; ``all`` runs every one. Every training writes an
-atomic per-epoch checkpoint under ``OUT/checkpoints/<name>-<size>-seed<N>/``; after a crash or a kill, the same
+atomic per-epoch snapshot under ``OUT/snapshots/<name>-<size>-seed<N>/``; after a crash or a kill, the same
 command with ``--resume`` continues where each training stopped and ends with the results of an uninterrupted run.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import torch
 
-from cde_nets.checkpoint import CheckpointError, RunInUseError, RunLock
-from cde_nets.cli import did_you_mean
+from cde_nets.snapshots import RunInUseError, RunLock, SnapshotError
+from cde_nets.solvers.errors import did_you_mean
 
 from .reference import attach
 from .registry import REPRODUCTIONS, THREADS, THREADS_OF, recorded_only, threads_for, times, total
@@ -80,7 +80,7 @@ def _epilog() -> str:
 
 _DESCRIPTION = """\
 Reproduces the papers' tables and figures. With no name it lists the reproductions and their running times; `all`
-runs every one. Every training writes a per-epoch checkpoint under OUT/checkpoints/<name>-<size>-seed<N>/; after
+runs every one. Every training writes a per-epoch snapshot under OUT/snapshots/<name>-<size>-seed<N>/; after
 a crash or a kill, the same command with --resume continues where each training stopped and ends with the results
 of an uninterrupted run."""
 
@@ -94,7 +94,7 @@ def _results(names: list[str], size: str, args: argparse.Namespace) -> Iterator[
     budget, workers = cores(), args.workers or cores()
     if len(names) > 1 and all(n == 1 for n in seeds.values()) and workers > 1 and budget > min(threads.values()):
         jobs = [
-            (name, threads[name], (name, size, args.seed, args.out, threads[name], args.resume, args.checkpoints))
+            (name, threads[name], (name, size, args.seed, args.out, threads[name], args.resume, args.snapshots))
             for name in names
         ]
         yield from side_by_side(jobs, budget, workers)
@@ -112,19 +112,15 @@ def _results(names: list[str], size: str, args: argparse.Namespace) -> Iterator[
                     workers=args.workers or default_workers(seeds[name], threads[name]),
                     threads=threads[name],
                     resume=args.resume,
-                    checkpoints=args.checkpoints,
+                    snapshots=args.snapshots,
                 ),
             )
         else:
-            yield name, run_one(name, size, args.seed, args.out, threads[name], args.resume, args.checkpoints)
+            yield name, run_one(name, size, args.seed, args.out, threads[name], args.resume, args.snapshots)
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experiments") -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
-        from .distributed import main as distributed
-
-        return distributed(argv[1:], prog=f"{prog} distributed")
+def _parser(prog: str) -> argparse.ArgumentParser:
+    """The command line: a reproduction's name, its size, seeds, workers, output folder, threads and snapshots."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=_DESCRIPTION,
@@ -163,22 +159,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="continue every training from its checkpoint in OUT/checkpoints (finished ones are not "
+        help="continue every training from its snapshot in OUT/snapshots (finished ones are not "
         "retrained); the results equal an uninterrupted run's",
     )
     parser.add_argument(
-        "--no-checkpoints", dest="checkpoints", action="store_false", help="do not write per-epoch training checkpoints"
+        "--no-snapshots", dest="snapshots", action="store_false", help="do not write per-epoch training snapshots"
     )
     parser.add_argument("--list", action="store_true", help="list the reproductions and exit (as with no name)")
-    args = parser.parse_args(argv)
-    if args.list or args.name is None:
-        print("reproductions (seconds at each setting on 2 CPU cores; — where not measured):")
-        print(listing())
-        print(
-            "\nrun one:  cde-nets experiments NAME [--quick|--tiny]\nrun all:  cde-nets experiments all --quick"
-            "   (the main job; `all` alone runs the full setting)\nmore:     cde-nets experiments --help"
-        )
-        return 0
+    return parser
+
+
+def _check_numbers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse seeds, threads and workers out of range, before any work starts."""
     if not 0 <= args.seed < 2**32:  # numpy's and torch's generators both take it
         parser.error(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     if args.threads is not None and args.threads < 1:
@@ -189,14 +181,33 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
         parser.error(f"--workers must be a positive integer (parallel processes), got {args.workers}")
     if args.seeds is not None and args.seed + args.seeds > 2**32:
         parser.error(f"--seed + --seeds must stay within 2**32, got {args.seed} + {args.seeds}")
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experiments") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["distributed"]:  # the scale-out launcher, not a reproduction: its own options
+        from .distributed import main as distributed
+
+        return distributed(argv[1:], prog=f"{prog} distributed")
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
+    if args.list or args.name is None:
+        print("reproductions (seconds at each setting on 2 CPU cores; — where not measured):")
+        print(listing())
+        print(
+            "\nrun one:  cde-nets experiments NAME [--quick|--tiny]\nrun all:  cde-nets experiments all --quick"
+            "   (the main job; `all` alone runs the full setting)\nmore:     cde-nets experiments --help"
+        )
+        return 0
+    _check_numbers(parser, args)
     size = args.size or "full"
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
     for name in names:
         if name not in REPRODUCTIONS:  # fail on an unknown name before any work starts
             hint = did_you_mean(name, [*REPRODUCTIONS, "all"])
             parser.error(f"unknown reproduction {name!r}{hint}; choose one of: {', '.join(REPRODUCTIONS)} or 'all'")
-    if args.resume and not args.checkpoints:
-        parser.error("--resume needs the checkpoints: drop --no-checkpoints")
+    if args.resume and not args.snapshots:
+        parser.error("--resume needs the snapshots: drop --no-snapshots")
     try:
         # one run per output folder, checked writable before any training (a run must not lose its results)
         lock = RunLock(args.out).__enter__()
@@ -210,8 +221,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m cde_nets.experime
             print(format_table(res))
             print(f"\n(wrote {path})\n", flush=True)
         print(f"total {time.perf_counter() - t0:.1f} s")
-    except CheckpointError as exc:
-        # a checkpoint that cannot be resumed from: its own message names the file and the fix; nothing is deleted
+    except SnapshotError as exc:
+        # a snapshot that cannot be resumed from: its own message names the file and the fix; nothing is deleted
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     finally:

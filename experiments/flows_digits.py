@@ -14,10 +14,10 @@ Each run trains until it has used ``budget_s`` seconds of this process's CPU tim
 torch thread: the machine's load does not stretch it as it does wall time) and records the steps done, the
 forward NFE per step, and the held-out bits/dim of the ODE itself (exact trace up to 64 dimensions, else
 Hutchinson averaged over probes; dopri5 at ``tol``) with the weights at the lowest bits/dim on a validation tenth
-of the training images, measured every ``checkpoint_s`` seconds of CPU (early stopping: a 64-dimensional flow
+of the training images, measured every ``snapshot_s`` seconds of CPU (early stopping: a 64-dimensional flow
 memorises the digits' training images well within the hour), and at the end of the budget. Inside a
-``checkpointing`` block (every reproduction run by ``python -m cde_nets.experiments``) each run writes an atomic
-checkpoint every ``checkpoint_s`` seconds of CPU and resumes from it with ``--resume``, its budget counting the
+``snapshotting`` block (every reproduction run by ``python -m cde_nets.experiments``) each run writes an atomic
+snapshot every ``snapshot_s`` seconds of CPU and resumes from it with ``--resume``, its budget counting the
 CPU time already spent.
 
 Published (full MNIST, multiscale convolutional flows, days of GPU time — not these data or this budget):
@@ -33,11 +33,11 @@ from collections.abc import Callable
 import torch
 
 from cde_nets import integrated_terms
-from cde_nets.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from cde_nets.datasets import dequantize, digits, mnist_5k
 from cde_nets.flows import ContinuousFlow
 from cde_nets.image_density import Affine, Logit, image_bits_per_dim
-from cde_nets.training import checkpoint_file, seeded
+from cde_nets.snapshots import load_snapshot, rng_state, save_snapshot, set_rng_state
+from cde_nets.training import seeded, snapshot_file
 
 from .flows_2d import TimeMLP
 from .report import result, row
@@ -50,13 +50,13 @@ DATASETS: dict[str, tuple[Callable, int]] = {
 VARIANTS = {"unregularised": (), "kinetic+jacobian": ("kinetic", "jacobian")}
 SETTINGS = {
     "tiny": dict(dataset="digits", budget_s=60.0, max_steps=2, batch=32, hidden=32, lr=1e-3, T=1.0, tol=1e-3,
-                 lam=0.01, preprocess="logit", alpha=0.05, n_test=64, n_val=16, eval_probes=4, checkpoint_s=0.0),
+                 lam=0.01, preprocess="logit", alpha=0.05, n_test=64, n_val=16, eval_probes=4, snapshot_s=0.0),
     "quick": dict(dataset="digits", budget_s=30.0, max_steps=None, batch=64, hidden=128, lr=1e-3, T=1.0, tol=1e-4,
                   lam=0.01, preprocess="logit", alpha=0.05, n_test=None, n_val=None, eval_probes=4,
-                  checkpoint_s=10.0),
+                  snapshot_s=10.0),
     "full": dict(dataset="digits", budget_s=3600.0, max_steps=None, batch=128, hidden=256, lr=1e-3, T=1.0,
                  tol=1e-5, lam=0.01, preprocess="logit", alpha=0.05, n_test=None, n_val=None, eval_probes=4,
-                 checkpoint_s=120.0),
+                 snapshot_s=120.0),
 }  # fmt: skip
 PUBLISHED_MNIST = {"FFJORD": 0.99, "RNODE": 0.97}  # bits/dim on full MNIST (Finlay et al. 2020, Table 1)
 
@@ -79,7 +79,7 @@ def build_flow(dim: int, s: dict, regularisers: tuple[str, ...], seed: int) -> C
 
 
 class DigitsRun:
-    """One flow trained for a CPU-time budget (see the module's text); :meth:`train` resumes from its checkpoint."""
+    """One flow trained for a CPU-time budget (see the module's text); :meth:`train` resumes from its snapshot."""
 
     def __init__(self, variant: str, x_train: torch.Tensor, y_val: torch.Tensor, levels: int, s: dict, seed: int):
         self.variant, self.x, self.y_val, self.levels, self.s = variant, x_train, y_val, levels, s
@@ -107,24 +107,24 @@ class DigitsRun:
         return float(bpd.detach())
 
     def train(self) -> None:
-        s, ckpt = self.s, checkpoint_file(f"flows_digits {self.variant}")
-        if ckpt is not None and ckpt[1] and ckpt[0].exists():
-            self._load(ckpt[0])
+        s, snap = self.s, snapshot_file(f"flows_digits {self.variant}")
+        if snap is not None and snap[1] and snap[0].exists():
+            self._load(snap[0])
         since, window = 0.0, []
         while self.cpu_s < s["budget_s"] and (s["max_steps"] is None or self.steps < s["max_steps"]):
             c0 = time.process_time()
             window.append(self._step())
             spent = time.process_time() - c0
             self.cpu_s, since, self.steps = self.cpu_s + spent, since + spent, self.steps + 1
-            if since >= s["checkpoint_s"]:
+            if since >= s["snapshot_s"]:
                 self._record(window)
                 since, window = 0.0, []
-                if ckpt is not None:
-                    self._save(ckpt[0])
+                if snap is not None:
+                    self._save(snap[0])
         if window:
             self._record(window)
-        if ckpt is not None:
-            self._save(ckpt[0])
+        if snap is not None:
+            self._save(snap[0])
 
     def _record(self, window: list[float]) -> None:
         """The window's mean training bits/dim and the validation bits/dim now (its CPU time outside the budget);
@@ -138,7 +138,7 @@ class DigitsRun:
             self.best = dict(val_bpd=val, steps=self.steps, cpu_s=self.cpu_s, model=weights)
 
     def _save(self, path) -> None:
-        save_checkpoint(
+        save_snapshot(
             path,
             {
                 "model": self.flow.state_dict(), "optimizer": self.opt.state_dict(), "epoch": self.steps,
@@ -148,7 +148,7 @@ class DigitsRun:
         )  # fmt: skip
 
     def _load(self, path) -> None:
-        state = load_checkpoint(path)
+        state = load_snapshot(path)
         if state.get("variant") != self.variant or _model(state.get("settings", {})) != _model(self.s):
             raise ValueError(f"{str(path)!r} holds another run (variant or settings differ); delete it to restart.")
         self.flow.load_state_dict(state["model"])
@@ -159,8 +159,8 @@ class DigitsRun:
 
 
 def _model(s: dict) -> dict:
-    """The settings a checkpoint must share to be resumed: all but the budget, which a resumed run may extend."""
-    return {k: v for k, v in s.items() if k not in ("budget_s", "max_steps", "checkpoint_s")}
+    """The settings a snapshot must share to be resumed: all but the budget, which a resumed run may extend."""
+    return {k: v for k, v in s.items() if k not in ("budget_s", "max_steps", "snapshot_s")}
 
 
 def held_out_bits_per_dim(flow: ContinuousFlow, y: torch.Tensor, levels: int, s: dict) -> float:
@@ -232,7 +232,7 @@ def run(size: str = "quick", seed: int = 0, out_dir="results", **overrides) -> d
         f"lambda = {s['lam']} on RNODE's per-dimension means (½∫‖F‖²/d, ∫‖εᵀ∂F/∂z‖²/d) beside bits/dim; "
         f"{s['preprocess']} preprocessing (alpha {s['alpha']}); dopri5 at tol {s['tol']}; Hutchinson trace "
         "(Rademacher) in training; held-out bits/dim by the exact trace up to 64 dimensions.",
-        f"Held-out bits/dim are the weights' at the lowest validation bits/dim (measured every {s['checkpoint_s']:g} "
+        f"Held-out bits/dim are the weights' at the lowest validation bits/dim (measured every {s['snapshot_s']:g} "
         "s of CPU, outside the budget), as early stopping reads them; the end of the budget's beside them. A 64-"
         "dimensional flow memorises a training set of a thousand or so images well within the hour.",
     ]

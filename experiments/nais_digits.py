@@ -122,6 +122,23 @@ def _plot(hists: dict, K: int, curves: dict, out_dir) -> list[str]:
     return [save_figure(fig, out_dir, "nais_digits")]
 
 
+def _train(arch: str, model, data, s: dict, seed: int, size: str) -> tuple[list[dict], float]:
+    """Train ``model`` by SGD with momentum (NAIS-Net projected after every step, and once before); its history
+    and its test accuracy in %."""
+    post = (lambda m: m.block.field.project_()) if arch == "NAIS-Net" else None
+    if post is not None:
+        post(model)
+    trainer = Trainer(
+        seed=seed,
+        hooks=Hooks(post_step=post),
+        optimizer=lambda p: torch.optim.SGD(p, lr=s["lr"], momentum=s["momentum"]),
+        progress=size != "tiny",
+        desc=f"digits {arch}",
+    )
+    hist = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
+    return hist, 100 * evaluate(model, data.x_test, data.y_test)["accuracy"]
+
+
 def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
     threads()
     s = SETTINGS[size]
@@ -135,20 +152,8 @@ def run(size: str = "quick", seed: int = 0, out_dir="results") -> dict:
         with seeded(seed):
             model = build(arch, s["K"])
         counts[arch] = parameter_count(model)
-        post = (lambda m: m.block.field.project_()) if arch == "NAIS-Net" else None
-        if post is not None:
-            post(model)
         try:
-            trainer = Trainer(
-                seed=seed,
-                hooks=Hooks(post_step=post),
-                optimizer=lambda p: torch.optim.SGD(p, lr=s["lr"], momentum=s["momentum"]),
-                progress=size != "tiny",
-                desc=f"digits {arch}",
-            )
-            hist = trainer.fit(model, data, epochs=s["epochs"], batch_size=s["batch"])
-            acc = 100 * evaluate(model, data.x_test, data.y_test)["accuracy"]
-            curves[arch] = hist
+            curves[arch], acc = _train(arch, model, data, s, seed, size)
         except FloatingPointError as exc:
             acc = float("nan")
             notes.append(f"{arch} diverged at lr {s['lr']}: {exc}")

@@ -10,9 +10,9 @@ and the Hamiltonian drift ``F(t, y) = J Kᵀ tanh(K y + b)`` (Galimberti et al.,
 
 They share the initial weights, the batch order and the optimiser, so the noise is the only difference in training.
 At test time the SDE model integrates its drift ODE (``eval()``, noise off) and, as a second read-out, the mean of
-``paths`` noisy paths (``noise_at_eval=True``). Each test point is perturbed by ``ε N(0, I₂)`` in input space for a
-growing ``ε``; accuracies are averaged over ``draws`` perturbations. There is no published number for this setting
-(Liu et al. 2019 report the effect on CIFAR-10/STL-10), so every row's ``published`` is ``None``.
+``paths`` noisy paths (``SDESettings(noise_at_eval=True)``). Each test point is perturbed by ``ε N(0, I₂)`` in
+input space for a growing ``ε``; accuracies are averaged over ``draws`` perturbations. There is no published number
+for this setting (Liu et al. 2019 report the effect on CIFAR-10/STL-10), so every row's ``published`` is ``None``.
 
 ``run(size, seed, out_dir) -> dict`` as every reproduction (see :func:`experiments.report.result`): ``"rows"``
 (``{"setting", "published", "ours", "unit", ...}``: accuracy in % per model and ``ε``, then per model the

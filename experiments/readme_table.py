@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 from .margins import RECORDED, check, describe
-from .reference import attach, reference_cell
+from .reference import attach
 from .registry import REPRODUCTIONS
-from .report import _fmt, seeds_label
+from .report import _fmt, reference_cell, seeds_label, summary
 from .seed_figure import seed_figure
-from .seeds import summary
 from .verdicts import FOOTNOTES, verdict
 
 FOLD_ROWS = 40  # longer sections (the adjoint and conservation sweeps) fold into a collapsible block
@@ -52,10 +51,10 @@ INTRO = """\
      edit the generator (experiments/readme_table.py), not this page. -->
 
 Each reproduction runs as `cde-nets experiments <name> [--quick|--tiny]` (`all` runs every one; with no name the
-command lists them with their running times). Every training writes an atomic per-epoch checkpoint under
-`results/checkpoints/`; if a run is killed, the same command with `--resume` continues each training where it
+command lists them with their running times). Every training writes an atomic per-epoch snapshot under
+`results/snapshots/`; if a run is killed, the same command with `--resume` continues each training where it
 stopped (finished ones are not retrained) and ends with the uninterrupted run's numbers. In your own scripts,
-`with cde_nets.training.checkpointing(dir, resume=True):` does the same for every `Trainer.fit` in the block.
+`with cde_nets.training.snapshotting(dir, resume=True):` does the same for every `Trainer.fit` in the block.
 
 The figures come first, then the tables, from the JSON in `experiments/recorded_results/` (full setting where it
 was run, otherwise the quick setting; each section says which). The first table lists the margins the full setting

@@ -18,7 +18,9 @@ import math
 import sys
 from pathlib import Path
 
-__all__ = ["REFERENCE", "attach", "reference_cell", "refresh"]
+from .report import write_result
+
+__all__ = ["REFERENCE", "attach", "refresh"]
 
 REPO = "DecodEPFL/HamiltonianNet"
 COMMIT = "288ffbef7e454f7d4f8f4e8cb7ba33bca6e50bae"
@@ -118,22 +120,11 @@ def attach(res: dict) -> dict:
     return {**res, "rows": rows, "reference_code": provenance}
 
 
-def reference_cell(row: dict) -> str:
-    """``mean ± sd (n seeds)`` of the reference code's runs on ``row``, ``—`` where it has none."""
-    ref = row.get("reference")
-    if not ref:
-        return "—"
-    unit = f" {row['unit']}" if row.get("unit") else ""
-    return f"{ref['mean']:.4g} ± {ref['sd']:.2g}{unit} ({len(ref['values'])} seeds)"
-
-
 def refresh(path: str | Path) -> dict:
     """Rewrite the recorded result at ``path`` with the reference columns of this module (ours untouched).
 
     A note that quotes the reference code's numbers (runs recorded before they were kept here) is dropped: the
     column replaces it."""
-    from .report import write_result
-
     path = Path(path)
     res = json.loads(path.read_text())
     rows = [{k: v for k, v in r.items() if k != "reference"} for r in res["rows"]]

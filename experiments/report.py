@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cde_nets.checkpoint import atomic_write
+from cde_nets.snapshots import atomic_write
 
-__all__ = ["SIZES", "row", "result", "write_result", "format_table", "save_figure"]
+from .spread import of_row
+
+__all__ = ["SIZES", "row", "result", "write_result", "format_table", "summary", "reference_cell", "save_figure"]
 
 SIZES = ("tiny", "quick", "full")
 FILE_MODE = 0o644  # results are for reading by anyone; mkstemp (inside atomic_write) would leave them 0600
@@ -84,12 +86,40 @@ def seeds_label(res: dict) -> str:
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]}"
 
 
+def summary(row: dict, digits: int = 4) -> str:
+    """``mean ± sd (min–max, n seeds)`` for a row aggregated over several seeds, the plain value otherwise; a
+    heavy-tailed row (``sd > |mean|``) adds the median and MAD-sd it is judged by (:mod:`experiments.spread`)."""
+    unit = row.get("unit", "")
+    if row.get("n_seeds", 1) < 2 or "sd" not in row:
+        return _fmt(row["ours"], unit)
+    if row["min"] == row["max"]:  # a count or a closed form: every seed gives the same number
+        return f"{_fmt(row['min'], unit)} (all {row['n_seeds']} seeds)"  # min: the recorded number, an int stays one
+    g = f".{digits}g"
+    text = (
+        f"{row['ours']:{g}} ± {row['sd']:.2g}{(' ' + unit) if unit else ''} "
+        f"({row['min']:{g}}–{row['max']:{g}}, {row['n_seeds']} seeds)"
+    )
+    gone = row.get("diverged")
+    if isinstance(gone, dict) and gone:
+        text = text[:-1] + f"; seed{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} diverged)"
+    s = of_row(row)
+    if s and s.by_median:  # the mean is one far seed's: say so, and what the row is judged by
+        text += f"; sd > mean: median {s.centre:{g}} ± {s.spread:.2g} (MAD)"
+    return text
+
+
+def reference_cell(row: dict) -> str:
+    """``mean ± sd (n seeds)`` of the reference code's runs on ``row``, ``—`` where it has none."""
+    ref = row.get("reference")
+    if not ref:
+        return "—"
+    unit = f" {row['unit']}" if row.get("unit") else ""
+    return f"{ref['mean']:.4g} ± {ref['sd']:.2g}{unit} ({len(ref['values'])} seeds)"
+
+
 def format_table(res: dict) -> str:
     """A markdown table of the rows: ``mean ± sd (min–max)`` where the result is over several seeds, and a
-    column for the reference code's runs where a row has them (:func:`experiments.reference.reference_cell`)."""
-    from .reference import reference_cell
-    from .seeds import summary
-
+    column for the reference code's runs where a row has them (:func:`reference_cell`)."""
     with_ref = any(r.get("reference") for r in res["rows"])
     lines = [
         f"### {res['name']} ({res['size']}, {seeds_label(res)}, {res['time_s']:.1f} s)",

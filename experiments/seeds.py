@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from .registry import THREADS, runner
-from .report import _fmt, write_result
-from .spread import of_row
+from .report import write_result
 
-__all__ = ["TRAINING", "default_seeds", "default_workers", "aggregate", "run_seeds", "seed_path", "summary"]
+__all__ = ["TRAINING", "default_seeds", "default_workers", "aggregate", "run_seeds", "seed_path"]
 
 # The reproductions that train a network: their numbers move with the seed. The others are deterministic sweeps.
 TRAINING = frozenset(
@@ -62,32 +61,34 @@ def seed_path(out_dir: str | Path, name: str, size: str, seed: int) -> Path:
     return Path(out_dir) / "seeds" / f"{name}-{size}-seed{seed}.json"
 
 
-def _one_seed(name: str, size: str, seed: int, out_dir: str, threads: int | None, resume: bool, ckpt: bool) -> None:
+def _one_seed(
+    name: str, size: str, seed: int, out_dir: str, threads: int | None, resume: bool, snapshots: bool
+) -> None:
     """Run one seed (in this process or a worker) and write its JSON; its figures go to a folder of its own."""
     import torch
 
-    from cde_nets.training import checkpointing
+    from cde_nets.training import snapshotting
 
     if threads:
         torch.set_num_threads(threads)
     path = seed_path(out_dir, name, size, seed)
-    ckpt_dir = Path(out_dir) / "checkpoints" / f"{name}-{size}-seed{seed}"
-    with checkpointing(ckpt_dir, resume=resume) if ckpt else nullcontext():
+    snap_dir = Path(out_dir) / "snapshots" / f"{name}-{size}-seed{seed}"
+    with snapshotting(snap_dir, resume=resume) if snapshots else nullcontext():
         res = runner(name)(size=size, seed=seed, out_dir=str(path.parent / f"seed{seed}"))
     path.parent.mkdir(parents=True, exist_ok=True)
     os.replace(write_result(res, path.parent / f"seed{seed}"), path)
 
 
-def run_one(name: str, size: str, seed: int, out_dir: str, threads: int, resume: bool, ckpt: bool) -> dict:
+def run_one(name: str, size: str, seed: int, out_dir: str, threads: int, resume: bool, snapshots: bool) -> dict:
     """One reproduction at one seed on ``threads`` intra-op threads (in this process or a worker), its training
-    checkpointed under ``OUT/checkpoints/<name>-<size>-seed<N>/``; returns its result, unwritten."""
+    snapshotted under ``OUT/snapshots/<name>-<size>-seed<N>/``; returns its result, unwritten."""
     import torch
 
-    from cde_nets.training import checkpointing
+    from cde_nets.training import snapshotting
 
     torch.set_num_threads(threads)
-    ckpt_dir = Path(out_dir) / "checkpoints" / f"{name}-{size}-seed{seed}"
-    with checkpointing(ckpt_dir, resume=resume) if ckpt else nullcontext():
+    snap_dir = Path(out_dir) / "snapshots" / f"{name}-{size}-seed{seed}"
+    with snapshotting(snap_dir, resume=resume) if snapshots else nullcontext():
         return runner(name)(size=size, seed=seed, out_dir=out_dir)
 
 
@@ -182,14 +183,14 @@ def run_seeds(
     workers: int = 1,
     threads: int | None = None,
     resume: bool = False,
-    checkpoints: bool = True,
+    snapshots: bool = True,
     log: Callable[[str], Any] = print,
 ) -> dict:
     """Run ``name`` at ``size`` once per seed and return :func:`aggregate` of the runs.
 
     Every seed's result is written to ``OUT/seeds/<name>-<size>-seed<N>.json`` as it finishes; with ``resume`` a
     seed whose file exists is read back instead of run again (an unfinished one continues from its training
-    checkpoints). ``workers > 1`` runs the seeds in that many spawned processes.
+    snapshots). ``workers > 1`` runs the seeds in that many spawned processes.
     """
     t0 = time.perf_counter()
     done: dict[int, dict] = {}
@@ -199,7 +200,7 @@ def run_seeds(
             done[seed] = _finished(out_dir, name, size, seed, lambda m: log(m + " (finished before, read back)"))
         else:
             todo.append(seed)
-    args = [(name, size, seed, str(out_dir), threads, resume, checkpoints) for seed in todo]
+    args = [(name, size, seed, str(out_dir), threads, resume, snapshots) for seed in todo]
     if workers > 1 and len(todo) > 1:
         with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=get_context("spawn")) as pool:
             futures = {seed: pool.submit(_one_seed, *a) for seed, a in zip(todo, args)}
@@ -212,25 +213,3 @@ def run_seeds(
             done[seed] = _finished(out_dir, name, size, seed, log)
     # this invocation's wall time, unless some seeds ran before it: then the seeds' own times, summed
     return aggregate([done[s] for s in seeds], time_s=None if len(todo) < len(seeds) else time.perf_counter() - t0)
-
-
-def summary(row: dict, digits: int = 4) -> str:
-    """``mean ± sd (min–max, n seeds)`` for a row aggregated over several seeds, the plain value otherwise; a
-    heavy-tailed row (``sd > |mean|``) adds the median and MAD-sd it is judged by (:mod:`experiments.spread`)."""
-    unit = row.get("unit", "")
-    if row.get("n_seeds", 1) < 2 or "sd" not in row:
-        return _fmt(row["ours"], unit)
-    if row["min"] == row["max"]:  # a count or a closed form: every seed gives the same number
-        return f"{_fmt(row['min'], unit)} (all {row['n_seeds']} seeds)"  # min: the recorded number, an int stays one
-    g = f".{digits}g"
-    text = (
-        f"{row['ours']:{g}} ± {row['sd']:.2g}{(' ' + unit) if unit else ''} "
-        f"({row['min']:{g}}–{row['max']:{g}}, {row['n_seeds']} seeds)"
-    )
-    gone = row.get("diverged")
-    if isinstance(gone, dict) and gone:
-        text = text[:-1] + f"; seed{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} diverged)"
-    s = of_row(row)
-    if s and s.by_median:  # the mean is one far seed's: say so, and what the row is judged by
-        text += f"; sd > mean: median {s.centre:{g}} ± {s.spread:.2g} (MAD)"
-    return text

@@ -1,7 +1,7 @@
 """Measure how long each reproduction takes at a setting, the way the listing states it, and store the times.
 
 ``python -m cde_nets.experiments.timings --size tiny|quick|full [--only NAME ...]`` runs each reproduction in a
-fresh process (``cde-nets experiments NAME --SIZE --threads N --no-checkpoints`` into a temporary folder, on the
+fresh process (``cde-nets experiments NAME --SIZE --threads N --no-snapshots`` into a temporary folder, on the
 torch threads the command gives it by default: one, two for nais_digits) and writes its wall time to
 ``experiments/timings.json`` with the date, the machine's facts, the 1-minute load average before and after the
 run and the process's CPU time, so that a time taken on a busy machine says so. ``--main-job`` times the README's
@@ -84,7 +84,7 @@ def time_reproduction(name: str, size: str, seed: int = 0) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     with tempfile.TemporaryDirectory(prefix="timing_") as out:
         cmd = [sys.executable, "-m", "cde_nets.experiments", name, *flag, "--seed", str(seed)]
-        cmd += ["--threads", str(threads), "--no-checkpoints", "--out", out]
+        cmd += ["--threads", str(threads), "--no-snapshots", "--out", out]
         timed = _timed(cmd, env=env)
     return {**timed, "date": _now(), "threads": threads}
 

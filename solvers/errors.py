@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
 import math
+from collections.abc import Iterable
 
 import torch
 
-__all__ = ["Reason", "SolverError", "check_finite", "check_positive", "check_positive_int", "check_init_std"]
+__all__ = [
+    "Reason",
+    "SolverError",
+    "check_finite",
+    "check_positive",
+    "check_positive_int",
+    "check_init_std",
+    "did_you_mean",
+]
 
 
 class Reason(enum.Enum):
@@ -101,3 +111,9 @@ def check_finite(name: str, y: torch.Tensor) -> None:
             f"`{name}` holds {n} non-finite value(s) (NaN or inf), first in sample {first}; "
             "clean the input or lower the learning rate if it came from training."
         )
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

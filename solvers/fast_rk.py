@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from .norms import StateNorm
-from .rk_stages import Buffered, Graph, Rows, sum_order
+from .rk_stages import Buffered, Graph, StageMajor, sum_order
 from .step_sizes import attach, carries, check_steps, controller_factor
 from .tableaux import TABLEAUX, MethodTableau, dense_at
 from .times import HOST_TIME
@@ -318,7 +318,7 @@ def _engine(
     order = sum_order(y0.dtype, y0.numel()) if big else None
     if order is None:
         return Buffered(y0, tab, last, rtol, atol, parts)
-    return Rows(y0, tab, last, rtol, atol, order, parts)
+    return StageMajor(y0, tab, last, rtol, atol, order, parts)
 
 
 def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: str, options: dict) -> torch.Tensor:

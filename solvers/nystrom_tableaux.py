@@ -37,7 +37,7 @@ __all__ = ["NYSTROM_TABLEAUX", "NystromTableau", "dense_weights"]
 
 _ORDER_TOL = 1e-12
 
-Rows = tuple[tuple[float, ...], ...]
+Matrix = tuple[tuple[float, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,15 @@ class NystromTableau:
     name: str
     order: int
     c: tuple[float, ...]
-    a: Rows
+    a: Matrix
     b: tuple[float, ...]
     bp: tuple[float, ...]
     source: str
-    av: Rows | None = None
+    av: Matrix | None = None
     embedded: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     embedded_order: int = 0
-    dense_q: Rows | None = None
-    dense_v: Rows | None = None
+    dense_q: Matrix | None = None
+    dense_v: Matrix | None = None
     dense_order: int = 0
 
     def __post_init__(self) -> None:
@@ -120,7 +120,7 @@ def dense_weights(tab: NystromTableau, theta: float) -> tuple[tuple[float, ...],
     return bq, bv
 
 
-def _lower(s: int, entries: dict[tuple[int, int], float]) -> Rows:
+def _lower(s: int, entries: dict[tuple[int, int], float]) -> Matrix:
     return tuple(tuple(entries.get((i, j), 0.0) for j in range(s)) for i in range(s))
 
 
@@ -137,43 +137,9 @@ def _nystrom4() -> NystromTableau:
     )
 
 
-def _dprkn6() -> NystromTableau:
-    r = math.sqrt(8581.0)
-    c = (0.0, (209 - r) / 900, (209 - r) / 450, (209 + r) / 450, 9 / 10, 1.0)
-    b = (329 / 4212, 0.0, (84119543 + 366727 * r) / 409622616, (84119543 - 366727 * r) / 409622616, 200 / 17901, 0.0)
-    a = _lower(
-        6,
-        {
-            (1, 0): (26131 - 209 * r) / 810000,
-            (2, 0): (26131 - 209 * r) / 607500,
-            (2, 1): (26131 - 209 * r) / 303750,
-            (3, 0): (980403512254 + 7781688431 * r) / 11694469921875,
-            (3, 1): -(1262884486208 + 15385481287 * r) / 11694469921875,
-            (3, 2): (7166233891441 + 78694563299 * r) / 46777879687500,
-            (4, 0): -9 * (329260 + 3181 * r) / 27040000,
-            (4, 1): 27 * (35129 + 3331 * r) / 13520000,
-            (4, 2): -27 * (554358343 + 31040327 * r) / 464060480000,
-            (4, 3): 153 * (8555257 - 67973 * r) / 2745920000,
-            **{(5, j): b[j] for j in range(5)},
-        },
-    )
-    bp = (
-        329 / 4212,
-        0.0,
-        (389225579 + 96856 * r) / 1024056540,
-        (389225579 - 96856 * r) / 1024056540,
-        2000 / 17901,
-        1 / 20,
-    )
-    b_hat = ((2701 + 23 * r) / 4563, -(9829 + 131 * r) / 9126, 5 * (1798 + 17 * r) / 9126, 0.0, 0.0, 0.0)
-    bp_hat = (
-        115 / 2106,
-        0.0,
-        (84119543 + 366727 * r) / 256014135,
-        (84119543 - 366727 * r) / 256014135,
-        6950 / 17901,
-        -1 / 10,
-    )
+def _dprkn6_dense(r: float) -> tuple[Matrix, Matrix]:
+    """DPRKN6's dense output (Dormand & Prince 1987): the weights of ``q`` and of ``v`` as polynomials in the
+    step fraction, one row per stage, ``r = √8581``."""
     d, e = 22529243880, 11264621940
     dense_q = (
         (2106 / 4212, -5244 / 4212, 6386 / 4212, -3819 / 4212, 900 / 4212),
@@ -215,6 +181,47 @@ def _dprkn6() -> NystromTableau:
         (0.0, 1000 * 117 / 17901, -1000 * 496 / 17901, 1000 * 651 / 17901, -1000 * 270 / 17901),
         (0.0, -702 / 220, 3028 / 220, -4115 / 220, 1800 / 220),
     )
+    return dense_q, dense_v
+
+
+def _dprkn6() -> NystromTableau:
+    r = math.sqrt(8581.0)
+    c = (0.0, (209 - r) / 900, (209 - r) / 450, (209 + r) / 450, 9 / 10, 1.0)
+    b = (329 / 4212, 0.0, (84119543 + 366727 * r) / 409622616, (84119543 - 366727 * r) / 409622616, 200 / 17901, 0.0)
+    a = _lower(
+        6,
+        {
+            (1, 0): (26131 - 209 * r) / 810000,
+            (2, 0): (26131 - 209 * r) / 607500,
+            (2, 1): (26131 - 209 * r) / 303750,
+            (3, 0): (980403512254 + 7781688431 * r) / 11694469921875,
+            (3, 1): -(1262884486208 + 15385481287 * r) / 11694469921875,
+            (3, 2): (7166233891441 + 78694563299 * r) / 46777879687500,
+            (4, 0): -9 * (329260 + 3181 * r) / 27040000,
+            (4, 1): 27 * (35129 + 3331 * r) / 13520000,
+            (4, 2): -27 * (554358343 + 31040327 * r) / 464060480000,
+            (4, 3): 153 * (8555257 - 67973 * r) / 2745920000,
+            **{(5, j): b[j] for j in range(5)},
+        },
+    )
+    bp = (
+        329 / 4212,
+        0.0,
+        (389225579 + 96856 * r) / 1024056540,
+        (389225579 - 96856 * r) / 1024056540,
+        2000 / 17901,
+        1 / 20,
+    )
+    b_hat = ((2701 + 23 * r) / 4563, -(9829 + 131 * r) / 9126, 5 * (1798 + 17 * r) / 9126, 0.0, 0.0, 0.0)
+    bp_hat = (
+        115 / 2106,
+        0.0,
+        (84119543 + 366727 * r) / 256014135,
+        (84119543 - 366727 * r) / 256014135,
+        6950 / 17901,
+        -1 / 10,
+    )
+    dense_q, dense_v = _dprkn6_dense(r)
     return NystromTableau(
         "dprkn6",
         6,

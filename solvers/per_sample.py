@@ -14,11 +14,11 @@ Hairer's DOPRI5 code (Gustafsson 1991; Hairer & Wanner, "Solving Ordinary Differ
 alone. The shared step keeps torchdiffeq's rule (an accepted step never shrinks the next), bit for bit; the PI
 rule takes fewer calls per sample (1178 batched calls against 1424 on the mixed Van der Pol batch of
 ``benchmarks/per_sample.py``). Acceptance, the step update and the state update
-are ``torch.where`` on the device. Every round makes one batched field evaluation per stage over the samples still
+are ``torch.where`` on the device. Every sweep makes one batched field evaluation per stage over the samples still
 running; samples that pass their last output time leave the batch (their rows are dropped once a quarter of the
 running rows have finished, until no more than a sixteenth of the batch is left; until then they ride along frozen
-at their end), so late rounds cost less. One small
-tensor is read back per round (how many samples still run, whether any failed, whether an output time was
+at their end), so late sweeps cost less. One small
+tensor is read back per sweep (how many samples still run, whether any failed, whether an output time was
 passed), and one more per output time passed. So every sample takes the steps it would take alone, and the field
 is called ``max_b(nfe_b)`` times: the count of the sample that needs the most.
 
@@ -27,10 +27,10 @@ Outputs are read off the accepted step that holds them, with the method's dense 
 
 The field sees ``t`` of shape ``(m,)`` (one time per running row, in the state's dtype) and ``y`` of shape
 ``(m, *state)``, the rows in batch order; it must be row-wise (a row's derivative depends on that row alone).
-Without a graph (no gradient, or a replaying gradient's forward) both are buffers the next round writes again:
+Without a graph (no gradient, or a replaying gradient's forward) both are buffers the next sweep writes again:
 a field that keeps them past its call must copy them.
-Gradients (:mod:`solvers.per_sample_grads`, :mod:`solvers.per_sample_adjoint`): ``backprop`` through the rounds,
-``checkpoint`` and ``symplectic`` replaying each round from its stored inputs (the same per-sample steps: the
+Gradients (:mod:`solvers.per_sample_grads`, :mod:`solvers.per_sample_adjoint`): ``backprop`` through the sweeps,
+``checkpoint`` and ``symplectic`` replaying each sweep from its stored inputs (the same per-sample steps: the
 gradient of the steps taken, as backprop's), and the continuous ``adjoint`` with a per-sample backward solve.
 Every row's step sizes are functions of its state through its error ratio and the PI controller, differentiated
 as such (:mod:`solvers.step_sizes`, :mod:`solvers.per_sample_steps`; ``steps="fixed"`` holds them constant).
@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import check_positive_int
 from .options import PER_SAMPLE_METHODS, validate_tolerances
 from .per_sample_adjoint import adjoint_rows
 from .per_sample_grads import advance_for, integrate_rows
@@ -61,7 +62,17 @@ __all__ = [
     "wants_rows",
 ]
 
-_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor"}
+_OPTIONS = {
+    "first_step",
+    "max_step",
+    "min_step",
+    "safety",
+    "ifactor",
+    "dfactor",
+    "max_num_steps",
+    "jump_t",
+    "time_spans",
+}
 
 Tol = float | torch.Tensor
 PER_SAMPLE_GRADIENTS = ("backprop", "checkpoint", "symplectic", "adjoint")
@@ -172,6 +183,29 @@ class _Field:
         return k if self.flat else k.reshape(m, -1)
 
 
+def _check_call(method: str, y0: torch.Tensor, options: Mapping[str, Any] | None) -> dict:
+    """A copy of ``options`` once ``method``, ``y0`` and the options' names are checked."""
+    if method not in PER_SAMPLE_METHODS:
+        raise ValueError(
+            f"controller='per_sample' serves methods {list(PER_SAMPLE_METHODS)}, not {method!r}; use one of them, "
+            "or the shared step (controller='batch') for other methods."
+        )
+    if not isinstance(y0, torch.Tensor) or y0.dim() < 1 or not y0.is_floating_point():
+        raise ValueError("`y0` must be a float tensor of shape (batch, *state).")
+    opts = dict(options or {})
+    unknown = set(opts) - _OPTIONS
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for controller='per_sample'; valid: {sorted(_OPTIONS)}.")
+    return opts
+
+
+def _empty_batch(func: Callable[..., torch.Tensor], y0: torch.Tensor, times: torch.Tensor, rows) -> torch.Tensor:
+    """An empty batch: nothing to integrate; one evaluation joins the result to ``func``'s graph."""
+    t0 = times[:, 0].to(y0.dtype)
+    f0 = func(t0, y0, torch.zeros(0, dtype=torch.long, device=y0.device)) if rows else func(t0, y0)
+    return (y0 + 0 * f0).unsqueeze(0).expand(times.shape[1], *y0.shape)
+
+
 def odeint_per_sample(
     func: Callable[..., torch.Tensor],
     y0: torch.Tensor,
@@ -182,12 +216,9 @@ def odeint_per_sample(
     rtol: Tol = 1e-6,
     atol: Tol = 1e-8,
     options: Mapping[str, Any] | None = None,
-    max_steps: int = 100_000,
     rows: bool | None = None,
     gradient: Any = "backprop",
     params: Sequence[torch.Tensor] | None = None,
-    jump_t: Any = None,
-    time_spans: bool = False,
     return_info: bool = False,
 ) -> Any:
     """Solve ``y_b' = func(t, y)_b`` for every sample ``b`` of ``y0`` (``(batch, *state)``) on its own steps.
@@ -197,8 +228,13 @@ def odeint_per_sample(
             first column is each sample's start, the last its end.
         t_end: instead of ``t``: ``(batch,)`` end times (``t`` then a common start, default 0).
         rtol, atol: numbers, or ``(batch,)`` tensors of per-sample tolerances.
-        options: ``first_step``, ``max_step``, ``min_step``, ``safety`` (0.9), ``ifactor`` (10), ``dfactor`` (0.2).
-        max_steps: attempted steps allowed per sample before :class:`~solvers.errors.SolverError`.
+        options: ``first_step``, ``max_step``, ``min_step``, ``safety`` (0.9), ``ifactor`` (10), ``dfactor`` (0.2);
+            and, as torchdiffeq names them, ``max_num_steps`` (attempted steps allowed per sample before
+            :class:`~solvers.errors.SolverError`, default 100 000) and ``jump_t`` (times where ``func`` jumps,
+            common to all samples: a step that would cross one is shortened to end on it, and the next step's first
+            stage is read just after it); ``time_spans``: every time tensor ``func`` sees carries the least and
+            greatest of its values on the host, ``getattr(t, TIME_SPAN)``, read with each sweep's counts: a
+            piecewise field finds the pieces in force without a read of its own.
         rows: call ``func(t, y, rows)`` with ``rows`` the ``(m,)`` batch indices of the running rows (for a field
             with per-sample data: gather it with ``data[rows]``); default: when ``func`` (its ``forward``, for a
             module) has a parameter named ``rows`` (:func:`wants_rows`).
@@ -206,33 +242,18 @@ def odeint_per_sample(
             method object (``Adjoint(rtol=1e-8)`` sets the backward solve's tolerances).
         params: for ``"checkpoint"``, ``"symplectic"`` and ``"adjoint"``, the tensors ``func`` reads whose
             gradients are wanted (default: ``func``'s parameters when it is a module).
-        jump_t: times where ``func`` jumps (torchdiffeq's ``jump_t``, common to all samples): a step that would
-            cross one is shortened to end on it, and the next step's first stage is read just after it.
-        time_spans: every time tensor ``func`` sees carries the least and greatest of its values on the host,
-            ``getattr(t, TIME_SPAN)``, read with each round's counts:
-            a piecewise field finds the pieces in force without a read of its own.
         return_info: also return the :class:`PerSampleInfo`.
 
     Returns ``(n, batch, *state)``: ``out[j, b]`` is sample ``b`` at ``t[b, j]`` (and the info if asked).
     """
-    if method not in PER_SAMPLE_METHODS:
-        raise ValueError(
-            f"controller='per_sample' serves methods {list(PER_SAMPLE_METHODS)}, not {method!r}; use one of them, "
-            "or the shared step (controller='batch') for other methods."
-        )
-    if not isinstance(y0, torch.Tensor) or y0.dim() < 1 or not y0.is_floating_point():
-        raise ValueError("`y0` must be a float tensor of shape (batch, *state).")
+    opts = _check_call(method, y0, options)
+    max_steps = check_positive_int("options['max_num_steps']", opts.pop("max_num_steps", 100_000), "attempted steps")
+    jump_t, time_spans = opts.pop("jump_t", None), opts.pop("time_spans", False)
     name = _gradient_name(gradient, method)
-    opts = dict(options or {})
-    unknown = set(opts) - _OPTIONS
-    if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)} for controller='per_sample'; valid: {sorted(_OPTIONS)}.")
     times = _times(t, t_end, y0)
     B = y0.shape[0]
-    if B == 0:  # an empty batch: nothing to integrate; one evaluation joins the result to func's graph
-        t0 = times[:, 0].to(y0.dtype)
-        f0 = func(t0, y0, torch.zeros(0, dtype=torch.long, device=y0.device)) if rows else func(t0, y0)
-        out = (y0 + 0 * f0).unsqueeze(0).expand(times.shape[1], *y0.shape)
+    if B == 0:
+        out = _empty_batch(func, y0, times, rows)
         return (out, PerSampleInfo.zeros(0, y0.device)) if return_info else out
     info = PerSampleInfo.zeros(B, y0.device)
     F = _Field(func, y0.shape[1:], info, wants_rows(func) if rows is None else rows)
@@ -247,18 +268,9 @@ def odeint_per_sample(
         params = _params(func, params, name)
         info.backward = PerSampleInfo.zeros(B, y0.device)
     if name == "adjoint" and graph:
-        cfg = dict(
-            stepper=stepper,
-            times=times,
-            rtol=rt,
-            atol=at,
-            adjoint_rtol=getattr(gradient, "rtol", None),
-            adjoint_atol=getattr(gradient, "atol", None),
-            info=info,
-            max_steps=max_steps,
-            first_step=opts.get("first_step"),
-            design=getattr(gradient, "design", "joint"),
-        )
+        cfg = dict(stepper=stepper, times=times, rtol=rt, atol=at, info=info, max_steps=max_steps)
+        cfg |= dict(adjoint_rtol=getattr(gradient, "rtol", None), adjoint_atol=getattr(gradient, "atol", None))
+        cfg |= dict(first_step=opts.get("first_step"), design=getattr(gradient, "design", "joint"))
         out = adjoint_rows(cfg, y, params or ())
     else:
         mode = name if graph and name != "adjoint" else "none"
@@ -281,7 +293,7 @@ _GLOBAL_HOOKS = (
 def _plain_forward(func: Callable) -> Callable:
     """``func.forward`` for a module that ``nn.Module.__call__`` would only forward to (no hooks of its own or
     global, not compiled, not traced: its fast path), else ``func``: the forward solve calls the field several
-    times a round, and the two Python frames of ``__call__`` cost about 0.9 µs a call (4 % of the mixed Van der
+    times a sweep, and the two Python frames of ``__call__`` cost about 0.9 µs a call (4 % of the mixed Van der
     Pol batch's forward). Read once per solve: hooks added while it runs count from the next solve."""
     if not isinstance(func, nn.Module) or type(func).__call__ is not nn.Module.__call__:
         return func

@@ -3,14 +3,14 @@ step control (the joint design of Lienen & Günnemann 2022, "torchode: A Paralle
 
 The forward solve keeps no graph. Backwards, the state ``y`` and the adjoint ``a`` of every sample are integrated
 together from its last output time to its first (Chen et al. 2018, "Neural ordinary differential equations",
-§2), in ``s = −t`` so that the per-sample rounds (:mod:`solvers.per_sample_loop`) run forwards:
+§2), in ``s = −t`` so that the per-sample sweeps (:mod:`solvers.per_sample_loop`) run forwards:
 
     ``dy/ds = −F(−s, y)``,   ``da/ds = (∂F/∂y)ᵀ a``,   ``∂ℒ/∂θ = ∫ aᵀ ∂F/∂θ ds``,
 
 each sample on its own steps and error ratio over its ``(y, a)`` (the parameter gradient is no state of the
 solve: Kidger, Chen & Lyons 2021, "Hey, that's not an ODE", seminorm). The parameter integral is the method's own
 quadrature of each accepted step, ``Σ_b Σ_i h_b b_i a_{i,b}ᵀ ∂F_b/∂θ(Y_{i,b})``, summed over the samples in one
-vector-Jacobian product per round through the stages' retained graphs; for it every step re-evaluates its first
+vector-Jacobian product per sweep through the stages' retained graphs; for it every step re-evaluates its first
 stage (no first-same-as-last) and the last step of each sample ends on its output time. Between output times
 ``y`` is reset to the forward value and the output's cotangent is added to ``a``, as ``odeint_adjoint`` does.
 
@@ -28,7 +28,7 @@ import torch
 from .errors import BACKWARD_UNSTABLE, Reason, SolverError
 from .gradients import Adjoint
 from .per_sample_grads import advance_for, integrate_rows
-from .per_sample_loop import PerSampleInfo, Round, Rows, Stepper
+from .per_sample_loop import PerSampleInfo, RowClocks, Stepper, Sweep
 
 __all__ = ["SeparateAdjoint", "adjoint_rows"]
 
@@ -90,7 +90,7 @@ class _Adjoint(torch.autograd.Function):
 
 
 class _Augmented:
-    """``(y, a) ↦ (−F(−s, y), (∂F/∂y)ᵀ a)`` on the rows running; keeps each evaluation's graph until its round's
+    """``(y, a) ↦ (−F(−s, y), (∂F/∂y)ᵀ a)`` on the rows running; keeps each evaluation's graph until its sweep's
     parameter quadrature (:meth:`quadrature`) has used it."""
 
     def __init__(self, F: Any, N: int, sel: torch.Tensor, params: Sequence[torch.Tensor]):
@@ -113,12 +113,12 @@ class _Augmented:
         self.nfe += 1
         return torch.cat((-f.detach(), vjp), 1)
 
-    def quadrature(self, stepper: Stepper, rd: Round, rows: Rows) -> None:
-        """``Σ_i h_b b_i a_iᵀ ∂F/∂θ(Y_i)`` over the rows whose step was accepted, one product for the round."""
+    def quadrature(self, stepper: Stepper, sw: Sweep, rows: RowClocks) -> None:
+        """``Σ_i h_b b_i a_iᵀ ∂F/∂θ(Y_i)`` over the rows whose step was accepted, one product for the sweep."""
         stages, self.records = self.records[-stepper.s :], []
         if not self.params:
             return
-        w = torch.where(rd.ok, rows.dt, 0).to(stages[0][1].dtype)[:, None]
+        w = torch.where(sw.ok, rows.dt, 0).to(stages[0][1].dtype)[:, None]
         outs, cots = [], []
         for (f, a), b in zip(stages, stepper.b):
             if b != 0.0:
@@ -146,9 +146,9 @@ def _backward(cfg: dict, outs: torch.Tensor, gs: torch.Tensor, params, sel: torc
         seg = PerSampleInfo.zeros(len(sel), outs.device)
         watch = _Divergence(outs[j, sel], outs[j - 1, sel], sel, times[:, j], times[:, j - 1], atol / rtol)
 
-        def hook(rd: Round, rows: Rows, watch: _Divergence = watch) -> None:
-            aug.quadrature(stepper, rd, rows)
-            watch.round(rd.y[:, :N], rows.ids, aug.nfe)
+        def hook(sw: Sweep, rows: RowClocks, watch: _Divergence = watch) -> None:
+            aug.quadrature(stepper, sw, rows)
+            watch.sweep(sw.y[:, :N], rows.ids, aug.nfe)
 
         try:
             end = integrate_rows(
@@ -167,7 +167,7 @@ def _backward(cfg: dict, outs: torch.Tensor, gs: torch.Tensor, params, sel: torc
             raise SolverError(f"{exc} {BACKWARD_UNSTABLE}", nfe=aug.nfe, reason=exc.reason) from exc
         total.steps[sel] += seg.steps
         total.rejected[sel] += seg.rejected
-        total.rounds += seg.rounds
+        total.sweeps += seg.sweeps
         ends = end.view(2, len(sel), 2 * N)[1]
         watch.landed(ends[:, :N], aug.nfe)
         a = ends[:, N:] + gs[j - 1, sel]
@@ -179,7 +179,7 @@ class _Divergence:
     of a field that attracts forwards diverges (its error grows as fast as the attraction), and the adjoint
     read along it is then no gradient, finite or not. Two checks per output interval of the rows ``sel``: no
     state of the backward solve exceeds its interval's forward states in magnitude by more than ``GROWTH``
-    (checked every round, so that a divergence stops within a round of it), and the state it lands on at the
+    (checked every sweep, so that a divergence stops within a sweep of it), and the state it lands on at the
     interval's start equals the forward's there to within ``LANDING`` of its size (an RMS over the components of
     ``|Δ| / (|y| + atol/rtol)``: relative, with the tolerances' own floor; a solve that follows the forward one
     misses it by its global error, orders of magnitude less)."""
@@ -193,7 +193,7 @@ class _Divergence:
         self.y_start, self.sel, self.t_end, self.t_start = y_start, sel, t_end, t_start
         self.floor = floor  # atol / rtol, (m, 1) or (m, N)
 
-    def round(self, y: torch.Tensor, ids: torch.Tensor, nfe: int) -> None:
+    def sweep(self, y: torch.Tensor, ids: torch.Tensor, nfe: int) -> None:
         over = y.abs().amax(1) > self.bound[ids]
         if bool(over.any()):
             self._fail(int(ids[over.nonzero()[0, 0]]), f"grew past {self.GROWTH:g} times the forward states", nfe)

@@ -20,7 +20,7 @@ never shrinks the next) 1424. The shared step (:mod:`solvers.fast_rk`) keeps tor
 
 The roots run on a buffer padded to whole SIMD vectors (a vectorised ``pow`` and the scalar one of a short tail
 differ in the last bit, which would make a sample's steps depend on its place in the batch). Everything stays on
-the device; the round's one host read is the counts (rows running, rows owing an output, rows whose clock moved).
+the device; the sweep's one host read is the counts (rows running, rows owing an output, rows whose clock moved).
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ FLOOR = 1e-4  # the least previous ratio the PI controller takes (Hairer's DOPRI
 
 
 class Decision(NamedTuple):
-    """One round's decisions for ``m`` rows: ``ok`` accepted, ``t_new`` the rows' time after it, ``dt``/``t1``
+    """One sweep's decisions for ``m`` rows: ``ok`` accepted, ``t_new`` the rows' time after it, ``dt``/``t1``
     the next step and its end, ``alive`` still short of the end, ``due`` owing an output within the accepted step
     (``None`` without outputs between start and end), ``prev``/``cap`` the rows' controller memory after it
     (``max(√N r', 10⁻⁴ √N)^β`` and the bound on the next factor), ``moved`` whose next step advances its clock (false
     for a NaN or underflowed step, and for finished rows, frozen at zero steps), ``norm`` ``√N r`` (in a buffer
-    the next round reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed,
+    the next sweep reuses), the counts of ``alive``, ``due``, and of the running rows whose step failed,
     the accepted steps that ended on a jump of the field (``None`` without jumps), if asked, the span of the
-    next round's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype, and ``ok``
+    next sweep's times on the host: the least ``t_new`` and the greatest ``t1``, in the state's dtype, and ``ok``
     on every component for a state of a few components."""
 
     ok: torch.Tensor
@@ -68,6 +68,18 @@ class Decision(NamedTuple):
     # to ``dfactor``/``cap``, nor the step to ``min_step``/``max_step``): what a differentiated step reads
     factor: torch.Tensor | None = None
     free: torch.Tensor | None = None
+
+
+def _read_counts(
+    flags: list[torch.Tensor], span: tuple[torch.Tensor, torch.Tensor] | None, dtype: torch.dtype
+) -> tuple[list[int], tuple[float, float] | None]:
+    """The sweep's one host read: how many rows each flag holds and, with ``span = (t_new, t1)``, the least and
+    greatest time of the next sweep in ``dtype`` (the counts travel exactly in float64 beside them)."""
+    if span is None:
+        return torch.stack(flags).sum(1).tolist(), None
+    ends = torch.stack((span[0].min(), span[1].max()))
+    *sums, lo, hi = torch.cat((torch.stack(flags).sum(1, dtype=torch.float64), ends)).tolist()
+    return [int(c) for c in sums], (in_dtype(lo, dtype), in_dtype(hi, dtype))
 
 
 class Controller:
@@ -129,7 +141,7 @@ class Controller:
         """The decisions after an attempted step: ``errT`` the stages times the step, stage-minor (``(m N, s)``),
         ``e`` the error weights, ``y`` the step's start and ``Y`` its attempted end ``(m, N)`` (no graph; the
         error's scale is ``max(|y|, |Y|)``), ``jumps`` whether the field has jumps (``rows.on_jump`` marks the
-        steps that end on one), ``span`` whether to read the span of the next round's times with the counts,
+        steps that end on one), ``span`` whether to read the span of the next sweep's times with the counts,
         ``keep`` whether to keep the factor and where it is free (:attr:`Decision.factor`, :attr:`Decision.free`)."""
         m, N = Y.shape
         ratios, full, floored, norm, norm_n, powers, grow, memory, err, err2 = self._buffers(m, N, Y.dtype)
@@ -173,37 +185,12 @@ class Controller:
             flags.append(due)
         if jumps:
             flags.append(ok & rows.on_jump)
-        if span:  # one read all the same: the counts (exact in float64) with the least and greatest time
-            ends = torch.stack((t_new.min(), t1.max()))
-            *sums, lo, hi = torch.cat((torch.stack(flags).sum(1, dtype=torch.float64), ends)).tolist()
-            counts = [int(c) for c in sums]
-            times: tuple[float, float] | None = in_dtype(lo, Y.dtype), in_dtype(hi, Y.dtype)
-        else:
-            counts = torch.stack(flags).sum(1).tolist()
-            times = None
-        n_alive, n_moved = counts[0], counts[1]
+        counts, times = _read_counts(flags, (t_new, t1) if span else None, Y.dtype)
+        n_alive, n_frozen = counts[0], counts[0] - counts[1]
         n_due = counts[2] if due is not None else 0
         jumped = flags[-1] if jumps and counts[-1] else None
-        return Decision(
-            ok,
-            t_new,
-            dt,
-            t1,
-            alive,
-            due,
-            prev,
-            cap,
-            moved,
-            norm,
-            n_alive,
-            n_due,
-            n_alive - n_moved,
-            jumped,
-            times,
-            ok_n,
-            factor,
-            free,
-        )
+        kept = (alive, due, prev, cap, moved, norm, n_alive, n_due, n_frozen, jumped, times, ok_n, factor, free)
+        return Decision(ok, t_new, dt, t1, *kept)
 
     def differentiated(
         self, rows: Any, d: Decision, K: torch.Tensor, e: torch.Tensor, y: torch.Tensor, Y: torch.Tensor

@@ -1,21 +1,21 @@
-r"""The rounds of a per-sample solve driven to the end, and the gradient each method attaches to them.
+r"""The sweeps of a per-sample solve driven to the end, and the gradient each method attaches to them.
 
-- ``backprop``: every round keeps its graph (memory grows with the rounds).
+- ``backprop``: every sweep keeps its graph (memory grows with the sweeps).
 - ``checkpoint`` (Zhuang et al. 2020, "Adaptive checkpoint adjoint method for gradient estimation in neural
-  ODE"): each round keeps only its inputs ``(y, k_1)``; the backward pass recomputes the round's stages from
-  them with a graph and backpropagates through that round alone. The step sizes, the accept/reject decisions and
-  the dense-output weights are the forward's, kept with the round, so the replay takes the same per-sample steps
+  ODE"): each sweep keeps only its inputs ``(y, k_1)``; the backward pass recomputes the sweep's stages from
+  them with a graph and backpropagates through that sweep alone. The step sizes, the accept/reject decisions and
+  the dense-output weights are the forward's, kept with the sweep, so the replay takes the same per-sample steps
   and the gradient equals backprop's.
 - ``symplectic`` (Matsubara, Miyatake & Yaguchi 2021, "Symplectic adjoint method for exact gradient of neural ODE
-  with minimal memory", eq. 8 in stage form, as :mod:`solvers.replay`): each round keeps ``(y, k_1)``; the
+  with minimal memory", eq. 8 in stage form, as :mod:`solvers.replay`): each sweep keeps ``(y, k_1)``; the
   backward pass recomputes the stage inputs ``Y_i`` without a graph and carries the adjoint back stage by stage,
 
       ``κ_i = h b_i λ_{n+1} + h Σ_{j>i} a_ji μ_j``,   ``μ_i = (∂F/∂y(t + c_i h, Y_i))ᵀ κ_i``,
       ``λ_n = λ_{n+1} + Σ_i μ_i``,   ``∂ℒ/∂θ += Σ_i (∂F/∂θ)ᵀ κ_i``,
 
   with ``κ_i = 0`` on the rows whose step was rejected (their state passes through unchanged), one
-  vector-Jacobian product with the graph of a single evaluation at a time. The first stage is the round's input
-  ``k_1`` (the last stage of the step before), so its cotangent ``κ_1`` flows to that round.
+  vector-Jacobian product with the graph of a single evaluation at a time. The first stage is the sweep's input
+  ``k_1`` (the last stage of the step before), so its cotangent ``κ_1`` flows to that sweep.
 """
 
 from __future__ import annotations
@@ -28,32 +28,32 @@ from typing import Any
 import torch
 
 from .errors import Reason, SolverError
-from .per_sample_loop import Round, Rows, Stepper, dense, start
+from .per_sample_loop import RowClocks, Stepper, Sweep, dense, start
 from .per_sample_steps import controlled_advance, count_replayed
 
 __all__ = ["advance_for", "integrate_rows"]
 
-Advance = Callable[[torch.Tensor, torch.Tensor, Rows], Round]
+Advance = Callable[[torch.Tensor, torch.Tensor, RowClocks], Sweep]
 
 
 def advance_for(mode: str, stepper: Stepper, params: Sequence[torch.Tensor] = ()) -> Advance:
-    """One round as ``mode`` records it: ``"none"`` (no graph), ``"backprop"``, ``"checkpoint"``,
+    """One sweep as ``mode`` records it: ``"none"`` (no graph), ``"backprop"``, ``"checkpoint"``,
     ``"symplectic"`` (``params``: the tensors the field reads that the replay's gradient reaches)."""
     if mode == "none":
-        return functools.partial(stepper.round, graph=False)
+        return functools.partial(stepper.sweep, graph=False)
     if mode == "backprop":
-        return lambda y, k0, rows: stepper.round(y, k0, rows, graph=True)
-    if stepper.differentiated:  # the clocks travel from round to round through autograd
+        return lambda y, k0, rows: stepper.sweep(y, k0, rows, graph=True)
+    if stepper.differentiated:  # the clocks travel from sweep to sweep through autograd
         stepper.keep = True
         return controlled_advance(mode, stepper, params)
-    replayed = _CheckpointRound if mode == "checkpoint" else _SymplecticRound
+    replayed = _CheckpointSweep if mode == "checkpoint" else _SymplecticSweep
 
-    def replay(y: torch.Tensor, k0: torch.Tensor, rows: Rows) -> Round:
-        box: list[Round] = []
+    def replay(y: torch.Tensor, k0: torch.Tensor, rows: RowClocks) -> Sweep:
+        box: list[Sweep] = []
         y1, k1, *values = replayed.apply(stepper, rows, box, y, k0, *params)
-        rd = box[0]
-        rd.y, rd.k0, rd.values = y1, k1, values
-        return rd
+        sw = box[0]
+        sw.y, sw.k0, sw.values = y1, k1, values
+        return sw
 
     return replay
 
@@ -69,19 +69,19 @@ def integrate_rows(
     max_steps: int,
     first_step: float | None,
     advance: Advance,
-    hook: Callable[[Round, Rows], None] | None = None,
+    hook: Callable[[Sweep, RowClocks], None] | None = None,
 ) -> torch.Tensor:
-    """Rounds from ``y`` (``(B, N)``) until every row has reached its last output time; the outputs as
+    """Sweeps from ``y`` (``(B, N)``) until every row has reached its last output time; the outputs as
     ``(n · B, N)`` (row ``j · B + b``: sample ``b`` at ``times[b, j]``; the last, the row's state at its end).
     Finished rows leave the batch once a quarter of the running rows have finished; until then they ride along
     frozen at their end. Once no more than ``B / 16`` rows are left they all stay to the end: a compaction costs
-    about a round's overhead, and what it would save is then at most a sixteenth of a full round's field work.
-    ``hook`` sees each round with the clocks it started from."""
+    about a sweep's overhead, and what it would save is then at most a sixteenth of a full sweep's field work.
+    ``hook`` sees each sweep with the clocks it started from."""
     B, n = times.shape
     k0, rows = start(stepper, y, times, rtol, atol, first_step)
     device = y.device
-    # per row: rounds with an accepted or frozen step (frozen rows always accept) and rounds after which it still
-    # ran, tallied from the rounds' flags at each compaction
+    # per row: sweeps with an accepted or frozen step (frozen rows always accept) and sweeps after which it still
+    # ran, tallied from the sweeps' flags at each compaction
     passed = torch.zeros(B, dtype=torch.long, device=device)
     ran = torch.zeros(B, dtype=torch.long, device=device)
     flags: list[torch.Tensor] = []
@@ -89,49 +89,49 @@ def integrate_rows(
     positions: list[torch.Tensor] = [rows.ids]
     end = (n - 1) * B  # the last output's offset
     values: list[torch.Tensor] = [y]
-    rounds = 0
+    sweeps = 0
     while True:
-        rounds += 1
-        if rounds > max_steps:
+        sweeps += 1
+        if sweeps > max_steps:
             raise SolverError(
-                f"per-sample control took max_steps={max_steps} rounds without finishing ({len(rows.ids)} "
+                f"per-sample control took max_steps={max_steps} sweeps without finishing ({len(rows.ids)} "
                 "samples still running); raise `max_steps` or loosen `rtol`/`atol`.",
                 nfe=info.nfe,
                 reason=Reason.MAX_STEPS,
             )
-        rd = advance(y, k0, rows)
+        sw = advance(y, k0, rows)
         if hook is not None:
-            hook(rd, rows)
-        flags += (rd.ok, rd.alive)
-        if rd.n_bad:
-            raise _failure(rd, rows, info.nfe)
-        values += rd.values
-        positions += rd.positions
-        y, k0, rows, live, n_live = rd.y, rd.k0, rd.rows, rd.alive, rd.n_alive
+            hook(sw, rows)
+        flags += (sw.ok, sw.alive)
+        if sw.n_bad:
+            raise _failure(sw, rows, info.nfe)
+        values += sw.values
+        positions += sw.positions
+        y, k0, rows, live, n_live = sw.y, sw.k0, sw.rows, sw.alive, sw.n_alive
         if n_live == 0:
             break
         m = rows.ids.shape[0]
         if n_live <= m * 3 // 4 and m > B // 16:  # compaction
             passed, ran = _tally(flags, passed, ran)
             done = (~live).nonzero()[:, 0]
-            _count(info, rows.ids[done], passed[done], ran[done], rounds)
+            _count(info, rows.ids[done], passed[done], ran[done], sweeps)
             values.append(y.index_select(0, done))
             positions.append(rows.ids[done] + end)
             keep = live.nonzero()[:, 0]
             y, k0, passed, ran = (v.index_select(0, keep) for v in (y, k0, passed, ran))
             rows = rows.select(keep)
     passed, ran = _tally(flags, passed, ran)
-    _count(info, rows.ids, passed, ran, rounds)
+    _count(info, rows.ids, passed, ran, sweeps)
     values.append(y)
     positions.append(rows.ids + end)
-    info.rounds = rounds
+    info.sweeps = sweeps
     out = y.new_zeros(n * B, y.shape[1])
     return out.index_put((torch.cat(positions),), torch.cat(values))
 
 
 def _tally(flags: list[torch.Tensor], passed: torch.Tensor, ran: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``passed`` and ``ran`` with the rounds' ``(ok, alive)`` flags since the last tally added (``flags``
-    emptied): one sum for all those rounds rather than an update each round."""
+    """``passed`` and ``ran`` with the sweeps' ``(ok, alive)`` flags since the last tally added (``flags``
+    emptied): one sum for all those sweeps rather than an update each sweep."""
     if not flags:
         return passed, ran
     ok, alive = torch.stack(flags).view(-1, 2, passed.shape[0]).sum(0, dtype=torch.long)
@@ -139,20 +139,20 @@ def _tally(flags: list[torch.Tensor], passed: torch.Tensor, ran: torch.Tensor) -
     return passed + ok, ran + alive
 
 
-def _count(info: Any, ids: torch.Tensor, passed: torch.Tensor, ran: torch.Tensor, rounds: int) -> None:
-    """Accepted and rejected steps of finished rows: ``passed`` less the rounds they rode along frozen (a row
-    finished in round ``ran + 1``)."""
+def _count(info: Any, ids: torch.Tensor, passed: torch.Tensor, ran: torch.Tensor, sweeps: int) -> None:
+    """Accepted and rejected steps of finished rows: ``passed`` less the sweeps they rode along frozen (a row
+    finished in sweep ``ran + 1``)."""
     last = ran + 1
-    accepted = passed - (rounds - last)
+    accepted = passed - (sweeps - last)
     info.steps[ids] = accepted
     info.rejected[ids] = last - accepted
 
 
-def _failure(rd: Round, rows: Rows, nfe: int) -> SolverError:
-    assert rd.bad is not None
-    row = int(rd.bad.nonzero()[0])
+def _failure(sw: Sweep, rows: RowClocks, nfe: int) -> SolverError:
+    assert sw.bad is not None
+    row = int(sw.bad.nonzero()[0])
     b = int(rows.ids[row])
-    nonfinite = not math.isfinite(float(rd.ratio[row]))
+    nonfinite = not math.isfinite(float(sw.ratio[row]))
     what = "the state became non-finite (NaN/inf)"
     if not nonfinite:
         what = f"the step size underflowed (t={float(rows.t0[row]):g})"
@@ -164,23 +164,23 @@ def _failure(rd: Round, rows: Rows, nfe: int) -> SolverError:
     )
 
 
-class _ReplayedRound(torch.autograd.Function):
-    """One round without a graph, its inputs and decisions kept for a replay in the backward pass."""
+class _ReplayedSweep(torch.autograd.Function):
+    """One sweep without a graph, its inputs and decisions kept for a replay in the backward pass."""
 
     @staticmethod
-    def forward(ctx, stepper: Stepper, rows: Rows, box: list, y: torch.Tensor, k0: torch.Tensor, *params):
+    def forward(ctx, stepper: Stepper, rows: RowClocks, box: list, y: torch.Tensor, k0: torch.Tensor, *params):
         with torch.no_grad():
-            rd = stepper.round(y, k0, rows, graph=False)
-        box.append(rd)
-        ctx.stepper, ctx.rows, ctx.ok, ctx.outs = stepper, rows, rd.ok, list(zip(rd.out_rows, rd.out_w))
-        ctx.jumped, ctx.first = rd.jumped, stepper.recorded == 0
+            sw = stepper.sweep(y, k0, rows, graph=False)
+        box.append(sw)
+        ctx.stepper, ctx.rows, ctx.ok, ctx.outs = stepper, rows, sw.ok, list(zip(sw.out_rows, sw.out_w))
+        ctx.jumped, ctx.first = sw.jumped, stepper.recorded == 0
         stepper.recorded += 1
         ctx.save_for_backward(y, k0, *params)
-        return (rd.y, rd.k0, *rd.values)
+        return (sw.y, sw.k0, *sw.values)
 
 
-class _CheckpointRound(_ReplayedRound):
-    """The round's stages recomputed with a graph, its outputs rebuilt with the forward's decisions."""
+class _CheckpointSweep(_ReplayedSweep):
+    """The sweep's stages recomputed with a graph, its outputs rebuilt with the forward's decisions."""
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -205,8 +205,8 @@ class _CheckpointRound(_ReplayedRound):
         return (None, None, None, *grads)
 
 
-class _SymplecticRound(_ReplayedRound):
-    """The round's backward pass is the symplectic adjoint of its steps."""
+class _SymplecticSweep(_ReplayedSweep):
+    """The sweep's backward pass is the symplectic adjoint of its steps."""
 
     @staticmethod
     @torch.autograd.function.once_differentiable

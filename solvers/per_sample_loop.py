@@ -1,6 +1,6 @@
-r"""The rounds of a per-sample solve (:mod:`solvers.per_sample`): each running row takes one attempted step.
+r"""The sweeps of a per-sample solve (:mod:`solvers.per_sample`): each running row takes one attempted step.
 
-A round is a pure function of the rows' state ``(y, k_1)`` and their clocks (:class:`Rows`):
+A sweep is a pure function of the rows' state ``(y, k_1)`` and their clocks (:class:`RowClocks`):
 
     ``Y_i = y + h_b Σ_{j<i} a_ij k_j``,   ``k_i = F(t_b + c_i h_b, Y_i)``,   ``err_b = h_b Σ_i e_i k_i``,
 
@@ -8,7 +8,7 @@ the error ratio ``r_b = ‖err_b / (atol_b + rtol_b max(|y_b|, |Y_{b,s}|))‖_RM
 acceptance ``r_b ≤ 1`` (Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4) and the
 next step from a PI controller (:mod:`solvers.per_sample_control`), taken on every row at once, decided by
 ``torch.where`` on the device. Outputs due inside an accepted step are read off the
-method's dense output ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Being pure, a round can be replayed: the
+method's dense output ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Being pure, a sweep can be replayed: the
 gradient methods (:mod:`solvers.per_sample_grads`) recompute it from its stored inputs.
 """
 
@@ -25,7 +25,7 @@ from .fast_rk import _dense_weights
 from .per_sample_control import Controller, Decision, in_dtype
 from .tableaux import MethodTableau
 
-__all__ = ["TIME_SPAN", "PerSampleInfo", "Round", "Rows", "Stepper", "dense", "root"]
+__all__ = ["TIME_SPAN", "PerSampleInfo", "Sweep", "RowClocks", "Stepper", "dense", "root"]
 
 _LANES = 16  # a multiple of every CPU vector width in float64
 
@@ -45,15 +45,15 @@ def root(x: torch.Tensor, p: int) -> torch.Tensor:
 @dataclass
 class PerSampleInfo:
     """What one per-sample solve did: ``steps``/``rejected``: ``(batch,)`` accepted and rejected steps of each
-    sample; ``rounds``: batched steps taken (the most any sample attempted); ``nfe``: batched field calls;
+    sample; ``sweeps``: batched steps taken (the most any sample attempted); ``nfe``: batched field calls;
     ``rows``: field evaluations summed over rows (the work a row-parallel field does); ``backward``: the same for
     the backward pass, once it has run: the adjoint's backward solve (steps summed over its output intervals) or
-    the replay of the rounds (``checkpoint``, ``symplectic``: the forward's steps, and the evaluations the replay
+    the replay of the sweeps (``checkpoint``, ``symplectic``: the forward's steps, and the evaluations the replay
     made); ``on_backward``, if set, is called with ``backward`` when the backward pass is done."""
 
     steps: torch.Tensor
     rejected: torch.Tensor
-    rounds: int = 0
+    sweeps: int = 0
     nfe: int = 0
     rows: int = 0
     backward: PerSampleInfo | None = None
@@ -66,13 +66,13 @@ class PerSampleInfo:
 
 
 @dataclass
-class Rows:
+class RowClocks:
     """The clocks of the running rows (float64, ``(m,)`` each; ``tt``: ``(m, n + 1)`` output times padded with
     ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
     was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time,
     ``rtol``/``atol`` ``(m, 1)`` in the state's dtype (``(m, N)`` for a few components), ``prev``/``cap`` the
     controller's memory of the row (:mod:`solvers.per_sample_control`); ``span`` the least and greatest time of
-    the round on the host (with ``Stepper.spans``)."""
+    the sweep on the host (with ``Stepper.spans``)."""
 
     ids: torch.Tensor
     t0: torch.Tensor
@@ -89,8 +89,8 @@ class Rows:
     cap: torch.Tensor
     span: tuple[float, float] | None = None
 
-    def select(self, keep: torch.Tensor) -> Rows:
-        """Rows ``keep``; the float64 clocks are gathered together (one gather for seven; where the moving clocks
+    def select(self, keep: torch.Tensor) -> RowClocks:
+        """The rows ``keep``; the float64 clocks are gathered together (one gather for seven; where the moving clocks
         carry graphs, apart from the constant ones, which must not join those graphs)."""
         if self.t0.requires_grad or self.dt.requires_grad or self.prev.requires_grad:
             t0, dt, t1, prev = (v.index_select(0, keep) for v in (self.t0, self.dt, self.t1, self.prev))
@@ -101,17 +101,17 @@ class Rows:
             ).index_select(1, keep)
         other = (self.ids, self.on_jump, self.tt, self.cursor, self.rtol, self.atol)
         ids, on_jump, tt, cursor, rtol, atol = (v.index_select(0, keep) for v in other)
-        return Rows(ids, t0, dt, t1, on_jump, tl, tt, cursor, t_next, rtol, atol, prev, cap, self.span)
+        return RowClocks(ids, t0, dt, t1, on_jump, tl, tt, cursor, t_next, rtol, atol, prev, cap, self.span)
 
-    def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> Rows:
-        """These rows with new clocks (a direct construction: ``dataclasses.replace`` costs a round ~10 µs)."""
+    def clocks(self, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, on_jump: torch.Tensor) -> RowClocks:
+        """These rows with new clocks (a direct construction: ``dataclasses.replace`` costs a sweep ~10 µs)."""
         clocks = (on_jump, self.tl, self.tt, self.cursor, self.t_next, self.rtol, self.atol, self.prev, self.cap)
-        return Rows(self.ids, t0, dt, t1, *clocks, self.span)
+        return RowClocks(self.ids, t0, dt, t1, *clocks, self.span)
 
 
 @dataclass
-class Round:
-    """One round's result: the new ``(y, k_1)``; ``values`` the outputs given (rows ``out_rows`` of this round,
+class Sweep:
+    """One sweep's result: the new ``(y, k_1)``; ``values`` the outputs given (rows ``out_rows`` of this sweep,
     dense weights ``out_w`` ``(r, s)`` on the stored ``h k_i``, at flat positions ``j · B + b`` of the output);
     the control's decisions, detached."""
 
@@ -122,11 +122,11 @@ class Round:
     out_rows: list[torch.Tensor]
     out_w: list[torch.Tensor]
     out_t: list[torch.Tensor]  # the output times of those rows
-    rows: Rows  # the clocks after the round
+    rows: RowClocks  # the clocks after the sweep
     jumped: torch.Tensor | None  # rows whose accepted step ended on a jump: k_1 re-read on its far side
     ok: torch.Tensor
-    ratio: torch.Tensor  # √N times the error ratio (valid until the next round)
-    decision: Decision  # the controller's (a replay rebuilds the round's graph on its branches)
+    ratio: torch.Tensor  # √N times the error ratio (valid until the next sweep)
+    decision: Decision  # the controller's (a replay rebuilds the sweep's graph on its branches)
     alive: torch.Tensor
     bad: torch.Tensor | None  # running rows whose step failed, when there are any
     n_alive: int
@@ -134,8 +134,8 @@ class Round:
 
 
 class _Work:
-    """Buffers of a round without a graph for ``m`` running rows: the stages ``K`` (``s × m × N``), the views
-    of their combinations and the stage inputs (nothing of a round outlives it: the new state is a fresh
+    """Buffers of a sweep without a graph for ``m`` running rows: the stages ``K`` (``s × m × N``), the views
+    of their combinations and the stage inputs (nothing of a sweep outlives it: the new state is a fresh
     ``torch.where``). Made once per solve, for the whole batch; a compacted batch takes views of the same
     memory."""
 
@@ -184,7 +184,7 @@ def _constants(tab: MethodTableau, dtype: torch.dtype, device: torch.device) -> 
 
 
 class Stepper:
-    """A method's round on ``(m, N)`` rows: ``F(t, y, ids)`` the counted field (``t``: ``(m,)`` in the state's
+    """A method's sweep on ``(m, N)`` rows: ``F(t, y, ids)`` the counted field (``t``: ``(m,)`` in the state's
     dtype), ``B`` the batch size (for output positions)."""
 
     def __init__(self, F: Any, tab: MethodTableau, y0: torch.Tensor, opts: dict, B: int):
@@ -203,15 +203,15 @@ class Stepper:
         self.fsal = True  # k_1 of a step is the last stage of the step before (the adjoint re-evaluates it)
         self.jumps: torch.Tensor | None = None  # times where the field jumps (float64, increasing), + inf
         self.work: _Work | None = None
-        self.recorded = 0  # rounds recorded for a replay in the backward pass
+        self.recorded = 0  # sweeps recorded for a replay in the backward pass
         self.spans = False  # True: every time tensor the field sees carries its span (TIME_SPAN)
         self.c_head = self.c[: self.tail]  # the nodes before those at c = 1
         self.times_buffer: tuple | None = None  # (rows, buffer, its last row, the stage times: views of it)
-        # a round with a graph carries the clocks' dependence on the state (solvers.step_sizes)
+        # a sweep with a graph carries the clocks' dependence on the state (solvers.step_sizes)
         self.differentiated = False
-        self.keep = False  # keep the controller's factor in each round's decision (a replay rebuilds its graph)
+        self.keep = False  # keep the controller's factor in each sweep's decision (a replay rebuilds its graph)
 
-    def plan(self, rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> Rows:
+    def plan(self, rows: RowClocks, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor | None = None) -> RowClocks:
         """The next step of every row: ``t1 = min(t0 + dt, t_end)`` (given ``t1``, as the controller clips it),
         shortened to land on the next jump of the field strictly inside it (as torchdiffeq's ``jump_t``:
         ``dt = t_jump − t0``)."""
@@ -245,9 +245,9 @@ class Stepper:
                 setattr(t, TIME_SPAN, span)
         return out
 
-    def reused_times(self, rows: Rows) -> list[torch.Tensor]:
+    def reused_times(self, rows: RowClocks) -> list[torch.Tensor]:
         """:meth:`stage_times` (float64 states) written into a buffer made once per row count: the same values,
-        without a new tensor a stage (a round without a graph: the field sees these times during its call only,
+        without a new tensor a stage (a sweep without a graph: the field sees these times during its call only,
         as it sees the stage inputs in reused buffers)."""
         m = rows.t0.shape[0]
         made = self.times_buffer
@@ -268,7 +268,7 @@ class Stepper:
                 setattr(t, TIME_SPAN, rows.span)
         return out
 
-    def stages(self, y, k0, rows: Rows, graph: bool, inputs: list | None = None, ts: list | None = None):
+    def stages(self, y, k0, rows: RowClocks, graph: bool, inputs: list | None = None, ts: list | None = None):
         """The stages times the step, ``h k_i`` (``(s, m, N)``), their flat view, the last stage input ``Y_s``
         and the last stage ``k_s`` itself; ``inputs`` collects every stage input ``Y_i``. Each stage input is
         ``Y_i = y + Σ_j a_ij (h k_j)``: one product with the stored stages, as the shared step's ``addmv``."""
@@ -305,7 +305,7 @@ class Stepper:
             torch.mul(k, h, out=K_row)
         return W.K, W.flat, Y, k
 
-    def round(self, y: torch.Tensor, k0: torch.Tensor, rows: Rows, graph: bool) -> Round:
+    def sweep(self, y: torch.Tensor, k0: torch.Tensor, rows: RowClocks, graph: bool) -> Sweep:
         """One attempted step of every row (``graph``: keep the autograd graph of the values); the control
         (:mod:`solvers.per_sample_control`) works on detached values."""
         if graph or self.dtype != torch.float64:
@@ -339,7 +339,7 @@ class Stepper:
             n_due = int(due.sum())
         okc = d.ok[:, None] if d.ok_n is None else d.ok_n
         clocks = (d.t_new, d.dt, d.t1, rows.on_jump, rows.tl, rows.tt, cursor, t_next, rows.rtol, rows.atol)
-        new = Rows(rows.ids, *clocks, d.prev, d.cap, d.span)
+        new = RowClocks(rows.ids, *clocks, d.prev, d.cap, d.span)
         if not d.n_bad and self.jumps is not None:
             new = self.plan(new, d.t_new, d.dt, d.t1)
         k_new = torch.where(okc, k_last, k0)
@@ -348,8 +348,8 @@ class Stepper:
             k_new = k_new.index_put((jr,), self.after_jump(t1[jr], Y[jr], rows.ids[jr], rows.span))
         bad = d.alive & ~d.moved if d.n_bad else None
         y_new = torch.where(okc, Y, y)
-        # positional: a dataclass takes its keywords about 1 µs slower (the fields' order: see Round)
-        return Round(
+        # positional: a dataclass takes its keywords about 1 µs slower (the fields' order: see Sweep)
+        return Sweep(
             y_new,
             k_new,
             outs.values,
@@ -370,7 +370,7 @@ class Stepper:
 
     def after_jump(self, t1: torch.Tensor, y: torch.Tensor, ids: torch.Tensor, span: tuple | None) -> torch.Tensor:
         """``F`` just after the jump ``t1`` (as torchdiffeq re-reads it, ``nextafter(t1, +inf)``); ``span``
-        that of the round ending on it."""
+        that of the sweep ending on it."""
         return self.F(self.after_time(t1, span), y, ids)
 
     def after_time(self, t1: torch.Tensor, span: tuple | None) -> torch.Tensor:
@@ -392,7 +392,7 @@ def _attached(d: Decision, graphs: tuple[torch.Tensor, ...]) -> Decision:
 
 
 class _Outputs:
-    """The outputs a round gives: ``y_0 + Σ_i β_i(x) (h k_i)`` on rows ``r`` at ``x = (t − t_0) / h``."""
+    """The outputs a sweep gives: ``y_0 + Σ_i β_i(x) (h k_i)`` on rows ``r`` at ``x = (t − t_0) / h``."""
 
     def __init__(self) -> None:
         self.values: list[torch.Tensor] = []
@@ -411,7 +411,7 @@ class _Outputs:
         self.times.append(tj)
 
 
-_NONE = _Outputs()  # a round without outputs (never added to)
+_NONE = _Outputs()  # a sweep without outputs (never added to)
 
 
 def dense_weights(st: Stepper, x: torch.Tensor) -> torch.Tensor:
@@ -430,7 +430,9 @@ def dense(y: torch.Tensor, K: torch.Tensor, r: torch.Tensor, w: torch.Tensor) ->
     return y[r] + torch.bmm(w[:, None], K[:, r].transpose(0, 1))[:, 0]
 
 
-def initial_step(stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: Rows) -> torch.Tensor:
+def initial_step(
+    stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: RowClocks
+) -> torch.Tensor:
     """Hairer, Nørsett & Wanner's initial step (§II.4) for each row, in the state's dtype, as float64; a function
     of ``y`` and ``f0`` where the steps are differentiated (:mod:`solvers.step_sizes`), else a constant."""
     graph = stepper.differentiated and torch.is_grad_enabled()
@@ -465,18 +467,18 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
 
 def _spread(tol: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """A ``(B, 1)`` tolerance on every component for a state of a few components (the controller's tolerance
-    is then one product without broadcasting a column over them: 0.7 µs less a round at ``N = 2``); else as is."""
+    is then one product without broadcasting a column over them: 0.7 µs less a sweep at ``N = 2``); else as is."""
     return tol.expand(shape).contiguous() if shape[1] < _LANES else tol
 
 
-def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, first_step) -> tuple[Any, Rows]:
-    """The first stage ``F(t_0, y_0)`` (with its graph) and every row's clocks before the first round."""
+def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, first_step) -> tuple[Any, RowClocks]:
+    """The first stage ``F(t_0, y_0)`` (with its graph) and every row's clocks before the first sweep."""
     B, device = times.shape[0], times.device
     ids = torch.arange(B, device=device)
     # the last output is each row's state once it finishes (its last step ends on it): it never falls due
     tt = torch.cat((times[:, :-1], times.new_full((B, 2), math.inf)), 1)
     t0 = times[:, 0].clone()
-    rows = Rows(
+    rows = RowClocks(
         ids=ids,
         t0=t0,
         dt=t0,
@@ -497,7 +499,7 @@ def start(stepper: Stepper, y: torch.Tensor, times: torch.Tensor, rtol, atol, fi
     else:
         dt = torch.full((B,), float(first_step), dtype=torch.float64, device=device)
     rows = stepper.plan(rows, t0, dt.clamp(stepper.min_step, stepper.max_step))
-    if stepper.spans:  # the first round's span (later rounds read theirs with the controller's counts)
+    if stepper.spans:  # the first sweep's span (later sweeps read theirs with the controller's counts)
         lo, hi = torch.stack((rows.t0.min(), rows.t1.max())).tolist()
         rows.span = (in_dtype(lo, stepper.dtype), in_dtype(hi, stepper.dtype))
     return k0, rows

@@ -1,13 +1,13 @@
-r"""The replayed rounds of a per-sample solve with the step sizes differentiated (:mod:`solvers.step_sizes`).
+r"""The replayed sweeps of a per-sample solve with the step sizes differentiated (:mod:`solvers.step_sizes`).
 
-A round maps each running row's ``(y, k_1)`` and its clocks ``(t_0, h, t_1, m)`` (start, step, end, the PI
+A sweep maps each running row's ``(y, k_1)`` and its clocks ``(t_0, h, t_1, m)`` (start, step, end, the PI
 controller's memory ``m``) to the new ones: the stages, the error ratio ``ρ`` over the row's components, the
 controller ``h ← h · clip(scale · ρ^(−α) m, dfactor, cap)`` and memory ``m ← max(ρ, floor)^β`` of an accepted
 step (:mod:`solvers.per_sample_control`), the end clipped to the row's last output time or the next jump, and the
-dense outputs at ``x = (t_j − t_0) / (t_1 − t_0)``. Here the clocks are inputs and outputs of each round's
-autograd function, so that their dependence on the state travels from round to round:
+dense outputs at ``x = (t_j − t_0) / (t_1 − t_0)``. Here the clocks are inputs and outputs of each sweep's
+autograd function, so that their dependence on the state travels from sweep to sweep:
 
-- ``checkpoint`` rebuilds the round's graph from its stored inputs, on the branches the forward took (accepted
+- ``checkpoint`` rebuilds the sweep's graph from its stored inputs, on the branches the forward took (accepted
   rows, clipped factors, outputs due);
 - ``symplectic`` recomputes the stages without a graph and takes the cotangents back stage by stage, one
   evaluation's graph at a time (Matsubara, Miyatake & Yaguchi 2021, as :func:`solvers.replay_controlled.stagewise`),
@@ -20,16 +20,16 @@ from collections.abc import Sequence
 
 import torch
 
-from .per_sample_loop import Round, Rows, Stepper, dense, dense_weights
+from .per_sample_loop import RowClocks, Stepper, Sweep, dense, dense_weights
 from .replay_controlled import field_vjp, stagewise
 
 __all__ = ["controlled_advance", "count_replayed", "with_clocks"]
 
 
-def with_clocks(rows: Rows, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, prev: torch.Tensor) -> Rows:
+def with_clocks(rows: RowClocks, t0: torch.Tensor, dt: torch.Tensor, t1: torch.Tensor, prev: torch.Tensor) -> RowClocks:
     """``rows`` with these clocks (tensors that may carry graphs)."""
     r = rows
-    return Rows(r.ids, t0, dt, t1, r.on_jump, r.tl, r.tt, r.cursor, r.t_next, r.rtol, r.atol, prev, r.cap, r.span)
+    return RowClocks(r.ids, t0, dt, t1, r.on_jump, r.tl, r.tt, r.cursor, r.t_next, r.rtol, r.atol, prev, r.cap, r.span)
 
 
 class _Accumulator:
@@ -50,24 +50,24 @@ class _Accumulator:
 
 
 class _Controlled(torch.autograd.Function):
-    """One round without a graph; its inputs, clocks and the controller's branches kept for the backward pass."""
+    """One sweep without a graph; its inputs, clocks and the controller's branches kept for the backward pass."""
 
     @staticmethod
-    def forward(ctx, st: Stepper, rows: Rows, box: list, y, k0, t0, dt, t1, prev, *params):
+    def forward(ctx, st: Stepper, rows: RowClocks, box: list, y, k0, t0, dt, t1, prev, *params):
         with torch.no_grad():
-            rd = st.round(y, k0, rows, graph=False)
-        box.append(rd)
-        ctx.stepper, ctx.rows, ctx.d = st, rows, rd.decision
-        ctx.outs = list(zip(rd.out_rows, rd.out_t))
-        ctx.jumped, ctx.first = rd.jumped, st.recorded == 0
+            sw = st.sweep(y, k0, rows, graph=False)
+        box.append(sw)
+        ctx.stepper, ctx.rows, ctx.d = st, rows, sw.decision
+        ctx.outs = list(zip(sw.out_rows, sw.out_t))
+        ctx.jumped, ctx.first = sw.jumped, st.recorded == 0
         st.recorded += 1
         ctx.save_for_backward(y, k0, t0, dt, t1, prev, *params)
-        n = rd.rows
-        return (rd.y, rd.k0, n.t0, n.dt, n.t1, n.prev, *rd.values)
+        n = sw.rows
+        return (sw.y, sw.k0, n.t0, n.dt, n.t1, n.prev, *sw.values)
 
 
-def _outputs(ctx, rg: Rows, yv, kv, K, Y, k_last, k_jump=None) -> list[torch.Tensor]:
-    """The round's outputs ``(y, k_1, t_0, h, t_1, m, dense outputs…)`` on the forward's branches, as functions of
+def _outputs(ctx, rg: RowClocks, yv, kv, K, Y, k_last, k_jump=None) -> list[torch.Tensor]:
+    """The sweep's outputs ``(y, k_1, t_0, h, t_1, m, dense outputs…)`` on the forward's branches, as functions of
     its inputs (``rg``: the clocks it started from) and stages; ``k_jump``: the first stage past a jump, where
     the caller evaluates it itself."""
     st, d = ctx.stepper, ctx.d
@@ -91,8 +91,8 @@ def _leaves(ctx) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return [v.detach().requires_grad_() for v in (y, k0, t0, dt, t1, prev)], params
 
 
-class ControlledCheckpointRound(_Controlled):
-    """The round's graph rebuilt from its stored inputs on the forward's branches."""
+class ControlledCheckpointSweep(_Controlled):
+    """The sweep's graph rebuilt from its stored inputs on the forward's branches."""
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -111,8 +111,8 @@ class ControlledCheckpointRound(_Controlled):
         return (None, None, None, *grads)
 
 
-class ControlledSymplecticRound(_Controlled):
-    """The round's cotangents taken back one stage evaluation at a time."""
+class ControlledSymplecticSweep(_Controlled):
+    """The sweep's cotangents taken back one stage evaluation at a time."""
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -176,13 +176,13 @@ def _combine(y: torch.Tensor, h: torch.Tensor, ks: Sequence[torch.Tensor], a: Se
 
 
 def count_replayed(ctx) -> None:
-    """Count a replayed round: the replay of the forward's first round ends the backward pass (every output
+    """Count a replayed sweep: the replay of the forward's first sweep ends the backward pass (every output
     depends on it), and the backward counts are then complete."""
     info = ctx.stepper.F.info
     back = info.backward
     if back is None:
         return
-    back.rounds += 1
+    back.sweeps += 1
     if ctx.first:
         back.steps.copy_(info.steps)
         back.rejected.copy_(info.rejected)
@@ -191,17 +191,17 @@ def count_replayed(ctx) -> None:
 
 
 def controlled_advance(mode: str, st: Stepper, params: Sequence[torch.Tensor]):
-    """One round as ``mode`` (``"checkpoint"``/``"symplectic"``) records it, its clocks carried by autograd."""
-    fn = ControlledCheckpointRound if mode == "checkpoint" else ControlledSymplecticRound
+    """One sweep as ``mode`` (``"checkpoint"``/``"symplectic"``) records it, its clocks carried by autograd."""
+    fn = ControlledCheckpointSweep if mode == "checkpoint" else ControlledSymplecticSweep
 
-    def advance(y: torch.Tensor, k0: torch.Tensor, rows: Rows) -> Round:
-        box: list[Round] = []
+    def advance(y: torch.Tensor, k0: torch.Tensor, rows: RowClocks) -> Sweep:
+        box: list[Sweep] = []
         y1, k1, t0, dt, t1, prev, *values = fn.apply(
             st, rows, box, y, k0, rows.t0, rows.dt, rows.t1, rows.prev, *params
         )
-        rd = box[0]
-        rd.y, rd.k0, rd.values = y1, k1, values
-        rd.rows = with_clocks(rd.rows, t0, dt, t1, prev)
-        return rd
+        sw = box[0]
+        sw.y, sw.k0, sw.values = y1, k1, values
+        sw.rows = with_clocks(sw.rows, t0, dt, t1, prev)
+        return sw
 
     return advance

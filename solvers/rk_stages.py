@@ -26,7 +26,7 @@ graph (its square root by the device: torch's float32 ``sqrt`` is not always cor
 with a finiteness probe, and the dense output is fitted only for a step that holds an output time.
 
 :class:`Buffered` (no graph) keeps the stages in one ``(..., s)`` buffer and writes every result into reused
-buffers, :class:`Rows` (no graph, from a few hundred elements on the CPU) keeps them stage-major and reduces over
+buffers, :class:`StageMajor` (no graph, from a few hundred elements on the CPU) keeps them stage-major and reduces over
 rows in torch's own order; :class:`Graph` (``backprop``) keeps the field's outputs as they are and stacks them for
 each sum (over rows, in that order, from 8192 elements on the CPU).
 """
@@ -43,7 +43,7 @@ import torch
 
 from .tableaux import MethodTableau
 
-__all__ = ["Buffered", "Graph", "Rows", "Stages", "sum_order"]
+__all__ = ["Buffered", "Graph", "StageMajor", "Stages", "sum_order"]
 
 Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tensor while it carries a graph
 
@@ -222,7 +222,7 @@ class Buffered(Stages):
         return self.fit(y0, y1, [self.get(0), self.get(self.s - 1)], self.host_h, ymid)
 
 
-class Rows(Buffered):
+class StageMajor(Buffered):
     """:class:`Buffered` with the stages stage-major, for the CPU: each sum's products one vectorised product
     over stage rows and the sum one or two vectorised reductions over rows, which add in order from zero.
 
@@ -288,7 +288,7 @@ def _rows(s: int, order: str) -> int:
 
 
 def _positions(s: int, order: str) -> list[int]:
-    """Row of stage ``j`` in :class:`Rows`' buffer."""
+    """Row of stage ``j`` in the buffer of :class:`StageMajor`."""
     if order == "tail":
         return [j + 1 for j in range(s)]
     return [j if j < 4 else j + 1 for j in range(s)]
@@ -332,7 +332,7 @@ def sum_order(dtype: torch.dtype, n: int) -> str | None:
     """The order in which torch's CPU sum over a last axis of at most seven adds, for ``n`` rows of ``dtype``:
     "ilp", "tail", or ``None`` for neither. Probed on at least a thousand random rows of every width (terms of
     both signs within a few binades of each other, so that another order rounds differently), with the very
-    kernels :class:`Rows` runs, against ``(x * w).sum(-1)``."""
+    kernels :class:`StageMajor` runs, against ``(x * w).sum(-1)``."""
     g = torch.Generator().manual_seed(0)
     for order in ("ilp", "tail"):
         ok = True
@@ -378,7 +378,7 @@ class Graph(Stages):
         self.fsal: torch.Tensor | None = None  # the last stage through its own view, made where torchdiffeq does
         self.cur = y0
         self.a_cur = self.a_new = y0.detach().abs()
-        # stage-major sums where they pay, in the order torch's last-axis sum adds (see Rows); not where the
+        # stage-major sums where they pay, in the order torch's last-axis sum adds (see StageMajor); not where the
         # weights carry a graph, whose gradient torchdiffeq reduces over its own layout
         big = y0.device.type == "cpu" and self.n >= 8192 and self.s <= 7  # it costs four more nodes a sum
         self.order = sum_order(y0.dtype, self.n) if big else None
@@ -411,8 +411,8 @@ class Graph(Stages):
         return y + torch.sum(torch.stack(self.ks[:m], -1) * w, -1)
 
     def _combine_rows(self, y: torch.Tensor, row: int) -> torch.Tensor:
-        """:meth:`_combine` over stage-major rows, the sum in the order torch's last-axis sum adds (:class:`Rows`):
-        the same values, and the same gradient for every stage (one product each)."""
+        """:meth:`_combine` over stage-major rows, the sum in the order torch's last-axis sum adds
+        (:class:`StageMajor`): the same values, and the same gradient for every stage (one product each)."""
         m, order = self.widths[row], self.order
         assert order is not None
         P = torch.stack([self.ks[j] for j in _perm(m, order)]) * self.wr[row]

@@ -52,6 +52,17 @@ def _assemble(parts: list[tuple[torch.Tensor, State]], batch: int) -> State:
     return tuple(torch.cat([s[c] for _, s in parts])[order] for c in range(len(parts[0][1])))
 
 
+def _as_state(state0: StateLike) -> State:
+    """``state0`` as a tuple of tensors sharing the batch size (a tensor: a tuple of one)."""
+    cur: State = (state0,) if isinstance(state0, torch.Tensor) else tuple(state0)
+    if not cur:
+        raise ValueError("`state0` is an empty tuple; pass a tensor or a tuple of tensors (batch first).")
+    batch = cur[0].shape[0]
+    if any(t.shape[0] != batch for t in cur):
+        raise ValueError(f"`state0` tensors must share the batch size, got {[t.shape[0] for t in cur]}.")
+    return cur
+
+
 def unroll(
     step: Callable[[int, StateLike, torch.Tensor], StateLike],
     state0: StateLike,
@@ -91,12 +102,8 @@ def unroll(
         _check_eps(eps, "the change of the state per step")
     _check_max_depth(max_depth)
     single = isinstance(state0, torch.Tensor)
-    cur: State = (state0,) if isinstance(state0, torch.Tensor) else tuple(state0)
-    if not cur:
-        raise ValueError("`state0` is an empty tuple; pass a tensor or a tuple of tensors (batch first).")
+    cur = _as_state(state0)
     batch, device = cur[0].shape[0], cur[0].device
-    if any(t.shape[0] != batch for t in cur):
-        raise ValueError(f"`state0` tensors must share the batch size, got {[t.shape[0] for t in cur]}.")
     depths = torch.full((batch,), max_depth, dtype=torch.long, device=device)
     if batch == 0:
         return state0, depths

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from cde_nets import ODEBlock, SDEBlock, Solution, Stop
+from cde_nets import ODEBlock, SDEBlock, Solution, SolverOptions, Stop
 from cde_nets.fields import NAIS, Hamiltonian
 from cde_nets.models import Classifier
 
@@ -116,7 +116,6 @@ def test_a_plain_module_field_in_continuous_mode():
     ("kwargs", "match"),
     [
         (dict(method="rk4", rtol=1e-10), "`rtol`/`atol` control adaptive methods; the fixed-step 'rk4'"),
-        (dict(method="euler", jumps=False), "`jumps` tells adaptive solvers"),
         (dict(gradient="sideways"), "`gradient` must be one of \\('adjoint', 'backprop'"),
         (dict(stop=Stop(eps=1e-3, max_depth=4)), "`stop.max_depth` applies to discrete mode"),
         (dict(stop=dict(eps=1e-3, depth=4)), "`stop` takes eps \\(required\\)"),
@@ -126,6 +125,8 @@ def test_a_plain_module_field_in_continuous_mode():
 def test_settings_a_method_would_ignore_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ODEBlock(Hamiltonian(4), **kwargs)
+    with pytest.raises(ValueError, match="`jumps` tells adaptive solvers"):
+        SolverOptions(method="euler", jumps=False)  # the block's rarely changed settings live there
 
 
 def test_mixed_precision_is_named():

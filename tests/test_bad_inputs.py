@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from cde_nets import Adjoint, ODEBlock, SDEBlock, Stop
+from cde_nets import Adjoint, ODEBlock, SDEBlock, SDESettings, Stop
 from cde_nets import datasets as D
 from cde_nets.diagnostics import (
     continuous_bsm,
@@ -51,8 +51,18 @@ BLOCKS: list[Case] = [
         r"`field` is called as F\(t, y\), but Linear.forward",
     ),
     ("ode-no-T-for-plain-module", lambda: ODEBlock(nn.Tanh()), TypeError, r"`field` is called as F\(t, y\)"),
-    ("ode-max-steps-bool", lambda: ODEBlock(H4(), max_steps=True), ValueError, r"`max_steps` must be a positive"),
-    ("ode-max-steps-zero", lambda: ODEBlock(H4(), max_steps=0), ValueError, r"`max_steps` must be a positive"),
+    (
+        "ode-max-steps-bool",
+        lambda: ODEBlock(H4(), options={"max_num_steps": True}),
+        ValueError,
+        r"`options\['max_num_steps'\]` must be a positive",
+    ),
+    (
+        "ode-max-steps-zero",
+        lambda: ODEBlock(H4(), options={"max_num_steps": 0}),
+        ValueError,
+        r"`options\['max_num_steps'\]` must be a positive",
+    ),
     ("ode-rtol-negative", lambda: ODEBlock(H4(), rtol=-1.0), ValueError, r"`rtol` must be a finite number > 0"),
     ("ode-atol-nan", lambda: ODEBlock(H4(), atol=float("nan")), ValueError, r"`atol` must be a finite number > 0"),
     ("ode-unknown-method", lambda: ODEBlock(H4(), method="rk45"), ValueError, r"`method` 'rk45' is unknown"),
@@ -422,7 +432,7 @@ API: list[Case] = [
     ),
     (
         "sde-paths-1.5",
-        lambda: SDEBlock(Hamiltonian(4), paths=1.5),
+        lambda: SDEBlock(Hamiltonian(4), settings=SDESettings(paths=1.5)),
         ValueError,
         "`paths` must be a positive integer \\(Brownian pat",
     ),
@@ -434,7 +444,7 @@ API: list[Case] = [
     ),
     (
         "sde-noise-at-eval-str",
-        lambda: SDEBlock(Hamiltonian(4), channels=0),
+        lambda: SDEBlock(Hamiltonian(4), settings=SDESettings(channels=0)),
         ValueError,
         "`channels` must be a positive integer \\(noise cha",
     ),
@@ -603,9 +613,9 @@ CLI: list[tuple[str, list[str], str]] = [
     ("threads-negative", ["blog", "--tiny", "--threads", "-2"], r"--threads must be a positive integer"),
     ("threads-not-int", ["blog", "--tiny", "--threads", "two"], r"argument --threads: invalid int value"),
     (
-        "resume-without-checkpoints",
-        ["blog", "--tiny", "--resume", "--no-checkpoints"],
-        r"--resume needs the checkpoints",
+        "resume-without-snapshots",
+        ["blog", "--tiny", "--resume", "--no-snapshots"],
+        r"--resume needs the snapshots",
     ),
     ("quick-and-tiny", ["blog", "--tiny", "--quick"], r"not allowed with argument"),
     ("seed-not-int", ["blog", "--seed", "x"], r"argument --seed: invalid int value"),
@@ -636,7 +646,7 @@ def test_bad_command_line_is_refused_before_any_work(argv, match, tmp_path, caps
 
 
 def test_a_stale_lock_is_taken_over_and_released(tmp_path):
-    from cde_nets.checkpoint import RunLock
+    from cde_nets.snapshots import RunLock
 
     (tmp_path / ".lock").write_text("999999999")  # no such process
     with RunLock(tmp_path):

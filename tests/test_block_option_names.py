@@ -23,13 +23,14 @@ def test_max_num_steps_is_max_steps():
     with pytest.raises(SolverError, match=r"max_steps=5 reached") as info:
         block(torch.ones(2, 1, dtype=torch.float64))
     assert info.value.reason is Reason.MAX_STEPS
-    assert ODEBlock(Blowup(), T=0.9, max_steps=7, options={"max_num_steps": 7}).max_steps == 7
+    same = SolverOptions(max_steps=7, options={"max_num_steps": 7})
+    assert ODEBlock(Blowup(), T=0.9, solver=same).max_steps == 7
     assert SolverOptions(options={"max_num_steps": 9}).replace(rtol=1e-5).max_steps == 9
 
 
 def test_max_steps_and_max_num_steps_that_disagree_are_refused():
     with pytest.raises(ValueError, match=r"`max_steps`=5 and options\['max_num_steps'\]=7 .* give one of them"):
-        ODEBlock(Blowup(), T=0.9, max_steps=5, options={"max_num_steps": 7})
+        SolverOptions(max_steps=5, options={"max_num_steps": 7})
     with pytest.raises(ValueError, match=r"`options\['max_num_steps'\]` must be a positive integer"):
         SolverOptions(options={"max_num_steps": 0})
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from cde_nets import ODEBlock, discretize, integrated_terms, odeint
+from cde_nets import ODEBlock, Regularisation, discretize, integrated_terms, odeint
 from cde_nets.regularisers import jacobian_frobenius, kinetic_energy, taylor
 
 REF = dict(rtol=1e-12, atol=1e-12)
@@ -50,7 +50,7 @@ def _quadrature(field, x, T, n=30):
 
 def test_ode_block_regularisers_match_quadrature_of_the_integrands():
     field, x, T = Diagonal(), _x(), 0.9
-    block = ODEBlock(field, T, rtol=1e-10, atol=1e-10, regularisers=NAMES, noise="rademacher")
+    block = ODEBlock(field, T, rtol=1e-10, atol=1e-10, regularisation=Regularisation(NAMES, noise="rademacher"))
     sol = block.solve(x)
     torch.testing.assert_close(sol.y, odeint(field, x, torch.tensor([0.0, T], dtype=torch.float64), **REF)[-1])
     expected = _quadrature(field, x, T)
@@ -74,7 +74,7 @@ def test_hutchinson_jacobian_term_is_unbiased_on_a_full_jacobian():
             return self.net(y)
 
     f, T = Auto(), 0.6
-    block = ODEBlock(f, T, rtol=1e-8, atol=1e-8, regularisers=("jacobian",))
+    block = ODEBlock(f, T, rtol=1e-8, atol=1e-8, regularisation=Regularisation(("jacobian",)))
     x = _x(1)
     means = []
     for _ in range(40):  # 40 batches of 100 probes: their means' spread gives the standard error
@@ -87,7 +87,9 @@ def test_hutchinson_jacobian_term_is_unbiased_on_a_full_jacobian():
 @pytest.mark.parametrize("gradient", ["checkpoint", "adjoint", "backprop", "symplectic"])
 def test_ode_block_regularised_loss_gradient_matches_finite_differences(gradient):
     field, x, T = Diagonal(), _x(3), 0.7
-    block = ODEBlock(field, T, rtol=1e-11, atol=1e-11, gradient=gradient, regularisers=NAMES, noise="rademacher")
+    block = ODEBlock(
+        field, T, rtol=1e-11, atol=1e-11, gradient=gradient, regularisation=Regularisation(NAMES, noise="rademacher")
+    )
 
     def loss():
         torch.manual_seed(5)  # one probe for every evaluation
@@ -116,7 +118,14 @@ def test_a_regularised_block_after_a_layer_in_every_gradient_method():
     for gradient in ("backprop", "checkpoint", "adjoint", "symplectic"):
         torch.manual_seed(0)
         lin, field = nn.Linear(3, 3).double(), Diagonal()
-        block = ODEBlock(field, 0.7, rtol=1e-11, atol=1e-11, gradient=gradient, regularisers=NAMES, noise="rademacher")
+        block = ODEBlock(
+            field,
+            0.7,
+            rtol=1e-11,
+            atol=1e-11,
+            gradient=gradient,
+            regularisation=Regularisation(NAMES, noise="rademacher"),
+        )
         sol = block.solve(lin(x))
         loss = sol.y.square().sum() + sum(sol.regularisation.values())
         grads[gradient] = torch.autograd.grad(loss, [lin.weight, field.a])
@@ -130,7 +139,7 @@ def test_regularised_block_takes_the_unregularised_steps():
     with torch.no_grad():
         field.a.mul_(4)
     plain = ODEBlock(field, 1.0, rtol=1e-6, atol=1e-6)
-    regularised = ODEBlock(field, 1.0, rtol=1e-6, atol=1e-6, regularisers=NAMES)
+    regularised = ODEBlock(field, 1.0, rtol=1e-6, atol=1e-6, regularisation=Regularisation(NAMES))
     reg, ref = regularised.solve(x), plain.solve(x)
     torch.testing.assert_close(reg.y, ref.y, rtol=0, atol=1e-12)
     assert reg.stats["nfe_forward"] == ref.stats["nfe_forward"]
@@ -141,7 +150,7 @@ def test_trainer_terms_read_the_blocks_of_a_model():
     """Blocks nested in a model report into the open collection: each term is the sum over the blocks that
     integrated it, the same numbers as each block's own solution."""
     x = _x()
-    cont = ODEBlock(Diagonal(), 0.5, rtol=1e-9, atol=1e-9, regularisers=NAMES, noise="rademacher")
+    cont = ODEBlock(Diagonal(), 0.5, rtol=1e-9, atol=1e-9, regularisation=Regularisation(NAMES, noise="rademacher"))
     disc = discretize(Diagonal(), "rk4", T=0.5, steps=4, regularisers=("kinetic",))
     model = nn.Sequential(cont, disc)
     torch.manual_seed(3)
@@ -171,7 +180,7 @@ def test_trainer_fits_with_a_regularised_block():
 
     torch.manual_seed(0)
     x, y = _x(32), _x(32, seed=2)
-    block = ODEBlock(Diagonal(), 0.5, rtol=1e-6, atol=1e-6, regularisers=("kinetic", "jacobian"))
+    block = ODEBlock(Diagonal(), 0.5, rtol=1e-6, atol=1e-6, regularisation=Regularisation(("kinetic", "jacobian")))
     hist = Trainer(task="regression", lr=1e-2, progress=False, regularisers=[kinetic_energy(1.0)]).fit(
         block, (x, y, None, None), epochs=2, batch_size=32
     )
@@ -234,7 +243,7 @@ def test_steer_draws_the_end_time_in_training_only():
         def forward(self, t, y):
             return -y
 
-    block = ODEBlock(Decay(), 1.0, rtol=1e-10, atol=1e-10, steer=0.25)
+    block = ODEBlock(Decay(), 1.0, rtol=1e-10, atol=1e-10, regularisation=Regularisation(steer=0.25))
     x = torch.ones(1, 1, dtype=torch.float64)
     ends = [-float(torch.log(block(x))) for _ in range(20)]
     assert all(0.75 - 1e-8 <= e <= 1.25 + 1e-8 for e in ends) and max(ends) - min(ends) > 0.1
@@ -245,12 +254,24 @@ def test_steer_draws_the_end_time_in_training_only():
 @pytest.mark.parametrize(
     ("build", "match"),
     [
-        (lambda f: ODEBlock(f, 1.0, regularisers=("energy",)), "`regularisers` must hold distinct names"),
-        (lambda f: ODEBlock(f, 1.0, regularisers=("jacobian",), noise="uniform"), "`noise` must be one of"),
-        (lambda f: ODEBlock(f, 1.0, regularisers=("kinetic",), noise="rademacher"), "drop `noise` or add 'jacobian'"),
-        (lambda f: ODEBlock(f, 1.0, method="gl4", step_size=0.1, regularisers=("kinetic",)), "explicit methods"),
-        (lambda f: ODEBlock(f, 1.0, regularisers=("kinetic",), stop={"eps": 0.1}), "no `stop`"),
-        (lambda f: ODEBlock(f, 1.0, steer=1.0), "`steer` must be the half-width"),
+        (
+            lambda f: ODEBlock(f, 1.0, regularisation=Regularisation(("energy",))),
+            "`regularisers` must hold distinct names",
+        ),
+        (
+            lambda f: ODEBlock(f, 1.0, regularisation=Regularisation(("jacobian",), noise="uniform")),
+            "`noise` must be one of",
+        ),
+        (
+            lambda f: ODEBlock(f, 1.0, regularisation=Regularisation(("kinetic",), noise="rademacher")),
+            "drop `noise` or add 'jacobian'",
+        ),
+        (
+            lambda f: ODEBlock(f, 1.0, method="gl4", step_size=0.1, regularisation=Regularisation(("kinetic",))),
+            "explicit methods",
+        ),
+        (lambda f: ODEBlock(f, 1.0, stop={"eps": 0.1}, regularisation=Regularisation(("kinetic",))), "no `stop`"),
+        (lambda f: ODEBlock(f, 1.0, regularisation=Regularisation(steer=1.0)), "`steer` must be the half-width"),
         (lambda f: discretize(f, "momentum", T=1.0, steps=4, regularisers=("kinetic",)), "explicit Runge-Kutta"),
         (lambda f: discretize(f, "euler", T=1.0, steps=4, regularisers=("taylor2",)), "'taylor2' has no discrete"),
     ],
@@ -261,7 +282,7 @@ def test_bad_settings_are_refused(build, match):
 
 
 def test_per_sample_calls_of_a_regularised_block_are_refused():
-    block = ODEBlock(Diagonal(), 1.0, regularisers=("kinetic",))
+    block = ODEBlock(Diagonal(), 1.0, regularisation=Regularisation(("kinetic",)))
     with pytest.raises(ValueError, match="drop `event`"):
         block.solve(_x(), t_end=torch.full((4,), 0.5, dtype=torch.float64))
 
@@ -270,7 +291,7 @@ def test_saved_times_and_a_backward_solve_integrate_over_the_span_solved():
     """Through ``t = [0, T/2, T]`` the integrals are those of the call; solving back from ``y(T)`` over
     ``[T, 0]`` retraces the trajectory, so its (non-negative) integrals are the same."""
     field, x, T = Diagonal(), _x(), 0.8
-    block = ODEBlock(field, T, rtol=1e-11, atol=1e-11, regularisers=("kinetic", "taylor2"))
+    block = ODEBlock(field, T, rtol=1e-11, atol=1e-11, regularisation=Regularisation(("kinetic", "taylor2")))
     whole = block.solve(x)
     forward = {k: float(v.detach()) for k, v in whole.regularisation.items()}
     sol = block.solve(x, t=torch.tensor([0.0, T / 2, T], dtype=torch.float64))
@@ -286,4 +307,4 @@ def test_saved_times_and_a_backward_solve_integrate_over_the_span_solved():
 
 def test_regularisers_refuse_per_sample_steps():
     with pytest.raises(ValueError, match="controller='batch' with regularisers"):
-        ODEBlock(Diagonal(), T=1.0, regularisers=("kinetic",), controller="per_sample")
+        ODEBlock(Diagonal(), T=1.0, controller="per_sample", regularisation=Regularisation(("kinetic",)))

@@ -68,7 +68,7 @@ def test_unknown_reproduction_is_refused_before_any_work(tmp_path, capsys):
 
 
 def test_tiny_run_writes_json_and_plot_with_mode_0644(tmp_path, capsys):
-    assert experiments_main(["hdnn_fig4", "--tiny", "--out", str(tmp_path), "--no-checkpoints"]) == 0
+    assert experiments_main(["hdnn_fig4", "--tiny", "--out", str(tmp_path), "--no-snapshots"]) == 0
     res = json.loads((tmp_path / "hdnn_fig4.json").read_text())
     assert res["size"] == "tiny" and res["figures"]
     for path in (tmp_path / "hdnn_fig4.json", tmp_path / "hdnn_fig4.png"):
@@ -103,8 +103,8 @@ def test_a_mistyped_name_gets_a_suggestion(capsys):
     assert "['jumpnfe'] (did you mean 'jump_nfe'?)" in capsys.readouterr().err
 
 
-def test_resume_from_a_truncated_checkpoint_prints_the_error_alone_and_exits_2(tmp_path, capsys, monkeypatch):
-    """``--resume`` onto a truncated checkpoint: the CheckpointError's own message on one ``error:`` line (no
+def test_resume_from_a_truncated_snapshot_prints_the_error_alone_and_exits_2(tmp_path, capsys, monkeypatch):
+    """``--resume`` onto a truncated snapshot: the SnapshotError's own message on one ``error:`` line (no
     traceback), exit status 2 as for the other command-line errors, and the file left as it was."""
     import torch
     from torch import nn
@@ -113,7 +113,7 @@ def test_resume_from_a_truncated_checkpoint_prints_the_error_alone_and_exits_2(t
     import cde_nets.experiments.seeds as seeds
     from cde_nets.training import Trainer
 
-    def run(size, seed, out_dir):  # a one-epoch training in place of the reproduction: the same checkpointing
+    def run(size, seed, out_dir):  # a one-epoch training in place of the reproduction: the same snapshotting
         g = torch.Generator().manual_seed(seed)
         x = torch.randn(16, 2, generator=g)
         Trainer(seed=seed, progress=False, desc="probe").fit(
@@ -126,7 +126,7 @@ def test_resume_from_a_truncated_checkpoint_prints_the_error_alone_and_exits_2(t
     monkeypatch.setattr(experiments, "write_result", lambda res, out: tmp_path / "unused.json")
     monkeypatch.setattr(experiments, "format_table", lambda res: "")
     assert experiments_main(["hauser", "--tiny", "--out", str(tmp_path)]) == 0
-    (ckpt,) = (tmp_path / "checkpoints" / "hauser-tiny-seed0").glob("001-*.ckpt")
+    (ckpt,) = (tmp_path / "snapshots" / "hauser-tiny-seed0").glob("001-*.snapshot")
     ckpt.write_bytes(ckpt.read_bytes()[:100])
     capsys.readouterr()
     assert cli(["experiments", "hauser", "--tiny", "--out", str(tmp_path), "--resume"]) == 2

@@ -1,4 +1,4 @@
-"""Data-parallel ``fit`` (DDP over gloo, loopback) equals single-process training; rank 0 alone checkpoints; the
+"""Data-parallel ``fit`` (DDP over gloo, loopback) equals single-process training; rank 0 alone snapshots; the
 distributed launcher runs end to end and its 8-process H2-DNN equals the centralised one."""
 
 import json
@@ -14,7 +14,7 @@ from cde_nets.distributed import data_parallel as dp
 from cde_nets.distributed.launch import spawn
 from cde_nets.fields import NAIS, Hamiltonian
 from cde_nets.models import Classifier
-from cde_nets.training import Checkpoints, Hooks, Trainer, load_checkpoint, seeded, smoothness_RK
+from cde_nets.training import Hooks, Snapshots, Trainer, load_snapshot, seeded, smoothness_RK
 
 # n_train = 33, batch 16: batches 16, 16, 1; the last one leaves rank 1 of 2 without a sample.
 # n_train = 45, batch 16: the last batch of 13 splits 7 / 6.
@@ -51,19 +51,19 @@ def train(rank, world, kind, ckpt=None, epochs=None, resume=False):
     else:
         extra["hooks"] = Hooks(post_step=lambda mod: mod.block.field.project_())
     writes = []
-    save = training.save_checkpoint
-    training.save_checkpoint = lambda path, obj: (writes.append(path), save(path, obj))[1]
+    save = training.save_snapshot
+    training.save_snapshot = lambda path, obj: (writes.append(path), save(path, obj))[1]
     try:
         trainer = Trainer(
             lr=0.05,
             seed=7,
             progress=False,
-            checkpoints=None if ckpt is None else Checkpoints(ckpt, resume=resume),
+            snapshots=None if ckpt is None else Snapshots(ckpt, resume=resume),
             **extra,
         )
         hist = trainer.fit(m, data(c["n"]), epochs=epochs or c["epochs"], batch_size=c["batch"])
     finally:
-        training.save_checkpoint = save
+        training.save_snapshot = save
     state = {k: v.detach().clone() for k, v in m.state_dict().items()}
     refused = None
     try:  # a global batch smaller than the world is refused (on every rank, before any collective)
@@ -115,11 +115,11 @@ def test_two_process_ddp_equals_single_process(kinds, tmp_path):
                 assert h["train_accuracy"] == h_ref["train_accuracy"]
                 assert h["test_accuracy"] == h_ref["test_accuracy"]
     kind, ranks, ref = kinds[0], [o[0] for o in out], refs[0]
-    # rank 0 alone wrote the checkpoint, once per epoch, atomically: one file, holding the trained model
+    # rank 0 alone wrote the snapshot, once per epoch, atomically: one file, holding the trained model
     assert [r["writes"] for r in ranks] == [CASES[kind]["epochs"], 0]
     assert [p.name for p in ckpt.parent.iterdir()] == ["model.pt"]
-    assert max_diff(load_checkpoint(ckpt)["model"], ranks[0]["state"]) == 0.0
-    if kind == "discrete":  # resuming single-process from the 2-process checkpoint continues the same run
+    assert max_diff(load_snapshot(ckpt)["model"], ranks[0]["state"]) == 0.0
+    if kind == "discrete":  # resuming single-process from the 2-process snapshot continues the same run
         resumed = tmp_path / "resumed.pt"
         shutil.copy(ckpt, resumed)
         more = CASES[kind]["epochs"] + 1

@@ -157,7 +157,7 @@ def test_the_reproductions_run_on_one_thread_unless_asked(monkeypatch, tmp_path)
         ):
             torch.set_num_threads(2)  # torch's own default on a 2-core machine
             with pytest.raises(Ran):
-                cli.main([name, "--tiny", "--no-checkpoints", "--out", str(tmp_path / str(len(seen))), *extra])
+                cli.main([name, "--tiny", "--no-snapshots", "--out", str(tmp_path / str(len(seen))), *extra])
     finally:
         torch.set_num_threads(old)
     assert seen == [1, 2, 2, 1]

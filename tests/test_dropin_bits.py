@@ -179,12 +179,12 @@ def test_float32_training_losses_are_torchdiffeqs():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_stage_rows_give_torchdiffeqs_bits(dtype, monkeypatch):
-    """From a few hundred elements on the CPU the stages are kept stage-major (``rk_stages.Rows``), their sums
+    """From a few hundred elements on the CPU the stages are kept stage-major (``rk_stages.StageMajor``), their sums
     reduced over rows in the order torch's last-axis sum adds; the values stay torchdiffeq's."""
     from cde_nets.solvers import rk_stages
 
     made = []
-    monkeypatch.setattr(rk_stages.Rows, "__init__", _spy(rk_stages.Rows.__init__, made))
+    monkeypatch.setattr(rk_stages.StageMajor, "__init__", _spy(rk_stages.StageMajor.__init__, made))
     torch.manual_seed(0)
     field = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 4)).to(dtype)
     y0 = torch.randn(2048, 4, dtype=dtype)  # 8192 elements: rows without a graph and with one

@@ -11,7 +11,7 @@ import torch
 from cde_nets.datasets import dequantize, digits
 from cde_nets.experiments import flows_digits
 from cde_nets.image_density import Affine, Logit, image_bits_per_dim
-from cde_nets.training import checkpointing
+from cde_nets.training import snapshotting
 
 D = torch.float64
 
@@ -62,7 +62,7 @@ def test_flows_digits_tiny(tmp_path):
         assert rows[f"{variant}: forward NFE per step"] >= 6  # dopri5: at least one step of six evaluations
         # early stopping: the held-out number is that of the weights at the lowest validation bits/dim
         hist = next(r["history"] for r in res["rows"] if r["setting"] == f"{variant}: held-out bits/dim")
-        assert len(hist) == s["max_steps"]  # checkpoint_s = 0: a record, with its validation, after every step
+        assert len(hist) == s["max_steps"]  # snapshot_s = 0: a record, with its validation, after every step
         best = min(hist, key=lambda h: h["val_bpd"])
         assert rows[f"{variant}: step of the best validation"] == best["steps"]
         if best is hist[-1]:
@@ -72,15 +72,15 @@ def test_flows_digits_tiny(tmp_path):
 
 
 def test_a_resumed_run_ends_as_an_uninterrupted_one(tmp_path):
-    """One step, checkpointed; resumed with a budget of two: the same numbers as two steps at once."""
+    """One step, snapshotted; resumed with a budget of two: the same numbers as two steps at once."""
 
     def measured(res):
         return [(r["setting"], r["ours"]) for r in res["rows"] if "CPU" not in r["setting"]]
 
     whole = flows_digits.run("tiny", 0, tmp_path / "a", n_test=8)
-    with checkpointing(tmp_path / "ckpt"):
+    with snapshotting(tmp_path / "ckpt"):
         flows_digits.run("tiny", 0, tmp_path / "b", n_test=8, max_steps=1)
-    with checkpointing(tmp_path / "ckpt", resume=True):
+    with snapshotting(tmp_path / "ckpt", resume=True):
         resumed = flows_digits.run("tiny", 0, tmp_path / "b", n_test=8)
     assert measured(resumed) == measured(whole)
-    assert len(list((tmp_path / "ckpt").glob("*.ckpt"))) == len(flows_digits.VARIANTS)
+    assert len(list((tmp_path / "ckpt").glob("*.snapshot"))) == len(flows_digits.VARIANTS)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cde_nets.experiments.__main__ import main
-from cde_nets.training import CheckpointError, Trainer, checkpointing, load_checkpoint
+from cde_nets.training import SnapshotError, Trainer, load_snapshot, snapshotting
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "nais_digits"  # four trainings of several epochs in its tiny setting: a kill lands mid-run
@@ -28,23 +28,23 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
 
     cmd = [sys.executable, "-m", "cde_nets.experiments", NAME, "--tiny", "--threads", "1", "--out", str(broken)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpts = broken / "checkpoints" / f"{NAME}-tiny-seed0"
+    ckpts = broken / "snapshots" / f"{NAME}-tiny-seed0"
     deadline = time.monotonic() + 120
-    while not any(ckpts.glob("001-*.ckpt")) and proc.poll() is None and time.monotonic() < deadline:
+    while not any(ckpts.glob("001-*.snapshot")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (broken / f"{NAME}.json").exists(), "the run finished before the kill: nothing was resumed"
-    (first,) = ckpts.glob("001-*.ckpt")
-    epoch0 = load_checkpoint(first)["history"][0]
+    (first,) = ckpts.glob("001-*.snapshot")
+    epoch0 = load_snapshot(first)["history"][0]
 
     assert main([NAME, "--tiny", "--threads", "1", "--out", str(broken), "--resume"]) == 0
     assert _measured(broken) == _measured(whole)
     # the first training's first epoch was resumed, not retrained (a rerun would have measured a new time)
-    assert load_checkpoint(first)["history"][0] == epoch0
+    assert load_snapshot(first)["history"][0] == epoch0
 
 
-def test_checkpointing_block_names_files_and_refuses_other_data(tmp_path):
+def test_snapshotting_block_names_files_and_refuses_other_data(tmp_path):
     import torch
     from torch import nn
 
@@ -56,11 +56,11 @@ def test_checkpointing_block_names_files_and_refuses_other_data(tmp_path):
     def run(d, resume):
         torch.manual_seed(0)
         model = nn.Linear(3, 2)
-        with checkpointing(tmp_path, resume=resume):
+        with snapshotting(tmp_path, resume=resume):
             return Trainer(seed=0, progress=False, desc="probe run").fit(model, d, epochs=2, batch_size=8)
 
     first = run(data(1.0), resume=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["001-probe_run.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["001-probe_run.snapshot"]
     assert run(data(1.0), resume=True) == first  # finished: the stored history comes back
-    with pytest.raises(CheckpointError, match="written with other settings.*\n  data: "):
+    with pytest.raises(SnapshotError, match="written with other settings.*\n  data: "):
         run(data(2.0), resume=True)

@@ -8,7 +8,8 @@ import pytest
 
 from cde_nets.experiments.__main__ import main
 from cde_nets.experiments.margins import check, met
-from cde_nets.experiments.seeds import aggregate, default_seeds, summary
+from cde_nets.experiments.report import summary
+from cde_nets.experiments.seeds import aggregate, default_seeds
 
 NAME = "hdnn_table1"
 
@@ -60,7 +61,7 @@ def test_margins_are_met_within_two_standard_deviations(tmp_path):
 
 def test_tiny_seed_loop_matches_single_runs_resumes_per_seed_and_shows_the_reference(tmp_path, capsys):
     loop, single = tmp_path / "loop", tmp_path / "single"
-    args = [NAME, "--tiny", "--threads", "1", "--no-checkpoints"]
+    args = [NAME, "--tiny", "--threads", "1", "--no-snapshots"]
     assert main([*args, "--seeds", "2", "--workers", "2", "--out", str(loop)]) == 0
     res = json.loads((loop / f"{NAME}.json").read_text())
     assert res["seeds"] == [0, 1] and len(res["seed_time_s"]) == 2

@@ -1,5 +1,5 @@
 """A failure names its cause: the backward solve's non-finite products, a tolerance or a precision the state's
-dtype cannot give, a checkpoint path that is a directory."""
+dtype cannot give, a snapshot path that is a directory."""
 
 import math
 import re
@@ -10,7 +10,7 @@ from torch import nn
 
 from cde_nets import Adjoint, ODEBlock
 from cde_nets.solvers.errors import SolverError
-from cde_nets.training import Checkpoints, Trainer
+from cde_nets.training import Snapshots, Trainer
 
 K = 0.7
 
@@ -112,16 +112,16 @@ def test_half_precision_fixed_steps_are_right():
     assert torch.allclose(y.double(), torch.full((2, 1), math.exp(-K), dtype=torch.float64), rtol=0, atol=2e-3)
 
 
-def test_a_checkpoint_path_that_is_a_directory_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"checkpoint `path` .* is an existing directory; name a file in it"):
-        Checkpoints(tmp_path)
+def test_a_snapshot_path_that_is_a_directory_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"snapshot `path` .* is an existing directory; name a file in it"):
+        Snapshots(tmp_path)
     with pytest.raises(ValueError, match=r"is an existing directory"):
-        Trainer(checkpoints=str(tmp_path), progress=False)
+        Trainer(snapshots=str(tmp_path), progress=False)
 
 
-def test_a_checkpoint_directory_made_after_the_policy_is_refused_before_training(tmp_path):
+def test_a_snapshot_directory_made_after_the_policy_is_refused_before_training(tmp_path):
     path = tmp_path / "run.pt"
-    trainer = Trainer(checkpoints=Checkpoints(path), progress=False)
+    trainer = Trainer(snapshots=Snapshots(path), progress=False)
     path.mkdir()
     model = nn.Linear(2, 2)
     before = model.weight.detach().clone()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from cde_nets import ODEBlock, SDEBlock, discretize
+from cde_nets import ODEBlock, SDEBlock, SDESettings, discretize
 
 
 class WrongWidth(nn.Module):
@@ -36,7 +36,7 @@ MODES = {
     "event": lambda f: ODEBlock(f, T=1.0).solve(y0, event=lambda t, y: y[:, 0] - 10.0),
     "t_end": lambda f: ODEBlock(f, T=1.0).solve(y0, t_end=torch.full((5,), 0.5)),
     "discrete": lambda f: discretize(f, "euler", T=1.0, steps=4)(y0),
-    "sde": lambda f: SDEBlock(f, T=1.0, step_size=0.25, channels=2)(y0),
+    "sde": lambda f: SDEBlock(f, T=1.0, step_size=0.25, settings=SDESettings(channels=2))(y0),
 }
 
 

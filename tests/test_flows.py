@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from cde_nets import Backprop, ODEBlock, integrated_terms, odeint
+from cde_nets import Backprop, ODEBlock, Regularisation, integrated_terms, odeint
 from cde_nets.flows import ContinuousFlow, standard_normal_log_prob
 from cde_nets.regularisers import jacobian_frobenius, kinetic_energy, taylor
 
@@ -195,11 +195,11 @@ def test_steer_draws_the_end_time_in_training_only():
 def test_regularised_blocks_with_the_trainer_regularisers():
     field, x = TanhField(), _x()
     regs = ("kinetic", "jacobian", "taylor2")
-    block = ODEBlock(field, 0.5, regularisers=regs, **TOL)
+    block = ODEBlock(field, 0.5, **TOL, regularisation=Regularisation(regs))
     torch.manual_seed(0)
     first = block.solve(x)
     torch.testing.assert_close(first.y, odeint(field, x, torch.tensor([0.0, 0.5], dtype=torch.float64), **TOL)[-1])
-    second = ODEBlock(TanhField(seed=3), 0.5, regularisers=regs, **TOL)
+    second = ODEBlock(TanhField(seed=3), 0.5, **TOL, regularisation=Regularisation(regs))
     torch.manual_seed(1)
     after = second.solve(first.y)
     model = nn.Sequential(block, second, nn.Linear(2, 1).double())
@@ -300,7 +300,9 @@ def test_regularised_block_gradients_agree_across_gradient_methods():
     grads = {}
     for gradient in ("backprop", "adjoint", "checkpoint"):
         field = TanhField(seed=10)
-        block = ODEBlock(field, 0.7, regularisers=("kinetic", "jacobian", "taylor2"), gradient=gradient, **TOL)
+        block = ODEBlock(
+            field, 0.7, gradient=gradient, **TOL, regularisation=Regularisation(("kinetic", "jacobian", "taylor2"))
+        )
         torch.manual_seed(0)  # the same Hutchinson probe in every mode
         sol = block.solve(_x(3))
         loss = sol.y.square().sum() + sum(sol.regularisation.values())

@@ -8,7 +8,8 @@ import torch
 
 from cde_nets import ODEBlock, discretize
 from cde_nets.fields import NAIS, CubicFriction, Hamiltonian, NAISConv
-from cde_nets.pieces import Pieces, gathered
+from cde_nets.gathering import gathered
+from cde_nets.pieces import Pieces
 
 
 def _graph_nodes(t: torch.Tensor) -> dict[str, int]:

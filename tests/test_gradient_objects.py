@@ -152,7 +152,7 @@ def test_errors_carry_a_reason():
     field = _field()
     y0 = torch.randn(3, 4, dtype=torch.float64)
     with pytest.raises(SolverError) as info:
-        ODEBlock(field, rtol=1e-10, atol=1e-10, max_steps=3)(y0)
+        ODEBlock(field, rtol=1e-10, atol=1e-10, options={"max_num_steps": 3})(y0)
     assert info.value.reason is Reason.MAX_STEPS
 
 
@@ -184,6 +184,6 @@ def test_a_new_gradient_method_is_one_file_and_one_registry_line(monkeypatch, tm
     from cde_nets.experiments.__main__ import main
 
     monkeypatch.setitem(reproduction.SETTINGS, "tiny", {**reproduction.SETTINGS["tiny"], "tolerances": (1e-3,)})
-    assert main(["adjoint_study", "--tiny", "--out", str(tmp_path), "--no-checkpoints", "--threads", "1"]) == 0
+    assert main(["adjoint_study", "--tiny", "--out", str(tmp_path), "--no-snapshots", "--threads", "1"]) == 0
     rows = json.loads((tmp_path / "adjoint_study.json").read_text())["rows"]
     assert any(r.get("mode") == "segmented" for r in rows)

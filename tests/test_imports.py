@@ -1,8 +1,12 @@
 """``import cde_nets`` loads torch and the library, nothing a call may never need: those load with their first use."""
 
+import ast
+import functools
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 # torch itself imports tqdm (torch.hub) and numpy, so those are not listed.
 LAZY = (
@@ -37,3 +41,106 @@ def test_a_solve_loads_what_it_needs():
     code = "import torch, cde_nets; cde_nets.ODEBlock(cde_nets.fields.Hamiltonian(dim=2, layers=1))(torch.ones(1, 2))"
     loaded = _loaded(code)
     assert "torchdiffeq" in loaded and "torchsde" not in loaded and "matplotlib" not in loaded
+
+
+# --- no import cycles -------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+# installed name -> folder (pyproject.toml's package-dir: solvers/, experiments/ and benchmarks/ sit at the top)
+PACKAGES = {
+    "cde_nets": ROOT / "cde_nets",
+    "cde_nets.solvers": ROOT / "solvers",
+    "cde_nets.experiments": ROOT / "experiments",
+    "cde_nets.benchmarks": ROOT / "benchmarks",
+}
+# Cycles another change removes; empty this when it lands.
+KNOWN_CYCLES = [{"cde_nets.solvers.piece_grads", "cde_nets.solvers.piecewise_adjoint"}]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package, folder in PACKAGES.items():
+        for f in folder.rglob("*.py"):
+            parts = f.relative_to(folder).with_suffix("").parts
+            out[".".join((package, *parts[: -1 if parts[-1] == "__init__" else None]))] = f
+    return out
+
+
+def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement under ``node``, at any depth, except those under ``if TYPE_CHECKING:``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+        elif isinstance(child, ast.stmt) and not (
+            isinstance(child, ast.If) and ast.unparse(child.test).endswith("TYPE_CHECKING")
+        ):
+            yield from _imports(child)
+
+
+@functools.cache
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at any depth of its code (an import inside a function is
+    still an edge: it only postpones the cycle), except under ``if TYPE_CHECKING:``."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in _imports(tree):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+                continue
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join([*base, node.module] if node.module else base)
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name` the module mod
+            edges |= {f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names}
+        graph[name] = {m for m in edges if m in modules and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_is_read():
+    graph = _import_graph()
+    assert "cde_nets.pieces" in graph["cde_nets.fields.base"]  # from ..pieces import TimeGrid
+    assert "cde_nets.solvers.errors" in graph["cde_nets.pieces"]  # from cde_nets.solvers.errors import ...
+    assert "cde_nets.experiments.report" in graph["cde_nets.experiments.seeds"]  # from .report import ...
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+def test_no_import_cycles():
+    """A module of the library, its experiments or its benchmarks never imports, at any depth, a module that
+    imports it back: a cycle hides which one is the lower layer, and an import moved to the top breaks it."""
+    cycles = [c for c in _cycles(_import_graph()) if c not in KNOWN_CYCLES]
+    assert cycles == [], f"import cycles: {[sorted(c) for c in cycles]}"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.linalg import expm
 
-from cde_nets import Adjoint, ODEBlock
+from cde_nets import Adjoint, ODEBlock, SolverOptions
 from cde_nets.fields import Field, Hamiltonian
 from cde_nets.pieces import Pieces
 from cde_nets.solvers import SolverError
@@ -129,7 +129,7 @@ def test_jumps_save_evaluations_and_error(f64):
         ref = ODEBlock(field, rtol=1e-12, atol=1e-12)(y0)
     runs = {}
     for jumps in (True, False):
-        block = ODEBlock(field, rtol=1e-6, atol=1e-6, jumps=jumps, gradient="adjoint")
+        block = ODEBlock(field, gradient="adjoint", solver=SolverOptions(rtol=1e-6, atol=1e-6, jumps=jumps))
         sol = block.solve(y0)
         sol.y.square().sum().backward()
         runs[jumps] = dict(sol.stats.as_dict(), err=(sol.y - ref).abs().max().item())
@@ -218,7 +218,7 @@ def test_bad_states_raise_clear_errors(f64):
 def test_max_steps_and_underflow_raise_with_nfe(f64):
     y0 = torch.tensor([[2.0]])
     with pytest.raises(SolverError, match=r"max_steps=5 reached in the forward solve .* after \d+ field evaluations"):
-        ODEBlock(Blowup(T=0.45), rtol=1e-10, atol=1e-10, max_steps=5)(y0)
+        ODEBlock(Blowup(T=0.45), rtol=1e-10, atol=1e-10, options={"max_num_steps": 5})(y0)
     with pytest.raises(SolverError, match="(step size underflow|non-finite).* after \\d+ field evaluations") as err:
         ODEBlock(Blowup(T=1.0), rtol=1e-8, atol=1e-8)(y0)  # blows up at t = 0.5
     assert err.value.nfe > 0
@@ -226,7 +226,9 @@ def test_max_steps_and_underflow_raise_with_nfe(f64):
 
 def test_max_steps_in_adjoint_backward_raises(f64):
     field = Linear(skew(2, 1) * 20)
-    block = ODEBlock(field, rtol=1e-3, atol=1e-3, gradient=Adjoint(rtol=1e-12, atol=1e-12), max_steps=60)
+    block = ODEBlock(
+        field, rtol=1e-3, atol=1e-3, gradient=Adjoint(rtol=1e-12, atol=1e-12), options={"max_num_steps": 60}
+    )
     y = block(torch.ones(1, 2, requires_grad=True))
     with pytest.raises(SolverError, match="reached in the adjoint \\(backward\\) solve"):
         y.sum().backward()

@@ -117,9 +117,18 @@ def test_against_finite_differences(method, gradient):
 
 def test_sde_block_refuses_times_that_require_grad():
     """The SDE block cannot differentiate its output times: a clear error instead of a silently dropped gradient."""
-    from cde_nets import SDEBlock
+    from cde_nets import SDEBlock, SDESettings
 
-    block = SDEBlock(Decay(), T=1.0, noise="additive", sigma=0.1, channels=1, method="euler", step_size=0.25, seed=0)
+    block = SDEBlock(
+        Decay(),
+        T=1.0,
+        noise="additive",
+        sigma=0.1,
+        method="euler",
+        step_size=0.25,
+        seed=0,
+        settings=SDESettings(channels=1),
+    )
     t = torch.tensor([0.5, 1.0], requires_grad=True)
     with pytest.raises(ValueError, match="does not differentiate its output times"):
         block.solve(torch.ones(2, 1), t=t)

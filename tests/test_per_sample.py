@@ -110,7 +110,7 @@ def _vdp_alone(mu: float, y0: torch.Tensor, t: torch.Tensor, rtol: float, atol: 
 def test_steps_equal_single_sample_solve_dopri5():
     """On a mixed-stiffness batch each sample's accepted and rejected steps are those of the plain one-sample
     loop (:func:`_alone`), the values agree to rounding, and the field is called as often as the sample that
-    needs the most calls: one batched call per stage per round."""
+    needs the most calls: one batched call per stage per sweep."""
     mu, y0 = _mixed()
     t = torch.tensor([0.0, 1.5, 4.0], dtype=torch.float64)
     out, info = odeint_per_sample(VanDerPol(mu), y0, t, rows=True, return_info=True, **TOL)
@@ -121,7 +121,7 @@ def test_steps_equal_single_sample_solve_dopri5():
         torch.testing.assert_close(out[:, b], ref, rtol=0, atol=1e-10)
         calls.append(nfe)
     assert info.nfe == max(calls)
-    assert info.rounds == int((info.steps + info.rejected).max())
+    assert info.sweeps == int((info.steps + info.rejected).max())
     assert max(calls) < sum(calls) / len(calls) * 1.6  # the spread the shared step would pay for on every row
 
 
@@ -162,7 +162,7 @@ def test_per_sample_output_times_closed_form():
 
 def test_t_end_and_compaction():
     """``t_end``: each sample stops exactly at its own end (``y = y_0 e^{−k t_end}``); finished samples leave the
-    batch, so the field sees fewer rows in late rounds."""
+    batch, so the field sees fewer rows in late sweeps."""
     rows_seen = []
     k = torch.tensor([0.5, 1.0, 2.0, 3.0], dtype=torch.float64)
 

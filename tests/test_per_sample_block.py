@@ -33,17 +33,19 @@ def test_each_sample_on_its_own_piece_and_steps(jumps):
     different row counts, and the steps across the jumps, half of them rejected, amplify that to ~1e-8); the
     shared step, on steps of its own, agrees to the tolerance."""
     field, x0, u, t = _nais()
-    block = ODEBlock(field, controller="per_sample", jumps=jumps, **TOL)
+    block = ODEBlock(field, solver=SolverOptions(controller="per_sample", jumps=jumps, **TOL))
     sol = block.solve(x0, u, t=t)
     assert sol.ys.shape == (3, 4, 3) and torch.equal(sol.ts, t)
-    shared = ODEBlock(field, jumps=jumps, **TOL)
+    shared = ODEBlock(field, solver=SolverOptions(jumps=jumps, **TOL))
     for b in range(4):
         own = block.solve(x0[b : b + 1], u[b : b + 1], t=t[b : b + 1])
         torch.testing.assert_close(sol.ys[:, b], own.ys[:, 0], rtol=0, atol=1e-9 if jumps else 2e-8)
         alone = shared.solve(x0[b : b + 1], u[b : b + 1], t=t[b])
         torch.testing.assert_close(sol.ys[:, b], alone.ys[:, 0], rtol=0, atol=1e-5)
     # and not the piece of another time: solving every row on piece 0 changes the result
-    frozen = ODEBlock(NAIS(3, 2, layers=1, T=1.5, eps=0.1).double(), controller="per_sample", jumps=False, **TOL)
+    frozen = ODEBlock(
+        NAIS(3, 2, layers=1, T=1.5, eps=0.1).double(), solver=SolverOptions(controller="per_sample", jumps=False, **TOL)
+    )
     frozen.field.load_state_dict({k: v[:1] for k, v in field.state_dict().items()}, strict=False)
     assert not torch.allclose(frozen.solve(x0, u, t=t).ys, sol.ys, atol=1e-6)
 
@@ -80,7 +82,8 @@ def test_block_gradients_equal_backprop(gradient, jumps, steps):
     def grads(g):
         field, x0, u, t = _nais()
         x0.requires_grad_(), u.requires_grad_()
-        ys = ODEBlock(field, controller="per_sample", jumps=jumps, gradient=g, **TOL).solve(x0, u, t=t).ys
+        solver = SolverOptions(controller="per_sample", jumps=jumps, **TOL)
+        ys = ODEBlock(field, gradient=g, solver=solver).solve(x0, u, t=t).ys
         ys.square().sum().backward()
         return [x0.grad, u.grad] + [p.grad for p in field.parameters()]
 
@@ -126,8 +129,10 @@ def test_refusals_name_the_fix():
     with pytest.raises(ValueError, match="gradient"):
         ODEBlock(field, controller="per_sample", gradient="reversible")
     with pytest.raises(ValueError, match="gradient='checkpoint'"):
-        ODEBlock(field, controller="per_sample", jumps=False, gradient="adjoint").solve(x0, u, t=t)
-    block = ODEBlock(field, controller="per_sample", jumps=False)
+        ODEBlock(field, gradient="adjoint", solver=SolverOptions(controller="per_sample", jumps=False)).solve(
+            x0, u, t=t
+        )
+    block = ODEBlock(field, solver=SolverOptions(controller="per_sample", jumps=False))
     with pytest.raises(ValueError, match="controller='batch'"):
         block.solve(x0, u, event=lambda t, y: y[:, 0])
     with pytest.raises(ValueError, match="start at 0 for some"):

@@ -1,7 +1,7 @@
-"""What a per-sample round costs outside the field: on small batches a round is a few dozen tensor operations of
-a few microseconds each, so their number is its time. We count the torch calls the solver makes per round (the
+"""What a per-sample sweep costs outside the field: on small batches a sweep is a few dozen tensor operations of
+a few microseconds each, so their number is its time. We count the torch calls the solver makes per sweep (the
 slope over two solves of different lengths, so one-off setup is not counted) and the reads back from the device:
-one per round (the controller's counts), and none in a piecewise field's lookup of each row's piece."""
+one per sweep (the controller's counts), and none in a piecewise field's lookup of each row's piece."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class _Calls(TorchFunctionMode):
 
 
 def _per_round(solve) -> tuple[float, float]:
-    """Torch calls and host reads per round: the slope between a short and a long solve."""
+    """Torch calls and host reads per sweep: the slope between a short and a long solve."""
     mode = _Calls()
 
     def field(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -48,7 +48,7 @@ def _per_round(solve) -> tuple[float, float]:
             mode.calls.clear()
             with mode:
                 info = solve(field, T)
-        counts.append((info.rounds, sum(mode.calls.values()), sum(mode.calls[r] for r in READS)))
+        counts.append((info.sweeps, sum(mode.calls.values()), sum(mode.calls[r] for r in READS)))
     (r0, c0, h0), (r1, c1, h1) = counts
     assert r1 > r0 + 20
     return (c1 - c0) / (r1 - r0), (h1 - h0) / (r1 - r0)
@@ -57,10 +57,10 @@ def _per_round(solve) -> tuple[float, float]:
 def test_a_dopri5_round_is_few_tensor_ops_and_one_read():
     """dopri5 on 64 rows: 6 stage combinations and 7 scalings by ``h`` (the step copied onto every component
     once), the stage times written into a buffer (2 calls), about 24 controller ops (the PI controller's memory
-    included, both powers one call), 2 state updates: 46 torch calls a round (69 before the controller was fused,
+    included, both powers one call), 2 state updates: 46 torch calls a sweep (69 before the controller was fused,
     50 before the powers, the stage times and the step went to buffers), held to at most 47 (the shared-step loop
     makes about 49 a step), and one host read."""
-    y0 = torch.ones(64, 2, dtype=torch.float64)  # rows alike: they finish in one round
+    y0 = torch.ones(64, 2, dtype=torch.float64)  # rows alike: they finish in one sweep
 
     def solve(field, T):
         t = torch.tensor([0.0, T], dtype=torch.float64)
@@ -73,8 +73,8 @@ def test_a_dopri5_round_is_few_tensor_ops_and_one_read():
 
 def test_piecewise_field_finds_its_pieces_without_reads():
     """A piecewise NAIS block, per-sample control stopping on the piece boundaries, the samples on different
-    pieces in most rounds (``y0`` of different sizes: they reach the boundaries in different rounds): each row's
-    piece is found on the device from the span the round's read brings, so the reads per round stay at the
+    pieces in most sweeps (``y0`` of different sizes: they reach the boundaries in different sweeps): each row's
+    piece is found on the device from the span the sweep's read brings, so the reads per sweep stay at the
     controller's one (before: one or more per field evaluation), and each sample's result is that of its solve
     alone, to rounding."""
     from cde_nets import ODEBlock
@@ -93,8 +93,8 @@ def test_piecewise_field_finds_its_pieces_without_reads():
             mode.calls.clear()
             with mode:
                 sol = block.solve(x0, u)
-        y, rounds = sol.y, sol.stats["steps_forward"] + sol.stats["rejected_forward"]
-        counts.append((rounds, sum(mode.calls[r] for r in READS)))
+        y, sweeps = sol.y, sol.stats["steps_forward"] + sol.stats["rejected_forward"]
+        counts.append((sweeps, sum(mode.calls[r] for r in READS)))
         with torch.no_grad():
             for b in range(6):
                 torch.testing.assert_close(y[b], block(x0[b : b + 1], u[b : b + 1])[0], rtol=0, atol=1e-13)

@@ -52,7 +52,7 @@ def _grads(gradient, method="dopri5", rtol=1e-6, atol=1e-8, **kw):
 @pytest.mark.parametrize("method", ["dopri5", "bosh3"])
 @pytest.mark.parametrize("gradient", ["checkpoint", "symplectic"])
 def test_replayed_gradients_equal_backprop(method, gradient):
-    """Checkpoint and symplectic replay the rounds each sample took: the same values, and the gradients with
+    """Checkpoint and symplectic replay the sweeps each sample took: the same values, and the gradients with
     respect to ``y0``, a per-sample and a shared parameter equal backprop's to 1e-10 (float64)."""
     ref_out, ref, ref_info = _grads("backprop", method)
     out, got, info = _grads(gradient, method)
@@ -100,14 +100,14 @@ def test_backward_failure_names_the_exact_methods():
 
 @pytest.mark.parametrize("steps", ["fixed", "differentiated"])
 def test_backprop_saves_a_round_linear_in_rounds_and_no_stacked_stages(steps):
-    """Backprop keeps each round's graph, so its memory grows with the rounds, and only linearly: every round of a
+    """Backprop keeps each sweep's graph, so its memory grows with the sweeps, and only linearly: every sweep of a
     uniform batch saves the same tensors. Beyond the field's own saves (its input and ``k``, ``N + 1`` numbers a
-    row per call), a dopri5 round with its step sizes held fixed saves ``O(rows)`` numbers: the step sizes of the
+    row per call), a dopri5 sweep with its step sizes held fixed saves ``O(rows)`` numbers: the step sizes of the
     ``h k_i`` (``s`` of ``m``), the two acceptance masks and the tableau rows, none of the stage stacks its
     combinations ``Σ_j a_ij h k_j`` are read from (those would add at least ``m N`` numbers each, quadratically
-    many in the stages). Differentiating the step sizes (the default) adds ``s + 7`` state-sized tensors a round:
+    many in the stages). Differentiating the step sizes (the default) adds ``s + 7`` state-sized tensors a sweep:
     each ``k_i`` for ``∂(h k_i)/∂h``, and the error ratio's ``y``, ``Y``, ``|y|``, ``|Y|``, ``err``, ``tol`` and
-    ``err / tol``, still linear in the rounds and with no stage stack."""
+    ``err / tol``, still linear in the sweeps and with no stage stack."""
     m, N, s = 16, 16, 7
     k = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
     gradient = Backprop(steps=steps)
@@ -126,14 +126,14 @@ def test_backprop_saves_a_round_linear_in_rounds_and_no_stacked_stages(steps):
             info = odeint_per_sample(
                 lambda t, y: -k * y, y0, t, rtol=1e-8, atol=1e-10, return_info=True, gradient=gradient
             )[1]
-        return info.rounds, n[0], numbers[0]
+        return info.sweeps, n[0], numbers[0]
 
     (r0, n0, e0), (r1, n1, e1), (r2, n2, e2) = saved(2.0), saved(4.0), saved(8.0)
     assert r2 - r1 > r1 - r0 > 5
-    assert (n1 - n0) * (r2 - r1) == (n2 - n1) * (r1 - r0)  # the same tensors each round: linear in the rounds
+    assert (n1 - n0) * (r2 - r1) == (n2 - n1) * (r1 - r0)  # the same tensors each sweep: linear in the sweeps
     assert (e1 - e0) * (r2 - r1) == (e2 - e1) * (r1 - r0)
     per_round = (e2 - e1) // (r2 - r1)
-    beyond_field = per_round - (s - 1) * (m * N + 1)  # FSAL: six field calls a round
+    beyond_field = per_round - (s - 1) * (m * N + 1)  # FSAL: six field calls a sweep
     controller = 0 if steps == "fixed" else (s + 7) * m * N + 4 * (s + 2) * m
     assert beyond_field <= controller + (s + 2) * m + s * s, per_round
     assert beyond_field < controller + m * N

@@ -9,7 +9,7 @@ import torchsde
 from cde_nets.fields import CubicFriction
 from cde_nets.fields.base import Field
 from cde_nets.ode_block import ODEBlock
-from cde_nets.sde_block import SDEBlock
+from cde_nets.sde_block import SDEBlock, SDESettings
 
 
 class Linear(Field):
@@ -131,7 +131,11 @@ def test_paths_average_reduces_variance(f64):
     y0 = torch.zeros(2000, 1)
     with torch.no_grad():
         one = SDEBlock(field, noise="additive", sigma=1.0, step_size=0.25, seed=1)(y0).var().item()
-        avg = SDEBlock(field, noise="additive", sigma=1.0, step_size=0.25, seed=2, paths=16)(y0).var().item()
+        avg = (
+            SDEBlock(field, noise="additive", sigma=1.0, step_size=0.25, seed=2, settings=SDESettings(paths=16))(y0)
+            .var()
+            .item()
+        )
     assert abs(avg * 16 / one - 1) < 3 * 2 * math.sqrt(2 / 1999)
 
 
@@ -152,25 +156,25 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="`y0` has shape \\(4, 2\\)"):
         SDEBlock(field)(torch.randn(4, 2))
     with pytest.raises(ValueError, match="`method`='srk' does not integrate stratonovich.*valid methods: .*'midpoint'"):
-        SDEBlock(field, method="srk", sde_type="stratonovich")
+        SDEBlock(field, method="srk", settings=SDESettings(sde_type="stratonovich"))
     with pytest.raises(ValueError, match="`method`='midpoint' does not integrate ito.*valid methods: .*'euler'"):
-        SDEBlock(field, method="midpoint", sde_type="ito")
+        SDEBlock(field, method="midpoint", settings=SDESettings(sde_type="ito"))
     with pytest.raises(ValueError, match="`method` 'rk4' is unknown; valid"):
         SDEBlock(field, method="rk4")
     with pytest.raises(ValueError, match="`method` 'adjoint_reversible_heun' is unknown \\(it serves only as"):
         SDEBlock(field, method="adjoint_reversible_heun")
     with pytest.raises(ValueError, match="`adjoint_method`='adjoint_reversible_heun' cannot.*valid adjoint methods"):
-        SDEBlock(field, method="midpoint", adjoint_method="adjoint_reversible_heun")
+        SDEBlock(field, method="midpoint", settings=SDESettings(adjoint_method="adjoint_reversible_heun"))
     with pytest.raises(ValueError, match="`adjoint_method`='srk' cannot solve the adjoint of this stratonovich"):
-        SDEBlock(field, method="heun", adjoint_method="srk")
+        SDEBlock(field, method="heun", settings=SDESettings(adjoint_method="srk"))
     with pytest.raises(ValueError, match="`adjoint_method` applies to gradient='adjoint' only"):
-        SDEBlock(field, gradient="backprop", adjoint_method="euler")
+        SDEBlock(field, gradient="backprop", settings=SDESettings(adjoint_method="euler"))
     with pytest.raises(ValueError, match="`gradient` must be one of"):
         SDEBlock(field, gradient="checkpoint")
     with pytest.raises(ValueError, match="`paths` must be a positive integer"):
-        SDEBlock(field, paths=0)
+        SDEBlock(field, settings=SDESettings(paths=0))
     with pytest.raises(ValueError, match="`sde_type` must be 'ito' or 'stratonovich'"):
-        SDEBlock(field, sde_type="marcus")
+        SDEBlock(field, settings=SDESettings(sde_type="marcus"))
     with pytest.raises(ValueError, match="`adaptive=True` is not supported with method='reversible_heun'"):
         SDEBlock(field, method="reversible_heun", adaptive=True)
     with pytest.raises(ValueError, match="`adaptive=True` with method='euler' and diagonal.*'milstein'"):

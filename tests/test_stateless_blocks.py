@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from cde_nets import ContinuousFlow, ODEBlock, SDEBlock, discretize, integrated_terms
+from cde_nets import ContinuousFlow, ODEBlock, Regularisation, SDEBlock, discretize, integrated_terms
 from cde_nets.fields import Hamiltonian
 
 
@@ -50,8 +50,8 @@ def _cases():
     field = Hamiltonian(4, layers=2, generator=torch.Generator().manual_seed(1)).double()
     h0 = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     return [
-        ("ode adjoint, regularised", ODEBlock(Tanh(), 1.0, gradient="adjoint", regularisers=regs), x),
-        ("ode checkpoint, taylor2", ODEBlock(Tanh(), 1.0, regularisers=("taylor2",), steer=0.2), x),
+        ("ode adjoint, regularised", ODEBlock(Tanh(), 1.0, gradient="adjoint", regularisation=Regularisation(regs)), x),
+        ("ode checkpoint, taylor2", ODEBlock(Tanh(), 1.0, regularisation=Regularisation(("taylor2",), steer=0.2)), x),
         ("ode per-sample", ODEBlock(field, controller="per_sample", rtol=1e-6, atol=1e-6), h0),
         ("discrete rk4, regularised", discretize(Tanh(), "rk4", T=1.0, steps=4, regularisers=regs), x),
         ("sde", SDEBlock(field, noise="additive", sigma=0.1, method="euler", step_size=0.1, seed=0), h0),
@@ -83,7 +83,7 @@ def test_a_call_and_its_backward_leave_the_block_as_it_was(case):
 
 
 def test_the_call_result_carries_its_terms_and_counts():
-    block = ODEBlock(Tanh(), 1.0, rtol=1e-6, atol=1e-6, regularisers=("kinetic",))
+    block = ODEBlock(Tanh(), 1.0, rtol=1e-6, atol=1e-6, regularisation=Regularisation(("kinetic",)))
     x = torch.randn(5, 3, dtype=torch.float64)
     first, second = block.solve(x), block.solve(2 * x)
     assert first.stats is not second.stats and first.stats.nfe_forward > 0

@@ -37,7 +37,7 @@ class VdP(nn.Module):
 
 
 class VdPRows(nn.Module):
-    """Van der Pol with a ``μ`` per sample, read for the rows a per-sample round runs."""
+    """Van der Pol with a ``μ`` per sample, read for the rows a per-sample sweep runs."""
 
     def __init__(self, mu: torch.Tensor):
         super().__init__()

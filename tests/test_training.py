@@ -1,5 +1,5 @@
 """Training loop: learns, adds the regularisers exactly, is reproducible bit for bit, resumes exactly after SIGKILL,
-and never leaves a torn checkpoint."""
+and never leaves a torn snapshot."""
 
 import importlib.util
 import os
@@ -20,15 +20,15 @@ from cde_nets.models import Classifier
 from cde_nets.pieces import Pieces, TimeGrid
 from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.training import (
-    CheckpointError,
-    Checkpoints,
     Hooks,
     NonFiniteError,
     Regulariser,
+    SnapshotError,
+    Snapshots,
     Trainer,
     evaluate,
-    load_checkpoint,
-    save_checkpoint,
+    load_snapshot,
+    save_snapshot,
     seeded,
     smoothness_R82,
     smoothness_RK,
@@ -177,13 +177,13 @@ def _demo_module():
 
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    full_out, ckpt, out = tmp_path / "full.pt", tmp_path / "b.ckpt", tmp_path / "resumed.pt"
+    full_out, ckpt, out = tmp_path / "full.pt", tmp_path / "b.snapshot", tmp_path / "resumed.pt"
     victim = subprocess.Popen([sys.executable, DEMO, str(ckpt), str(out), "--hang-at", "3"], env=env)
     try:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as in the subprocesses
         try:
-            _demo_module().main(str(tmp_path / "a.ckpt"), full_out)  # the uninterrupted run, meanwhile
+            _demo_module().main(str(tmp_path / "a.snapshot"), full_out)  # the uninterrupted run, meanwhile
         finally:
             torch.set_num_threads(threads)
         deadline = time.time() + 120
@@ -195,9 +195,9 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     finally:
         if victim.poll() is None:
             victim.kill()
-    # killed after training epoch 3, before its checkpoint: the file holds epoch 2 (StepLR mid-period)
-    assert load_checkpoint(ckpt)["epoch"] == 2 and not out.exists()
-    torn = tmp_path / f".b.ckpt.{victim.pid}.x1y2.tmp"  # what a kill during a write leaves (its writer is dead)
+    # killed after training epoch 3, before its snapshot: the file holds epoch 2 (StepLR mid-period)
+    assert load_snapshot(ckpt)["epoch"] == 2 and not out.exists()
+    torn = tmp_path / f".b.snapshot.{victim.pid}.x1y2.tmp"  # what a kill during a write leaves (its writer is dead)
     torn.write_bytes(b"\x80half a pickle")
     subprocess.run([sys.executable, DEMO, str(ckpt), str(out), "--resume"], check=True, env=env, timeout=120)
     a, b = torch.load(full_out), torch.load(out)
@@ -213,9 +213,9 @@ def _state(epoch: int) -> dict:
     return {"model": {}, "optimizer": {}, "epoch": epoch, "history": []}
 
 
-def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
-    path = tmp_path / "c.ckpt"
-    save_checkpoint(path, _state(1))
+def test_snapshot_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "c.snapshot"
+    save_snapshot(path, _state(1))
 
     def crash(*a, **k):
         raise KeyboardInterrupt("killed between write and rename")
@@ -223,27 +223,27 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     with monkeypatch.context() as mp:
         mp.setattr(os, "replace", crash)
         with pytest.raises(KeyboardInterrupt):
-            save_checkpoint(path, _state(2))
-    assert load_checkpoint(path)["epoch"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["c.ckpt"]  # no temporary file left behind
-    save_checkpoint(path, _state(3))
-    assert load_checkpoint(path)["epoch"] == 3
+            save_snapshot(path, _state(2))
+    assert load_snapshot(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["c.snapshot"]  # no temporary file left behind
+    save_snapshot(path, _state(3))
+    assert load_snapshot(path)["epoch"] == 3
     assert (path.stat().st_mode & 0o777) == 0o644  # readable like any results file
 
 
 def test_cleanup_leaves_a_live_writers_temporary_file(tmp_path):
     """Two runs writing one file: the clean-up of stale temporary files must not delete the other's in flight."""
-    path = tmp_path / "c.ckpt"
+    path = tmp_path / "c.snapshot"
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        live = tmp_path / f".c.ckpt.{other.pid}.abcd.tmp"
+        live = tmp_path / f".c.snapshot.{other.pid}.abcd.tmp"
         live.write_bytes(b"in flight")
-        save_checkpoint(path, _state(1))
+        save_snapshot(path, _state(1))
         assert live.exists()
     finally:
         other.kill()
         other.wait()
-    save_checkpoint(path, _state(2))
+    save_snapshot(path, _state(2))
     assert not live.exists()  # its writer is gone: now it is stale
 
 
@@ -257,8 +257,8 @@ def test_errors(tmp_path):
         Trainer(progress=False, optimizer=lambda p: list(p)).fit(torch.nn.Linear(2, 1), data, epochs=1)
     with pytest.raises(ValueError, match="`data` must be a Split"):
         Trainer().fit(torch.nn.Linear(2, 1), data[:2], epochs=1)
-    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
-        load_checkpoint(tmp_path / "missing.ckpt")
+    with pytest.raises(FileNotFoundError, match="no snapshot at"):
+        load_snapshot(tmp_path / "missing.snapshot")
 
 
 # -- a trainer you can leave running --------------------------------------------------------------------------
@@ -277,19 +277,19 @@ def _sqrt_regulariser(step_of_nan: int) -> Regulariser:
 
 def test_a_nan_gradient_under_a_finite_loss_is_never_stepped_nor_saved(tmp_path):
     data = separable(n=40)
-    ck = tmp_path / "n.ckpt"
+    ck = tmp_path / "n.snapshot"
     with seeded(0):
         model = torch.nn.Linear(2, 1)
-    trainer = Trainer(progress=False, regularisers=[_sqrt_regulariser(6)], checkpoints=Checkpoints(ck))
+    trainer = Trainer(progress=False, regularisers=[_sqrt_regulariser(6)], snapshots=Snapshots(ck))
     with pytest.raises(
         NonFiniteError,
         match=r"gradient became non-finite in epoch 1, batch 0 .* the last good "
-        r"checkpoint is .*n.ckpt",
+        r"snapshot is .*n.snapshot",
     ) as info:
         trainer.fit(model, data, epochs=3, batch_size=8)  # 5 batches an epoch: call 6 is epoch 1, batch 0
-    assert info.value.last_checkpoint == ck
+    assert info.value.last_snapshot == ck
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    saved = load_checkpoint(ck)
+    saved = load_snapshot(ck)
     assert saved["epoch"] == 0 and all(bool(torch.isfinite(v).all()) for v in saved["model"].values())
 
     with seeded(0):
@@ -303,23 +303,23 @@ def test_a_nan_gradient_under_a_finite_loss_is_never_stepped_nor_saved(tmp_path)
 
 def _trained(tmp_path, **kw) -> tuple[Path, Split]:
     data = separable(n=40)
-    ck = tmp_path / "r.ckpt"
+    ck = tmp_path / "r.snapshot"
     with seeded(0):
         model = torch.nn.Linear(2, 1)
-    Trainer(progress=False, checkpoints=ck, lr=0.01, **kw).fit(model, data, epochs=2, batch_size=8)
+    Trainer(progress=False, snapshots=ck, lr=0.01, **kw).fit(model, data, epochs=2, batch_size=8)
     return ck, data
 
 
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        (dict(lr=0.5), r"optimizer: .*'lr': 0.01.* in the checkpoint, .*'lr': 0.5"),
+        (dict(lr=0.5), r"optimizer: .*'lr': 0.01.* in the snapshot, .*'lr': 0.5"),
         (dict(optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)), r"optimizer: .*'class': 'Adam'"),
-        (dict(regularisers=[weight_decay(0.1)]), r"regularisers: \[\] in the checkpoint, \[\['weight_decay', 0.1\]\]"),
-        (dict(task="regression"), r"task: 'classification' in the checkpoint, 'regression' now"),
-        (dict(seed=3), r"seed: 0 in the checkpoint, 3 now"),
-        (dict(batch_size=4), r"batch_size: 8 in the checkpoint, 4 now"),
-        (dict(model=torch.nn.Linear(2, 2)), r"model parameter 'weight' has shape \[1, 2\] in the checkpoint, \[2, 2\]"),
+        (dict(regularisers=[weight_decay(0.1)]), r"regularisers: \[\] in the snapshot, \[\['weight_decay', 0.1\]\]"),
+        (dict(task="regression"), r"task: 'classification' in the snapshot, 'regression' now"),
+        (dict(seed=3), r"seed: 0 in the snapshot, 3 now"),
+        (dict(batch_size=4), r"batch_size: 8 in the snapshot, 4 now"),
+        (dict(model=torch.nn.Linear(2, 2)), r"model parameter 'weight' has shape \[1, 2\] in the snapshot, \[2, 2\]"),
         (dict(data=separable(5, n=40)), r"data: "),
         (dict(epochs=1), r"already holds 2 epochs but epochs=1"),
     ],
@@ -334,8 +334,8 @@ def test_resume_refuses_changed_settings(tmp_path, change, match):
     if "optimizer" in change:
         kw.pop("lr")
     kw.update(change)
-    with pytest.raises(CheckpointError, match=match):
-        Trainer(progress=False, checkpoints=Checkpoints(ck, resume=True), **kw).fit(
+    with pytest.raises(SnapshotError, match=match):
+        Trainer(progress=False, snapshots=Snapshots(ck, resume=True), **kw).fit(
             model, data, epochs=epochs, batch_size=batch_size
         )
 
@@ -346,7 +346,7 @@ def test_resume_may_extend_epochs_and_leaves_the_global_random_state_alone(tmp_p
     with seeded(0):
         model = torch.nn.Linear(2, 1)
     torch.set_rng_state(state)
-    hist = Trainer(progress=False, lr=0.01, checkpoints=Checkpoints(ck, resume=True)).fit(
+    hist = Trainer(progress=False, lr=0.01, snapshots=Snapshots(ck, resume=True)).fit(
         model, data, epochs=4, batch_size=8
     )
     assert [h["epoch"] for h in hist] == [0, 1, 2, 3]
@@ -359,20 +359,20 @@ def test_resume_may_extend_epochs_and_leaves_the_global_random_state_alone(tmp_p
         (b"", r"is empty \(0 bytes\)"),
         (b"\x80\x02garbage", r"is corrupt or truncated"),
         ("truncated", r"is corrupt or truncated"),
-        ("not-a-checkpoint", r"is not a cde_nets training checkpoint"),
+        ("not-a-snapshot", r"is not a cde_nets training snapshot"),
     ],
 )
-def test_checkpoint_loader_says_what_is_wrong(tmp_path, content, match):
-    path = tmp_path / "bad.ckpt"
+def test_snapshot_loader_says_what_is_wrong(tmp_path, content, match):
+    path = tmp_path / "bad.snapshot"
     if content == "truncated":
-        save_checkpoint(path, _state(1) | {"model": {"w": torch.randn(1000)}})
+        save_snapshot(path, _state(1) | {"model": {"w": torch.randn(1000)}})
         path.write_bytes(path.read_bytes()[:-500])
-    elif content == "not-a-checkpoint":
+    elif content == "not-a-snapshot":
         torch.save({"weights": 1}, path)
     else:
         path.write_bytes(content)
-    with pytest.raises(CheckpointError, match=match):
-        load_checkpoint(path)
+    with pytest.raises(SnapshotError, match=match):
+        load_snapshot(path)
 
 
 @pytest.mark.parametrize(
@@ -415,7 +415,7 @@ def test_out_of_range_labels_for_several_logits():
         (dict(nonfinite="ignore"), ValueError, r"`nonfinite` must be 'raise' or 'skip'"),
         (dict(seed=-1), ValueError, r"`seed` must be a non-negative integer"),
         (dict(regularisers=[lambda m: 0]), TypeError, r"`regularisers` must hold Regulariser terms"),
-        (dict(checkpoints=3), TypeError, r"`checkpoints` must be a Checkpoints policy or a path"),
+        (dict(snapshots=3), TypeError, r"`snapshots` must be a Snapshots policy or a path"),
         (dict(scheduler_interval="step"), ValueError, r"`scheduler_interval` must be 'epoch' or 'batch'"),
     ],
 )

@@ -60,7 +60,7 @@ def _both(method: str, n: int, grad: bool, **kw):
     return (ours, ya, out), (theirs, yb, ref)
 
 
-# n = 1: the state (Buffered engine without a graph, Graph with one); n = 200: 600 elements (Rows engine)
+# n = 1: the state (Buffered engine without a graph, Graph with one); n = 200: 600 elements (StageMajor engine)
 @pytest.mark.parametrize("n,grad", [(1, False), (1, True), (200, False)])
 def test_dopri5_takes_torchdiffeqs_steps_on_a_tuple_state(n, grad):
     (ours, ya, out), (theirs, yb, ref) = _both("dopri5", n, grad)

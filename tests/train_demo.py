@@ -1,10 +1,10 @@
-"""Subprocess used by test_training: a small H1 classifier on swiss roll, checkpointed every epoch.
+"""Subprocess used by test_training: a small H1 classifier on swiss roll, snapshotted every epoch.
 
 ``python tests/train_demo.py CKPT OUT [--resume] [--hang-at E]`` (or ``main`` in-process) writes the final
 parameters and history to OUT.
 The model has dropout (it draws from the global torch RNG while training) and a step LR schedule, so an exact
 resume needs every RNG state and the scheduler's state. ``--hang-at E`` trains epoch E, writes ``OUT.hang`` and
-waits before that epoch's checkpoint is written: the test kills the process there with SIGKILL.
+waits before that epoch's snapshot is written: the test kills the process there with SIGKILL.
 """
 
 import sys
@@ -17,7 +17,7 @@ from cde_nets import discretize
 from cde_nets.datasets import swiss_roll
 from cde_nets.fields import Hamiltonian
 from cde_nets.models import Classifier
-from cde_nets.training import Checkpoints, Hooks, Trainer, seeded, smoothness_RK
+from cde_nets.training import Hooks, Snapshots, Trainer, seeded, smoothness_RK
 
 
 def main(ckpt: str, out: Path, resume: bool = False, hang_at: int = -1) -> None:
@@ -34,7 +34,7 @@ def main(ckpt: str, out: Path, resume: bool = False, hang_at: int = -1) -> None:
     trainer = Trainer(
         lr=0.02,
         seed=3,
-        checkpoints=Checkpoints(ckpt, resume=resume),
+        snapshots=Snapshots(ckpt, resume=resume),
         progress=False,
         regularisers=[smoothness_RK(1e-3, 1 / 8)],
         hooks=Hooks(epoch=hang),

@@ -162,6 +162,49 @@ def adjoint_study(
         ``error`` (the message) instead of numbers when the solver failed.
     """
     base = model_factory_or_field() if not isinstance(model_factory_or_field, nn.Module) else model_factory_or_field
+    grads, ref_cfg = _check_study(base, methods, gradients, steps, repeat, reference)
+    y0, extra = _split_batch(batch)
+    if schemes is None:
+        schemes = ["euler"] + (["symplectic_euler"] if getattr(base, "split", None) is not None else [])
+    g_ref, loss_ref, ref_stats = _reference_gradient(base, y0, extra, loss_fn, ref_cfg)
+
+    field = copy.deepcopy(base).to(dtype)
+    yd = y0.detach().to(dtype)
+    extra_d = tuple(e.to(dtype) if isinstance(e, torch.Tensor) and e.is_floating_point() else e for e in extra)
+    rows = []
+
+    def record(row: dict, forward: Callable[[], torch.Tensor], stats: Callable[[], dict]) -> None:
+        try:
+            g, loss, peak = _gradient(field, forward, loss_fn, extra_d, yd)
+            st = stats()
+            t = _timed(field, forward, loss_fn, extra_d, repeat)
+        except SolverError as exc:
+            rows.append({**row, "error": str(exc)})
+            return
+        err = float((g.to(torch.float64) - g_ref).norm() / g_ref.norm().clamp_min(1e-300))
+        measured = {"rel_grad_error": err, "loss": loss, "nfe_forward": st["nfe_forward"]}
+        measured |= {"nfe_backward": st["nfe_backward"], "time_s": t, "peak_saved_bytes": peak}
+        rows.append({**row, **measured, **({"grad": g} if keep_gradients else {})})
+
+    _continuous_rows(field, yd, methods, tolerances, steps, grads, record)
+    _discrete_rows(field, yd, schemes, record)
+    reference_row = {**ref_cfg, "mode": "backprop", "dtype": "float64", "loss": loss_ref}
+    reference_row |= {"nfe_forward": ref_stats["nfe_forward"], "grad_norm": float(g_ref.norm())}
+    return {"reference": {**reference_row, **({"grad": g_ref} if keep_gradients else {})}, "rows": rows}
+
+
+Record = Callable[[dict, Callable[[], torch.Tensor], Callable[[], dict]], None]
+
+
+def _check_study(
+    base: nn.Module,
+    methods: Sequence[str],
+    gradients: Sequence[str | GradientMethod],
+    steps: Sequence[int],
+    repeat: int,
+    reference: dict | None,
+) -> tuple[list[GradientMethod], dict]:
+    """The study's arguments checked: the gradient methods as objects and the reference's settings."""
     if not isinstance(base, nn.Module) or not hasattr(base, "grid"):
         raise TypeError("`model_factory_or_field` must be a Field (with a time grid) or a callable returning one.")
     for m in methods:
@@ -179,45 +222,32 @@ def adjoint_study(
     if unknown:
         raise ValueError(f"`reference` has unknown keys {sorted(unknown)}; use method, rtol, atol.")
     ref_cfg.pop("dtype", None)
-    y0, extra = _split_batch(batch)
-    if schemes is None:
-        schemes = ["euler"] + (["symplectic_euler"] if getattr(base, "split", None) is not None else [])
+    return grads, ref_cfg
 
+
+def _reference_gradient(
+    base: nn.Module, y0: torch.Tensor, extra: tuple, loss_fn: Callable[..., torch.Tensor], ref_cfg: dict
+) -> tuple[torch.Tensor, float, dict]:
+    """The reference: backprop through ``ref_cfg``'s solve with the step sizes held fixed, in float64."""
     field64 = copy.deepcopy(base).to(torch.float64)
     y64 = y0.detach().to(torch.float64)
     extra64 = tuple(e.to(torch.float64) if isinstance(e, torch.Tensor) and e.is_floating_point() else e for e in extra)
     ref_block = ODEBlock(field64, gradient=Backprop(steps="fixed"), **ref_cfg)
     ref_forward, ref_counts = _block_runs(ref_block, y64)
     g_ref, loss_ref, _ = _gradient(field64, ref_forward, loss_fn, extra64, y64)
-    ref_stats = ref_counts()
+    return g_ref, loss_ref, ref_counts()
 
-    field = copy.deepcopy(base).to(dtype)
-    yd = y0.detach().to(dtype)
-    extra_d = tuple(e.to(dtype) if isinstance(e, torch.Tensor) and e.is_floating_point() else e for e in extra)
-    rows = []
 
-    def record(row: dict, forward: Callable[[], torch.Tensor], stats: Callable[[], dict]) -> None:
-        try:
-            g, loss, peak = _gradient(field, forward, loss_fn, extra_d, yd)
-            st = stats()
-            t = _timed(field, forward, loss_fn, extra_d, repeat)
-        except SolverError as exc:
-            rows.append({**row, "error": str(exc)})
-            return
-        err = float((g.to(torch.float64) - g_ref).norm() / g_ref.norm().clamp_min(1e-300))
-        rows.append(
-            {
-                **row,
-                "rel_grad_error": err,
-                "loss": loss,
-                "nfe_forward": st["nfe_forward"],
-                "nfe_backward": st["nfe_backward"],
-                "time_s": t,
-                "peak_saved_bytes": peak,
-                **({"grad": g} if keep_gradients else {}),
-            }
-        )
-
+def _continuous_rows(
+    field: nn.Module,
+    yd: torch.Tensor,
+    methods: Sequence[str],
+    tolerances: Sequence[float],
+    steps: Sequence[int],
+    grads: list[GradientMethod],
+    record: Record,
+) -> None:
+    """One row per method, tolerance (adaptive) or step count (fixed), and gradient method that serves it."""
     grid = cast(TimeGrid, field.grid)  # checked above (hasattr); nn.Module types attributes as Tensor | Module
     T = grid.T
     for method in methods:
@@ -238,6 +268,11 @@ def adjoint_study(
                     "steps": round(T / cfg["step_size"]) if "step_size" in cfg else None,
                 }
                 record(row, *_block_runs(block, yd))
+
+
+def _discrete_rows(field: nn.Module, yd: torch.Tensor, schemes: Sequence[str], record: Record) -> None:
+    """One row per discrete-mode scheme: the discrete net's own gradient (one layer per piece)."""
+    grid = cast(TimeGrid, field.grid)
     for scheme in schemes:
         counter = _CountEvaluations(field)
 
@@ -247,18 +282,6 @@ def adjoint_study(
                 return discrete_forward(field, scheme, yd)
 
         record({"mode": "discrete", "method": scheme, "rtol": None, "steps": grid.L}, forward, _counted_stats(counter))
-    return {
-        "reference": {
-            **ref_cfg,
-            "mode": "backprop",
-            "dtype": "float64",
-            "loss": loss_ref,
-            "nfe_forward": ref_stats["nfe_forward"],
-            "grad_norm": float(g_ref.norm()),
-            **({"grad": g_ref} if keep_gradients else {}),
-        },
-        "rows": rows,
-    }
 
 
 def markdown_table(study: dict) -> str:

@@ -50,7 +50,7 @@ def world_size() -> int:
 
 
 def is_main() -> bool:
-    """Rank 0, the one that writes checkpoints and shows the progress bar (always ``True`` outside a group)."""
+    """Rank 0, the one that writes snapshots and shows the progress bar (always ``True`` outside a group)."""
     return rank() == 0
 
 

@@ -62,7 +62,7 @@ class Field(nn.Module):
     input_shape: tuple[int | None, ...] = ()
     kind: str = "generic"  # row of the solver ↔ architecture map (solvers.architectures)
     separable: bool = False  # p' depends on q only and q' on p only: evaluate_half is available
-    _memo: dict | None = None  # live only inside cde_nets.pieces.gathered (one forward call)
+    _memo: dict | None = None  # live only inside cde_nets.gathering.gathered (one forward call)
     _constants: dict | None = None  # the constants of all pieces, by grad mode (gathered, stacked)
 
     def __init__(self, T: float = 1.0, layers: int = 1):
@@ -94,7 +94,7 @@ class Field(nn.Module):
         return self.evaluate(self.grid.index(t), y, u)
 
     def memo(self, key, compute):
-        """``compute()``, computed once per :func:`~cde_nets.pieces.gathered` call for a hashable ``key``
+        """``compute()``, computed once per :func:`~cde_nets.gathering.gathered` call for a hashable ``key``
         (e.g. NAIS's ``A_l = −R_lᵀR_l − εI`` across the steps of a weight-shared block); outside it, every time."""
         if self._memo is None:
             return compute()
@@ -117,7 +117,7 @@ class Field(nn.Module):
     def constants(self, l: int) -> tuple[torch.Tensor, ...]:
         """:meth:`piece_constants` of piece ``l``.
 
-        Inside :func:`~cde_nets.pieces.gathered` (one call of a block) every piece is built once and reused by
+        Inside :func:`~cde_nets.gathering.gathered` (one call of a block) every piece is built once and reused by
         every step and stage; with ``gathered(stacked=False)`` piece by piece as they are read (the memory-free
         backward differentiates each layer with respect to its own views). Outside it, on every call: the
         piecewise adjoint and the step replay differentiate each evaluation with respect to the piece in force.

@@ -84,6 +84,19 @@ class Hamiltonian(Field):
         std = 1.0 / math.sqrt(dim) if init_std is None else init_std
         normal = (lambda w: w.normal_(0.0, std, generator=generator)) if std > 0 else None
 
+        self.width = self._init_K(dim, K, width, normal)
+        self._init_J(dim, J, std, generator)
+        self._init_masks(dim, K, layers, K_mask, J_mask)
+
+        # Separable (p, q) structure: blockdiag K with J zero on its diagonal blocks (masking keeps them zero).
+        self._separable = K == "blockdiag" and self.J_kind in ("canonical", "structured")
+        if self._separable:
+            self.split = (dim // 2, dim // 2)
+            self.separable = True
+
+    def _init_K(self, dim: int, K: str, width: int | None, normal: Callable | None) -> int:
+        """The pieces of ``K`` and ``b`` (``"full"``: H1-DNN; ``"blockdiag"``: H2-DNN's ``K_p``, ``K_q``); returns
+        the width ``m`` (rows of ``K``)."""
         if K not in ("full", "blockdiag"):
             raise ValueError(f"`K` must be 'full' (H1-DNN) or 'blockdiag' (H2-DNN), got {K!r}.")
         self.K_structure = K
@@ -102,8 +115,10 @@ class Hamiltonian(Field):
             m = width or dim
             self.K = Pieces(self.grid, (m, dim), init=normal)
             self.b = Pieces(self.grid, (m,))
-        self.width = m
+        return m
 
+    def _init_J(self, dim: int, J: str | torch.Tensor, std: float, generator: torch.Generator | None) -> None:
+        """``J``: a fixed skew tensor, the canonical one, or learned (``"structured"``: ``X``; ``"learned"``: ``S``)."""
         self.J_kind = J if isinstance(J, str) else "fixed"
         if isinstance(J, torch.Tensor):
             if tuple(J.shape) != (dim, dim):
@@ -127,6 +142,11 @@ class Hamiltonian(Field):
         else:
             raise ValueError(f"`J` must be 'canonical', 'structured', 'learned' or a skew tensor, got {J!r}.")
 
+    def _init_masks(
+        self, dim: int, K: str, layers: int, K_mask: torch.Tensor | None, J_mask: torch.Tensor | None
+    ) -> None:
+        """The sparsity masks of ``K`` (one for all pieces, or one per piece) and of ``J`` (symmetric)."""
+        m = self.width
         if K_mask is not None:
             want = (m, dim) if K == "full" else (m, dim // 2)
             K_mask = torch.as_tensor(K_mask)
@@ -152,12 +172,6 @@ class Hamiltonian(Field):
             self.register_buffer("J_mask", J_mask.to(torch.get_default_dtype()))
         else:
             self.J_mask = None
-
-        # Separable (p, q) structure: blockdiag K with J zero on its diagonal blocks (masking keeps them zero).
-        self._separable = K == "blockdiag" and self.J_kind in ("canonical", "structured")
-        if self._separable:
-            self.split = (dim // 2, dim // 2)
-            self.separable = True
 
     # -- matrices ---------------------------------------------------------------------------------------
     @property

@@ -1,8 +1,8 @@
-"""Atomic checkpoints and the random-number state a bit-exact resume needs.
+"""Atomic snapshots and the random-number state a bit-exact resume needs.
 
-A checkpoint is written to a temporary file in the target's directory, flushed and fsynced, then renamed over the
+A snapshot is written to a temporary file in the target's directory, flushed and fsynced, then renamed over the
 target with ``os.replace`` (atomic on POSIX), and the directory is fsynced so the rename itself survives a crash.
-A process killed at any instant therefore leaves either the previous checkpoint or the new one, never a torn file.
+A process killed at any instant therefore leaves either the previous snapshot or the new one, never a torn file.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 __all__ = [
-    "save_checkpoint",
-    "load_checkpoint",
+    "save_snapshot",
+    "load_snapshot",
     "atomic_write",
-    "CheckpointError",
+    "SnapshotError",
     "RunLock",
     "RunInUseError",
     "rng_state",
@@ -27,8 +27,8 @@ __all__ = [
 ]
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: corrupt, truncated, empty, not a checkpoint, or written for another model
+class SnapshotError(ValueError):
+    """A snapshot that cannot be used: corrupt, truncated, empty, not a snapshot, or written for another model
     or other settings. The message names the file and what is wrong with it."""
 
 
@@ -44,7 +44,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(path: str | Path, state: dict) -> None:
+def save_snapshot(path: str | Path, state: dict) -> None:
     """Write ``state`` (anything ``torch.save`` takes) to ``path`` atomically.
 
     Temporary files that an earlier, killed writer of the same path left behind are removed; those of a live
@@ -95,27 +95,27 @@ def atomic_write(path: str | Path, write, binary: bool = False) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint`, or say what is wrong with the file.
+def load_snapshot(path: str | Path) -> dict:
+    """Read a snapshot written by :func:`save_snapshot`, or say what is wrong with the file.
 
-    It holds random-generator states, so it is loaded with ``weights_only=False``: load only checkpoints you wrote.
+    It holds random-generator states, so it is loaded with ``weights_only=False``: load only snapshots you wrote.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {str(path)!r}; start without resume or pass the right path.")
+        raise FileNotFoundError(f"no snapshot at {str(path)!r}; start without resume or pass the right path.")
     size = path.stat().st_size
     if size == 0:
-        raise CheckpointError(f"{str(path)!r} is empty (0 bytes); delete it to start afresh.")
+        raise SnapshotError(f"{str(path)!r} is empty (0 bytes); delete it to start afresh.")
     try:
         state = torch.load(path, weights_only=False)
     except Exception as exc:  # torch reports truncation and corruption through several exception types
-        raise CheckpointError(
+        raise SnapshotError(
             f"{str(path)!r} is corrupt or truncated ({size} bytes; {type(exc).__name__}: "
             f"{str(exc)[:120]}); delete it to start afresh."
         ) from exc
     if not isinstance(state, dict) or not {"model", "optimizer", "epoch", "history"} <= set(state):
         keys = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(f"{str(path)!r} is not a cde_nets training checkpoint (it holds {keys}).")
+        raise SnapshotError(f"{str(path)!r} is not a cde_nets training snapshot (it holds {keys}).")
     return state
 
 
@@ -183,7 +183,7 @@ def set_rng_state(state: dict, *generators: torch.Generator) -> None:
     """Restore what :func:`rng_state` captured, the explicit generators in the same order."""
     if len(state["generators"]) != len(generators):
         raise ValueError(
-            f"the checkpoint holds {len(state['generators'])} generator states but "
+            f"the snapshot holds {len(state['generators'])} generator states but "
             f"{len(generators)} generators were passed to restore."
         )
     torch.set_rng_state(state["torch"])
