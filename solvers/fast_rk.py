@@ -100,6 +100,8 @@ Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tens
 
 # False sends every solve to torchdiffeq (the equality tests compare both paths)
 ENABLED = True
+# a complex state is stepped as its real and imaginary parts (torch.view_as_real)
+_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
 
 
 def fast_applies(
@@ -111,7 +113,7 @@ def fast_applies(
     forward-only call in any gradient method)."""
     if not ENABLED or method not in FAST_METHODS or not set(options) <= _OPTIONS:
         return False
-    if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64) or y0.numel() == 0:
+    if not isinstance(y0, torch.Tensor) or y0.dtype not in _DTYPES or y0.numel() == 0:
         return False
     if t.dim() != 1 or len(t) < 2 or t.requires_grad:
         return False
@@ -278,18 +280,63 @@ def odeint_fast(
     options: Mapping,
     graph: bool = True,
     steps: str = "differentiated",
+    land_on_jumps: bool = False,
 ) -> torch.Tensor:
     """``torchdiffeq.odeint(func, y0, t, rtol=, atol=, method=, options=)`` for the calls :func:`fast_applies`
     accepts: the same steps, evaluations and callbacks (``callback_step``, ``callback_accept_step``,
     ``callback_reject_step`` of ``func``), results equal to rounding. Without ``graph``, runs under no-grad.
     ``steps`` (:mod:`solvers.step_sizes`): what the graph of an adaptive solve differentiates, the step sizes as
     functions of the state (``"differentiated"``), as constants (``"fixed"``), or the first only, as torchdiffeq
-    (``"torchdiffeq"``). Returns ``(len(t), *y0.shape)``."""
+    (``"torchdiffeq"``). ``land_on_jumps``: a step that ends exactly on a ``jump_t`` is treated as one clipped there
+    (the field re-read on its far side, the next jump taken up); torchdiffeq, and so the default, clips only a
+    step that strictly contains it, and crosses every later jump after such a step. A complex state is stepped as
+    its real and imaginary parts. Returns ``(len(t), *y0.shape)``."""
     tab = TABLEAUX[method]
+    if y0.is_complex():
+        func, y0, rtol, atol, options = _RealParts.wrap(func, y0, rtol, atol, options)
+        ys = odeint_fast(
+            func, y0, t, method=method, rtol=rtol, atol=atol, options=options, graph=graph, steps=steps, land_on_jumps=land_on_jumps
+        )
+        return torch.view_as_complex(ys)
     with nullcontext() if graph else torch.no_grad():
         if tab.adaptive:
-            return _Adaptive(func, y0, t, tab, rtol, atol, dict(options), check_steps(steps)).run()
+            return _Adaptive(func, y0, t, tab, rtol, atol, dict(options), check_steps(steps), land_on_jumps).run()
         return _fixed(func, y0, t, tab, method, dict(options))
+
+
+class _RealParts:
+    """A field of a complex state ``z = x + iy`` as the field of its parts ``(x, y)`` (``torch.view_as_real``,
+    last axis of size 2), for the stepper, whose arithmetic is real: every stage ``Y_i = z_0 + h Σ a_ij k_j`` is
+    the same sum on either part. The error of a step is then measured on each part (``|Re e|``, ``|Im e|``
+    against ``atol + rtol max(|Re y|, ...)``) rather than on ``|e|``; callbacks and a recorder see the complex
+    state."""
+
+    def __init__(self, func):
+        self.func = func
+        for name in ("callback_step", "callback_accept_step", "callback_reject_step"):
+            callback = getattr(func, name, None)
+            if callback is not None:
+                setattr(self, name, lambda t0, y, dt, _cb=callback: _cb(t0, _complex(y), dt))
+
+    @property
+    def recorder(self):
+        return getattr(self.func, "recorder", None)
+
+    def __call__(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(self.func(t, _complex(y)))
+
+    @classmethod
+    def wrap(cls, func, y0: torch.Tensor, rtol, atol, options: Mapping):
+        options = dict(options)
+        norm = options.get("norm")
+        if norm is not None and not isinstance(norm, StateNorm):
+            options["norm"] = lambda e, _norm=norm: _norm(_complex(e))
+        tols = [tol.unsqueeze(-1) if isinstance(tol, torch.Tensor) and tol.dim() else tol for tol in (rtol, atol)]
+        return cls(func), torch.view_as_real(y0), tols[0], tols[1], options
+
+
+def _complex(y: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_complex(y if y.stride(-1) == 1 else y.contiguous())
 
 
 def _engine(
@@ -380,8 +427,10 @@ class _Adaptive:
         atol: float,
         options: dict,
         steps: str = "differentiated",
+        land_on_jumps: bool = False,
     ):
         self.func, self.y0, self.t, self.tab = func, y0, t, tab
+        self.land_on_jumps = land_on_jumps
         # per-element tolerances stay tensors (torchdiffeq's `rtol`/`atol` may be either)
         self.rtol = rtol if isinstance(rtol, torch.Tensor) else float(rtol)
         self.atol = atol if isinstance(atol, torch.Tensor) else float(atol)
@@ -569,7 +618,7 @@ class _Adaptive:
                         on_step, t1, dt, t1f, dtf = True, st, st - t0, st, st - t0f
                 if self.jumps:
                     jt = self.jumps[self.jump_index]
-                    if t0f < jt < t1f:
+                    if t0f < jt < t1f or (self.land_on_jumps and jt == t1f):
                         on_step, on_jump, t1, dt, t1f, dtf = False, True, jt, jt - t0, jt, jt - t0f
                 hy = eng.weights(dt)
                 Y = eng.run_stages(func, clock.adaptive_times(t0, hy, t1, c), fsal=tab.fsal)

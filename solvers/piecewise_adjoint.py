@@ -64,7 +64,7 @@ from .errors import BACKWARD_UNSTABLE, Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .norms import StateNorm
 from .piece_grads import piece_slots
-from .torchdiffeq_methods import torchdiffeq_method
+from .rk_odeint import odeint_rk
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
 
@@ -232,14 +232,12 @@ class _PiecewiseAdjoint(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-        from torchdiffeq import odeint
-
         method, kw = cfg["method"], dict(rtol=cfg["rtol"], atol=cfg["atol"], options=cfg["options"])
         with torch.no_grad():
             if fast_applies(method, False, y0, t, (), cfg["options"]):
                 ys = odeint_fast(cfg["func"], y0, t, method=method, graph=False, **kw)
             else:
-                ys = odeint(cfg["func"], y0, t, method=torchdiffeq_method(method), **kw)
+                ys = odeint_rk(cfg["func"], y0, t, method=method, graph=False, **kw)
         ctx.cfg = cfg
         ctx.save_for_backward(t, ys, *params)
         return ys
@@ -284,8 +282,6 @@ class _PiecewiseAdjoint(torch.autograd.Function):
 
 def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, full: bool = False) -> tuple:
     """Solve the backward system from ``t[i]`` to ``t[i − 1]``; returns the state there."""
-    from torchdiffeq import odeint
-
     stats = cfg["stats"]
     t_hi, t_lo = float(t[i]), float(t[i - 1])
     dyn.full = full
@@ -293,14 +289,16 @@ def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, 
         v.p.set_views(None if full else v)
     dyn.start(t_hi, t_lo, state)
     try:
-        out = odeint(
+        out = odeint_rk(
             dyn,
             state,
             t[i - 1 : i + 1].flip(0),
             rtol=cfg["adjoint_rtol"],
             atol=cfg["adjoint_atol"],
-            method=torchdiffeq_method(cfg["adjoint_method"]),
+            method=cfg["adjoint_method"],
             options={**cfg["adjoint_options"], "norm": _backward_norm(cfg)},
+            graph=False,
+            land_on_jumps=bool(getattr(cfg["func"], "backward_jumps", None)),
         )
     except AssertionError as exc:
         if exc is dyn.field_error:
