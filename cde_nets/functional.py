@@ -48,7 +48,7 @@ from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample import odeint_per_sample
-from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
+from cde_nets.solvers.rk_events import odeint_event_rk
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
 
@@ -458,15 +458,13 @@ def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, even
     """torchdiffeq's event search on the flat, forwards problem, without a graph."""
     with torch.no_grad():
         try:
-            from torchdiffeq import odeint as torchdiffeq_odeint  # here: torchdiffeq loads scipy
-
-            s_event, found = torchdiffeq_odeint(
+            s_event, found = odeint_event_rk(
                 problem,
                 flat.detach(),
                 t.detach()[:2] * sign,
                 rtol=tolerance(rtol, shapes, "rtol"),
                 atol=tolerance(atol, shapes, "atol"),
-                method=torchdiffeq_method(method),
+                method=method,
                 options=state_norm(flip_options(opts, sign, shapes), shapes, method),
                 event_fn=event,
             )

@@ -29,9 +29,10 @@ from .norms import StateNorm
 from .per_sample import wants_rows
 from .piecewise_adjoint import piecewise_adjoint
 from .replay import replay_gradient
+from .rk_adjoint import odeint_adjoint_rk
+from .rk_odeint import odeint_rk
 from .step_sizes import warn_held_fixed
 from .tableaux import TABLEAUX
-from .torchdiffeq_methods import torchdiffeq_method
 
 __all__ = [
     "ADAPTIVE",
@@ -223,8 +224,6 @@ def solve_flat(
         gradient.check(method)
     if method in IMPLICIT:
         return ImplicitGrid(func, method, options).solve(y0, t, gradient.name, params)
-    import torchdiffeq  # here, not at import: torchdiffeq loads scipy
-
     fast_options = dict(options)
     if "step_size" in fast_options:
         step = fast_options.pop("step_size")
@@ -276,17 +275,17 @@ def solve_flat(
                 stats=_NoStats(),
                 adjoint_adaptive=adj_method in ADAPTIVE,
             )
-        return torchdiffeq.odeint_adjoint(
+        return odeint_adjoint_rk(
             func,
             y0,
             t,
             rtol=rtol,
             atol=atol,
-            method=torchdiffeq_method(method),
+            method=method,
             options=options,
             adjoint_rtol=adjoint["rtol"],
             adjoint_atol=adjoint["atol"],
-            adjoint_method=torchdiffeq_method(adjoint["method"]),
+            adjoint_method=adjoint["method"],
             adjoint_options=adj_options,
             adjoint_params=params,
         )
@@ -311,7 +310,7 @@ def solve_flat(
         )
     if method in ADAPTIVE and getattr(gradient, "steps", "") == "differentiated" and torch.is_grad_enabled():
         warn_held_fixed(method, _why_torchdiffeq(fast_options, y0))
-    return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=torchdiffeq_method(method), options=options)
+    return odeint_rk(func, y0, t, rtol=rtol, atol=atol, method=method, options=options)
 
 
 def _why_torchdiffeq(options: dict, y0: torch.Tensor) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from . import fast_rk
 from .fast_rk import FAST_METHODS, odeint_fast
 from .grids import negated_time_options
 from .norms import StateNorm
@@ -33,7 +34,12 @@ _CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
 # the options the stepper takes (solvers.fast_rk); `max_num_steps` is torchdiffeq's own limit, which the
 # library's counting wrapper enforces as `max_steps`
 _TAKEN = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb"}
-_TAKEN |= {"grid_constructor", "norm", "step_t"}
+_TAKEN |= {"grid_constructor", "norm", "step_t", "interp"}
+
+# While ``fast_rk.ENABLED`` is False the tests route every solve here to this reference (torchdiffeq's own loop,
+# with cde_nets' interpolants: tests/torchdiffeq_reference.py), called as ``torchdiffeq.odeint``, to compare the
+# stepper with the integrator of record step for step.
+REFERENCE: Callable[..., Any] | None = None
 
 
 def rk_options(options: Mapping | None, y0: Any) -> dict:
@@ -101,6 +107,8 @@ def odeint_rk(
         import torchdiffeq  # here, not at import: torchdiffeq loads scipy
 
         return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=dict(options or {}))
+    if not fast_rk.ENABLED and REFERENCE is not None:
+        return REFERENCE(func, y0, t, rtol=rtol, atol=atol, method=method, options=dict(options or {}))
     if t.requires_grad:
         raise ValueError("odeint_rk: `t` must not require grad (detach it; its gradient is the caller's).")
     options = rk_options(options, y0)

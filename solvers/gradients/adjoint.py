@@ -11,7 +11,7 @@ from ..errors import check_positive
 from ..grids import adjoint_options
 from ..options import ADAPTIVE_METHODS, OWN_FIXED_METHODS, check_method
 from ..piecewise_adjoint import lands_on_boundaries, piecewise_adjoint
-from ..torchdiffeq_methods import torchdiffeq_method
+from ..rk_adjoint import odeint_adjoint_rk
 from .base import GradientMethod, Run
 
 __all__ = ["Adjoint"]
@@ -67,8 +67,6 @@ class Adjoint(GradientMethod):
             )
 
     def solve(self, run: Run) -> torch.Tensor:
-        from torchdiffeq import odeint_adjoint  # here, not at import: torchdiffeq loads scipy
-
         s, func = run.solver, run.func
         adj_method = s.method if self.method is None else self.method
         adj_options = adjoint_options(adj_method, run.jump_t, run.grid, self.seminorm)
@@ -95,16 +93,16 @@ class Adjoint(GradientMethod):
                 stats=run.stats,
                 adjoint_adaptive=adj_method in ADAPTIVE_METHODS,
             )
-        return odeint_adjoint(
+        return odeint_adjoint_rk(
             func,
             run.y0,
             run.t,
             rtol=s.rtol,
             atol=s.atol,
-            method=torchdiffeq_method(s.method),
+            method=s.method,
             options=run.options,
             adjoint_params=run.params,
-            adjoint_method=torchdiffeq_method(adj_method),
+            adjoint_method=adj_method,
             adjoint_rtol=adj_rtol,
             adjoint_atol=adj_atol,
             adjoint_options=adj_options,

@@ -8,8 +8,8 @@ import torch
 
 from ..alf import integrate_alf
 from ..options import ADAPTIVE_METHODS, REVERSIBLE_METHODS
+from ..rk_odeint import odeint_rk
 from ..step_sizes import check_steps, warn_held_fixed
-from ..torchdiffeq_methods import torchdiffeq_method
 from .base import GradientMethod, Run
 
 __all__ = ["Backprop"]
@@ -58,7 +58,4 @@ class Backprop(GradientMethod):
             )
         if self.steps != "torchdiffeq" and s.method in ADAPTIVE_METHODS and torch.is_grad_enabled():
             warn_held_fixed(s.method, "a method or input the library's own stepper does not take")
-        from torchdiffeq import odeint  # here, not at import: torchdiffeq loads scipy
-
-        method = torchdiffeq_method(s.method)
-        return odeint(run.func, run.y0, run.t, rtol=s.rtol, atol=s.atol, method=method, options=run.options)
+        return odeint_rk(run.func, run.y0, run.t, rtol=s.rtol, atol=s.atol, method=s.method, options=run.options)
