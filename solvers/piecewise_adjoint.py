@@ -56,33 +56,17 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from .errors import BACKWARD_UNSTABLE, Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .norms import StateNorm
-from .piece_grads import piece_slots
+from .piece_grads import PiecewiseParam, piece_slots
 from .rk_odeint import odeint_rk
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
-
-
-class PiecewiseParam(NamedTuple):
-    """A parameter tensor that is constant on pieces of time, as the piecewise adjoint sees it.
-
-    - ``data``: ``(L, *shape)``, piece ``l`` is ``data[l]``.
-    - ``boundaries``: the ``L + 1`` times ``τ_0 < ... < τ_L``; piece ``l`` holds on ``[τ_l, τ_{l+1})``.
-    - ``piece_at(t)``: the piece in force at ``t`` (the field's own lookup, clamped to ``[0, L − 1]``).
-    - ``set_views(views)``: make the field read piece ``l`` as ``views[l]`` from now on; ``None`` restores its
-      own ``data[l]``.
-    """
-
-    data: torch.Tensor
-    boundaries: Sequence[float]
-    piece_at: Callable[[Any], int]
-    set_views: Callable[[Sequence[torch.Tensor] | None], None]
 
 
 def lands_on_boundaries(pieces: Sequence[PiecewiseParam], t: torch.Tensor, stops: Sequence[float] | None) -> bool:

@@ -60,8 +60,7 @@ from typing import Any
 import torch
 
 from .fast_rk import fast_applies, odeint_fast
-from .piece_grads import Grads, LazyPieces, piece_slots
-from .piecewise_adjoint import PiecewiseParam
+from .piece_grads import Grads, LazyPieces, PiecewiseParam, piece_slots
 from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt
 from .rk_odeint import odeint_rk
 from .tableaux import TABLEAUX, MethodTableau, dense_at, quartic
