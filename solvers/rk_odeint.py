@@ -145,7 +145,10 @@ class _Parts:
         out = []
         for part, shape, c in zip(flat.split(self.sizes, dim=-1), self.shapes, self.complex):
             if c:
-                out.append(torch.view_as_complex(part.reshape((*lead, *shape, 2))))
+                pairs = part.reshape((*lead, *shape, 2))
+                if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-1]):
+                    pairs = pairs.clone()  # a complex view needs whole pairs
+                out.append(torch.view_as_complex(pairs))
             else:
                 out.append(part.reshape((*lead, *shape)))
         return tuple(out)
