@@ -104,8 +104,8 @@ def _real(x: torch.Tensor) -> torch.Tensor:
 class _Augmented:
     """``(τ, y, a, g)' = (−aᵀ∂F/∂t, F, −aᵀ∂F/∂y, −aᵀ∂F/∂θ)``; the field's ``callback_*_adjoint`` as its callbacks."""
 
-    def __init__(self, func, params: tuple[torch.Tensor, ...], t_grad: bool, original):
-        self.func, self.params, self.t_grad = func, params, t_grad
+    def __init__(self, func, params: tuple[torch.Tensor, ...], original):
+        self.func, self.params = func, params
         for name in _CALLBACKS:
             callback = getattr(original, f"{name}_adjoint", None)
             if callback is not None:
@@ -114,16 +114,16 @@ class _Augmented:
     def __call__(self, t: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         a = state[2]
         with torch.enable_grad():
-            t = t.detach().requires_grad_(self.t_grad)
+            # τ integrates −aᵀ∂F/∂t whether or not `t` requires grad, as torchdiffeq's: its norm measures τ
+            t = t.detach().requires_grad_(True)
             y = state[1].detach().requires_grad_(True)
             f = self.func(t, y)
-            wrt = ((t,) if self.t_grad else ()) + (y, *self.params)
+            wrt = (t, y, *self.params)
             grads: Sequence[torch.Tensor | None] = (None,) * len(wrt)
             if f.requires_grad:
                 grads = torch.autograd.grad(f, wrt, -a, allow_unused=True)
         vjps = tuple(torch.zeros_like(x) if v is None else v for x, v in zip(wrt, grads))
-        vjp_t = vjps[0] if self.t_grad else torch.zeros_like(state[0])
-        return (vjp_t, f.detach(), *vjps[1 if self.t_grad else 0 :])
+        return (vjps[0].to(state[0].dtype), f.detach(), *vjps[1:])
 
 
 class _Adjoint(torch.autograd.Function):
@@ -152,7 +152,7 @@ class _Adjoint(torch.autograd.Function):
         t = t.detach()
         func, t_grad = cfg["func"], ctx.needs_input_grad[2]
         real = ys.real.dtype if ys.is_complex() else ys.dtype
-        dyn = _Augmented(func, tuple(params), t_grad, cfg["original"])
+        dyn = _Augmented(func, tuple(params), cfg["original"])
         land = bool(getattr(cfg["original"], "backward_jumps", None))
         state: list[torch.Tensor] = [torch.zeros((), dtype=real, device=ys.device), ys[-1], grad_ys[-1]]
         state += [torch.zeros_like(p) for p in params]

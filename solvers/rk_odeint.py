@@ -111,7 +111,7 @@ def odeint_rk(
         return REFERENCE(func, y0, t, rtol=rtol, atol=atol, method=method, options=dict(options or {}))
     if t.requires_grad:
         raise ValueError("odeint_rk: `t` must not require grad (detach it; its gradient is the caller's).")
-    options = rk_options(options, y0)
+    options = dict(options or {})
     parts: _Parts | None = None
     if not isinstance(y0, torch.Tensor):
         parts = _Parts(y0)
@@ -121,6 +121,7 @@ def odeint_rk(
         y0 = parts.flat(y0)
     if len(t) > 1 and bool(t[0] > t[1]):
         t, func, options = -t, _Reversed(func), negated_time_options(options)
+    options = rk_options(options, y0)  # after the negation: a `step_size` grid is laid out in the solve's time
     ys = odeint_fast(
         func, y0, t, method=method, rtol=rtol, atol=atol, options=options, graph=graph, land_on_jumps=land_on_jumps
     )
