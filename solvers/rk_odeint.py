@@ -13,7 +13,9 @@ solve to the stepper's as torchdiffeq reduces it to its own loop, so that the st
 
 Every method of :data:`solvers.tableaux.TABLEAUX` that continuous mode serves runs here, with cde_nets' tableaux
 and dense outputs (so ``bosh3``'s interpolant is the third-order one, and ``tsit5`` exists); the Adams methods and
-``scipy_solver``, which only torchdiffeq has, go to its public ``odeint`` under their own names.
+``scipy_solver``, which only torchdiffeq has, go to its public ``odeint`` under their own names, and so do the
+fixed-step methods on a half-precision state (float16, bfloat16: the stepper rounds its weights and times in
+float32 or float64; torchdiffeq's ``euler`` … ``rk4`` are the same methods).
 """
 
 from __future__ import annotations
@@ -103,7 +105,9 @@ def odeint_rk(
     ``t`` increasing or decreasing (and detached); the callbacks of ``func`` are called as torchdiffeq calls them.
     ``method`` is a library name; without ``graph`` the solve runs under no-grad. ``land_on_jumps``: see
     :func:`~solvers.fast_rk.odeint_fast`. Returns ``(len(t), *y0.shape)``, a tuple of them for a tuple ``y0``."""
-    if method not in FAST_METHODS:
+    if method not in FAST_METHODS or _real_dtype(y0) not in (torch.float32, torch.float64):
+        # the Adams methods, scipy_solver, and half-precision states of the fixed-step methods (the stepper rounds
+        # its weights and times in float32/float64)
         import torchdiffeq  # here, not at import: torchdiffeq loads scipy
 
         return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=dict(options or {}))
