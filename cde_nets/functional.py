@@ -13,10 +13,11 @@ of any shape or a tuple of them, at times ``t`` increasing or decreasing from an
   Runge-Kutta methods run on the library's Newton solver with torchdiffeq's fixed-grid semantics
   (:mod:`solvers.implicit_grid`);
 - gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
-- events are located by torchdiffeq's root finder and differentiated by the implicit function theorem here.
+- events are located by torchdiffeq's search (bisection on the step's dense output) run on the library's stepper
+  (:mod:`solvers.rk_events`) and differentiated by the implicit function theorem here.
 
-Where the engine lacks a method or an option (the Adams methods, ``scipy_solver``; ``dtype``, ``interp="cubic"``,
-a complex state) the flattened, forwards problem goes to torchdiffeq's own solver. Deliberate differences from
+Every explicit Runge-Kutta method runs on the library's stepper, complex states included; only the methods the
+engine lacks (the Adams methods, ``scipy_solver``) go to torchdiffeq's public ``odeint``. Deliberate differences from
 torchdiffeq (unknown options raise, the adjoint's default norm, ...) are listed in
 ``docs/guides/from_torchdiffeq.md``.
 """
@@ -418,7 +419,8 @@ def odeint_adjoint(
 def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint):
     """``(event_t, solution)`` from ``t[0]`` until ``event_fn(t, y) = 0``.
 
-    The event is located by torchdiffeq's root finder on the flattened, forwards problem, without a graph (for the
+    The event is located by torchdiffeq's search on the flattened, forwards problem, on the library's stepper
+    (:func:`~cde_nets.solvers.rk_events.odeint_event_rk`), without a graph (for the
     implicit methods by :func:`~cde_nets.solvers.implicit_grid.implicit_until_event`, the same search); the
     state there is then solved for at that fixed time in the chosen gradient mode, and the implicit function
     theorem on ``g(t*, y(t*)) = 0`` gives the time's gradient,

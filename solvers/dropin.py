@@ -6,8 +6,9 @@ RMS norms: :func:`state_norm`); decreasing times ``t`` are negated (``s = −t``
 ``dy/ds = −func(−s, y)``) with the options that hold times (``step_t``, ``jump_t``, a grid constructor); the
 user's torchdiffeq callbacks are forwarded in the user's own time and shapes. :func:`solve_flat` then picks the
 engine's piece: the fast Runge-Kutta path (:mod:`solvers.fast_rk`), the piecewise seminorm adjoint
-(:mod:`solvers.piecewise_adjoint`), the replayed exact gradients (:mod:`solvers.replay`), or torchdiffeq's own
-solver for the methods and options the engine lacks.
+(:mod:`solvers.piecewise_adjoint`), the replayed exact gradients (:mod:`solvers.replay`), or torchdiffeq's
+``odeint`` contract on the library's stepper (:mod:`solvers.rk_odeint`, :mod:`solvers.rk_adjoint`), which leaves
+to torchdiffeq only the methods the engine lacks.
 """
 
 from __future__ import annotations

@@ -39,8 +39,10 @@ the controller (:mod:`solvers.step_sizes`; ``steps="torchdiffeq"``: the first st
 So the accepted and rejected steps and the number of field evaluations are torchdiffeq's (dopri8's, plus five
 for each step that holds an output time); ``dopri5``'s numbers are its bits, the fixed-step methods other than
 ``euler`` and ``midpoint`` (which torchdiffeq writes as formulas, not tableaux) agree to rounding.
-:func:`fast_applies` says when this path is taken; the adapter falls back to torchdiffeq for the rest (the
-adjoint's backward solve, decreasing times, the multistep methods, complex states).
+:func:`fast_applies` says when a forward solve takes this path directly; :func:`solvers.rk_odeint.odeint_rk`
+brings the rest to it (tuple states and decreasing times: the adjoint's backward solve), and
+:mod:`solvers.rk_events` runs torchdiffeq's event search on it. A complex state is stepped as its real and
+imaginary parts (its error measured on each). Only the multistep methods and ``scipy_solver`` stay torchdiffeq's.
 """
 
 from __future__ import annotations

@@ -41,7 +41,12 @@ with it to rounding — with two exceptions, where torchdiffeq's own adjoint is 
   first stage at the boundary itself, i.e. with the piece above, which is not in force on the interval; here it
   is evaluated just below, as torchdiffeq does after every jump;
 - a step that ends exactly on a jump (not clipped to it) leaves torchdiffeq crossing every later jump of the
-  solve; the adapter widens such a step by an ulp so that it is clipped (``_Counted._clip_on_jump``).
+  solve; here the stepper treats it as clipped there (``land_on_jumps`` of :func:`solvers.fast_rk.odeint_fast`,
+  asked for by the adapter's ``backward_jumps``).
+
+Both solves run on the library's stepper (:func:`solvers.rk_odeint.odeint_rk` reduces the tuple state and the
+decreasing times as torchdiffeq does), so the steps are torchdiffeq's and, for ``dopri5``, the gradients its bits;
+``dopri8`` reads the adjoint at each output time off its seventh-order extension, not torchdiffeq's quartic.
 
 Should an accepted step still cross a boundary, the interval is solved again with full ``(L, ...)`` accumulators
 (torchdiffeq's scheme, exact but quadratic). Memory: the backward state is ``2|y| + Σ_j |θ_{j,l}| + Σ_k |g_k|``,
@@ -211,8 +216,9 @@ class _Backward:
 
 
 class _PiecewiseAdjoint(torch.autograd.Function):
-    """Forward: the library's own stepper without a graph (:mod:`solvers.fast_rk`, torchdiffeq's steps), or
-    torchdiffeq's ``odeint`` for what it does not take. Backward: the adjoint solve described in the module."""
+    """Forward: the library's own stepper without a graph (:mod:`solvers.fast_rk`, torchdiffeq's steps; through
+    :func:`~solvers.rk_odeint.odeint_rk`, torchdiffeq's ``odeint`` for the methods only it has). Backward: the
+    adjoint solve described in the module, on the same stepper."""
 
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
@@ -312,7 +318,7 @@ def _failure(cfg: dict, what: str, t_lo: float, t_hi: float) -> str:
             "or check the inputs."
         )
     return (
-        f"torchdiffeq stopped {where}: {what[:200]}. Loosen `adjoint_rtol`/`adjoint_atol`, raise `max_steps`, "
+        f"the solver stopped {where}: {what[:200]}. Loosen `adjoint_rtol`/`adjoint_atol`, raise `max_steps`, "
         f"or use float64. {BACKWARD_UNSTABLE}"
     )
 
@@ -336,8 +342,8 @@ def piecewise_adjoint(
     adjoint_adaptive: bool,
 ) -> torch.Tensor:
     """``odeint(func, y0, t)`` whose backward pass is the seminorm adjoint with piecewise parameter states;
-    ``method`` and ``adjoint_method`` are the library's method names (its own stepper solves forwards where it can,
-    torchdiffeq backwards).
+    ``method`` and ``adjoint_method`` are the library's method names (its own stepper solves both ways:
+    :func:`~solvers.rk_odeint.odeint_rk`).
 
     ``params``: every tensor to differentiate (parameters, and inputs the field closes over); those that are the
     ``data`` of an entry of ``pieces`` get piece-by-piece gradients, the others full ones. ``adjoint_options``:

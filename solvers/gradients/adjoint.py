@@ -16,7 +16,7 @@ from .base import GradientMethod, Run
 
 __all__ = ["Adjoint"]
 
-# False routes every adjoint through torchdiffeq's ``odeint_adjoint`` (the reference the tests compare with).
+# False routes every adjoint through the generic one, torchdiffeq's scheme (the reference the tests compare with).
 PIECEWISE = True
 
 
@@ -30,7 +30,8 @@ class Adjoint(GradientMethod):
     Parameters constant on pieces of time get one piece-shaped gradient state each and the backward solve
     differentiates only the piece in force, so its cost is linear in the number of pieces
     (:mod:`solvers.piecewise_adjoint`); without the seminorm, when ``t`` requires grad, or when the backward solver
-    would not step on every piece boundary, torchdiffeq's ``odeint_adjoint`` serves, whose cost grows with the
+    would not step on every piece boundary, the generic adjoint over whole tensors serves (torchdiffeq's
+    ``odeint_adjoint``'s scheme on the library's stepper: :mod:`solvers.rk_adjoint`), whose cost grows with the
     square of the number of pieces. Serves every method but ``alf``, and the SDE block (``method`` there is
     torchsde's ``adjoint_method``; ``rtol``/``atol``/``seminorm`` are refused).
     """
