@@ -32,7 +32,6 @@ from .piecewise_adjoint import piecewise_adjoint
 from .replay import replay_gradient
 from .rk_adjoint import odeint_adjoint_rk
 from .rk_odeint import odeint_rk
-from .step_sizes import warn_held_fixed
 from .tableaux import TABLEAUX
 
 __all__ = [
@@ -309,19 +308,8 @@ def solve_flat(
             stats=_NoStats(),
             steps=gradient.steps,
         )
-    if method in ADAPTIVE and getattr(gradient, "steps", "") == "differentiated" and torch.is_grad_enabled():
-        warn_held_fixed(method, _why_torchdiffeq(fast_options, y0))
-    return odeint_rk(func, y0, t, rtol=rtol, atol=atol, method=method, options=options)
-
-
-def _why_torchdiffeq(options: dict, y0: torch.Tensor) -> str:
-    """Why a solve went to torchdiffeq's own solver, for the message."""
-    extra = sorted(set(options) - _FAST_OPTIONS)
-    if extra:
-        return f"options {extra}"
-    if y0.dtype not in (torch.float32, torch.float64):
-        return f"a {y0.dtype} state"
-    return "a method of torchdiffeq's"
+    steps = getattr(gradient, "steps", "differentiated")  # the stepper differentiates the step sizes as asked
+    return odeint_rk(func, y0, t, rtol=rtol, atol=atol, method=method, options=options, steps=steps)
 
 
 class _NoStats:

@@ -99,12 +99,13 @@ def odeint_rk(
     method: str,
     options: Mapping | None = None,
     graph: bool = True,
+    steps: str = "differentiated",
     land_on_jumps: bool = False,
 ) -> Any:
     """``torchdiffeq.odeint(func, y0, t, rtol=, atol=, method=, options=)``: ``y0`` a tensor or a tuple of them,
     ``t`` increasing or decreasing (and detached); the callbacks of ``func`` are called as torchdiffeq calls them.
-    ``method`` is a library name; without ``graph`` the solve runs under no-grad. ``land_on_jumps``: see
-    :func:`~solvers.fast_rk.odeint_fast`. Returns ``(len(t), *y0.shape)``, a tuple of them for a tuple ``y0``."""
+    ``method`` is a library name; without ``graph`` the solve runs under no-grad. ``steps`` and ``land_on_jumps``:
+    see :func:`~solvers.fast_rk.odeint_fast`. Returns ``(len(t), *y0.shape)``, a tuple of them for a tuple ``y0``."""
     if method not in FAST_METHODS or _real_dtype(y0) not in (torch.float32, torch.float64):
         # the Adams methods, scipy_solver, and half-precision states of the fixed-step methods (the stepper rounds
         # its weights and times in float32/float64)
@@ -126,9 +127,8 @@ def odeint_rk(
     if len(t) > 1 and bool(t[0] > t[1]):
         t, func, options = -t, _Reversed(func), negated_time_options(options)
     options = rk_options(options, y0)  # after the negation: a `step_size` grid is laid out in the solve's time
-    ys = odeint_fast(
-        func, y0, t, method=method, rtol=rtol, atol=atol, options=options, graph=graph, land_on_jumps=land_on_jumps
-    )
+    kw = dict(rtol=rtol, atol=atol, options=options, graph=graph, steps=steps, land_on_jumps=land_on_jumps)
+    ys = odeint_fast(func, y0, t, method=method, **kw)
     return ys if parts is None else parts.split(ys)
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from ..alf import integrate_alf
-from ..options import ADAPTIVE_METHODS, REVERSIBLE_METHODS
+from ..options import REVERSIBLE_METHODS
 from ..rk_odeint import odeint_rk
-from ..step_sizes import check_steps, warn_held_fixed
+from ..step_sizes import check_steps
 from .base import GradientMethod, Run
 
 __all__ = ["Backprop"]
@@ -56,6 +56,7 @@ class Backprop(GradientMethod):
                 jump_t=run.jump_t,
                 grid=run.grid,
             )
-        if self.steps != "torchdiffeq" and s.method in ADAPTIVE_METHODS and torch.is_grad_enabled():
-            warn_held_fixed(s.method, "a method or input the library's own stepper does not take")
-        return odeint_rk(run.func, run.y0, run.t, rtol=s.rtol, atol=s.atol, method=s.method, options=run.options)
+        opts = run.options
+        return odeint_rk(
+            run.func, run.y0, run.t, rtol=s.rtol, atol=s.atol, method=s.method, options=opts, steps=self.steps
+        )
