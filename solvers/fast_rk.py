@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .complex_state import RealParts
 from .norms import StateNorm
 from .rk_stages import Buffered, Graph, Rows, sum_order
 from .step_sizes import attach, carries, check_steps, controller_factor
@@ -296,7 +297,7 @@ def odeint_fast(
     its real and imaginary parts. Returns ``(len(t), *y0.shape)``."""
     tab = TABLEAUX[method]
     if y0.is_complex():
-        func, y0, rtol, atol, options = _RealParts.wrap(func, y0, rtol, atol, options)
+        func, y0, rtol, atol, options = RealParts.wrap(func, y0, rtol, atol, options)
         ys = odeint_fast(
             func,
             y0,
@@ -314,41 +315,6 @@ def odeint_fast(
         if tab.adaptive:
             return _Adaptive(func, y0, t, tab, rtol, atol, dict(options), check_steps(steps), land_on_jumps).run()
         return _fixed(func, y0, t, tab, method, dict(options))
-
-
-class _RealParts:
-    """A field of a complex state ``z = x + iy`` as the field of its parts ``(x, y)`` (``torch.view_as_real``,
-    last axis of size 2), for the stepper, whose arithmetic is real: every stage ``Y_i = z_0 + h Σ a_ij k_j`` is
-    the same sum on either part. The error of a step is then measured on each part (``|Re e|``, ``|Im e|``
-    against ``atol + rtol max(|Re y|, ...)``) rather than on ``|e|``; callbacks and a recorder see the complex
-    state."""
-
-    def __init__(self, func):
-        self.func = func
-        for name in ("callback_step", "callback_accept_step", "callback_reject_step"):
-            callback = getattr(func, name, None)
-            if callback is not None:
-                setattr(self, name, lambda t0, y, dt, _cb=callback: _cb(t0, _complex(y), dt))
-
-    @property
-    def recorder(self):
-        return getattr(self.func, "recorder", None)
-
-    def __call__(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.view_as_real(self.func(t, _complex(y)))
-
-    @classmethod
-    def wrap(cls, func, y0: torch.Tensor, rtol, atol, options: Mapping):
-        options = dict(options)
-        norm = options.get("norm")
-        if norm is not None and not isinstance(norm, StateNorm):
-            options["norm"] = lambda e, _norm=norm: _norm(_complex(e))
-        tols = [tol.unsqueeze(-1) if isinstance(tol, torch.Tensor) and tol.dim() else tol for tol in (rtol, atol)]
-        return cls(func), torch.view_as_real(y0), tols[0], tols[1], options
-
-
-def _complex(y: torch.Tensor) -> torch.Tensor:
-    return torch.view_as_complex(y if y.stride(-1) == 1 else y.contiguous())
 
 
 def _engine(

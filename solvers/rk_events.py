@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from . import fast_rk, rk_odeint
-from .fast_rk import _NEXT, _NONE, _PREV, FAST_METHODS, _Adaptive, _Clock, _engine, _RealParts
+from .complex_state import RealParts
+from .fast_rk import _NEXT, _NONE, _PREV, FAST_METHODS, _Adaptive, _Clock, _engine
 from .rk_odeint import rk_options
 from .tableaux import TABLEAUX
 
@@ -67,7 +68,7 @@ def odeint_event_rk(
         signs = torch.sign(event_fn(t[0], y0))
         event = _Combined(event_fn, signs)
         if y0.is_complex():
-            func, real, rtol, atol, opts = _RealParts.wrap(func, y0, rtol, atol, opts)
+            func, real, rtol, atol, opts = RealParts.wrap(func, y0, rtol, atol, opts)
             event = _Combined(lambda s, y: event_fn(s, torch.view_as_complex(y)), signs)
             t_event, y_event = _search(func, real, t, event, rtol, atol, method, opts, step, interp)
             return t_event.to(t), torch.stack([y0, torch.view_as_complex(y_event)])
