@@ -13,10 +13,11 @@ of any shape or a tuple of them, at times ``t`` increasing or decreasing from an
   Runge-Kutta methods run on the library's Newton solver with torchdiffeq's fixed-grid semantics
   (:mod:`solvers.implicit_grid`);
 - gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
-- events are located by torchdiffeq's root finder and differentiated by the implicit function theorem here.
+- events are located by torchdiffeq's search (bisection on the step's dense output) run on the library's stepper
+  (:mod:`solvers.rk_events`) and differentiated by the implicit function theorem here.
 
-Where the engine lacks a method or an option (the Adams methods, ``scipy_solver``; ``dtype``, ``interp="cubic"``,
-a complex state) the flattened, forwards problem goes to torchdiffeq's own solver. Deliberate differences from
+Every explicit Runge-Kutta method runs on the library's stepper, complex states included; only the methods the
+engine lacks (the Adams methods, ``scipy_solver``) go to torchdiffeq's public ``odeint``. Deliberate differences from
 torchdiffeq (unknown options raise, the adjoint's default norm, ...) are listed in
 ``docs/guides/from_torchdiffeq.md``.
 """
@@ -51,7 +52,7 @@ from cde_nets.solvers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, 
 from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample import odeint_per_sample
-from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
+from cde_nets.solvers.rk_events import odeint_event_rk
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
@@ -413,7 +414,8 @@ def odeint_adjoint(
 def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint):
     """``(event_t, solution)`` from ``t[0]`` until ``event_fn(t, y) = 0``.
 
-    The event is located by torchdiffeq's root finder on the flattened, forwards problem, without a graph (for the
+    The event is located by torchdiffeq's search on the flattened, forwards problem, on the library's stepper
+    (:func:`~cde_nets.solvers.rk_events.odeint_event_rk`), without a graph (for the
     implicit methods by :func:`~cde_nets.solvers.implicit_grid.implicit_until_event`, the same search); the
     state there is then solved for at that fixed time in the chosen gradient mode, and the implicit function
     theorem on ``g(t*, y(t*)) = 0`` gives the time's gradient,
@@ -455,15 +457,13 @@ def _event_search(problem, flat, t, sign, shapes, rtol, atol, method, opts, even
     rtol, atol = tolerances(rtol, atol, shapes)
     with torch.no_grad():
         try:
-            from torchdiffeq import odeint as torchdiffeq_odeint  # here: torchdiffeq loads scipy
-
-            s_event, found = torchdiffeq_odeint(
+            s_event, found = odeint_event_rk(
                 problem,
                 flat.detach(),
                 t.detach()[:2] * sign,
                 rtol=rtol,
                 atol=atol,
-                method=torchdiffeq_method(method),
+                method=method,
                 options=state_norm(flip_options(opts, sign, shapes), shapes, method),
                 event_fn=event,
             )

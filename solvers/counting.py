@@ -145,7 +145,7 @@ class Counted(nn.Module):
         t0f, dtf = _float(t0), _float(dt)
         if backward and self.backward_start_finite is None:  # once: did the backward solve start finite?
             self.backward_start_finite = _finite(y0)
-        if backward and self.backward_jumps:
+        if backward and self.backward_jumps and isinstance(dt, torch.Tensor):  # the stepper's own: land_on_jumps
             self._clip_on_jump(t0f, dtf, dt)
         moved = (t0f - dtf != t0f) if backward else (t0f + dtf != t0f)
         if not moved or not dtf > 0:

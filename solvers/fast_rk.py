@@ -25,7 +25,7 @@ Dormand 1981, with a seventh-order continuous extension whose five stages are ev
 holds an output time: :mod:`solvers.dopri8`), ``bosh3`` (Bogacki & Shampine 1989), ``fehlberg2`` and
 ``adaptive_heun`` (the last two not FSAL: a step's end is ``y_0 + h Σ b_i k_i``, and its last stage is the next
 step's first all the same), these three with the cubic Hermite dense output rather than torchdiffeq's lower-order
-ones (:mod:`solvers.torchdiffeq_methods`), and the fixed-step ``euler``, ``midpoint``, ``heun2``, ``heun3`` and
+ones (:func:`solvers.tableaux.hermite_mid`), and the fixed-step ``euler``, ``midpoint``, ``heun2``, ``heun3`` and
 ``rk4`` (the 3/8 rule), with their tableaux from :mod:`solvers.tableaux`.
 Step-size control is the standard one of Hairer, Nørsett & Wanner ("Solving Ordinary Differential Equations I",
 §II.4): the initial step of their algorithm, the step accepted when the error ratio is at most 1, and the next
@@ -39,8 +39,10 @@ the controller (:mod:`solvers.step_sizes`; ``steps="torchdiffeq"``: the first st
 So the accepted and rejected steps and the number of field evaluations are torchdiffeq's (dopri8's, plus five
 for each step that holds an output time); ``dopri5``'s numbers are its bits, the fixed-step methods other than
 ``euler`` and ``midpoint`` (which torchdiffeq writes as formulas, not tableaux) agree to rounding.
-:func:`fast_applies` says when this path is taken; the adapter falls back to torchdiffeq for the rest (the
-adjoint's backward solve, decreasing times, the multistep methods, complex states).
+:func:`fast_applies` says when a forward solve takes this path directly; :func:`solvers.rk_odeint.odeint_rk`
+brings the rest to it (tuple states and decreasing times: the adjoint's backward solve), and
+:mod:`solvers.rk_events` runs torchdiffeq's event search on it. A complex state is stepped as its real and
+imaginary parts (its error measured on each). Only the multistep methods and ``scipy_solver`` stay torchdiffeq's.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .complex_state import RealParts
 from .norms import StateNorm
 from .rk_stages import Buffered, Graph, StageMajor, sum_order
 from .step_sizes import attach, carries, check_steps, controller_factor
@@ -92,6 +95,7 @@ _OPTIONS = {
     "grid_constructor",
     "norm",  # torchdiffeq's: a callable of the scaled error (a tuple state's StateNorm by default)
     "step_t",
+    "interp",  # a fixed grid's output between its points: "linear" or "cubic", as torchdiffeq's
 }
 STEPPER_OPTIONS = frozenset(_OPTIONS)  # the torchdiffeq options the stepper takes
 _NONE, _NEXT, _PREV = 0, 1, -1
@@ -101,6 +105,8 @@ Scalar = float | torch.Tensor  # a time quantity: a float, or a 0-d float64 tens
 
 # False sends every solve to torchdiffeq (the equality tests compare both paths)
 ENABLED = True
+# a complex state is stepped as its real and imaginary parts (torch.view_as_real)
+_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
 
 
 def fast_applies(
@@ -112,7 +118,7 @@ def fast_applies(
     forward-only call in any gradient method)."""
     if not ENABLED or method not in FAST_METHODS or not set(options) <= _OPTIONS:
         return False
-    if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64) or y0.numel() == 0:
+    if not isinstance(y0, torch.Tensor) or y0.dtype not in _DTYPES or y0.numel() == 0:
         return False
     if t.dim() != 1 or len(t) < 2 or t.requires_grad:
         return False
@@ -279,17 +285,36 @@ def odeint_fast(
     options: Mapping,
     graph: bool = True,
     steps: str = "differentiated",
+    land_on_jumps: bool = False,
 ) -> torch.Tensor:
     """``torchdiffeq.odeint(func, y0, t, rtol=, atol=, method=, options=)`` for the calls :func:`fast_applies`
     accepts: the same steps, evaluations and callbacks (``callback_step``, ``callback_accept_step``,
     ``callback_reject_step`` of ``func``), results equal to rounding. Without ``graph``, runs under no-grad.
     ``steps`` (:mod:`solvers.step_sizes`): what the graph of an adaptive solve differentiates, the step sizes as
     functions of the state (``"differentiated"``), as constants (``"fixed"``), or the first only, as torchdiffeq
-    (``"torchdiffeq"``). Returns ``(len(t), *y0.shape)``."""
+    (``"torchdiffeq"``). ``land_on_jumps``: a step that ends exactly on a ``jump_t`` is treated as one clipped there
+    (the field re-read on its far side, the next jump taken up); torchdiffeq, and so the default, clips only a
+    step that strictly contains it, and crosses every later jump after such a step. A complex state is stepped as
+    its real and imaginary parts. Returns ``(len(t), *y0.shape)``."""
     tab = TABLEAUX[method]
+    if y0.is_complex():
+        func, y0, rtol, atol, options = RealParts.wrap(func, y0, rtol, atol, options)
+        ys = odeint_fast(
+            func,
+            y0,
+            t,
+            method=method,
+            rtol=rtol,
+            atol=atol,
+            options=options,
+            graph=graph,
+            steps=steps,
+            land_on_jumps=land_on_jumps,
+        )
+        return torch.view_as_complex(ys)
     with nullcontext() if graph else torch.no_grad():
         if tab.adaptive:
-            return _Adaptive(func, y0, t, tab, rtol, atol, dict(options), check_steps(steps)).run()
+            return _Adaptive(func, y0, t, tab, rtol, atol, dict(options), check_steps(steps), land_on_jumps).run()
         return _fixed(func, y0, t, tab, method, dict(options))
 
 
@@ -330,6 +355,10 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
     if grid[0] != tl[0] or grid[-1] != tl[-1]:
         raise AssertionError("the step grid must start and end on the output times")
     perturb = bool(options.get("perturb", False))
+    interp = options.get("interp", "linear")
+    if interp not in ("linear", "cubic"):
+        raise ValueError(f"options['interp'] must be 'linear' or 'cubic', got {interp!r}.")
+    cubic = interp == "cubic"
     first, last = (_NEXT, _PREV) if perturb else (_NONE, _NONE)
     c = tab.tableau.c
     s = len(c)
@@ -356,13 +385,35 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
         eng.weights(dt)
         y1 = eng.run_stages(func, times[k * s + 1 : (k + 1) * s], fsal=False)
         while j < len(tl) and t1 >= tl[j]:
-            if tl[j] == t1:
+            if cubic:
+                out.append(_hermite(func, clock, t0, t1, tl[j], y, y1, eng.get(0)))
+            elif tl[j] == t1:
                 out.append(eng.output(y1))
             else:  # torchdiffeq's linear interpolation off the grid
                 out.append(y + (tl[j] - t0) / (t1 - t0) * (y1 - y))
             j += 1
         y = eng.accept(y1)
     return torch.stack(out)
+
+
+def _hermite(func, clock: _Clock, t0: float, t1: float, tj: float, y0, y1, f0) -> torch.Tensor:
+    """torchdiffeq's ``interp="cubic"`` between grid points: the cubic Hermite interpolant of ``y_0, y_1`` with the
+    slopes ``f_0`` (the step's first stage) and ``f_1 = F(t_1, y_1)`` (one more evaluation per output), with
+    ``x = (t_j − t_0)/(t_1 − t_0)``: ``(1 + 2x)(1 − x)² y_0 + x(1 − x)² h f_0 + x²(3 − 2x) y_1 + x²(x − 1) h f_1``
+    (Hairer, Nørsett & Wanner, "Solving ODEs I", §II.6)."""
+    f1 = func(clock.at(t1), y1)
+    x = (tj - t0) / (t1 - t0)
+    h = t1 - t0
+
+    def c(v: float) -> torch.Tensor:  # a float64 scalar, as torchdiffeq's time tensors multiply the state
+        return torch.tensor(v, dtype=torch.float64, device=y0.device)
+
+    return (
+        c((1 + 2 * x) * (1 - x) * (1 - x)) * y0
+        + c(x * (1 - x) * (1 - x) * h) * f0
+        + c(x * x * (3 - 2 * x)) * y1
+        + c(x * x * (x - 1) * h) * f1
+    )
 
 
 class _Adaptive:
@@ -381,8 +432,10 @@ class _Adaptive:
         atol: float,
         options: dict,
         steps: str = "differentiated",
+        land_on_jumps: bool = False,
     ):
         self.func, self.y0, self.t, self.tab = func, y0, t, tab
+        self.land_on_jumps = land_on_jumps
         # per-element tolerances stay tensors (torchdiffeq's `rtol`/`atol` may be either)
         self.rtol = rtol if isinstance(rtol, torch.Tensor) else float(rtol)
         self.atol = atol if isinstance(atol, torch.Tensor) else float(atol)
@@ -526,14 +579,29 @@ class _Adaptive:
         return ks + self._extra
 
     def run(self) -> torch.Tensor:
-        tab, clock, func = self.tab, self.clock, self.func
-        s, c = tab.stages, tab.tableau.c
         y0 = self.y0
-        t_all = self.t.tolist()
-        t_first = self.t[0].to(torch.float64)
         # the first output through its own node made first, as torchdiffeq's copy into its solution: y0's gradient
         # then sums its parts in torchdiffeq's order
         out: list[torch.Tensor] = [y0.view(y0.shape) if torch.is_grad_enabled() else y0]
+        for tj, eng, last in self._march(self.t.tolist()[1:]):
+            out.append(self._interpolate(eng, last, tj))
+        return torch.stack(out)
+
+    def until(self, stop: Callable[[float, torch.Tensor], bool]) -> tuple[Buffered | Graph, tuple]:
+        """Step from ``t[0]`` until ``stop(t, y)`` holds at the end of an attempted step (accepted or not, as
+        torchdiffeq's event search asks); returns the engine and the last accepted step ``(t_0, t_1, h, y_0,
+        y_1)``, whose dense output :meth:`_interpolate` reads."""
+        for _, eng, last in self._march([math.inf], stop):
+            return eng, last
+        raise AssertionError("unreachable: the march yields once")
+
+    def _march(self, targets: Sequence[float], stop: Callable[[float, torch.Tensor], bool] | None = None):
+        """The steps, yielding ``(t_j, engine, last accepted step)`` once the solve has passed each target
+        ``t_j`` (with ``stop``: once ``stop`` holds)."""
+        tab, clock, func = self.tab, self.clock, self.func
+        s, c = tab.stages, tab.tableau.c
+        y0 = self.y0
+        t_first = self.t[0].to(torch.float64)
         f0 = func(clock.at(t_first), y0)
         dt: Scalar = self._initial_step(t_first, f0) if self.first_step is None else float(self.first_step)
         assert tab.error is not None
@@ -541,14 +609,14 @@ class _Adaptive:
         rows = (tab.error,) if tab.fsal else (tab.tableau.b, tab.error)
         eng = _engine(func, y0, tab, rows, self.rtol, self.atol, self.norm)
         eng.set(0, f0)
-        t0: Scalar = t_all[0]
-        t0f = t_all[0]  # t0 on the host (t0 itself is a tensor while it carries a graph)
+        t0f = float(t_first)  # t0 on the host (t0 itself is a tensor while it carries a graph)
+        t0: Scalar = t0f
         y = y0
         last: tuple | None = None
         pending: torch.Tensor | None = None  # stage 0 of the next step, stored once the last step's stages are read
         check_state = True
-        for tj in t_all[1:]:
-            while tj > t0f:
+        for tj in targets:
+            while tj > t0f if stop is None else not stop(t0f, y):
                 if pending is not None:
                     eng.set(0, pending)
                     pending = None
@@ -570,7 +638,7 @@ class _Adaptive:
                         on_step, t1, dt, t1f, dtf = True, st, st - t0, st, st - t0f
                 if self.jumps:
                     jt = self.jumps[self.jump_index]
-                    if t0f < jt < t1f:
+                    if t0f < jt < t1f or (self.land_on_jumps and jt == t1f):
                         on_step, on_jump, t1, dt, t1f, dtf = False, True, jt, jt - t0, jt, jt - t0f
                 hy = eng.weights(dt)
                 Y = eng.run_stages(func, clock.adaptive_times(t0, hy, t1, c), fsal=tab.fsal)
@@ -594,5 +662,4 @@ class _Adaptive:
                     self.on_reject(t0, y, dt)
                 dt = self._clamp(self._next_step(dtf, ratio)) if nxt is None else nxt
             assert last is not None
-            out.append(self._interpolate(eng, last, tj))
-        return torch.stack(out)
+            yield tj, eng, last

@@ -1,17 +1,31 @@
-"""Gradients of parameters that are constant on pieces of time, accumulated piece by piece: what the step
-replay (:mod:`solvers.replay`) and the reversible integrator (:mod:`solvers.alf`) share."""
+"""Parameters that are constant on pieces of time (:class:`PiecewiseParam`) and their gradients, accumulated
+piece by piece: what the piecewise adjoint (:mod:`solvers.piecewise_adjoint`), the step replay
+(:mod:`solvers.replay`) and the reversible integrator (:mod:`solvers.alf`) share."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
-if TYPE_CHECKING:
-    from .piecewise_adjoint import PiecewiseParam
+__all__ = ["Grads", "LazyPieces", "PiecewiseParam", "piece_slots"]
 
-__all__ = ["Grads", "LazyPieces", "piece_slots"]
+
+class PiecewiseParam(NamedTuple):
+    """A parameter tensor that is constant on pieces of time, as the piecewise adjoint sees it.
+
+    - ``data``: ``(L, *shape)``, piece ``l`` is ``data[l]``.
+    - ``boundaries``: the ``L + 1`` times ``τ_0 < ... < τ_L``; piece ``l`` holds on ``[τ_l, τ_{l+1})``.
+    - ``piece_at(t)``: the piece in force at ``t`` (the field's own lookup, clamped to ``[0, L − 1]``).
+    - ``set_views(views)``: make the field read piece ``l`` as ``views[l]`` from now on; ``None`` restores its
+      own ``data[l]``.
+    """
+
+    data: torch.Tensor
+    boundaries: Sequence[float]
+    piece_at: Callable[[Any], int]
+    set_views: Callable[[Sequence[torch.Tensor] | None], None]
 
 
 def piece_slots(params, pieces) -> tuple[tuple, list[int], list[int | None]]:

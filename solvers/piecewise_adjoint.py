@@ -41,7 +41,12 @@ with it to rounding — with two exceptions, where torchdiffeq's own adjoint is 
   first stage at the boundary itself, i.e. with the piece above, which is not in force on the interval; here it
   is evaluated just below, as torchdiffeq does after every jump;
 - a step that ends exactly on a jump (not clipped to it) leaves torchdiffeq crossing every later jump of the
-  solve; the adapter widens such a step by an ulp so that it is clipped (``_Counted._clip_on_jump``).
+  solve; here the stepper treats it as clipped there (``land_on_jumps`` of :func:`solvers.fast_rk.odeint_fast`,
+  asked for by the adapter's ``backward_jumps``).
+
+Both solves run on the library's stepper (:func:`solvers.rk_odeint.odeint_rk` reduces the tuple state and the
+decreasing times as torchdiffeq does), so the steps are torchdiffeq's and, for ``dopri5``, the gradients its bits;
+``dopri8`` reads the adjoint at each output time off its seventh-order extension, not torchdiffeq's quartic.
 
 Should an accepted step still cross a boundary, the interval is solved again with full ``(L, ...)`` accumulators
 (torchdiffeq's scheme, exact but quadratic). Memory: the backward state is ``2|y| + Σ_j |θ_{j,l}| + Σ_k |g_k|``,
@@ -56,33 +61,17 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from .errors import BACKWARD_UNSTABLE, Reason, SolverError
 from .fast_rk import fast_applies, odeint_fast
 from .norms import StateNorm
-from .piece_grads import piece_slots
-from .torchdiffeq_methods import torchdiffeq_method
+from .piece_grads import PiecewiseParam, piece_slots
+from .rk_odeint import odeint_rk
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
-
-
-class PiecewiseParam(NamedTuple):
-    """A parameter tensor that is constant on pieces of time, as the piecewise adjoint sees it.
-
-    - ``data``: ``(L, *shape)``, piece ``l`` is ``data[l]``.
-    - ``boundaries``: the ``L + 1`` times ``τ_0 < ... < τ_L``; piece ``l`` holds on ``[τ_l, τ_{l+1})``.
-    - ``piece_at(t)``: the piece in force at ``t`` (the field's own lookup, clamped to ``[0, L − 1]``).
-    - ``set_views(views)``: make the field read piece ``l`` as ``views[l]`` from now on; ``None`` restores its
-      own ``data[l]``.
-    """
-
-    data: torch.Tensor
-    boundaries: Sequence[float]
-    piece_at: Callable[[Any], int]
-    set_views: Callable[[Sequence[torch.Tensor] | None], None]
 
 
 def lands_on_boundaries(pieces: Sequence[PiecewiseParam], t: torch.Tensor, stops: Sequence[float] | None) -> bool:
@@ -227,19 +216,18 @@ class _Backward:
 
 
 class _PiecewiseAdjoint(torch.autograd.Function):
-    """Forward: the library's own stepper without a graph (:mod:`solvers.fast_rk`, torchdiffeq's steps), or
-    torchdiffeq's ``odeint`` for what it does not take. Backward: the adjoint solve described in the module."""
+    """Forward: the library's own stepper without a graph (:mod:`solvers.fast_rk`, torchdiffeq's steps; through
+    :func:`~solvers.rk_odeint.odeint_rk`, torchdiffeq's ``odeint`` for the methods only it has). Backward: the
+    adjoint solve described in the module, on the same stepper."""
 
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-        from torchdiffeq import odeint
-
         method, kw = cfg["method"], dict(rtol=cfg["rtol"], atol=cfg["atol"], options=cfg["options"])
         with torch.no_grad():
             if fast_applies(method, False, y0, t, (), cfg["options"]):
                 ys = odeint_fast(cfg["func"], y0, t, method=method, graph=False, **kw)
             else:
-                ys = odeint(cfg["func"], y0, t, method=torchdiffeq_method(method), **kw)
+                ys = odeint_rk(cfg["func"], y0, t, method=method, graph=False, **kw)
         ctx.cfg = cfg
         ctx.save_for_backward(t, ys, *params)
         return ys
@@ -284,8 +272,6 @@ class _PiecewiseAdjoint(torch.autograd.Function):
 
 def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, full: bool = False) -> tuple:
     """Solve the backward system from ``t[i]`` to ``t[i − 1]``; returns the state there."""
-    from torchdiffeq import odeint
-
     stats = cfg["stats"]
     t_hi, t_lo = float(t[i]), float(t[i - 1])
     dyn.full = full
@@ -293,14 +279,16 @@ def _interval(cfg: dict, dyn: _Backward, state: tuple, t: torch.Tensor, i: int, 
         v.p.set_views(None if full else v)
     dyn.start(t_hi, t_lo, state)
     try:
-        out = odeint(
+        out = odeint_rk(
             dyn,
             state,
             t[i - 1 : i + 1].flip(0),
             rtol=cfg["adjoint_rtol"],
             atol=cfg["adjoint_atol"],
-            method=torchdiffeq_method(cfg["adjoint_method"]),
+            method=cfg["adjoint_method"],
             options={**cfg["adjoint_options"], "norm": _backward_norm(cfg)},
+            graph=False,
+            land_on_jumps=bool(getattr(cfg["func"], "backward_jumps", None)),
         )
     except AssertionError as exc:
         if exc is dyn.field_error:
@@ -330,7 +318,7 @@ def _failure(cfg: dict, what: str, t_lo: float, t_hi: float) -> str:
             "or check the inputs."
         )
     return (
-        f"torchdiffeq stopped {where}: {what[:200]}. Loosen `adjoint_rtol`/`adjoint_atol`, raise `max_steps`, "
+        f"the solver stopped {where}: {what[:200]}. Loosen `adjoint_rtol`/`adjoint_atol`, raise `max_steps`, "
         f"or use float64. {BACKWARD_UNSTABLE}"
     )
 
@@ -354,8 +342,8 @@ def piecewise_adjoint(
     adjoint_adaptive: bool,
 ) -> torch.Tensor:
     """``odeint(func, y0, t)`` whose backward pass is the seminorm adjoint with piecewise parameter states;
-    ``method`` and ``adjoint_method`` are the library's method names (its own stepper solves forwards where it can,
-    torchdiffeq backwards).
+    ``method`` and ``adjoint_method`` are the library's method names (its own stepper solves both ways:
+    :func:`~solvers.rk_odeint.odeint_rk`).
 
     ``params``: every tensor to differentiate (parameters, and inputs the field closes over); those that are the
     ``data`` of an entry of ``pieces`` get piece-by-piece gradients, the others full ones. ``adjoint_options``:

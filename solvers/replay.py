@@ -60,11 +60,10 @@ from typing import Any
 import torch
 
 from .fast_rk import fast_applies, odeint_fast
-from .piece_grads import Grads, LazyPieces, piece_slots
-from .piecewise_adjoint import PiecewiseParam
+from .piece_grads import Grads, LazyPieces, PiecewiseParam, piece_slots
 from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt
+from .rk_odeint import odeint_rk
 from .tableaux import TABLEAUX, MethodTableau, dense_at, quartic
-from .torchdiffeq_methods import torchdiffeq_method
 
 __all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
 
@@ -264,14 +263,12 @@ def _times_of(options: dict, name: str) -> list[float]:
 
 def _solve_recorded(func, y0, t, rec: Recorder, method: str, rtol, atol, options: dict) -> torch.Tensor:
     """The solve without a graph, ``rec`` listening to its callbacks."""
-    from torchdiffeq import odeint
-
     func.recorder = rec
     try:
         with torch.no_grad():
             if fast_applies(method, True, y0, t, (), options):  # the same steps, fewer operations
                 return odeint_fast(func, y0, t, method=method, rtol=rtol, atol=atol, options=options)
-            return odeint(func, y0, t, rtol=rtol, atol=atol, method=torchdiffeq_method(method), options=options)
+            return odeint_rk(func, y0, t, rtol=rtol, atol=atol, method=method, options=options)
     finally:
         func.recorder = None
 

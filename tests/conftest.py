@@ -5,6 +5,18 @@ import torch
 torch.set_num_threads(1)
 
 
+def _reference_loop() -> None:
+    """Tests that switch the library's stepper off (``fast_rk.ENABLED = False``) compare it with torchdiffeq's loop."""
+    from torchdiffeq_reference import odeint_reference
+
+    from cde_nets.solvers import rk_odeint
+
+    rk_odeint.REFERENCE = odeint_reference
+
+
+_reference_loop()
+
+
 @pytest.fixture
 def f64():
     """Run the test in float64 and restore the default dtype afterwards."""

@@ -3,7 +3,7 @@
 An adaptive step overshoots the output times and reads them (``y(T)`` too) off its interpolant, so an
 interpolant of lower order than the method caps every output. torchdiffeq's ``bosh3`` (order 3) interpolates
 through a second-order midpoint, its ``fehlberg2`` and ``adaptive_heun`` (order 2) through a first-order one;
-cde_nets uses the cubic Hermite midpoint for all three (solvers/torchdiffeq_methods.py). torchdiffeq's ``dopri8``
+cde_nets uses the cubic Hermite midpoint for all three (solvers/tableaux.py). torchdiffeq's ``dopri8``
 (order 8) reads a quartic; cde_nets' stepper a seventh-order extension of its own (solvers/dopri8.py).
 """
 

@@ -33,9 +33,9 @@ def _flat(text: str) -> str:
 
 def test_the_default_calls_run_the_librarys_own_engine_as_the_pages_say(monkeypatch):
     """The README's first lines and the package's description say continuous mode runs on this library's engine,
-    with torchdiffeq as the reference and fallback; the default ``ODEBlock`` (forward and backward) and the default
-    ``odeint`` then run with every torchdiffeq solver disabled, and a fallback (the continuous adjoint, before its
-    move onto the engine) is caught by the same patch."""
+    with torchdiffeq as the reference and fallback; the default ``ODEBlock`` (forward and backward, by backprop
+    and by the adjoint) and the default ``odeint`` then run with every torchdiffeq solver disabled, and the
+    fallback (a method only torchdiffeq has) is caught by the same patch."""
     from torchdiffeq._impl import solvers
 
     from cde_nets import ODEBlock, odeint
@@ -60,9 +60,10 @@ def test_the_default_calls_run_the_librarys_own_engine_as_the_pages_say(monkeypa
     y0 = torch.ones(3, requires_grad=True)
     odeint(lambda t, y: -y, y0, torch.linspace(0.0, 1.0, 3)).sum().backward()
     assert y0.grad is not None
+    adjoint = ODEBlock(Hamiltonian(4, layers=2), gradient="adjoint")
+    adjoint(torch.randn(3, 4)).sum().backward()
     with pytest.raises(TorchdiffeqRan):  # the patch does reach torchdiffeq
-        adjoint = ODEBlock(Hamiltonian(4, layers=2), gradient="adjoint")
-        adjoint(torch.randn(3, 4)).sum().backward()
+        odeint(lambda t, y: -y, y0, torch.linspace(0.0, 1.0, 3), method="explicit_adams")
 
 
 # --- layout -------------------------------------------------------------------------------------------------------

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torchdiffeq
 from torch import nn
+from torchdiffeq_reference import torchdiffeq_method
 
 from cde_nets import odeint, odeint_adjoint, odeint_event
 from cde_nets.solvers import SolverError
 from cde_nets.solvers.gradients import Backprop
-from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
 
 F64 = torch.float64
 
@@ -49,7 +49,7 @@ CASES += [(m, {"step_size": 0.1}) for m in ("euler", "midpoint", "heun2", "heun3
 def test_values_and_gradients_are_torchdiffeqs(method, options, times):
     """Same steps as torchdiffeq: values and backprop gradients equal to rounding, from any start, either way.
     bosh3, fehlberg2 and adaptive_heun read outputs off a corrected interpolant (a deliberate difference, see
-    solvers/torchdiffeq_methods.py): compared with torchdiffeq's loop running that interpolant."""
+    tests/torchdiffeq_reference.py): compared with torchdiffeq's loop running that interpolant."""
     f, y0, t = Field(), _y0(), TIMES[times]
     # the second-order adaptive methods at 1e-7 take thousands of steps: a looser tolerance keeps this fast
     tol = dict(rtol=1e-5, atol=1e-7) if method in ("adaptive_heun", "fehlberg2") else {}

@@ -10,6 +10,7 @@ torchdiffeq's backprop (first step differentiated, the others held fixed), −57
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -251,12 +252,22 @@ def test_step_t_norm_and_tolerance_tensors_take_the_library_stepper():
         torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
 
 
-def test_a_solve_left_to_torchdiffeq_says_its_gradient_holds_the_steps_fixed():
-    """Where a solve runs inside torchdiffeq (an option the library's stepper does not take, here torchdiffeq's
-    ``dtype``), its backprop holds the step sizes after the first fixed: a warning names it, and why."""
-    x = _y0()[0].clone().requires_grad_()
-    with pytest.warns(UserWarning, match=r"runs on torchdiffeq's own solver here \(options \['dtype'\]\).*holds every"):
-        odeint(VdP(), x, torch.tensor([0.0, 0.1], dtype=F64), method="dopri8", options={"dtype": F64}, **TOL)
+def test_torchdiffeqs_dtype_option_runs_on_the_stepper_with_its_steps_differentiated():
+    """torchdiffeq's ``dtype`` (the dtype of its times) is taken where it leaves the times in float64: the solve,
+    once left to torchdiffeq (its backprop holding the steps after the first fixed), runs on the library's stepper,
+    its gradient the one without the option, bit for bit, with no warning; a ``dtype`` that would step the times in
+    float32 is refused, named."""
+    grads = []
+    for options in ({"dtype": F64}, {}):
+        x = _y0()[0].clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ys = odeint(VdP(), x, torch.tensor([0.0, 0.1], dtype=F64), method="dopri8", options=options, **TOL)
+        grads.append(torch.autograd.grad(ys[-1].sum(), x)[0])
+    assert torch.equal(grads[0], grads[1])
+    x32 = _y0()[0].float()
+    with pytest.raises(ValueError, match=r"options\['dtype'\]=torch.float32 would step the times in torch.float32"):
+        odeint(VdP(), x32, torch.tensor([0.0, 0.1]), method="dopri5", options={"dtype": torch.float32})
 
 
 def test_a_zero_slope_at_the_start_differentiates_the_first_step_per_sample():

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torchdiffeq
 from torch import nn
+from torchdiffeq_reference import torchdiffeq_method
 
 from cde_nets import Backprop, Checkpoint, ContinuousFlow, Symplectic, odeint, odeint_adjoint
 from cde_nets.solvers.norms import StateNorm
-from cde_nets.solvers.torchdiffeq_methods import torchdiffeq_method
 
 F64 = torch.float64
 

@@ -12,12 +12,12 @@ from ..grids import adjoint_options
 from ..norms import StateNorm
 from ..options import ADAPTIVE_METHODS, OWN_FIXED_METHODS, check_method
 from ..piecewise_adjoint import lands_on_boundaries, piecewise_adjoint
-from ..torchdiffeq_methods import torchdiffeq_method
+from ..rk_adjoint import odeint_adjoint_rk
 from .base import GradientMethod, Run
 
 __all__ = ["Adjoint"]
 
-# False routes every adjoint through torchdiffeq's ``odeint_adjoint`` (the reference the tests compare with).
+# False routes every adjoint through the generic one, torchdiffeq's scheme (the reference the tests compare with).
 PIECEWISE = True
 
 
@@ -31,7 +31,8 @@ class Adjoint(GradientMethod):
     Parameters constant on pieces of time get one piece-shaped gradient state each and the backward solve
     differentiates only the piece in force, so its cost is linear in the number of pieces
     (:mod:`solvers.piecewise_adjoint`); without the seminorm, when ``t`` requires grad, or when the backward solver
-    would not step on every piece boundary, torchdiffeq's ``odeint_adjoint`` serves, whose cost grows with the
+    would not step on every piece boundary, the generic adjoint over whole tensors serves (torchdiffeq's
+    ``odeint_adjoint``'s scheme on the library's stepper: :mod:`solvers.rk_adjoint`), whose cost grows with the
     square of the number of pieces. Serves every method but ``alf``, and the SDE block (``method`` there is
     torchsde's ``adjoint_method``; ``rtol``/``atol``/``seminorm`` are refused).
     """
@@ -72,8 +73,6 @@ class Adjoint(GradientMethod):
         return super().refusal(method)
 
     def solve(self, run: Run) -> torch.Tensor:
-        from torchdiffeq import odeint_adjoint  # here, not at import: torchdiffeq loads scipy
-
         s, func = run.solver, run.func
         if run.backward is None:
             adj_method = s.method if self.method is None else self.method
@@ -111,16 +110,16 @@ class Adjoint(GradientMethod):
                 stats=run.stats,
                 adjoint_adaptive=adj_method in ADAPTIVE_METHODS,
             )
-        return odeint_adjoint(
+        return odeint_adjoint_rk(
             func,
             run.y0,
             run.t,
             rtol=s.rtol,
             atol=s.atol,
-            method=torchdiffeq_method(s.method),
+            method=s.method,
             options=run.options,
             adjoint_params=run.params,
-            adjoint_method=torchdiffeq_method(adj_method),
+            adjoint_method=adj_method,
             adjoint_rtol=adj_rtol,
             adjoint_atol=adj_atol,
             adjoint_options=adj_options,

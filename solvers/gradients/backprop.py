@@ -7,11 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from ..alf import integrate_alf
-from ..fast_rk import STEPPER_OPTIONS
-from ..grids import stepper_options
-from ..options import ADAPTIVE_METHODS, REVERSIBLE_METHODS
-from ..step_sizes import check_steps, warn_held_fixed
-from ..torchdiffeq_methods import torchdiffeq_method
+from ..options import REVERSIBLE_METHODS
+from ..rk_odeint import odeint_rk
+from ..step_sizes import check_steps
 from .base import GradientMethod, Run
 
 __all__ = ["Backprop"]
@@ -58,23 +56,7 @@ class Backprop(GradientMethod):
                 jump_t=run.jump_t,
                 grid=run.grid,
             )
-        if self.steps != "torchdiffeq" and s.method in ADAPTIVE_METHODS and torch.is_grad_enabled():
-            warn_held_fixed(s.method, _why_torchdiffeq(stepper_options(run.options), run.y0, run.t))
-        from torchdiffeq import odeint  # here, not at import: torchdiffeq loads scipy
-
-        method = torchdiffeq_method(s.method)
-        return odeint(run.func, run.y0, run.t, rtol=s.rtol, atol=s.atol, method=method, options=run.options)
-
-
-def _why_torchdiffeq(options: dict, y0: torch.Tensor, t: torch.Tensor) -> str:
-    """Why a solve went to torchdiffeq's own solver, for the message."""
-    extra = sorted(set(options) - STEPPER_OPTIONS)
-    if extra:
-        return f"options {extra}"
-    if y0.dtype not in (torch.float32, torch.float64):
-        return f"a {y0.dtype} state"
-    if t.requires_grad:
-        return "output times that require grad"
-    if len(t) > 1 and bool(t[0] > t[-1]):
-        return "decreasing output times"
-    return "a method or input the library's own stepper does not take"
+        opts = run.options
+        return odeint_rk(
+            run.func, run.y0, run.t, rtol=s.rtol, atol=s.atol, method=s.method, options=opts, steps=self.steps
+        )
