@@ -298,44 +298,31 @@ def odeint(
     """
     if controller != "batch":
         return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, adjoint_params)
-    if isinstance(gradient, GradientMethod):
-        if isinstance(gradient, Adjoint):
-            if not gradient.seminorm:
-                raise ValueError(
-                    "Adjoint(seminorm=False) in `odeint`: pass a full norm as odeint_adjoint's "
-                    "`adjoint_options={'norm': ...}` instead."
-                )
-            return odeint_adjoint(
-                func,
-                y0,
-                t,
-                rtol=rtol,
-                atol=atol,
-                method=method,
-                options=options,
-                event_fn=event_fn,
-                adjoint_rtol=gradient.rtol,
-                adjoint_atol=gradient.atol,
-                adjoint_method=gradient.method,
-                adjoint_params=adjoint_params,
-            )
-    if gradient == "adjoint":
-        kw = dict(rtol=rtol, atol=atol, method=method, options=options, event_fn=event_fn)
-        return odeint_adjoint(func, y0, t, adjoint_params=adjoint_params, **kw)
+    if isinstance(gradient, Adjoint) or gradient == "adjoint":
+        return _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoint_params)
     if event_fn is not None:
         return _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, None)
-    return _solve(
-        func,
-        y0,
-        t,
-        rtol=rtol,
-        atol=atol,
-        method=method,
-        options=options,
-        gradient=gradient,
-        adjoint_params=adjoint_params,
-        adjoint=None,
+    kw = dict(rtol=rtol, atol=atol, method=method, options=options, adjoint=None)
+    return _solve(func, y0, t, gradient=gradient, adjoint_params=adjoint_params, **kw)
+
+
+def _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoint_params) -> Any:
+    """``odeint`` with the continuous adjoint: :func:`odeint_adjoint`, with the backward settings of an
+    :class:`~cde_nets.solvers.gradients.Adjoint` object."""
+    kw: dict[str, Any] = dict(
+        rtol=rtol, atol=atol, method=method, options=options, event_fn=event_fn, adjoint_params=adjoint_params
     )
+    if not isinstance(gradient, Adjoint):
+        return odeint_adjoint(func, y0, t, **kw)
+    if not gradient.seminorm:
+        raise ValueError(
+            "Adjoint(seminorm=False) in `odeint`: pass a full norm as odeint_adjoint's "
+            "`adjoint_options={'norm': ...}` instead."
+        )
+    backward: dict[str, Any] = dict(
+        adjoint_rtol=gradient.rtol, adjoint_atol=gradient.atol, adjoint_method=gradient.method
+    )
+    return odeint_adjoint(func, y0, t, **kw, **backward)
 
 
 def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, params) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 
 from . import fast_rk
 from .fast_rk import FAST_METHODS, odeint_fast
-from .grids import negated_time_options
+from .grids import negated_time_options, step_grid
 from .norms import StateNorm
 
 __all__ = ["odeint_rk", "rk_options"]
@@ -53,7 +53,7 @@ def rk_options(options: Mapping | None, y0: Any) -> dict:
     if step is not None:
         if "grid_constructor" in options:
             raise ValueError("options: `step_size` and `grid_constructor` are exclusive; pass one.")
-        options["grid_constructor"] = _step_grid(float(step))
+        options["grid_constructor"] = step_grid(float(step))
     if options.get("interp", "linear") == "linear":
         options.pop("interp", None)
     if "dtype" in options:
@@ -74,19 +74,6 @@ def rk_options(options: Mapping | None, y0: Any) -> dict:
 def _real_dtype(y0: Any) -> torch.dtype:
     first = y0 if isinstance(y0, torch.Tensor) else y0[0]
     return first.real.dtype if first.is_complex() else first.dtype
-
-
-def _step_grid(step: float) -> Callable:
-    """torchdiffeq's grid of a fixed ``step``: ``t_0 + k · step`` for ``k = 0, …, ⌈(t_N − t_0)/step⌉``, the last
-    point moved onto ``t_N``."""
-
-    def construct(func, y0, t):
-        n = int(torch.ceil((t[-1] - t[0]) / step + 1).item())
-        grid = torch.arange(0, n, dtype=t.dtype, device=t.device) * step + t[0]
-        grid[-1] = t[-1]
-        return grid
-
-    return construct
 
 
 def odeint_rk(
