@@ -549,7 +549,9 @@ def _event_state(
         if isinstance(g_local, torch.Tensor) and g_local.requires_grad:
             g_t, g_y = torch.autograd.grad(g_local, (tt, yd), allow_unused=True)
     dg = torch.zeros((), dtype=t.dtype, device=t.device)
-    dg = dg + (0.0 if g_t is None else g_t.to(t.dtype)) + (0.0 if g_y is None else (g_y * f).sum().to(t.dtype))
+    # dg/dt along the solution; for a complex state torch's ∂g/∂y is ∂g/∂Re y + i ∂g/∂Im y, so the rate is Re(conj · F)
+    rate = None if g_y is None else (g_y.conj() * f).real.sum() if g_y.is_complex() else (g_y * f).sum()
+    dg = dg + (0.0 if g_t is None else g_t.to(t.dtype)) + (0.0 if rate is None else rate.to(t.dtype))
     if (g_y is None or not bool(g_y.any())) and not bool(dg):
         # g does not move with (t, y) at t*: the search stopped where g jumps to a value of its own (torchdiffeq's
         # examples guard an end time with `zeros_like(t)`, which has no graph). That time moves with nothing, so

@@ -86,3 +86,27 @@ def test_decreasing_times_and_the_event_search():
         atol=1e-12,
     )
     assert abs(float(t_event) - T) < 1e-7 and float((sol[-1] - yT).abs().max()) < 1e-6
+
+
+def test_the_event_times_gradient_is_its_derivative():
+    """``t*(θ)`` where ``Re y_1 + Im y_1`` reaches a level: ``dt*/dθ`` by the implicit function theorem, which for
+    a complex state reads ``dg/dt = Re(conj(∂g/∂y) · F)`` (torch's gradient of a real function of a complex tensor:
+    without the conjugate the imaginary part's term changes sign), against the central difference of the search."""
+    f, y0, _ = _problem()
+    yT = _closed_form(f, y0, y0)[0]
+    level, t0 = float(yT[1].real + yT[1].imag), torch.tensor(T - 0.05, dtype=torch.float64)
+    start = torch.linalg.matrix_exp(-1j * float(f.theta.detach()) * f.H * (T - 0.05)) @ y0
+
+    def event_time() -> torch.Tensor:
+        kw = dict(rtol=1e-11, atol=1e-13)
+        return odeint_event(f, start, t0, event_fn=lambda t, y: y[1].real + y[1].imag - level, **kw)[0]
+
+    (grad,) = torch.autograd.grad(event_time(), f.theta)
+    eps, theta = 1e-6, f.theta.detach().clone()
+    with torch.no_grad():
+        f.theta.copy_(theta + eps)
+        up = event_time()
+        f.theta.copy_(theta - eps)
+        down = event_time()
+        f.theta.copy_(theta)
+    assert abs(float(grad) - float(up - down) / (2 * eps)) < 1e-5 * (1 + abs(float(grad)))
