@@ -411,6 +411,12 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     if not callable(event_fn):
         raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
     method = _check_method(method)
+    if method in REVERSIBLE_METHODS or method in SPLIT_METHODS:
+        raise ValueError(
+            f"`event_fn` with method={method!r}: odeint's event search runs the Runge-Kutta methods (explicit and "
+            "implicit); for the library's reversible and composition methods use "
+            "ODEBlock(field, method=...).solve(y0, event=...), which locates events on their steps."
+        )
     opts = _check_options(method, options)
     flat, shapes = check_state(y0, method, method in ADAPTIVE)
     t = check_output_times(t, flat.device)

@@ -98,3 +98,10 @@ def test_both_doors_serve_the_same_per_sample_cells(method: str) -> None:
 def test_the_capability_page_is_generated_from_the_classes() -> None:
     page = Path(__file__).resolve().parents[1] / "docs" / "guides" / "capabilities.md"
     assert page.read_text(encoding="utf-8") == markdown(), "run `python -m cde_nets.solvers.capabilities`"
+
+
+@pytest.mark.parametrize("method", ["alf", "yoshida4"])
+def test_odeint_events_name_the_door_that_serves_the_library_s_own_methods(method: str) -> None:
+    y0 = torch.tensor([[0.3, -0.2]], dtype=F64)
+    with pytest.raises(ValueError, match=f"`event_fn` with method='{method}'.*solve\\(y0, event=...\\)"):
+        odeint(_field(), y0, T_OUT[:2], method=method, event_fn=lambda t, y: y[..., 1].sum(), **_settings(method)[1])
