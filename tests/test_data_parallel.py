@@ -80,9 +80,10 @@ def train(rank, world, kind, ckpt=None, epochs=None, resume=False):
     }
 
 
-def train_kinds(rank, world, kinds, ckpt):
-    """Several trainings in one set of processes (starting processes costs more than these trainings)."""
-    return [train(rank, world, k, ckpt if i == 0 else None) for i, k in enumerate(kinds)]
+def train_each(rank, world, runs):
+    """Several trainings in one set of processes (starting processes costs more than these trainings): ``runs``
+    is ``[(kind, checkpoint path or None), ...]``."""
+    return [train(rank, world, kind, ckpt) for kind, ckpt in runs]
 
 
 def single(kind, **kw):
@@ -98,10 +99,27 @@ def max_diff(a, b):
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("kinds", [("discrete",), ("adjoint", "backprop")], ids=["discrete", "ode-block"])
-def test_two_process_ddp_equals_single_process(kinds, tmp_path):
-    ckpt = tmp_path / "ckpt" / "model.pt"
-    out = spawn(train_kinds, 2, kinds, str(ckpt), timeout_s=120)
+GROUPS = {"discrete": ("discrete",), "ode-block": ("adjoint", "backprop")}
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """Every group's two-process trainings from one spawn, the first kind of each group checkpointed:
+    ``{group: (each rank's results, checkpoint path)}``."""
+    runs, where = [], {}
+    for group, kinds in GROUPS.items():
+        ckpt = tmp_path_factory.mktemp(group.replace("-", "_")) / "ckpt" / "model.pt"
+        where[group] = (len(runs), ckpt)
+        runs += [(kind, str(ckpt) if i == 0 else None) for i, kind in enumerate(kinds)]
+    out = spawn(train_each, 2, runs, timeout_s=240)
+    return {g: ([o[at : at + len(GROUPS[g])] for o in out], ckpt) for g, (at, ckpt) in where.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_two_process_ddp_equals_single_process(group, two_process_runs, tmp_path):
+    kinds = GROUPS[group]
+    out, ckpt = two_process_runs[group]
     refs = [single(kind) for kind in kinds]
     for j, (kind, ref) in enumerate(zip(kinds, refs, strict=True)):
         ranks = [o[j] for o in out]
