@@ -37,3 +37,21 @@ def built_site(tmp_path_factory):
         timeout=300,
     )
     return site, proc
+
+
+@pytest.fixture(scope="session")
+def tiny_benchmark(tmp_path_factory):
+    """``tiny_benchmark(name) -> (result, folder it wrote)``: the benchmark's tiny run, made once per test session
+    and shared by the tests that read it (each asserts something else on the same run)."""
+    import importlib
+
+    runs: dict = {}
+
+    def get(name: str):
+        if name not in runs:
+            folder = tmp_path_factory.mktemp(f"benchmark_{name}")
+            module = importlib.import_module(f"cde_nets.benchmarks.{name}")
+            runs[name] = (module.run(tiny=True, out_dir=folder), folder)
+        return runs[name]
+
+    return get
