@@ -55,3 +55,14 @@ def tiny_benchmark(tmp_path_factory):
         return runs[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def nais_digits_tiny(tmp_path_factory):
+    """The folder of one uninterrupted ``python -m cde_nets.experiments nais_digits --tiny --threads 1`` run (in
+    this process, checkpointed as by default), shared by the tests that read it (four trainings: about 6 s)."""
+    from cde_nets.experiments.__main__ import main
+
+    out = tmp_path_factory.mktemp("nais_digits_tiny")
+    assert main(["nais_digits", "--tiny", "--threads", "1", "--out", str(out)]) == 0
+    return out

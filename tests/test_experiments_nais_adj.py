@@ -13,8 +13,10 @@ def _by_setting(res: dict) -> dict:
     return {r["setting"]: r for r in res["rows"]}
 
 
-def test_nais_digits_tiny(tmp_path):
-    res = nais_digits.run("tiny", 0, tmp_path)
+def test_nais_digits_tiny(nais_digits_tiny):
+    import json
+
+    res = json.loads((nais_digits_tiny / "nais_digits.json").read_text())  # the run test_experiments_resume resumes
     rows = _by_setting(res)
     K = nais_digits.SETTINGS["tiny"]["K"]
     nais = rows[f"NAIS-Net, K = {K} shared stages (test)"]
