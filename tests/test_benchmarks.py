@@ -104,7 +104,23 @@ def test_every_benchmark_module_is_in_the_suite_table():
     assert modules == {name for name, _, _ in BENCHMARKS} == set(EXPECTED)
 
 
-@pytest.mark.parametrize("name", [name for name, _, _ in BENCHMARKS])
+# tiny runs over ~2 s on an idle machine (pytest -m "not slow" leaves them out)
+SLOW = {
+    "adjoint_study",
+    "compiled",
+    "continuous_overhead",
+    "discrete_overhead",
+    "gradient_modes",
+    "implicit_tolerance",
+    "per_sample",
+    "per_sample_device",
+    "torchdiffeq_dropin",
+}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name, _, _ in BENCHMARKS]
+)
 def test_tiny_run_writes_its_json(name, tiny_benchmark):
     file, keys, row_keys = EXPECTED[name]
     res, folder = tiny_benchmark(name)
@@ -188,6 +204,7 @@ def test_value_text_never_prints_nan_or_a_zero_ratio():
     assert at_most("r", float("nan"), 1.1).met is None and at_most("p", 0.02, 0.03, "+.1%").goal == "<= 3%"
 
 
+@pytest.mark.slow
 def test_dropin_spiral_with_torchdiffeqs_steps_has_torchdiffeqs_losses(tiny_benchmark):
     """The race's third runner, ``Backprop(steps="torchdiffeq")``, trains on torchdiffeq's gradients bit for bit,
     so its losses equal torchdiffeq's exactly in both dtypes (the default differentiates every step size). The

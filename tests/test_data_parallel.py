@@ -154,6 +154,7 @@ def test_shard_outside_a_group_is_the_whole_batch():
     assert got is idx and n == 5 and w == 1.0 and dp.world_size() == 1 and not dp.is_distributed()
 
 
+@pytest.mark.slow
 def test_launcher_tiny_h2_on_8_processes_equals_centralised(tmp_path):
     from cde_nets.experiments.distributed import main
 
@@ -167,6 +168,7 @@ def test_launcher_tiny_h2_on_8_processes_equals_centralised(tmp_path):
     assert h2["forward_bytes_per_rank_per_layer"] == [128.0] * 8 and h2["bytes_per_rank_per_layer"] == [256.0] * 8
 
 
+@pytest.mark.slow
 def test_launcher_tiny_ddp(tmp_path):
     from cde_nets.experiments.distributed import main
 

@@ -106,6 +106,7 @@ def test_the_reference_holds_the_step_sizes_on_their_mesh(f64):
     assert not torch.equal(held, moved)
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs_tiny(tiny_benchmark):
     from cde_nets.benchmarks.adjoint_study import swiss_roll
 

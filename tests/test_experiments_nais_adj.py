@@ -13,6 +13,7 @@ def _by_setting(res: dict) -> dict:
     return {r["setting"]: r for r in res["rows"]}
 
 
+@pytest.mark.slow
 def test_nais_digits_tiny(nais_digits_tiny):
     import json
 
@@ -55,6 +56,7 @@ def test_conservation_tiny(tmp_path):
     assert e[("discrete", "euler", 20)] == pytest.approx(e[("continuous", "euler", 20)], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_adjoint_study_tiny(tmp_path):
     """Tightening the tolerance by 10^2 cuts the error of every gradient (reference: rtol 1e-8 on the steps'
     mesh). At rtol 1e-6 the Hamiltonian field's controller rings (94 accepted and 226 rejected steps), where the

@@ -22,6 +22,7 @@ def _measured(out: Path) -> list:
     return [(r["setting"], r["ours"]) for r in rows]
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, nais_digits_tiny):
     # the uninterrupted run (the same command in this process) is shared with test_experiments_nais_adj.py
     whole, broken = nais_digits_tiny, tmp_path / "broken"

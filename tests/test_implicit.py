@@ -72,6 +72,7 @@ def _h1(seed=0) -> Hamiltonian:
     return Hamiltonian(4, T=1.0, K="full", generator=torch.Generator().manual_seed(seed)).double()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_order_on_nonlinear_hamiltonian_field(method):
     """The H1 field ``y' = J Kᵀ tanh(K y + b)`` against gl6 at 256 steps (error < 1e-15): fitted order within 0.1."""
@@ -147,6 +148,7 @@ def _energy_errors(method, N, h):
     return np.array(errs)
 
 
+@pytest.mark.slow
 def test_gauss_methods_show_no_secular_energy_drift_where_rk4_drifts():
     """gl4 on H1 over 2000 steps of h = 0.25: the energy error stays within 10× its first-period maximum and its
     fitted slope is below 1e-3 of rk4's at the same step (the 10⁵-step study is in experiments/)."""

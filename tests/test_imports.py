@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 # torch itself imports tqdm (torch.hub) and numpy, so those are not listed.
 LAZY = (
     "torch._dynamo",  # torch.compile's tracer: ~0.8 s, loaded by the first solve (cde_nets.compile_boundary)
@@ -42,14 +44,17 @@ def _loaded(step: str) -> list[str]:
     return _after[step]
 
 
+@pytest.mark.slow
 def test_import_cde_nets_loads_no_heavy_module():
     assert _loaded("import") == []
 
 
+@pytest.mark.slow
 def test_the_command_lines_help_loads_no_heavy_module():
     assert _loaded("help") == []
 
 
+@pytest.mark.slow
 def test_a_solve_loads_what_it_needs():
     loaded = _loaded("solve")
     assert "torchdiffeq" in loaded and "torchsde" not in loaded and "matplotlib" not in loaded
