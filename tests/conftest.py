@@ -66,3 +66,21 @@ def nais_digits_tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("nais_digits_tiny")
     assert main(["nais_digits", "--tiny", "--threads", "1", "--out", str(out)]) == 0
     return out
+
+
+# Parametrized cases over about 2 s whose siblings are fast: marked slow by id (the rest carry @pytest.mark.slow).
+SLOW_CASES = {
+    "tests/test_block_registry.py::test_every_question_on_a_closed_form[adaptive_heun-forward]",
+    "tests/test_block_registry.py::test_every_question_on_a_closed_form[adaptive_heun-adjoint]",
+    "tests/test_api.py::test_gradient_reaches_the_block_input_in_every_continuous_mode[stopping-adjoint]",
+    "tests/test_api.py::test_gradient_reaches_the_block_input_in_every_continuous_mode[adjoint]",
+    "tests/test_compile_continuous.py::test_compiled_nais_and_sde_blocks_equal_eager[adjoint]",
+    "tests/test_per_sample_grads.py::test_replayed_gradients_equal_backprop[symplectic-bosh3]",
+    "tests/test_per_sample_grads.py::test_replayed_gradients_equal_backprop[checkpoint-bosh3]",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.nodeid in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)

@@ -35,6 +35,7 @@ def test_conservation_fixed_steps_are_not_refined_by_the_sample_times():
     assert e[("continuous", "euler", 5)] == pytest.approx(e[("discrete", "euler", 5)], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_conservation_tiny(tmp_path):
     res = conservation.run("tiny", 0, tmp_path)
     e = {
