@@ -125,7 +125,7 @@ def accuracy(tiny: bool) -> list[dict]:
 
 
 def scaling(tiny: bool) -> list[dict]:
-    dim, batch, n = (8, 16, 100) if tiny else (64, 256, 1000)
+    dim, batch, n = (8, 16, 20) if tiny else (64, 256, 1000)
     rows = []
     for name in FIELDS:
         field, y0, u = _problem(name, dim, batch, 10)
@@ -250,7 +250,7 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     res = {
         "setting": "float64; accuracy: dopri5/alf at rtol = atol = tol, dim 4, 16 pieces, loss mean(y(T)^2), "
         "reference backprop through dopri5 at 1e-11, step sizes held; scaling: fixed grids of 10 and N steps "
-        "(rk4, alf), dim 64 batch 256 (tiny: dim 8 batch 16, N = 100); time = median of "
+        "(rk4, alf), dim 64 batch 256 (tiny: dim 8 batch 16, N = 20); time = median of "
         "forward + backward; memory = peak bytes saved for backward during the forward pass",
         "rows": acc + scale,
         "targets": targets(scale, acc),

@@ -49,3 +49,50 @@ def built_site(tmp_path_factory):
         timeout=300,
     )
     return site, proc
+
+
+@pytest.fixture(scope="session")
+def tiny_benchmark(tmp_path_factory):
+    """``tiny_benchmark(name) -> (result, folder it wrote)``: the benchmark's tiny run, made once per test session
+    and shared by the tests that read it (each asserts something else on the same run)."""
+    import importlib
+
+    runs: dict = {}
+
+    def get(name: str):
+        if name not in runs:
+            folder = tmp_path_factory.mktemp(f"benchmark_{name}")
+            module = importlib.import_module(f"cde_nets.benchmarks.{name}")
+            runs[name] = (module.run(tiny=True, out_dir=folder), folder)
+        return runs[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def nais_digits_tiny(tmp_path_factory):
+    """The folder of one uninterrupted ``python -m cde_nets.experiments nais_digits --tiny --threads 1`` run (in
+    this process, checkpointed as by default), shared by the tests that read it (four trainings: about 6 s)."""
+    from cde_nets.experiments.__main__ import main
+
+    out = tmp_path_factory.mktemp("nais_digits_tiny")
+    assert main(["nais_digits", "--tiny", "--threads", "1", "--out", str(out)]) == 0
+    return out
+
+
+# Parametrized cases over about 2 s whose siblings are fast: marked slow by id (the rest carry @pytest.mark.slow).
+SLOW_CASES = {
+    "tests/test_block_registry.py::test_every_question_on_a_closed_form[adaptive_heun-forward]",
+    "tests/test_block_registry.py::test_every_question_on_a_closed_form[adaptive_heun-adjoint]",
+    "tests/test_api.py::test_gradient_reaches_the_block_input_in_every_continuous_mode[stopping-adjoint]",
+    "tests/test_api.py::test_gradient_reaches_the_block_input_in_every_continuous_mode[adjoint]",
+    "tests/test_compile_continuous.py::test_compiled_nais_and_sde_blocks_equal_eager[adjoint]",
+    "tests/test_per_sample_grads.py::test_replayed_gradients_equal_backprop[symplectic-bosh3]",
+    "tests/test_per_sample_grads.py::test_replayed_gradients_equal_backprop[checkpoint-bosh3]",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.nodeid in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)

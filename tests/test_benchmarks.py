@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import pkgutil
 from pathlib import Path
@@ -110,12 +109,27 @@ def test_every_benchmark_module_is_in_the_suite_table():
     assert modules == {name for name, _, _ in BENCHMARKS} == set(EXPECTED)
 
 
-@pytest.mark.parametrize("name", [name for name, _, _ in BENCHMARKS])
-def test_tiny_run_writes_its_json(name, tmp_path):
+# tiny runs over ~2 s on an idle machine (pytest -m "not slow" leaves them out)
+SLOW = {
+    "adjoint_study",
+    "compiled",
+    "continuous_overhead",
+    "discrete_overhead",
+    "gradient_modes",
+    "implicit_tolerance",
+    "per_sample",
+    "per_sample_device",
+    "torchdiffeq_dropin",
+}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name, _, _ in BENCHMARKS]
+)
+def test_tiny_run_writes_its_json(name, tiny_benchmark):
     file, keys, row_keys = EXPECTED[name]
-    module = importlib.import_module(f"cde_nets.benchmarks.{name}")
-    res = module.run(tiny=True, out_dir=tmp_path)
-    data = json.loads((tmp_path / f"{file}.json").read_text())
+    res, folder = tiny_benchmark(name)
+    data = json.loads((folder / f"{file}.json").read_text())
     assert keys <= set(data) and "machine" in data
     if "skipped" in data:  # the peer package is optional
         assert data["skipped"] == "momentumnet not installed" and data["rows"] == []
@@ -195,12 +209,14 @@ def test_value_text_never_prints_nan_or_a_zero_ratio():
     assert at_most("r", float("nan"), 1.1).met is None and at_most("p", 0.02, 0.03, "+.1%").goal == "<= 3%"
 
 
-def test_dropin_spiral_with_torchdiffeqs_steps_has_torchdiffeqs_losses(tmp_path):
+@pytest.mark.slow
+def test_dropin_spiral_with_torchdiffeqs_steps_has_torchdiffeqs_losses(tiny_benchmark):
     """The race's third runner, ``Backprop(steps="torchdiffeq")``, trains on torchdiffeq's gradients bit for bit,
-    so its losses equal torchdiffeq's exactly in both dtypes (the default differentiates every step size)."""
-    from cde_nets.benchmarks.torchdiffeq_dropin import _spiral_race
-
+    so its losses equal torchdiffeq's exactly in both dtypes (the default differentiates every step size). The
+    races are the tiny benchmark run's (three iterations in each dtype), shared with the test above."""
+    spiral = tiny_benchmark("torchdiffeq_dropin")[0]["spiral"]
     for dtype in (torch.float32, torch.float64):
-        race = _spiral_race(3, dtype)
+        race = spiral[str(dtype).removeprefix("torch.")]
+        assert race["iterations"] == 3
         assert race["torchdiffeq_steps"]["losses_equal"], (dtype, race["torchdiffeq_steps"]["max_loss_diff"])
         assert race["torchdiffeq_steps"]["max_loss_diff"] == 0.0

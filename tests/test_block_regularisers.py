@@ -84,6 +84,7 @@ def test_hutchinson_jacobian_term_is_unbiased_on_a_full_jacobian():
     assert np.std(means) > 0  # the probes differ between calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gradient", ["checkpoint", "adjoint", "backprop", "symplectic"])
 def test_ode_block_regularised_loss_gradient_matches_finite_differences(gradient):
     field, x, T = Diagonal(), _x(3), 0.7
@@ -109,6 +110,7 @@ def test_ode_block_regularised_loss_gradient_matches_finite_differences(gradient
             assert float(g[i]) == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-8)
 
 
+@pytest.mark.slow
 def test_a_regularised_block_after_a_layer_in_every_gradient_method():
     """An input that requires grad (any layer before the block): checkpoint and adjoint solve forward without a
     graph, where the state is a view that says it requires grad while its derivatives flow to its base; the terms

@@ -162,6 +162,7 @@ def compiled_runs():
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["plain", "stopping"])
 def test_compiled_discrete_nets_equal_eager(compiled_runs, key):
     names, eager, compiled = compiled_runs[key]

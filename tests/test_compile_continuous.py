@@ -77,6 +77,7 @@ def test_compiled_nais_and_sde_blocks_equal_eager(gradient):
         assert all(_close(a, b) for a, b in zip(g_c, g_e))
 
 
+@pytest.mark.slow
 def test_compiled_flow_equals_eager_and_reports_its_terms():
     """A model around a ContinuousFlow (a logit preprocessing, as FFJORD's) compiles with inductor: the solve runs
     eagerly inside it, so log p, the integrated regularisers and the gradients are eager's, on every call."""

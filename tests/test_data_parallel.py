@@ -80,9 +80,10 @@ def train(rank, world, kind, ckpt=None, epochs=None, resume=False):
     }
 
 
-def train_kinds(rank, world, kinds, ckpt):
-    """Several trainings in one set of processes (starting processes costs more than these trainings)."""
-    return [train(rank, world, k, ckpt if i == 0 else None) for i, k in enumerate(kinds)]
+def train_each(rank, world, runs):
+    """Several trainings in one set of processes (starting processes costs more than these trainings): ``runs``
+    is ``[(kind, checkpoint path or None), ...]``."""
+    return [train(rank, world, kind, ckpt) for kind, ckpt in runs]
 
 
 def single(kind, **kw):
@@ -98,10 +99,27 @@ def max_diff(a, b):
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("kinds", [("discrete",), ("adjoint", "backprop")], ids=["discrete", "ode-block"])
-def test_two_process_ddp_equals_single_process(kinds, tmp_path):
-    ckpt = tmp_path / "ckpt" / "model.pt"
-    out = spawn(train_kinds, 2, kinds, str(ckpt), timeout_s=120)
+GROUPS = {"discrete": ("discrete",), "ode-block": ("adjoint", "backprop")}
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """Every group's two-process trainings from one spawn, the first kind of each group checkpointed:
+    ``{group: (each rank's results, checkpoint path)}``."""
+    runs, where = [], {}
+    for group, kinds in GROUPS.items():
+        ckpt = tmp_path_factory.mktemp(group.replace("-", "_")) / "ckpt" / "model.pt"
+        where[group] = (len(runs), ckpt)
+        runs += [(kind, str(ckpt) if i == 0 else None) for i, kind in enumerate(kinds)]
+    out = spawn(train_each, 2, runs, timeout_s=240)
+    return {g: ([o[at : at + len(GROUPS[g])] for o in out], ckpt) for g, (at, ckpt) in where.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_two_process_ddp_equals_single_process(group, two_process_runs, tmp_path):
+    kinds = GROUPS[group]
+    out, ckpt = two_process_runs[group]
     refs = [single(kind) for kind in kinds]
     for j, (kind, ref) in enumerate(zip(kinds, refs, strict=True)):
         ranks = [o[j] for o in out]
@@ -136,6 +154,7 @@ def test_shard_outside_a_group_is_the_whole_batch():
     assert got is idx and n == 5 and w == 1.0 and dp.world_size() == 1 and not dp.is_distributed()
 
 
+@pytest.mark.slow
 def test_launcher_tiny_h2_on_8_processes_equals_centralised(tmp_path):
     from cde_nets.experiments.distributed import main
 
@@ -149,6 +168,7 @@ def test_launcher_tiny_h2_on_8_processes_equals_centralised(tmp_path):
     assert h2["forward_bytes_per_rank_per_layer"] == [128.0] * 8 and h2["bytes_per_rank_per_layer"] == [256.0] * 8
 
 
+@pytest.mark.slow
 def test_launcher_tiny_ddp(tmp_path):
     from cde_nets.experiments.distributed import main
 

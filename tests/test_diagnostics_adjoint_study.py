@@ -106,12 +106,13 @@ def test_the_reference_holds_the_step_sizes_on_their_mesh(f64):
     assert not torch.equal(held, moved)
 
 
-def test_benchmark_script_runs_tiny(tmp_path):
-    from cde_nets.benchmarks.adjoint_study import run, swiss_roll
+@pytest.mark.slow
+def test_benchmark_script_runs_tiny(tiny_benchmark):
+    from cde_nets.benchmarks.adjoint_study import swiss_roll
 
     x, y = swiss_roll(8)
     assert x.shape == (8, 2) and float(y.sum()) == 4 and float(x[4].norm()) == pytest.approx(0.2)
-    study = run(tiny=True, out_dir=tmp_path)
-    assert (tmp_path / "adjoint_study_tiny.json").exists()
+    study, folder = tiny_benchmark("adjoint_study")
+    assert (folder / "adjoint_study_tiny.json").exists()
     euler_bp = [r for r in study["rows"] if r["method"] == "euler"]
     assert all("rel_grad_error" in r for r in study["rows"]) and len(euler_bp) == 1

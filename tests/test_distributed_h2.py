@@ -35,20 +35,54 @@ def centralised_reference(spec):
     return field, torch.cat([p, q], 1).detach(), y0.grad
 
 
-@pytest.mark.parametrize("case", ["K along R", "X along T"])
-def test_distributed_h2_equals_centralised(case):
-    if case == "K along R":  # T = I; each layer couples different ring neighbours through K
-        spec = dict(
-            sizes=[2, 1, 2, 1],
-            T=I,
-            S=RING,
-            seed=3,
-            batch=5,
-            R_layers=[with_edges((0, 1), (2, 3)), with_edges((1, 2), (3, 0)), with_edges((1, 0), (3, 2))],
-        )
-    else:  # R = I; the learned X couples ring neighbours
-        spec = dict(sizes=[1, 2, 1, 2], T=RING, S=RING, seed=4, batch=5, R_layers=[I, I, I])
-    results = run_h2(spec, timeout_s=240)
+CASES = {
+    # T = I; each layer couples different ring neighbours through K
+    "K along R": dict(
+        sizes=[2, 1, 2, 1],
+        T=I,
+        S=RING,
+        seed=3,
+        batch=5,
+        R_layers=[with_edges((0, 1), (2, 3)), with_edges((1, 2), (3, 0)), with_edges((1, 0), (3, 2))],
+    ),
+    # R = I; the learned X couples ring neighbours
+    "X along T": dict(sizes=[1, 2, 1, 2], T=RING, S=RING, seed=4, batch=5, R_layers=[I, I, I]),
+}
+
+
+def _both_cases(rank, world_size, specs):
+    """Each case's node worker in turn, in one set of processes (starting four processes costs more than both
+    cases); the barrier keeps one case's messages from meeting the next case's receives."""
+    import torch.distributed as dist
+
+    from cde_nets.distributed.h2 import h2_node_worker
+
+    out = []
+    for spec in specs:
+        out.append(h2_node_worker(rank, world_size, spec))
+        dist.barrier()
+    return out
+
+
+@pytest.fixture(scope="module")
+def distributed_results():
+    """``{case: per-rank results}``, both cases from one spawn; the locality check ``run_h2`` makes before
+    spawning is made here too."""
+    from cde_nets.distributed.launch import spawn
+    from cde_nets.locality import check_locality
+
+    for spec in CASES.values():
+        for j, R in enumerate(spec["R_layers"]):
+            check_locality(R, spec["T"], spec["S"], where=f"in layer {j}")
+    per_rank = spawn(_both_cases, M, list(CASES.values()), timeout_s=240)
+    return {case: [ranks[i] for ranks in per_rank] for i, case in enumerate(CASES)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_distributed_h2_equals_centralised(case, distributed_results):
+    spec = CASES[case]
+    results = distributed_results[case]
     old = torch.get_default_dtype()
     try:
         field, y_ref, dy_ref = centralised_reference(spec)

@@ -14,6 +14,7 @@ pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip insta
 pytest.importorskip("mkdocstrings_handlers.python", reason="the docs extra is not installed: pip install -e '.[docs]'")
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(built_site):
     site, proc = built_site
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

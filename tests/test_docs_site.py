@@ -63,6 +63,9 @@ def _pages(site: Path) -> dict[Path, _Page]:
     return pages
 
 
+pytestmark = pytest.mark.slow  # every test reads the built site (mkdocs build --strict, about 7 s)
+
+
 @pytest.fixture(scope="module")
 def site(built_site):
     folder, proc = built_site

@@ -74,6 +74,7 @@ def _same(a, b) -> None:
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_both_doors_serve_or_refuse_the_same_cells(method: str) -> None:
     n_served = 0
@@ -86,6 +87,7 @@ def test_both_doors_serve_or_refuse_the_same_cells(method: str) -> None:
     assert n_served >= 2  # backprop and at least one low-memory gradient
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", PER_SAMPLE_METHODS)
 def test_both_doors_serve_the_same_per_sample_cells(method: str) -> None:
     for gradient in GRADIENTS:

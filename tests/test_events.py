@@ -50,6 +50,7 @@ class Level(nn.Module):
         return y[:, 0] - self.c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gradient", GRADIENTS)
 def test_decay_hits_level_at_log_time_with_gradient_one_over_x0(f64, gradient):
     x0 = torch.tensor([[1.0], [2.0], [5.0], [0.3], [0.1]], requires_grad=True)

@@ -44,6 +44,7 @@ def test_bad_preprocessing_settings_are_refused():
         Affine(0.0)
 
 
+@pytest.mark.slow
 def test_flows_digits_tiny(tmp_path):
     res = flows_digits.run("tiny", 0, tmp_path)
     rows = {r["setting"]: r["ours"] for r in res["rows"]}
@@ -71,6 +72,7 @@ def test_flows_digits_tiny(tmp_path):
             )
 
 
+@pytest.mark.slow
 def test_a_resumed_run_ends_as_an_uninterrupted_one(tmp_path):
     """One step, snapshotted; resumed with a budget of two: the same numbers as two steps at once."""
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cde_nets.experiments import long_conservation
 
 
+@pytest.mark.slow
 def test_long_conservation_tiny(tmp_path):
     res = long_conservation.run("tiny", 0, tmp_path)
     rows = {(r["field"], r["method"]): r for r in res["rows"]}

@@ -13,8 +13,11 @@ def _by_setting(res: dict) -> dict:
     return {r["setting"]: r for r in res["rows"]}
 
 
-def test_nais_digits_tiny(tmp_path):
-    res = nais_digits.run("tiny", 0, tmp_path)
+@pytest.mark.slow
+def test_nais_digits_tiny(nais_digits_tiny):
+    import json
+
+    res = json.loads((nais_digits_tiny / "nais_digits.json").read_text())  # the run test_experiments_resume resumes
     rows = _by_setting(res)
     K = nais_digits.SETTINGS["tiny"]["K"]
     nais = rows[f"NAIS-Net, K = {K} shared stages (test)"]
@@ -32,6 +35,7 @@ def test_conservation_fixed_steps_are_not_refined_by_the_sample_times():
     assert e[("continuous", "euler", 5)] == pytest.approx(e[("discrete", "euler", 5)], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_conservation_tiny(tmp_path):
     res = conservation.run("tiny", 0, tmp_path)
     e = {
@@ -53,6 +57,7 @@ def test_conservation_tiny(tmp_path):
     assert e[("discrete", "euler", 20)] == pytest.approx(e[("continuous", "euler", 20)], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_adjoint_study_tiny(tmp_path):
     """Tightening the tolerance by 10^2 cuts the error of every gradient (reference: rtol 1e-8 on the steps'
     mesh). At rtol 1e-6 the Hamiltonian field's controller rings (94 accepted and 226 rejected steps), where the

@@ -22,9 +22,10 @@ def _measured(out: Path) -> list:
     return [(r["setting"], r["ours"]) for r in rows]
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
-    whole, broken = tmp_path / "whole", tmp_path / "broken"
-    assert main([NAME, "--tiny", "--threads", "1", "--out", str(whole)]) == 0
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, nais_digits_tiny):
+    # the uninterrupted run (the same command in this process) is shared with test_experiments_nais_adj.py
+    whole, broken = nais_digits_tiny, tmp_path / "broken"
 
     cmd = [sys.executable, "-m", "cde_nets.experiments", NAME, "--tiny", "--threads", "1", "--out", str(broken)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

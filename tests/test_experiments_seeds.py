@@ -59,6 +59,7 @@ def test_margins_are_met_within_two_standard_deviations(tmp_path):
     assert r["status"] == "met" and r["interval"] == pytest.approx((97.7, 99.3))
 
 
+@pytest.mark.slow
 def test_tiny_seed_loop_matches_single_runs_resumes_per_seed_and_shows_the_reference(tmp_path, capsys):
     loop, single = tmp_path / "loop", tmp_path / "single"
     args = [NAME, "--tiny", "--threads", "1", "--no-snapshots"]
@@ -240,6 +241,7 @@ def test_every_reference_row_is_a_row_of_ours_over_seeds_0_to_4():
                 assert 0 <= v <= 100 and abs(v / 0.025 - round(v / 0.025)) <= 0.2 + 1e-9, (setting, v)
 
 
+@pytest.mark.slow
 def test_reproductions_side_by_side_give_their_results_in_order_as_each_alone(tmp_path):
     """``all`` at one seed runs the reproductions in worker processes, two at a time on two cores of one thread
     each: each result equals the same reproduction run alone in this process (bar its wall time), and the results

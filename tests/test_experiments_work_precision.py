@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cde_nets.experiments import work_precision
 
 
+@pytest.mark.slow
 def test_work_precision_tiny(tmp_path):
     """Five fields, a plot each; costs as the module docstring counts them (per step: rk4 4, verlet 1.5 on H2
     (three halves) and 2 on kepler (two kicks, the drift free), mcate5 6 kicks on kepler, nystrom4 4 on the

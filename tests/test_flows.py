@@ -118,6 +118,7 @@ def test_hutchinson_is_unbiased_within_three_standard_errors(noise):
         assert float(se) > 0  # the estimates do vary: one probe per sample
 
 
+@pytest.mark.slow
 def test_hutchinson_probe_is_fixed_per_solve_so_the_adjoint_matches_backprop():
     """One probe per solve: the adjoint's backward solve reads the forward's probe, so its gradient is that of the
     same estimate, equal to backprop's on the steps' mesh (the adjoint differentiates the ODE, whose gradient the
@@ -278,6 +279,7 @@ def test_image_shaped_states_take_hutchinson_and_exact_names_the_fix():
         ContinuousFlow(Conv()).log_prob(x)
 
 
+@pytest.mark.slow
 def test_regularisers_do_not_steer_the_step_size():
     """The integrated regularisers feed nothing back: with the same field, a regularised solve takes exactly the
     unregularised solve's steps (their error left out of the adaptive norm) and gives the same log p."""
@@ -296,6 +298,7 @@ def test_regularisers_do_not_steer_the_step_size():
     torch.testing.assert_close(lp_reg, lp_plain, rtol=0, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_regularised_block_gradients_agree_across_gradient_methods():
     grads = {}
     for gradient in ("backprop", "adjoint", "checkpoint"):

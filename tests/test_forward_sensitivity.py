@@ -233,6 +233,7 @@ def test_refusals_name_the_argument_and_the_fix():
         sensitivity.jvp(func, y0, TIMES, tangent_params={"nope": torch.ones(1)})
 
 
+@pytest.mark.slow
 def test_stiff_van_der_pol_in_both_doors_is_the_central_difference_of_the_solve():
     """Van der Pol at μ = 20.88 (dopri5 at 1e-5 / 1e-7 over [0, 10], where holding the step sizes gave −101 506):
     forward mode through ODEBlock and through odeint gives the same dL/dx0, the central difference of the

@@ -156,6 +156,7 @@ def test_errors_carry_a_reason():
     assert info.value.reason is Reason.MAX_STEPS
 
 
+@pytest.mark.slow
 def test_a_new_gradient_method_is_one_file_and_one_registry_line(monkeypatch, tmp_path):
     monkeypatch.setitem(GRADIENTS, "segmented", Segmented)  # the one registry line
     field = _field()

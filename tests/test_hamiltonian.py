@@ -31,6 +31,7 @@ def test_field_is_J_times_energy_gradient(f64):
         assert torch.allclose(field.evaluate(l, y), gH @ field.J.T, atol=1e-13)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers", [1, 6])
 def test_flow_is_symplectic_and_expanding(f64, layers):
     """Φᵀ J Φ = J (Lemma H2) and hence ‖Φ‖₂ >= 1 (Theorem H1), time-varying K, b included."""

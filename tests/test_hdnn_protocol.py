@@ -3,6 +3,7 @@
 import json
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -69,6 +70,7 @@ def test_fit_batch_hook_and_per_batch_scheduler():
     assert [h["lr"] for h in hist] == [0.5**3, 0.5**6]
 
 
+@pytest.mark.slow
 def test_fig4_tiny_h2_bsm_norms_never_below_one(tmp_path):
     assert main(["hdnn_fig4", "--tiny", "--out", str(tmp_path), "--threads", "1"]) == 0
     res = json.loads((tmp_path / "hdnn_fig4.json").read_text())
@@ -78,6 +80,7 @@ def test_fig4_tiny_h2_bsm_norms_never_below_one(tmp_path):
     assert len(h2["bsm"]) == res["settings"]["epochs"] and len(h2["bsm"][0]["min"]) == h2["layers"]
 
 
+@pytest.mark.slow
 def test_table2_tiny_distributed_forward_equals_centralised(tmp_path):
     assert main(["hdnn_table2", "--tiny", "--out", str(tmp_path), "--threads", "1"]) == 0
     res = json.loads((tmp_path / "hdnn_table2.json").read_text())

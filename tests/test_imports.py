@@ -8,6 +8,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 # torch itself imports tqdm (torch.hub) and numpy, so those are not listed.
 LAZY = (
     "torch._dynamo",  # torch.compile's tracer: ~0.8 s, loaded by the first solve (cde_nets.compile_boundary)
@@ -23,25 +25,44 @@ LAZY = (
 )
 
 
-def _loaded(code: str) -> list[str]:
-    probe = f"import sys, json; {code}; print(json.dumps([m for m in {list(LAZY)!r} if m in sys.modules]))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+STEPS = {
+    "import": "import cde_nets",
+    "help": "from cde_nets.cli import main; main(['--help'])",
+    "solve": "import torch; cde_nets.ODEBlock(cde_nets.fields.Hamiltonian(dim=2, layers=1))(torch.ones(1, 2))",
+}
+_after: dict = {}
 
 
+def _loaded(step: str) -> list[str]:
+    """The modules of LAZY loaded after ``step``: the steps run in this order in one fresh interpreter (starting
+    one imports torch, about 2 s), each probed after it ran. Each probe sees what the steps before it loaded, so
+    it fails wherever a probe of its step alone would (a heavy import by the help fails the solve's test too)."""
+    if not _after:
+        probe = "import sys, json\nseen = {}\n" + "".join(
+            f"{code}\nseen[{name!r}] = [m for m in {list(LAZY)!r} if m in sys.modules]\n"
+            for name, code in STEPS.items()
+        )
+        out = subprocess.run([sys.executable, "-c", probe + "print(json.dumps(seen))"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        _after.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    return _after[step]
+
+
+@pytest.mark.slow
 def test_import_cde_nets_loads_no_heavy_module():
-    assert _loaded("import cde_nets") == []
+    assert _loaded("import") == []
 
 
+@pytest.mark.slow
 def test_the_command_lines_help_loads_no_heavy_module():
-    assert _loaded("from cde_nets.cli import main; main(['--help'])") == []
+    assert _loaded("help") == []
 
 
+@pytest.mark.slow
 def test_a_solve_loads_what_it_needs():
     """A Runge-Kutta solve runs on the library's own stepper: it loads neither torchdiffeq (nor scipy through it),
     torchsde nor matplotlib."""
-    code = "import torch, cde_nets; cde_nets.ODEBlock(cde_nets.fields.Hamiltonian(dim=2, layers=1))(torch.ones(1, 2))"
-    loaded = _loaded(code)
+    loaded = _loaded("solve")
     assert "torchdiffeq" not in loaded and "scipy" not in loaded
     assert "torchsde" not in loaded and "matplotlib" not in loaded
 

@@ -121,6 +121,7 @@ def test_stats_count_evaluations_exactly(f64):
     assert sol.stats["steps_backward"] == 5
 
 
+@pytest.mark.slow
 def test_jumps_save_evaluations_and_error(f64):
     """Telling dopri5 where the 16 pieces jump: no rejected steps at the jumps, far fewer NFE, smaller error."""
     field = Hamiltonian(4, layers=16, init_std=1.0, generator=torch.Generator().manual_seed(0))
@@ -139,6 +140,7 @@ def test_jumps_save_evaluations_and_error(f64):
     assert 10 * runs[True]["err"] < runs[False]["err"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gradient", ["adjoint", "backprop"])
 def test_gradcheck_small_problem(f64, gradient):
     field = Hamiltonian(2, layers=2, init_std=0.8, generator=torch.Generator().manual_seed(5))

@@ -28,6 +28,7 @@ def shadowed(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_library_imports_beside_a_users_generic_modules(shadowed: Path):
     code = (
         "import cde_nets, cde_nets.solvers, cde_nets.experiments.registry, cde_nets.benchmarks; "
@@ -38,6 +39,7 @@ def test_library_imports_beside_a_users_generic_modules(shadowed: Path):
     assert out.stdout.strip() == "True"
 
 
+@pytest.mark.slow
 def test_command_line_beside_a_users_generic_modules(shadowed: Path):
     exe = shutil.which("cde-nets", path=str(Path(sys.executable).parent))
     assert exe is not None, "the cde-nets console script is not installed"

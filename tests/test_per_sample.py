@@ -341,6 +341,7 @@ def test_nonfinite_sample_is_named():
         odeint_per_sample(field, torch.ones(3, 1, dtype=torch.float64), torch.tensor([0.0, 1.0]), rows=True)
 
 
+@pytest.mark.slow
 def test_failed_backward_solve_names_the_exact_methods_that_do_not_integrate_backwards():
     """Van der Pol's limit cycle attracts forwards, so the adjoint's time-reversed solve diverges and its step
     underflows; the error says why and names ``checkpoint`` and ``backprop``, which gives the gradient."""

@@ -92,6 +92,7 @@ def test_block_gradients_equal_backprop(gradient, jumps, steps):
         assert float((a - b).abs().max()) <= tol * float(b.abs().max())
 
 
+@pytest.mark.slow
 def test_block_adjoint_converges_like_the_shared_adjoint():
     """The per-sample adjoint through a block (gradients to ``u`` and the weights, a field of one piece) is as
     close to the gradient of the steps as the shared-step adjoint of each sample alone at the same tolerance,

@@ -62,6 +62,7 @@ def test_replayed_gradients_equal_backprop(method, gradient):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_adjoint_converges_to_the_exact_gradient():
     """The per-sample adjoint solves the adjoint ODE, so it differs from the gradient of the steps by the
     integration error: tightening both tolerances by 1000x shrinks the gap by at least 100x."""

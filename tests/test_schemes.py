@@ -183,6 +183,7 @@ def one_thread():
     torch.set_num_threads(old)
 
 
+@pytest.mark.slow
 def test_energy_over_ten_thousand_steps(f64, one_thread):
     """Symplectic schemes keep the energy error bounded; forward Euler's grows."""
     f = Hamiltonian(2, K="blockdiag", init_std=1.0, generator=torch.Generator().manual_seed(8))

@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_mypy_library_has_no_errors() -> None:
     # mypy reaches solvers/ as cde_nets.solvers through this symlink (see [tool.mypy] in pyproject.toml).
     link = ROOT / "typecheck" / "cde_nets" / "solvers"

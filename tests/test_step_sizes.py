@@ -77,6 +77,7 @@ def test_stiff_sample_gradient_is_the_derivative_of_the_computed_solution(contro
     assert abs(float(g[0, 0]) - TRUE) < 2e-4 * TRUE
 
 
+@pytest.mark.slow
 def test_the_odeint_door_differentiates_the_steps_and_keeps_torchdiffeqs_gradient_on_request():
     """``odeint``'s default backprop and checkpoint give the derivative of its solve; ``Backprop(steps="torchdiffeq")``
     is torchdiffeq's backprop bit for bit (−57.65 here), ``"fixed"`` the frozen mesh's, far from both."""
@@ -281,6 +282,7 @@ def test_a_zero_slope_at_the_start_differentiates_the_first_step_per_sample():
     torch.testing.assert_close(g, torch.full_like(g, math.exp(-2.0)), rtol=1e-8, atol=0)
 
 
+@pytest.mark.slow
 def test_where_the_controller_rings_the_default_is_the_computed_losss_derivative():
     """The adjoint study's Hamiltonian field (16 swiss-roll points) at rtol 1e-6: 94 accepted and 226 rejected
     steps. The default gradient, which differentiates the step sizes, is 38 % from the gradient on the steps'

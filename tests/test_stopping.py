@@ -176,6 +176,7 @@ def test_errors():
         ODEBlock(Decay(), stop=dict(eps=-1.0))
 
 
+@pytest.mark.slow
 def test_ode_block_stopping_adjoint_with_bound_input(f64):
     field = NAIS(3, 2, T=5.0, generator=torch.Generator().manual_seed(0)).project_()
     u = torch.randn(4, 2, generator=torch.Generator().manual_seed(1)) * torch.tensor([[0.01], [1], [2], [3]])
