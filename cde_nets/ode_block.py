@@ -151,8 +151,8 @@ class ODEBlock(Block):
             (:meth:`gradient_for`, :func:`~cde_nets.solvers.gradients.default_gradient`): ``Backprop()`` for
             explicit Runge-Kutta methods while bytes of ``y0`` × stages × steps (100 assumed for adaptive
             methods) is at most 64 MiB, else ``Checkpoint()``; ``Checkpoint()`` for the implicit and composition
-            methods, ``Reversible()`` for ``alf``, else ``Adjoint()``. ``block.gradient`` is then ``None``
-            (the call's choice while it runs).
+            methods, ``Reversible()`` for ``alf``, else ``Adjoint()``. ``block.gradient`` is then ``None``;
+            :meth:`gradient_for` says what a call uses.
         step_size: fixed-step methods only; default one step per parameter piece (the discrete-mode grid). The
             grid always contains every piece boundary.
         options: further torchdiffeq options (unknown keys raise); ``{"max_num_steps": n}`` sets the steps allowed
@@ -211,7 +211,7 @@ class ODEBlock(Block):
         elif controller is not None and controller != solver.controller:
             raise ValueError(f"set `controller` in the SolverOptions: SolverOptions(..., controller={controller!r}).")
         self.solver = solver
-        # None: chosen per call from the state's size (gradient_for); set to the choice during the call only
+        # None: chosen per call from the state's size (gradient_for) and handed down the call
         self.gradient: GradientMethod | None = None if gradient is None else as_gradient(gradient)
         check_cell(self.gradient or default_gradient(solver.method), solver.method, solver.controller)
         if solver.step_size is not None:
@@ -313,13 +313,8 @@ class ODEBlock(Block):
         often with per-call data, and the block stays a pure function of ``(y0, u)``. The block's own ``stop``
         rule is the event ``‖F(t, y)‖ − eps``.
         """
-        if self.gradient is not None:
-            return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats()))
-        self.gradient = self.gradient_for(y0, t)
-        try:
-            return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats()))
-        finally:
-            self.gradient = None
+        gradient = self.gradient_for(y0, t)  # the call's own: the block keeps no state between or during calls
+        return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats(), gradient))
 
     def gradient_for(self, y0: torch.Tensor, t=None) -> GradientMethod:
         """The gradient method a call from ``y0`` (through the times ``t``) uses: the block's ``gradient``, or,
@@ -358,11 +353,13 @@ class ODEBlock(Block):
             return False
         return fast_applies(self.method, True, y0, times, None, self.solver.options)
 
-    def _solve_call(self, y0, u, t, event, t_end, dense: bool, event_tol: float, stats: SolverStats) -> Solution:
+    def _solve_call(
+        self, y0, u, t, event, t_end, dense: bool, event_tol: float, stats: SolverStats, gradient: GradientMethod
+    ) -> Solution:
         bound = self.bind(y0, u)
-        self._check_resolution(y0)
+        self._check_resolution(y0, gradient)
         if self.solver.controller == "per_sample":
-            return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats)
+            return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats, gradient)
         per_sample = self.stop is not None or event is not None or t_end is not None
         self._check_events(event, t, t_end, dense)
         if self.regularisers and (per_sample or dense or (isinstance(t, torch.Tensor) and t.requires_grad)):
@@ -382,7 +379,7 @@ class ODEBlock(Block):
         if per_sample or dense:
             g = None if event is None else (lambda s, y, idx: event(s, y))
             with self._gathered():
-                res = self._solve_events(bound, y0, g, tend, dense, event_tol, stats)
+                res = self._solve_events(bound, y0, g, tend, dense, event_tol, stats, gradient)
             dense_out = None if res.knots is None else HermiteDense(*res.knots)
             return Solution(
                 y=res.y,
@@ -391,10 +388,18 @@ class ODEBlock(Block):
                 fired=None if dense else res.fired,
                 interpolant=dense_out,
             )
-        return self._solve_at(bound, y0, t, stats)
+        return self._solve_at(bound, y0, t, stats, gradient)
 
     def _solve_per_sample(
-        self, bound: BoundField, y0: torch.Tensor, t, event, t_end, dense: bool, stats: SolverStats
+        self,
+        bound: BoundField,
+        y0: torch.Tensor,
+        t,
+        event,
+        t_end,
+        dense: bool,
+        stats: SolverStats,
+        gradient: GradientMethod,
     ) -> Solution:
         """Every sample on its own steps (``controller="per_sample"``, :mod:`cde_nets.per_sample_block`)."""
         if event is not None or self.stop is not None or dense:
@@ -405,7 +410,7 @@ class ODEBlock(Block):
         if y0.shape[0] == 0:
             return _empty(bound, y0, self.T, t, stats, False)
         with self._gathered():
-            return solve_per_sample(self, bound, y0, t, t_end, stats)
+            return solve_per_sample(self, bound, y0, t, t_end, stats, gradient)
 
     def _check_steer(self, steer: float) -> float:
         if isinstance(steer, bool) or not isinstance(steer, (int, float)) or not 0 <= steer < self.T:
@@ -441,12 +446,14 @@ class ODEBlock(Block):
                 "(build the block without `stop`, or fold ‖F‖ − eps into your `event`)."
             )
 
-    def _solve_at(self, bound: BoundField, y0: torch.Tensor, t, stats: SolverStats) -> Solution:
+    def _solve_at(
+        self, bound: BoundField, y0: torch.Tensor, t, stats: SolverStats, gradient: GradientMethod
+    ) -> Solution:
         """The whole batch to ``T`` (``t`` None), or through the requested times ``t``."""
         if t is None:
             end = self.T + (2 * float(torch.rand(())) - 1) * self.steer if self.steer and self.training else self.T
             times = torch.tensor([0.0, end], dtype=torch.float64, device=y0.device)
-            ys, terms = self._solve(bound, y0, times, stats)
+            ys, terms = self._solve(bound, y0, times, stats, gradient)
             return Solution(y=ys[-1], stats=stats, regularisation=terms)
         tt = _check_times(t, self.T, y0.device)
         origin = 0.0 if float(tt[-1]) >= float(tt[0]) else self.T
@@ -457,14 +464,14 @@ class ODEBlock(Block):
             y0 = with_start_time(bound, y0, tg[0])
         if start:  # integrate from the origin (0, or T backwards) to the first requested time as well
             tt = torch.cat([tt.new_full((1,), origin), tt])
-        ys, terms = self._solve(bound, y0, tt, stats)
+        ys, terms = self._solve(bound, y0, tt, stats, gradient)
         if start:
             ys, tt = ys[1:], tt[1:]
         if tg is not None and torch.is_grad_enabled():
             ys = with_output_times(bound, ys, tg)
         return Solution(y=ys[-1], ts=tt, ys=ys, stats=stats, regularisation=terms)
 
-    def _check_resolution(self, y0: torch.Tensor) -> None:
+    def _check_resolution(self, y0: torch.Tensor, gradient: GradientMethod) -> None:
         """Refuse half precision for adaptive methods, and a relative tolerance finer than the state's dtype
         resolves: no step is more accurate than a rounding of ``y``, so the controller would shrink the steps
         until they underflow (or overflow its norms), and the failure would surface far from its cause."""
@@ -473,7 +480,7 @@ class ODEBlock(Block):
         check_half_precision(self.method, y0.dtype, "state", "`step_size`")
         # the unit roundoff: torchdiffeq's default rtol = 1e-7 on a float32 state (u = 6e-8) stays allowed
         eps = torch.finfo(y0.dtype).eps / 2
-        adjoint_rtol = self.gradient.rtol if isinstance(self.gradient, Adjoint) else None
+        adjoint_rtol = gradient.rtol if isinstance(gradient, Adjoint) else None
         for name, rtol in (("rtol", self.rtol), ("Adjoint(rtol=)", adjoint_rtol)):
             if rtol is not None and rtol < eps:
                 wider = (
@@ -524,6 +531,7 @@ class ODEBlock(Block):
         jump_t,
         grid,
         stats: SolverStats,
+        gradient: GradientMethod,
         solver: SolverOptions | None = None,
     ) -> torch.Tensor:
         try:
@@ -532,7 +540,7 @@ class ODEBlock(Block):
                 y0,
                 t,
                 solver=self.solver if solver is None else solver,
-                gradient=self.gradient or self.gradient_for(y0),
+                gradient=gradient,
                 params=self._params(bound),
                 pieces=_piecewise(self.field),
                 jump_t=jump_t,
@@ -582,6 +590,7 @@ class ODEBlock(Block):
         dense: bool,
         tol: float,
         stats: SolverStats,
+        gradient: GradientMethod,
     ):
         """The per-sample event loop of :func:`~cde_nets.solvers.events.integrate_events` over ``[0, T]``: solves
         of a few steps on the rows still running (``u`` restricted to them), the state asked at sub-points."""
@@ -613,7 +622,7 @@ class ODEBlock(Block):
                 # no fresh initial-step search per segment
                 solver = self.solver.replace(options={**self.options, "first_step": est["dt"]})
             before = stats.steps_forward
-            ys = self._integrate(bound_rows(idx), y, times, jump_t, g, stats, solver)
+            ys = self._integrate(bound_rows(idx), y, times, jump_t, g, stats, gradient, solver)
             span, steps, intervals = float(times[-1] - times[0]), stats.steps_forward - before, len(times) - 1
             if steps_to_points and steps <= intervals:
                 est["dt"] = 2 * span / intervals
@@ -642,15 +651,15 @@ class ODEBlock(Block):
         )
 
     def _solve(
-        self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, stats: SolverStats
+        self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, stats: SolverStats, gradient: GradientMethod
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The states at ``t`` and the integrated regularisers' batch means (empty without regularisers)."""
         jump_t, grid = self._grids(self.field)
         with self._gathered():
             if not self.regularisers:
-                return self._integrate(bound, y0, t, jump_t, grid, stats), {}
+                return self._integrate(bound, y0, t, jump_t, grid, stats, gradient), {}
             augmented, Y0 = self.regularisers.augment(bound, y0)
-            Ys = self._integrate(augmented, Y0, t, jump_t, grid, stats)
+            Ys = self._integrate(augmented, Y0, t, jump_t, grid, stats, gradient)
         return self.regularisers.split(Ys, y0.shape, 1.0 if float(t[-1]) > float(t[0]) else -1.0)
 
     def extra_repr(self) -> str:

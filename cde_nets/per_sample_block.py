@@ -92,16 +92,16 @@ class _Rows:
 
 
 def solve_per_sample(
-    block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_end: Any, stats: SolverStats
+    block: Any, bound: BoundField, y0: torch.Tensor, t: Any, t_end: Any, stats: SolverStats, gradient: Any
 ) -> Solution:
     """The block's solve with per-sample control from ``y0`` at time 0: through the times ``t`` (``(n,)`` or
     ``(batch, n)``, increasing within ``[0, T]``) or to the end times ``t_end`` (``(batch,)``), else to ``T``;
     the call's counts go into ``stats``."""
     T, B = block.T, y0.shape[0]
     field = _Rows(bound)
-    if block.gradient.counts_vjp:
+    if gradient.counts_vjp:
         field.vjps = stats
-    if field.jumps is not None and block.gradient.name == "adjoint":
+    if field.jumps is not None and gradient.name == "adjoint":
         raise ValueError(
             "gradient='adjoint' with controller='per_sample' integrates the parameter gradient by each step's "
             "quadrature, which steps across the field's piece boundaries unchecked; use gradient='checkpoint' or "
@@ -126,7 +126,7 @@ def solve_per_sample(
             "jump_t": field.jumps if block.solver.jumps else None,
         },
         rows=True,
-        gradient=block.gradient,
+        gradient=gradient,
         params=block._params(bound),
         return_info=True,
     )

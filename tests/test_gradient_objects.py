@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cde_nets import Adjoint, Backprop, Checkpoint, ODEBlock, Reversible, SolverOptions, Symplectic
+from cde_nets import Adjoint, Backprop, Checkpoint, ODEBlock, Reversible, SolverOptions, Symplectic, ode_block
 from cde_nets.diagnostics import adjoint_study
 from cde_nets.fields import Hamiltonian
 from cde_nets.solvers import Reason, SolverError
@@ -47,7 +47,7 @@ def test_short_names_are_the_registered_defaults():
         as_gradient("exact")
 
 
-def test_the_default_is_chosen_per_call_from_the_state_bytes_times_the_evaluations():
+def test_the_default_is_chosen_per_call_from_the_state_bytes_times_the_evaluations(monkeypatch):
     """Backprop while bytes of y0 x stages x steps <= 64 MiB (adaptive: 100 steps assumed), else checkpointed
     replay: for dopri5 (7 stages) the largest float64 state kept by backprop has floor(2^26 / 700 / 8) = 11983
     elements. The implicit methods keep the replay, alf the reversible gradient; the block stores no choice."""
@@ -74,8 +74,17 @@ def test_the_default_is_chosen_per_call_from_the_state_bytes_times_the_evaluatio
     assert fixed.gradient_for(torch.empty(5, 4, dtype=torch.float16)) == Checkpoint()
     spy = _Spy(field)
     spy.block.append(ODEBlock(spy, T=1.0))
+    handed: list = []
+
+    def integrate(*args, **kwargs):
+        handed.append(kwargs["gradient"])
+        return ode_block.integrate_unspied(*args, **kwargs)
+
+    monkeypatch.setattr(ode_block, "integrate_unspied", ode_block.integrate, raising=False)
+    monkeypatch.setattr(ode_block, "integrate", integrate)
     spy.block[0](torch.randn(5, 4, dtype=torch.float64))
-    assert set(spy.seen) == {Backprop()} and spy.block[0].gradient is None  # the call's choice, for the call only
+    # the call's choice travels down the call; the block itself holds none, not even while it runs
+    assert handed == [Backprop()] and set(spy.seen) == {None} and spy.block[0].gradient is None
 
 
 class _Spy(torch.nn.Module):
