@@ -184,7 +184,7 @@ def test_steps_across_jumps_and_stopping():
 @pytest.mark.parametrize(
     ("method", "gradient", "match"),
     [
-        ("dopri5", "reversible", "use method='alf'"),
+        ("dopri5", "reversible", "exactly invertible step: method='alf'"),
         ("alf", "adjoint", "asynchronous leapfrog"),
         ("rk4", "exact", "`gradient` must be one of"),
     ],
