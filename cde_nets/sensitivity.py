@@ -22,9 +22,9 @@ from torch import nn
 
 from .functional import odeint
 from .ode_block import ODEBlock
-from .solvers.fast_rk import FAST_METHODS
 from .solvers.gradients import Backprop
 from .solvers.step_sizes import check_steps
+from .solvers.steppers.fast_rk import FAST_METHODS
 from .solvers.tangents import dual_solve, find_slots
 
 __all__ = ["jvp"]

@@ -22,11 +22,11 @@ from .engine import solve
 from .errors import Reason, SolverError
 from .gradients import Adjoint, GradientMethod
 from .grids import negated_time_options, step_grid
-from .implicit_tableaux import IMPLICIT_TABLEAUX
 from .norms import StateNorm
 from .options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
 from .per_sample import wants_rows
 from .run import Backward, Run
+from .steppers.implicit_tableaux import IMPLICIT_TABLEAUX
 from .validation import check_field_output, check_tolerance, check_tolerances
 
 __all__ = [
@@ -48,7 +48,7 @@ State = torch.Tensor | tuple[torch.Tensor, ...]
 
 ADAPTIVE = tuple(ADAPTIVE_METHODS)
 FIXED = (*FIXED_METHODS, "explicit_adams", "implicit_adams", "fixed_adams")  # torchdiffeq's multistep methods too
-IMPLICIT = tuple(IMPLICIT_TABLEAUX)  # implicit Runge-Kutta on a fixed grid (solvers.implicit_grid)
+IMPLICIT = tuple(IMPLICIT_TABLEAUX)  # implicit Runge-Kutta on a fixed grid (solvers.steppers.implicit_grid)
 CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
 _ADJOINT_CALLBACKS = tuple(f"{c}_adjoint" for c in CALLBACKS)
 

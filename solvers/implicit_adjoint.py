@@ -16,8 +16,8 @@ which conserves ``λᵀ δy`` exactly, so ``λ_n`` is the exact gradient of the 
     ``κ_j − h Σ_i a_ij J(Y_i)ᵀ κ_i = h b_j λ_{n+1}``,   ``λ_n = λ_{n+1} + Σ_i J(Y_i)ᵀ κ_i``,
     ``∂ℒ/∂θ += Σ_i (∂F(Y_i)/∂θ)ᵀ κ_i``:
 
-one linear solve with the transposed stage Jacobian (:func:`~solvers.implicit.transposed_stage_solve`), then one
-vector-Jacobian product per stage, each through the graph of a single evaluation. The stages ``Y_i`` are re-solved
+one linear solve with the transposed stage Jacobian (:func:`~solvers.steppers.implicit.transposed_stage_solve`), then
+one vector-Jacobian product per stage, each through the graph of a single evaluation. The stages ``Y_i`` are re-solved
 from the step's stored start ``y_n`` without a graph, so the memory is one state per step plus one evaluation's
 graph, whatever the number of steps or Newton iterations.
 """
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from .implicit import FlatField, Newton, solve_stages, transposed_stage_solve
-from .implicit_tableaux import ImplicitTableau
+from .steppers.implicit import FlatField, Newton, solve_stages, transposed_stage_solve
+from .steppers.implicit_tableaux import ImplicitTableau
 
 __all__ = ["pairs_with_partner", "symplectic_adjoint_step"]
 
@@ -56,7 +56,7 @@ def symplectic_adjoint_step(
     """``(λ_n, [∂ℒ/∂θ_k])`` of one step of ``tab`` from ``y`` ``(B, ...)`` at ``t0`` with step ``h`` and stage times
     ``times``, for the cotangent ``λ_{n+1}`` (``lam``, ``y``'s shape) of its output; ``params``: the tensors
     ``fun`` closes over (their entries are ``None`` where unused); ``batched``: as for
-    :func:`~solvers.implicit.implicit_step`. See the module."""
+    :func:`~solvers.steppers.implicit.implicit_step`. See the module."""
     shape, B = y.shape, y.shape[0]
     flat = y.detach().reshape(B, -1)
     f = FlatField(fun, shape)

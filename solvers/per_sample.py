@@ -1,6 +1,6 @@
 r"""Per-sample adaptive step control: every sample of a batch on its own time, step size and error ratio.
 
-A shared-step solver (torchdiffeq, :mod:`solvers.fast_rk`) measures one error norm over the whole batch, so the
+A shared-step solver (torchdiffeq, :mod:`solvers.steppers.fast_rk`) measures one error norm over the whole batch, so the
 stiffest sample sets everyone's step: on a batch of Van der Pol oscillators with ``μ`` drawn from ``[1, 25]`` it
 takes about 2.7 times the steps of the median sample. Here each sample ``b`` carries its own clock: the step of
 Hairer, Nørsett & Wanner ("Solving Ordinary Differential Equations I", §II.4) is taken on every row at once,
@@ -22,8 +22,9 @@ tensor is read back per sweep (how many samples still run, whether any failed, w
 passed), and one more per output time passed. So every sample takes the steps it would take alone, and the field
 is called ``max_b(nfe_b)`` times: the count of the sample that needs the most.
 
-Outputs are read off the accepted step that holds them, with the method's dense output (:mod:`solvers.fast_rk`):
-``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Methods: ``dopri5`` and ``bosh3`` (:mod:`solvers.tableaux`).
+Outputs are read off the accepted step that holds them, with the method's dense output
+(:mod:`solvers.steppers.fast_rk`): ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Methods: ``dopri5`` and ``bosh3``
+(:mod:`solvers.steppers.tableaux`).
 
 The field sees ``t`` of shape ``(m,)`` (one time per running row, in the state's dtype) and ``y`` of shape
 ``(m, *state)``, the rows in batch order; it must be row-wise (a row's derivative depends on that row alone).
@@ -50,7 +51,7 @@ from .options import PER_SAMPLE_METHODS, validate_tolerances
 from .per_sample_adjoint import adjoint_rows
 from .per_sample_grads import advance_for, integrate_rows
 from .per_sample_loop import TIME_SPAN, PerSampleInfo, Stepper
-from .tableaux import TABLEAUX
+from .steppers.tableaux import TABLEAUX
 
 __all__ = [
     "PER_SAMPLE_GRADIENTS",

@@ -16,7 +16,7 @@ where the step is accepted, ``w_b = 1`` where it is rejected; ``cap_b = 1`` righ
 just failed is not enlarged) and ``ifactor`` otherwise. On the mixed-stiffness Van der Pol
 batch of ``benchmarks/per_sample.py`` this takes 1178 batched calls where the integral controller
 ``clip(safety · r^(−1/p), dfactor, ifactor)`` (torchode's) takes 1244, and torchdiffeq's rule (an accepted step
-never shrinks the next) 1424. The shared step (:mod:`solvers.fast_rk`) keeps torchdiffeq's rule.
+never shrinks the next) 1424. The shared step (:mod:`solvers.steppers.fast_rk`) keeps torchdiffeq's rule.
 
 The roots run on a buffer padded to whole SIMD vectors (a vectorised ``pow`` and the scalar one of a short tail
 differ in the last bit, which would make a sample's steps depend on its place in the batch). Everything stays on

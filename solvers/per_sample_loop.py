@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from .fast_rk import _dense_weights
 from .per_sample_control import Controller, Decision, in_dtype
-from .tableaux import MethodTableau
+from .steppers.fast_rk import _dense_weights
+from .steppers.tableaux import MethodTableau
 
 __all__ = ["TIME_SPAN", "PerSampleInfo", "Sweep", "RowClocks", "Stepper", "dense", "root"]
 

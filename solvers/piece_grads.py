@@ -1,6 +1,6 @@
 """Parameters that are constant on pieces of time (:class:`PiecewiseParam`) and their gradients, accumulated
 piece by piece: what the piecewise adjoint (:mod:`solvers.piecewise_adjoint`), the step replay
-(:mod:`solvers.replay`) and the reversible integrator (:mod:`solvers.alf`) share."""
+(:mod:`solvers.replay`) and the reversible integrator (:mod:`solvers.steppers.alf`) share."""
 
 from __future__ import annotations
 

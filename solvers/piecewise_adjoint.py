@@ -41,10 +41,10 @@ with it to rounding — with two exceptions, where torchdiffeq's own adjoint is 
   first stage at the boundary itself, i.e. with the piece above, which is not in force on the interval; here it
   is evaluated just below, as torchdiffeq does after every jump;
 - a step that ends exactly on a jump (not clipped to it) leaves torchdiffeq crossing every later jump of the
-  solve; here the stepper treats it as clipped there (``land_on_jumps`` of :func:`solvers.fast_rk.odeint_fast`,
+  solve; here the stepper treats it as clipped there (``land_on_jumps`` of :func:`solvers.steppers.fast_rk.odeint_fast`,
   asked for by the adapter's ``backward_jumps``).
 
-Both solves run on the library's stepper (:func:`solvers.rk_odeint.odeint_rk` reduces the tuple state and the
+Both solves run on the library's stepper (:func:`solvers.steppers.rk_odeint.odeint_rk` reduces the tuple state and the
 decreasing times as torchdiffeq does), so the steps are torchdiffeq's and, for ``dopri5``, the gradients its bits;
 ``dopri8`` reads the adjoint at each output time off its seventh-order extension, not torchdiffeq's quartic.
 
@@ -66,10 +66,10 @@ from typing import Any
 import torch
 
 from .errors import BACKWARD_UNSTABLE, Reason, SolverError
-from .fast_rk import fast_applies, odeint_fast
 from .norms import StateNorm
 from .piece_grads import PiecewiseParam, piece_slots
-from .rk_odeint import odeint_rk
+from .steppers.fast_rk import fast_applies, odeint_fast
+from .steppers.rk_odeint import odeint_rk
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
 
@@ -216,8 +216,8 @@ class _Backward:
 
 
 class _PiecewiseAdjoint(torch.autograd.Function):
-    """Forward: the library's own stepper without a graph (:mod:`solvers.fast_rk`, torchdiffeq's steps; through
-    :func:`~solvers.rk_odeint.odeint_rk`, torchdiffeq's ``odeint`` for the methods only it has). Backward: the
+    """Forward: the library's own stepper without a graph (:mod:`solvers.steppers.fast_rk`, torchdiffeq's steps; through
+    :func:`~solvers.steppers.rk_odeint.odeint_rk`, torchdiffeq's ``odeint`` for the methods only it has). Backward: the
     adjoint solve described in the module, on the same stepper."""
 
     @staticmethod
@@ -343,7 +343,7 @@ def piecewise_adjoint(
 ) -> torch.Tensor:
     """``odeint(func, y0, t)`` whose backward pass is the seminorm adjoint with piecewise parameter states;
     ``method`` and ``adjoint_method`` are the library's method names (its own stepper solves both ways:
-    :func:`~solvers.rk_odeint.odeint_rk`).
+    :func:`~solvers.steppers.rk_odeint.odeint_rk`).
 
     ``params``: every tensor to differentiate (parameters, and inputs the field closes over); those that are the
     ``data`` of an entry of ``pieces`` get piece-by-piece gradients, the others full ones. ``adjoint_options``:

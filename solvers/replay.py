@@ -3,7 +3,7 @@ r"""Exact gradients of torchdiffeq's Runge-Kutta map from per-step checkpoints: 
 The forward pass is torchdiffeq's own solve, run without a graph; its step callbacks record every accepted
 step ``[t_n, t_{n+1}]`` and its start state ``y_n`` (the checkpoints: ``O(N |y|)`` memory for ``N`` steps). The
 backward pass walks the steps from the last to the first and carries the adjoint ``λ_{n+1} = ∂ℒ/∂y_{n+1}`` back
-through one step at a time, recomputing the step with the method's own tableau (:mod:`solvers.tableaux`).
+through one step at a time, recomputing the step with the method's own tableau (:mod:`solvers.steppers.tableaux`).
 The gradient is that of the discrete map the solver applied (the same as backpropagating through its
 operations), not of the ODE's flow: no backward solve, no integration error of its own. Written here with the
 step sizes held fixed (``steps="fixed"``); with them differentiated (the default for adaptive methods) every
@@ -59,11 +59,11 @@ from typing import Any
 
 import torch
 
-from .fast_rk import fast_applies, odeint_fast
 from .piece_grads import Grads, LazyPieces, PiecewiseParam, piece_slots
 from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt
-from .rk_odeint import odeint_rk
-from .tableaux import TABLEAUX, MethodTableau, dense_at, quartic
+from .steppers.fast_rk import fast_applies, odeint_fast
+from .steppers.rk_odeint import odeint_rk
+from .steppers.tableaux import TABLEAUX, MethodTableau, dense_at, quartic
 
 __all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
 

@@ -44,7 +44,7 @@ import torch
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
 from .step_sizes import controller_factor
-from .tableaux import MethodTableau, quartic
+from .steppers.tableaux import MethodTableau, quartic
 
 __all__ = ["Attempt", "attempts", "controlled_replay", "field_vjp", "stagewise"]
 

@@ -14,7 +14,7 @@ backward error norm over every part of ``(τ, y, a, g)`` (``seminorm=False``), a
 require grad, and piece boundaries the backward solve would not step on. Its backward state is torchdiffeq's,
 ``(τ, y, a, g_1, …, g_P)``, measured by torchdiffeq's norms (``max(|τ|, ‖y‖, ‖a‖, max_k ‖g_k‖_RMS)``, or without
 the ``g_k`` for ``"seminorm"``; ``‖·‖`` the forward solve's norm), so the steps are those of torchdiffeq's
-``odeint_adjoint``; the solves run through :func:`solvers.rk_odeint.odeint_rk` (torchdiffeq's public ``odeint``
+``odeint_adjoint``; the solves run through :func:`solvers.steppers.rk_odeint.odeint_rk` (torchdiffeq's public ``odeint``
 for the methods only it has).
 """
 
@@ -27,7 +27,7 @@ import torch
 
 from .grids import negated_time_options
 from .norms import StateNorm
-from .rk_odeint import _CALLBACKS, _Flat, _Parts, _Reversed, odeint_rk
+from .steppers.rk_odeint import _CALLBACKS, _Flat, _Parts, _Reversed, odeint_rk
 
 __all__ = ["odeint_adjoint_rk"]
 

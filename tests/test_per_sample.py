@@ -12,10 +12,10 @@ import torch
 
 from cde_nets.functional import odeint
 from cde_nets.solvers.errors import Reason, SolverError
-from cde_nets.solvers.fast_rk import _dense_weights
 from cde_nets.solvers.gradients import Adjoint
 from cde_nets.solvers.per_sample import odeint_per_sample
-from cde_nets.solvers.tableaux import TABLEAUX
+from cde_nets.solvers.steppers.fast_rk import _dense_weights
+from cde_nets.solvers.steppers.tableaux import TABLEAUX
 
 TOL = dict(rtol=1e-5, atol=1e-7)
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..alf import integrate_alf
 from ..options import REVERSIBLE_METHODS
-from ..rk_odeint import odeint_rk
 from ..step_sizes import check_steps
+from ..steppers.alf import integrate_alf
+from ..steppers.rk_odeint import odeint_rk
 from .base import GradientMethod, Run
 
 __all__ = ["Backprop"]

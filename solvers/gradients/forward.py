@@ -21,10 +21,10 @@ import torch.autograd.forward_ad as fwAD
 from torch.autograd.functional import jacobian
 
 from ..errors import SolverError, check_positive_int
-from ..fast_rk import FAST_METHODS, fast_applies, odeint_fast
 from ..grids import stepper_options
 from ..options import REVERSIBLE_METHODS
 from ..step_sizes import check_steps
+from ..steppers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 from ..tangents import dense_zero_tangents, dual_solve, find_slots, swapped
 from .base import GradientMethod, Run
 from .checkpoint import backwards_in_time
@@ -44,7 +44,7 @@ class Forward(GradientMethod):
     (default ``2**27``, 1 GiB in float64); above it the call is refused, since the Jacobian alone would take that
     memory. Its tangent arithmetic grows with the number of inputs, so it pays for few (see the gradients guide).
 
-    Serves the methods of the library's Runge-Kutta stepper (:data:`~solvers.fast_rk.FAST_METHODS`), on
+    Serves the methods of the library's Runge-Kutta stepper (:data:`~solvers.steppers.fast_rk.FAST_METHODS`), on
     float32/float64 states with torchdiffeq's step options. The implicit, composition and ``alf`` methods, the
     Adams methods and the per-sample controller are refused by name.
     """

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..implicit import get_tableau
 from ..implicit_adjoint import pairs_with_partner
 from ..options import IMPLICIT_METHODS, SPLIT_METHODS
 from ..replay import StepBack, symplectic_step
+from ..steppers.implicit import get_tableau
 from .checkpoint import Checkpoint
 
 __all__ = ["Symplectic"]

@@ -28,7 +28,7 @@ rounding:
   estimate. Neither is FSAL: the last stage is ``F(t_1, ·)`` at a state other than ``y_1``, and torchdiffeq reuses
   it as the next step's first stage all the same, so a step is a map of its start state *and* that carried slope
   (:mod:`solvers.replay` carries it back). Their dense output is the cubic Hermite one, as ``bosh3``'s.
-- ``dopri8``: Prince & Dormand's RK8(7)13M (:mod:`solvers.dopri8`), with a seventh-order continuous extension.
+- ``dopri8``: Prince & Dormand's RK8(7)13M (:mod:`solvers.steppers.dopri8`), with a seventh-order continuous extension.
 
 Evaluation times follow torchdiffeq: a stage with ``c_i = 1`` is evaluated just before ``t_1``
 (``nextafter(t_1, −∞)``), so a step that ends on a parameter jump never sees the next piece; the first stage of

@@ -1,18 +1,18 @@
-r"""The implicit Runge-Kutta methods (:mod:`solvers.implicit_tableaux`) with torchdiffeq's fixed-grid semantics, for
-the torchdiffeq-compatible functions (:mod:`cde_nets.functional`).
+r"""The implicit Runge-Kutta methods (:mod:`solvers.steppers.implicit_tableaux`) with torchdiffeq's fixed-grid
+semantics, for the torchdiffeq-compatible functions (:mod:`cde_nets.functional`).
 
 torchdiffeq's fixed-step solvers step on a grid (``step_size``: ``t_0 + k h``, the last point moved onto ``t_N``;
 or ``grid_constructor(func, y0, t)``; else the output times themselves) and read the outputs off each step by
 linear interpolation (``interp="linear"``) or by the cubic Hermite interpolant through ``y_0, F(t_0, y_0), y_1,
 F(t_1, y_1)`` (``"cubic"``); ``perturb=True`` moves every evaluation at a step's end one ulp inside the step (in
 the state's dtype), so that a field with a jump at a grid point never sees the far side. This module keeps those
-semantics and takes each step with :func:`solvers.implicit.implicit_step`: the stage equations solved by Newton's
-method to rounding (``max_iters``, ``newton``, ``newton_tol``), and gradients by the implicit function theorem
+semantics and takes each step with :func:`solvers.steppers.implicit.implicit_step`: the stage equations solved by
+Newton's method to rounding (``max_iters``, ``newton``, ``newton_tol``), and gradients by the implicit function theorem
 (Hairer & Wanner 1996, "Solving Ordinary Differential Equations II", §IV.8). The state is one sample: the stage
 Jacobian is that of the whole (flattened) state, as torchdiffeq's, which assumes no batch structure. Each step starts
 its iteration from ``Z_i = h c_i F(t_0, y_0)``, so the field is evaluated at every grid point, as torchdiffeq's
 steps do and its test suite checks (``perturb=False``); starting from the previous step's stages
-(:mod:`solvers.implicit_predictor`, as the engine's implicit solves do) would save 10-15 % of the evaluations.
+(:mod:`solvers.steppers.implicit_predictor`, as the engine's implicit solves do) would save 10-15 % of the evaluations.
 
 Gradients: ``backprop`` differentiates the steps; ``checkpoint`` keeps the grid states and re-runs each step
 backwards for its vector-Jacobian product; ``reversible`` (the symmetric methods) keeps only the last state and
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .errors import Reason, SolverError
+from ..errors import Reason, SolverError
 from .implicit import Newton, implicit_step
 from .implicit_tableaux import IMPLICIT_TABLEAUX
 

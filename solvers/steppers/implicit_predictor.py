@@ -174,7 +174,7 @@ class StagePredictor:
         self._last = (weakref.ref(y1), h, Z.detach(), kind)
 
     def carry(self, y: torch.Tensor) -> Carry:
-        """What the chain hands on to a step from ``y`` (:class:`~solvers.implicit_linear.Carry`): the earlier
+        """What the chain hands on to a step from ``y`` (:class:`~solvers.steppers.implicit_linear.Carry`): the earlier
         steps', if ``y`` is the last step's output, else emptied (a step that does not continue the chain evaluates
         its own Jacobian and checks its iteration from the first)."""
         if not self.carries_from(y):

@@ -42,12 +42,12 @@ from typing import Any
 
 import torch
 
-from .counting import Counted
-from .errors import Reason, SolverError, check_positive
-from .piece_grads import Grads, LazyPieces, piece_slots
-from .piecewise_adjoint import PiecewiseParam
-from .run import Settings
-from .schemes.leapfrog import leapfrog_inverse, leapfrog_step
+from ..counting import Counted
+from ..errors import Reason, SolverError, check_positive
+from ..piece_grads import Grads, LazyPieces, piece_slots
+from ..piecewise_adjoint import PiecewiseParam
+from ..run import Settings
+from ..schemes.leapfrog import leapfrog_inverse, leapfrog_step
 
 __all__ = ["alf_step", "alf_inverse", "integrate_alf"]
 

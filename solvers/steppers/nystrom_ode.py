@@ -1,4 +1,4 @@
-r"""Continuous mode with the Runge-Kutta-Nyström methods of :mod:`solvers.nystrom_tableaux`, on a second-order
+r"""Continuous mode with the Runge-Kutta-Nyström methods of :mod:`solvers.steppers.nystrom_tableaux`, on a second-order
 field ``q'' = f(q, q')`` held as ``y = (q, q')``.
 
 Fixed steps (``step_size``: each parameter piece in equal steps of at most that size, plus the requested times) or,

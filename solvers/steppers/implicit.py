@@ -1,6 +1,6 @@
 r"""Implicit Runge-Kutta steps, batched per sample, with gradients by the implicit function theorem.
 
-One step of the tableau ``(A, b, c)`` (:mod:`solvers.implicit_tableaux`) from ``y_0`` at ``t_0`` solves
+One step of the tableau ``(A, b, c)`` (:mod:`solvers.steppers.implicit_tableaux`) from ``y_0`` at ``t_0`` solves
 
     ``G(Z) = Z − h (A ⊗ I) F(Y) = 0``,   ``Y_i = y_0 + Z_i``,   ``F(Y)_i = F(t_0 + c_i h, Y_i)``,
 
@@ -12,7 +12,7 @@ mixes samples, e.g. batch norm, needs ``Newton("fixed_point")``, whose backward 
 instead of per-sample Jacobians). ``Newton("simplified")`` factors
 ``M = I − h A ⊗ J(t_0, y_0)`` and iterates ``Z ← Z − M^{−1} G(Z)`` (HW 1996, eq. IV.8.10); along a chain of steps
 the factored ``M`` is reused while the iteration contracts at ``θ ≤ 0.05`` and re-evaluated at the step that sees
-it contract slower (:class:`~solvers.implicit_linear.Carry`, HW 1996, §IV.8);
+it contract slower (:class:`~solvers.steppers.implicit_linear.Carry`, HW 1996, §IV.8);
 ``Newton("full")`` rebuilds ``M = I − h (A ⊗ I) diag(J(Y_j))`` every iteration (for stiff fields whose Jacobian
 changes within a step); ``Newton("fixed_point")`` iterates ``Z ← h (A ⊗ I) F(y_0 + Z)`` without a Jacobian (on the
 stage derivatives: one field call and one fused product per iteration), which contracts at the rate
@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import Reason, SolverError
+from ..errors import Reason, SolverError
 from .implicit_linear import REUSE_MAX_RATE, Carry, Iteration, SingularMatrix, kron_matrix
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
@@ -95,7 +95,7 @@ class Newton:
     iteration and stage) or ``"fixed_point"`` (Jacobian-free: ``Z ← h (A ⊗ I) F(y + Z)`` forward and the same
     iteration on the transposed system backward; converges when ``h ‖A‖ ‖∂F/∂y‖ < 1``, so for non-stiff fields, at
     a cost that does not grow with ``n³``); at most ``max_iters`` iterations; ``tol`` an absolute tolerance on the
-    increment (default ``None``: to rounding, see :mod:`solvers.implicit`)."""
+    increment (default ``None``: to rounding, see :mod:`solvers.steppers.implicit`)."""
 
     kind: str = "auto"
     max_iters: int = 50
@@ -217,9 +217,9 @@ def solve_stages(
 ) -> tuple[torch.Tensor, int, str]:
     """The converged stage increments ``Z`` ``(s, B, n)`` of one step (no graph), the iteration count, and the
     kind of iteration that converged (``"auto"`` resolves to ``"fixed_point"`` or ``"simplified"``). ``guess``: the
-    first iterate (:mod:`solvers.implicit_predictor`) instead of ``Z_i = h c_i F(t_0, y_0)`` (a restart with
+    first iterate (:mod:`solvers.steppers.implicit_predictor`) instead of ``Z_i = h c_i F(t_0, y_0)`` (a restart with
     simplified Newton after a failed fixed point takes the latter). ``carry``: what the previous step of a chain
-    hands on (:class:`~solvers.implicit_linear.Carry`: simplified Newton's matrix, where iterations converged),
+    hands on (:class:`~solvers.steppers.implicit_linear.Carry`: simplified Newton's matrix, where iterations converged),
     used and updated here."""
     try:
         return _solve_stages(fun, t0, times, y, h, tab, newton, batched, guess, carry)
@@ -332,9 +332,9 @@ def _iterate(
     rate0: float = 0.0,
 ) -> _Run:
     """Iterate ``Z ← h (A ⊗ I) F(y + Z)`` (``it`` ``None``: the fixed point) or ``Z ← Z − M^{−1} G(Z)`` (Newton;
-    ``full``: ``M`` re-factored at every iterate) to the stopping rule of :mod:`solvers.implicit`. ``judge``: stop
-    with ``"slow"`` once the observed rate exceeds it above the rounding floor. ``check``: the first iteration whose
-    increment is checked, ``rate0`` (if positive) the rate that judges it; after it, an iteration is checked (one
+    ``full``: ``M`` re-factored at every iterate) to the stopping rule of :mod:`solvers.steppers.implicit`. ``judge``:
+    stop with ``"slow"`` once the observed rate exceeds it above the rounding floor. ``check``: the first iteration
+    whose increment is checked, ``rate0`` (if positive) the rate that judges it; after it, an iteration is checked (one
     host read) only where the rate observed so far does not already say that it cannot have converged."""
     s, B, n = Z.shape
     scale, last, k_last, rate, K_prev = None, None, 0, 0.0, None
@@ -412,7 +412,7 @@ def _tolerance(y: torch.Tensor, Z: torch.Tensor, tol: float | None) -> torch.Ten
 class _StageSensitivity(torch.autograd.Function):
     """Identity on the stage derivatives ``F`` ``(s, B, n)`` in forward; in backward, the implicit function
     theorem: the incoming cotangent ``g`` is replaced by the solution ``v`` of ``v_j − h Σ_i a_ij J_iᵀ v_i = g_j``
-    (one batched linear solve with the transposed stage Jacobian, see :mod:`solvers.implicit`)."""
+    (one batched linear solve with the transposed stage Jacobian, see :mod:`solvers.steppers.implicit`)."""
 
     @staticmethod
     def forward(ctx: Any, F: torch.Tensor, Y: torch.Tensor, ev: _StageFun, A: torch.Tensor, h: float, kind, newton):

@@ -1,7 +1,7 @@
 r"""An explicit Runge-Kutta method as data that checks itself: its Butcher tableau (Butcher 2016, "Numerical
 methods for ordinary differential equations", §23), error and midpoint weights, and continuous extension, each
-held to its order conditions on construction (:mod:`solvers.order_conditions`). The methods themselves are in
-:mod:`solvers.tableaux`.
+held to its order conditions on construction (:mod:`solvers.steppers.order_conditions`). The methods themselves are in
+:mod:`solvers.steppers.tableaux`.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ class MethodTableau:
     ``(c, a)`` with ``a`` over every stage before it (evaluated only for a step an output is read from); ``dense``
     then weighs those too.
 
-    Construction checks the order conditions (:mod:`solvers.order_conditions`): ``b`` to ``order``, the embedded
-    weights ``b − error`` to ``order − 1``, and ``dense`` to ``dense_order`` at ``θ = 1/4, 1/2, 3/4`` (and
+    Construction checks the order conditions (:mod:`solvers.steppers.order_conditions`): ``b`` to ``order``, the
+    embedded weights ``b − error`` to ``order − 1``, and ``dense`` to ``dense_order`` at ``θ = 1/4, 1/2, 3/4`` (and
     ``b_i(1) = b_i``).
     """
 

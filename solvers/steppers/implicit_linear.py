@@ -38,7 +38,7 @@ def kron_matrix(A: torch.Tensor, J: torch.Tensor, h: float, transpose: bool = Fa
 
 class SingularMatrix(ArithmeticError):
     """A Newton matrix ``I − h A ⊗ J`` that has no inverse; ``samples``: the batch rows whose matrix is singular.
-    :func:`~solvers.implicit.solve_stages` turns it into an ``ImplicitSolveError`` naming the step."""
+    :func:`~solvers.steppers.implicit.solve_stages` turns it into an ``ImplicitSolveError`` naming the step."""
 
     def __init__(self, samples: list[int]):
         super().__init__(f"singular Newton matrix in sample(s) {samples}")

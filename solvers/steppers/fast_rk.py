@@ -6,7 +6,7 @@ whether or not an output time lies in it, and controls the step size with a doze
 host synchronisations. A profile of its ``dopri5`` (Hamiltonian field, dim 64, batch 1024, one thread) spends
 about half its time in those products and reductions (``aten::mul``/``aten::sum``) and a third in the field.
 
-This module takes the same steps with the same arithmetic (:mod:`solvers.rk_stages`: torchdiffeq's kernels in
+This module takes the same steps with the same arithmetic (:mod:`solvers.steppers.rk_stages`: torchdiffeq's kernels in
 its order, so for ``dopri5`` the values and backprop gradients are its own bit for bit), and drops the rest:
 
 - the weights ``h a_ij`` of a step are one host product; without a graph every result goes to a reused buffer,
@@ -22,11 +22,11 @@ its order, so for ``dopri5`` the values and backprop gradients are its own bit f
 Methods: ``dopri5`` (Dormand & Prince 1980, "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6,
 with Shampine's 1986 dense output), ``tsit5`` (Tsitouras 2011, with his continuous extension), ``dopri8`` (Prince &
 Dormand 1981, with a seventh-order continuous extension whose five stages are evaluated only for a step that
-holds an output time: :mod:`solvers.dopri8`), ``bosh3`` (Bogacki & Shampine 1989), ``fehlberg2`` and
+holds an output time: :mod:`solvers.steppers.dopri8`), ``bosh3`` (Bogacki & Shampine 1989), ``fehlberg2`` and
 ``adaptive_heun`` (the last two not FSAL: a step's end is ``y_0 + h Σ b_i k_i``, and its last stage is the next
 step's first all the same), these three with the cubic Hermite dense output rather than torchdiffeq's lower-order
-ones (:func:`solvers.tableaux.hermite_mid`), and the fixed-step ``euler``, ``midpoint``, ``heun2``, ``heun3`` and
-``rk4`` (the 3/8 rule), with their tableaux from :mod:`solvers.tableaux`.
+ones (:func:`solvers.steppers.tableaux.hermite_mid`), and the fixed-step ``euler``, ``midpoint``, ``heun2``, ``heun3``
+and ``rk4`` (the 3/8 rule), with their tableaux from :mod:`solvers.steppers.tableaux`.
 Step-size control is the standard one of Hairer, Nørsett & Wanner ("Solving Ordinary Differential Equations I",
 §II.4): the initial step of their algorithm, the step accepted when the error ratio is at most 1, and the next
 step ``h · min(ifactor, max(safety · ratio^(−1/p), dfactor))`` (``dfactor`` only after a rejection), as torchdiffeq
@@ -39,9 +39,9 @@ the controller (:mod:`solvers.step_sizes`; ``steps="torchdiffeq"``: the first st
 So the accepted and rejected steps and the number of field evaluations are torchdiffeq's (dopri8's, plus five
 for each step that holds an output time); ``dopri5``'s numbers are its bits, the fixed-step methods other than
 ``euler`` and ``midpoint`` (which torchdiffeq writes as formulas, not tableaux) agree to rounding.
-:func:`fast_applies` says when a forward solve takes this path directly; :func:`solvers.rk_odeint.odeint_rk`
+:func:`fast_applies` says when a forward solve takes this path directly; :func:`solvers.steppers.rk_odeint.odeint_rk`
 brings the rest to it (tuple states and decreasing times: the adjoint's backward solve), and
-:mod:`solvers.rk_events` runs torchdiffeq's event search on it. A complex state is stepped as its real and
+:mod:`solvers.steppers.rk_events` runs torchdiffeq's event search on it. A complex state is stepped as its real and
 imaginary parts (its error measured on each). Only the multistep methods and ``scipy_solver`` stay torchdiffeq's.
 """
 
@@ -58,12 +58,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..norms import StateNorm
+from ..step_sizes import attach, carries, check_steps, controller_factor
+from ..times import HOST_TIME
 from .complex_state import RealParts
-from .norms import StateNorm
 from .rk_stages import Buffered, Graph, StageMajor, sum_order
-from .step_sizes import attach, carries, check_steps, controller_factor
 from .tableaux import TABLEAUX, MethodTableau, dense_at
-from .times import HOST_TIME
 
 __all__ = ["FAST_METHODS", "HOST_TIME", "STEPPER_OPTIONS", "fast_applies", "odeint_fast"]
 

@@ -1,6 +1,6 @@
 r"""Continuous mode with a projection onto invariants after each step: any one-step scheme (``rk4``, ``gl4``,
 ``verlet``, the splitting methods, ``nystrom4``, …) on a fixed grid, each step followed by the standard projection
-of :mod:`solvers.projection` (Hairer, Lubich & Wanner 2006, §IV.4).
+of :mod:`solvers.steppers.projection` (Hairer, Lubich & Wanner 2006, §IV.4).
 
 A step ``[t_0, t_1]`` inside piece ``l`` of a piecewise field is one layer of the projected scheme
 (:class:`~solvers.schemes.projected.Projected`) with ``h = t_1 − t_0``, so continuous and discrete mode share one
@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from ..schemes.base import Scheme
+from ..schemes.projected import Projected
 from .implicit_ode import sweep
 from .projection import Projection
-from .schemes.base import Scheme
-from .schemes.projected import Projected
 
 __all__ = ["PROJECTION_GRADIENTS", "integrate_projected"]
 

@@ -1,6 +1,6 @@
 r"""torchdiffeq's ``odeint`` contract for the explicit Runge-Kutta methods, on the library's own stepper.
 
-:func:`solvers.fast_rk.odeint_fast` takes one tensor over increasing times. The continuous adjoint's backward
+:func:`solvers.steppers.fast_rk.odeint_fast` takes one tensor over increasing times. The continuous adjoint's backward
 solve needs more: its state is a tuple (the state ``y``, its adjoint ``a``, the parameter gradients), it runs
 from ``t_i`` down to ``t_{i−1}``, and its error norm is a function of the tuple. :func:`odeint_rk` reduces such a
 solve to the stepper's as torchdiffeq reduces it to its own loop, so that the steps are the same:
@@ -11,9 +11,9 @@ solve to the stepper's as torchdiffeq reduces it to its own loop, so that the st
 - decreasing times run forwards in ``s = −t`` on the field ``−F(−s, y)``, with ``jump_t``/``step_t`` negated and
   a grid constructor asked in ``t`` (:func:`solvers.grids.negated_time_options`); callbacks see ``t``.
 
-Every method of :data:`solvers.tableaux.TABLEAUX` that continuous mode serves runs here, with cde_nets' tableaux
-and dense outputs (so ``bosh3``'s interpolant is the third-order one, and ``tsit5`` exists); the Adams methods and
-``scipy_solver``, which only torchdiffeq has, go to its public ``odeint`` under their own names, and so do the
+Every method of :data:`solvers.steppers.tableaux.TABLEAUX` that continuous mode serves runs here, with cde_nets'
+tableaux and dense outputs (so ``bosh3``'s interpolant is the third-order one, and ``tsit5`` exists); the Adams methods
+and ``scipy_solver``, which only torchdiffeq has, go to its public ``odeint`` under their own names, and so do the
 fixed-step methods on a half-precision state (float16, bfloat16: the stepper rounds its weights and times in
 float32 or float64; torchdiffeq's ``euler`` … ``rk4`` are the same methods).
 """
@@ -25,15 +25,15 @@ from typing import Any
 
 import torch
 
+from ..grids import negated_time_options, step_grid
+from ..norms import StateNorm
 from . import fast_rk
 from .fast_rk import FAST_METHODS, odeint_fast
-from .grids import negated_time_options, step_grid
-from .norms import StateNorm
 
 __all__ = ["odeint_rk", "rk_options"]
 
 _CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
-# the options the stepper takes (solvers.fast_rk); `max_num_steps` is torchdiffeq's own limit, which the
+# the options the stepper takes (solvers.steppers.fast_rk); `max_num_steps` is torchdiffeq's own limit, which the
 # library's counting wrapper enforces as `max_steps`
 _TAKEN = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb"}
 _TAKEN |= {"grid_constructor", "norm", "step_t", "interp"}
@@ -92,7 +92,8 @@ def odeint_rk(
     """``torchdiffeq.odeint(func, y0, t, rtol=, atol=, method=, options=)``: ``y0`` a tensor or a tuple of them,
     ``t`` increasing or decreasing (and detached); the callbacks of ``func`` are called as torchdiffeq calls them.
     ``method`` is a library name; without ``graph`` the solve runs under no-grad. ``steps`` and ``land_on_jumps``:
-    see :func:`~solvers.fast_rk.odeint_fast`. Returns ``(len(t), *y0.shape)``, a tuple of them for a tuple ``y0``."""
+    see :func:`~solvers.steppers.fast_rk.odeint_fast`. Returns ``(len(t), *y0.shape)``, a tuple of them for a tuple
+    ``y0``."""
     if method not in FAST_METHODS or _real_dtype(y0) not in (torch.float32, torch.float64):
         # the Adams methods, scipy_solver, and half-precision states of the fixed-step methods (the stepper rounds
         # its weights and times in float32/float64)

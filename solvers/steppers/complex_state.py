@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .norms import StateNorm
+from ..norms import StateNorm
 
 __all__ = ["RealParts"]
 

@@ -12,7 +12,7 @@ difference of the two solutions) and may carry a dense output: weights ``b_i(θ)
 with ``q(t_0 + θh) = q_0 + θ h v_0 + (θh)² Σ b_i(θ) k_i``, ``v(t_0 + θh) = v_0 + θ h Σ bp_i(θ) k_i``.
 
 A :class:`NystromTableau` checks on construction, to 1e-12, the Nyström-tree order conditions
-(:func:`~solvers.order_conditions.nystrom_defects`) of its solution, of its embedded solution and of its dense
+(:func:`~solvers.steppers.order_conditions.nystrom_defects`) of its solution, of its embedded solution and of its dense
 output at ``θ = 1/4, 1/2, 3/4`` (and that the dense output at ``θ = 1`` is the step).
 
 - ``nystrom4``: Nyström's fourth-order method for ``q'' = f(t, q, q')`` (four evaluations; Abramowitz & Stegun 1964,

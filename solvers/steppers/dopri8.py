@@ -28,7 +28,7 @@ for all ``θ``, with ``b_i(1) = b_i`` (the output is the step at its end), ``b_i
 Euclidean norm among those; the bootstrapped rows are the least-norm extensions of their orders (without stages
 2-5, whose weights vanish in the step too). Solved here in 40-digit arithmetic (by singular value decomposition,
 the near-null directions that the published rational approximations leave cut at 1e-13) and rounded to doubles;
-:class:`~solvers.tableaux.MethodTableau` checks the order conditions again on construction. Over ``θ ∈ [0, 1]``
+:class:`~solvers.steppers.tableaux.MethodTableau` checks the order conditions again on construction. Over ``θ ∈ [0, 1]``
 ``Σ_i |b_i(θ)|`` stays at or below the step's own ``Σ_i |b_i| = 3.1``, and the principal error coefficients (the
 order-eight defects) at most 2.3e-5, against 1.1e-4 for the embedded seventh-order formula.
 

@@ -9,7 +9,7 @@ McLachlan & Atela (1992) one step is, for ``i = 1, …, s``,
 
 which is symplectic for every choice of coefficients (a composition of symplectic shears) and of order ``p`` when
 the coefficients satisfy the order conditions of the bi-coloured trees up to ``p``
-(:func:`~solvers.order_conditions.splitting_defects`; Hairer, Lubich & Wanner 2006, §III.2). ``s = 1``,
+(:func:`~solvers.steppers.order_conditions.splitting_defects`; Hairer, Lubich & Wanner 2006, §III.2). ``s = 1``,
 ``a = b = (1)`` is semi-implicit Euler, the H2-DNN layer (Galimberti et al. 2023, eqs. H12-13); the methods here
 generalise it.
 

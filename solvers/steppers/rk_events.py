@@ -9,13 +9,13 @@ interpolant there. As torchdiffeq:
 
 - an adaptive method (Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4 for the
   steps) asks ``g`` at the end of every attempted step and bisects on the step's dense output, in float64 times
-  (the same steps as :func:`~solvers.fast_rk.odeint_fast`; ``dopri5``'s event times are torchdiffeq's bits);
+  (the same steps as :func:`~solvers.steppers.fast_rk.odeint_fast`; ``dopri5``'s event times are torchdiffeq's bits);
 - a fixed-step method takes steps of ``options["step_size"]`` from ``t_0`` in the state's dtype, bisects on the
   line through the step's ends (``interp="linear"``) or on the cubic Hermite interpolant of its ends and slopes
   (``interp="cubic"``, one more evaluation), and gives up after 20000 steps (``RuntimeError``).
 
-Here a method's dense output is cde_nets' (:mod:`solvers.tableaux`); the Adams methods and ``scipy_solver`` go to
-torchdiffeq's own search.
+Here a method's dense output is cde_nets' (:mod:`solvers.steppers.tableaux`); the Adams methods and ``scipy_solver`` go
+to torchdiffeq's own search.
 """
 
 from __future__ import annotations

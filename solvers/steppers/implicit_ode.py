@@ -1,7 +1,7 @@
-r"""Continuous mode with the implicit Runge-Kutta methods of :mod:`solvers.implicit_tableaux` on a fixed grid.
+r"""Continuous mode with the implicit Runge-Kutta methods of :mod:`solvers.steppers.implicit_tableaux` on a fixed grid.
 
 Gradient methods (each exact for the integrator's map, the linear algebra of a step by the implicit function
-theorem, :mod:`solvers.implicit`):
+theorem, :mod:`solvers.steppers.implicit`):
 
 - ``"backprop"``: every step recorded, its stages' graph and converged stages kept; memory ``O(steps)``.
 - ``"checkpoint"``: the forward keeps the state at every grid point (no graph); backward re-solves each step and
@@ -18,10 +18,10 @@ theorem, :mod:`solvers.implicit`):
   (:mod:`solvers.implicit_adjoint`). Exact for the integrator's map; memory one state per step.
 
 Each step after the first starts its stage iteration from the previous step's collocation polynomial, corrected by
-the last steps' prediction errors along equal steps on one parameter piece (:mod:`solvers.implicit_predictor`),
+the last steps' prediction errors along equal steps on one parameter piece (:mod:`solvers.steppers.implicit_predictor`),
 and under ``Newton("auto")`` a solve whose fixed point once failed to contract keeps simplified Newton for its
 later steps, reusing its factored matrix while it contracts fast
-(:class:`~solvers.implicit_linear.Carry`).
+(:class:`~solvers.steppers.implicit_linear.Carry`).
 
 Stage times at a step's ends are moved one ulp inside the step (as torchdiffeq's ``perturb``), so a step that ends
 on a parameter jump of a piecewise field never evaluates the next piece.
@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
+from ..implicit_adjoint import symplectic_adjoint_step
 from .implicit import Newton, get_tableau, implicit_step, in_backward
-from .implicit_adjoint import symplectic_adjoint_step
 from .implicit_predictor import StagePredictor
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
@@ -56,7 +56,7 @@ IMPLICIT_OPTIONS = {"newton", "max_iters", "newton_tol"}
 
 
 def newton_options(options: dict | None) -> Newton:
-    """The :class:`~solvers.implicit.Newton` of an ``options`` dict (``newton``: ``"auto"``, ``"simplified"``,
+    """The :class:`~solvers.steppers.implicit.Newton` of an ``options`` dict (``newton``: ``"auto"``, ``"simplified"``,
     ``"full"`` or ``"fixed_point"``; ``max_iters``, ``newton_tol``)."""
     options = options or {}
     return Newton(

@@ -1,6 +1,6 @@
 r"""Continuous mode with the symplectic compositions of :mod:`solvers.schemes.composition` (Yoshida's triple jumps of
-Störmer-Verlet) and the splitting methods of :mod:`solvers.splitting_tableaux` on a fixed grid, for separable fields
-(``p'`` from ``q`` alone, ``q'`` from ``p`` alone).
+Störmer-Verlet) and the splitting methods of :mod:`solvers.steppers.splitting_tableaux` on a fixed grid, for separable
+fields (``p'`` from ``q`` alone, ``q'`` from ``p`` alone).
 
 A step ``[t_0, t_1]`` inside piece ``l`` of a piecewise field is one layer of the discrete scheme with
 ``h = t_1 − t_0`` (:meth:`~solvers.schemes.Scheme.step`), so continuous and discrete mode share one formula. Gradient
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from ..schemes import get_scheme
 from .implicit_ode import sweep
-from .schemes import get_scheme
 from .splitting_tableaux import SPLITTING_ORDERS
 
 __all__ = ["SPLIT_METHODS", "SPLIT_GRADIENTS", "integrate_split"]
