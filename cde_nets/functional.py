@@ -8,9 +8,9 @@ of any shape or a tuple of them, at times ``t`` increasing or decreasing from an
 
 - the state is flattened to one tensor and decreasing times are negated (``s = −t``, ``dy/ds = −func(−s, y)``), so
   the engine always integrates one tensor forwards: the fast Runge-Kutta path (:mod:`solvers.steppers.fast_rk`) serves
-  every such call it implements, the piecewise seminorm adjoint (:mod:`solvers.piecewise_adjoint`) the adjoint,
-  and the replayed gradients (:mod:`solvers.replay`) ``gradient="checkpoint"``/``"symplectic"``; the implicit
-  Runge-Kutta methods run on the library's Newton solver with torchdiffeq's fixed-grid semantics
+  every such call it implements, the piecewise seminorm adjoint (:mod:`solvers.gradients.piecewise_adjoint`) the
+  adjoint, and the replayed gradients (:mod:`solvers.gradients.replay`) ``gradient="checkpoint"``/``"symplectic"``; the
+  implicit Runge-Kutta methods run on the library's Newton solver with torchdiffeq's fixed-grid semantics
   (:mod:`solvers.steppers.implicit_grid`);
 - gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
 - events are located by torchdiffeq's search (bisection on the step's dense output) run on the library's stepper

@@ -15,10 +15,10 @@ from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
 from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient, default_gradient
+from cde_nets.solvers.gradients.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
 from cde_nets.solvers.output_times import with_output_times, with_start_time
-from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.steppers.fast_rk import fast_applies
 from cde_nets.solvers.times import check_times
 from cde_nets.solvers.validation import check_half_precision, nonfinite_message

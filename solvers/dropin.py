@@ -67,7 +67,7 @@ def unflatten(y: torch.Tensor, shapes: list[torch.Size] | None, lead: tuple[int,
 class Problem(nn.Module):
     """The user's ``func`` as the engine sees it: a flat state, time negated when ``t`` decreases (``sign = −1``),
     torchdiffeq's callbacks forwarded in the user's time and shapes, ``max_num_steps`` counted, and the steps
-    reported to a replay's ``recorder`` (:mod:`solvers.replay`) while one listens.
+    reported to a replay's ``recorder`` (:mod:`solvers.gradients.replay`) while one listens.
 
     ``kind``: ``"adaptive"``, ``"fixed"`` or ``None`` (scipy, or a plain evaluation): the forward callbacks are
     those the method calls, so that torchdiffeq, given this object, warns only about the user's own."""

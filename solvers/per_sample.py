@@ -34,7 +34,7 @@ Gradients (:mod:`solvers.per_sample_grads`, :mod:`solvers.per_sample_adjoint`): 
 ``checkpoint`` and ``symplectic`` replaying each sweep from its stored inputs (the same per-sample steps: the
 gradient of the steps taken, as backprop's), and the continuous ``adjoint`` with a per-sample backward solve.
 Every row's step sizes are functions of its state through its error ratio and the PI controller, differentiated
-as such (:mod:`solvers.step_sizes`, :mod:`solvers.per_sample_steps`; ``steps="fixed"`` holds them constant).
+as such (:mod:`solvers.gradients.step_sizes`, :mod:`solvers.per_sample_steps`; ``steps="fixed"`` holds them constant).
 """
 
 from __future__ import annotations
@@ -359,8 +359,8 @@ def _gradient_name(gradient: Any, method: str) -> str:
 
 
 def _steps(gradient: Any) -> str:
-    """What the gradient differentiates of the step sizes (:mod:`solvers.step_sizes`): per-sample control has its
-    own controller, so torchdiffeq's setting has no counterpart here."""
+    """What the gradient differentiates of the step sizes (:mod:`solvers.gradients.step_sizes`): per-sample control has
+    its own controller, so torchdiffeq's setting has no counterpart here."""
     steps = getattr(gradient, "steps", "differentiated")
     if steps == "torchdiffeq":
         raise ValueError(

@@ -197,9 +197,9 @@ class Controller:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The rows' new clocks ``(t_0, h, t_1, memory)`` after the attempt as functions of the attempt (its stages
         times the step ``K`` ``(s, m, N)``, start ``y``, end ``Y``) and of the clocks before it (``rows``, which
-        may carry their own graphs), on the branches ``d`` took (:mod:`solvers.step_sizes`): ``ρ = ‖err / tol‖``,
-        ``h ← h · clip(scale · ρ^(−α) · w, dfactor, cap)`` where ``d.free``, the memory ``max(ρ, floor)^β`` of an
-        accepted step. Values agree with ``d``'s to rounding (the caller keeps ``d``'s bits)."""
+        may carry their own graphs), on the branches ``d`` took (:mod:`solvers.gradients.step_sizes`): ``ρ = ‖err /
+        tol‖``, ``h ← h · clip(scale · ρ^(−α) · w, dfactor, cap)`` where ``d.free``, the memory ``max(ρ, floor)^β`` of
+        an accepted step. Values agree with ``d``'s to rounding (the caller keeps ``d``'s bits)."""
         assert d.factor is not None and d.free is not None
         N = Y.shape[1]
         _, scale, reject, floor = self.constants(N)

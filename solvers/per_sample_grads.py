@@ -7,7 +7,7 @@ r"""The sweeps of a per-sample solve driven to the end, and the gradient each me
   the dense-output weights are the forward's, kept with the sweep, so the replay takes the same per-sample steps
   and the gradient equals backprop's.
 - ``symplectic`` (Matsubara, Miyatake & Yaguchi 2021, "Symplectic adjoint method for exact gradient of neural ODE
-  with minimal memory", eq. 8 in stage form, as :mod:`solvers.replay`): each sweep keeps ``(y, k_1)``; the
+  with minimal memory", eq. 8 in stage form, as :mod:`solvers.gradients.replay`): each sweep keeps ``(y, k_1)``; the
   backward pass recomputes the stage inputs ``Y_i`` without a graph and carries the adjoint back stage by stage,
 
       ``κ_i = h b_i λ_{n+1} + h Σ_{j>i} a_ji μ_j``,   ``μ_i = (∂F/∂y(t + c_i h, Y_i))ᵀ κ_i``,

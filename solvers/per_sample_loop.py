@@ -207,7 +207,7 @@ class Stepper:
         self.spans = False  # True: every time tensor the field sees carries its span (TIME_SPAN)
         self.c_head = self.c[: self.tail]  # the nodes before those at c = 1
         self.times_buffer: tuple | None = None  # (rows, buffer, its last row, the stage times: views of it)
-        # a sweep with a graph carries the clocks' dependence on the state (solvers.step_sizes)
+        # a sweep with a graph carries the clocks' dependence on the state (solvers.gradients.step_sizes)
         self.differentiated = False
         self.keep = False  # keep the controller's factor in each sweep's decision (a replay rebuilds its graph)
 
@@ -434,7 +434,7 @@ def initial_step(
     stepper: Stepper, t0: torch.Tensor, y: torch.Tensor, f0: torch.Tensor, rows: RowClocks
 ) -> torch.Tensor:
     """Hairer, Nørsett & Wanner's initial step (§II.4) for each row, in the state's dtype, as float64; a function
-    of ``y`` and ``f0`` where the steps are differentiated (:mod:`solvers.step_sizes`), else a constant."""
+    of ``y`` and ``f0`` where the steps are differentiated (:mod:`solvers.gradients.step_sizes`), else a constant."""
     graph = stepper.differentiated and torch.is_grad_enabled()
     if not graph:
         y, f0 = y.detach(), f0.detach()

@@ -1,4 +1,4 @@
-r"""The replayed sweeps of a per-sample solve with the step sizes differentiated (:mod:`solvers.step_sizes`).
+r"""The replayed sweeps of a per-sample solve with the step sizes differentiated (:mod:`solvers.gradients.step_sizes`).
 
 A sweep maps each running row's ``(y, k_1)`` and its clocks ``(t_0, h, t_1, m)`` (start, step, end, the PI
 controller's memory ``m``) to the new ones: the stages, the error ratio ``ρ`` over the row's components, the
@@ -10,8 +10,8 @@ autograd function, so that their dependence on the state travels from sweep to s
 - ``checkpoint`` rebuilds the sweep's graph from its stored inputs, on the branches the forward took (accepted
   rows, clipped factors, outputs due);
 - ``symplectic`` recomputes the stages without a graph and takes the cotangents back stage by stage, one
-  evaluation's graph at a time (Matsubara, Miyatake & Yaguchi 2021, as :func:`solvers.replay_controlled.stagewise`),
-  each vector-Jacobian product taken in the field's times too.
+  evaluation's graph at a time (Matsubara, Miyatake & Yaguchi 2021, as
+  :func:`solvers.gradients.replay_controlled.stagewise`), each vector-Jacobian product taken in the field's times too.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .gradients.replay_controlled import field_vjp, stagewise
 from .per_sample_loop import RowClocks, Stepper, Sweep, dense, dense_weights
-from .replay_controlled import field_vjp, stagewise
 
 __all__ = ["controlled_advance", "count_replayed", "with_clocks"]
 

@@ -14,8 +14,8 @@ from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverOptions, adapter, 
 from cde_nets.solvers.counting import SolverStats, counted
 from cde_nets.solvers.errors import SolverError
 from cde_nets.solvers.gradients import Backprop
+from cde_nets.solvers.gradients.replay import record_steps
 from cde_nets.solvers.grids import jump_options
-from cde_nets.solvers.replay import record_steps
 from cde_nets.solvers.steppers import fast_rk
 from cde_nets.solvers.steppers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 

@@ -12,8 +12,8 @@ from cde_nets.fields.bound import BoundField
 from cde_nets.solvers import SolverError
 from cde_nets.solvers.counting import SolverStats, counted
 from cde_nets.solvers.gradients import Backprop, Checkpoint, Symplectic
+from cde_nets.solvers.gradients.replay import record_steps, replay
 from cde_nets.solvers.grids import jump_options
-from cde_nets.solvers.replay import record_steps, replay
 from cde_nets.solvers.steppers.tableaux import TABLEAUX
 from cde_nets.stop import Stop
 

@@ -44,8 +44,8 @@ import torch
 
 from ..counting import Counted
 from ..errors import Reason, SolverError, check_positive
-from ..piece_grads import Grads, LazyPieces, piece_slots
-from ..piecewise_adjoint import PiecewiseParam
+from ..gradients.piece_grads import Grads, LazyPieces, piece_slots
+from ..gradients.piecewise_adjoint import PiecewiseParam
 from ..run import Settings
 from ..schemes.leapfrog import leapfrog_inverse, leapfrog_step
 

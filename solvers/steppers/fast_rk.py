@@ -34,7 +34,8 @@ implements it, including its ``jump_t`` handling (a step is clipped at a jump an
 side), its evaluation times (a stage with ``c = 1`` just before ``t_1``; the first stage of a fixed step just
 after ``t_0``), its ``step_t`` (a step clipped there, the field not re-read) and ``norm`` options, and per-element
 tolerances. Under ``backprop`` every step size carries its dependence on the state, through the error ratio and
-the controller (:mod:`solvers.step_sizes`; ``steps="torchdiffeq"``: the first step size's only, as torchdiffeq).
+the controller (:mod:`solvers.gradients.step_sizes`; ``steps="torchdiffeq"``: the first step size's only, as
+torchdiffeq).
 
 So the accepted and rejected steps and the number of field evaluations are torchdiffeq's (dopri8's, plus five
 for each step that holds an output time); ``dopri5``'s numbers are its bits, the fixed-step methods other than
@@ -58,8 +59,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..gradients.step_sizes import attach, carries, check_steps, controller_factor
 from ..norms import StateNorm
-from ..step_sizes import attach, carries, check_steps, controller_factor
 from ..times import HOST_TIME
 from .complex_state import RealParts
 from .rk_stages import Buffered, Graph, StageMajor, sum_order
@@ -290,8 +291,8 @@ def odeint_fast(
     """``torchdiffeq.odeint(func, y0, t, rtol=, atol=, method=, options=)`` for the calls :func:`fast_applies`
     accepts: the same steps, evaluations and callbacks (``callback_step``, ``callback_accept_step``,
     ``callback_reject_step`` of ``func``), results equal to rounding. Without ``graph``, runs under no-grad.
-    ``steps`` (:mod:`solvers.step_sizes`): what the graph of an adaptive solve differentiates, the step sizes as
-    functions of the state (``"differentiated"``), as constants (``"fixed"``), or the first only, as torchdiffeq
+    ``steps`` (:mod:`solvers.gradients.step_sizes`): what the graph of an adaptive solve differentiates, the step sizes
+    as functions of the state (``"differentiated"``), as constants (``"fixed"``), or the first only, as torchdiffeq
     (``"torchdiffeq"``). ``land_on_jumps``: a step that ends exactly on a ``jump_t`` is treated as one clipped there
     (the field re-read on its far side, the next jump taken up); torchdiffeq, and so the default, clips only a
     step that strictly contains it, and crosses every later jump after such a step. A complex state is stepped as
@@ -327,7 +328,7 @@ def _engine(
     atol: Any,
     norm: Any = None,
 ) -> Buffered | Graph:
-    # a recorder (solvers.replay) keeps the accepted states: they must not live in reused buffers; a norm of
+    # a recorder (solvers.gradients.replay) keeps the accepted states: they must not live in reused buffers; a norm of
     # the user's or per-element tolerances take the general engine
     fresh = torch.is_grad_enabled() or getattr(func, "recorder", None) is not None
     # the parts' largest RMS of a tuple state (StateNorm) runs in every engine; another norm of the user's, or
@@ -446,7 +447,7 @@ class _Adaptive:
         self.ifactor = float(options.get("ifactor", 10.0))
         self.dfactor = float(options.get("dfactor", 0.2))
         self.first_step = options.get("first_step")
-        # under a graph: every next step size as a function of the state (solvers.step_sizes)
+        # under a graph: every next step size as a function of the state (solvers.gradients.step_sizes)
         self.steps = steps
         self.differentiated = steps == "differentiated" and torch.is_grad_enabled()
         # torchdiffeq's `norm`: a user's callable, or a tuple state's largest part RMS (StateNorm: also the RMS
@@ -533,7 +534,7 @@ class _Adaptive:
 
     def _extension(self, eng: Buffered | Graph, last: tuple, tj: float) -> torch.Tensor:
         """A method's own continuous extension (tsit5, dopri8): ``y_0 + Σ_i (h b_i(x)) k_i``, summed as the replays
-        sum it (:mod:`solvers.replay`), so that their gradients are of the same function."""
+        sum it (:mod:`solvers.gradients.replay`), so that their gradients are of the same function."""
         t0, t1, h, y0, _ = last
         weights: Sequence[Scalar]
         if isinstance(t0, torch.Tensor) or isinstance(t1, torch.Tensor):
@@ -562,7 +563,7 @@ class _Adaptive:
         if self._extra_for is not last:
             t0, _, h, y0, _ = last
             recorder = getattr(self.func, "recorder", None)
-            if recorder is not None:  # these evaluations are no step's (solvers.replay.Recorder)
+            if recorder is not None:  # these evaluations are no step's (solvers.gradients.replay.Recorder)
                 recorder.reading = True
             try:
                 extra: list[torch.Tensor] = []

@@ -15,7 +15,7 @@ theorem, :mod:`solvers.steppers.implicit`):
 - ``"symplectic"``: the forward keeps the state at every grid point (no graph); backward re-solves each step's
   stages without a graph and integrates the adjoint system with the symplectic partner of the method (the method
   itself for ``implicit_midpoint``, ``gl4``, ``gl6``), one evaluation's graph at a time
-  (:mod:`solvers.implicit_adjoint`). Exact for the integrator's map; memory one state per step.
+  (:mod:`solvers.gradients.implicit_adjoint`). Exact for the integrator's map; memory one state per step.
 
 Each step after the first starts its stage iteration from the previous step's collocation polynomial, corrected by
 the last steps' prediction errors along equal steps on one parameter piece (:mod:`solvers.steppers.implicit_predictor`),
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..implicit_adjoint import symplectic_adjoint_step
+from ..gradients.implicit_adjoint import symplectic_adjoint_step
 from .implicit import Newton, get_tableau, implicit_step, in_backward
 from .implicit_predictor import StagePredictor
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau

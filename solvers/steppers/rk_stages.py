@@ -460,7 +460,7 @@ class Graph(Stages):
     def ratio_graph(self, y0: torch.Tensor, y_new: torch.Tensor) -> torch.Tensor:
         """The error ratio of :meth:`ratio` as a function of the step's stages, its start, end and size (the value
         agrees with :meth:`ratio`'s to rounding): what the step-size controller reads, differentiated
-        (:mod:`solvers.step_sizes`)."""
+        (:mod:`solvers.gradients.step_sizes`)."""
         m = self.widths[self.err_row]
         e = self.w[self.err_row] if self.hy is None else self.rows[self.err_row] * self.hy
         err = torch.sum(torch.stack(self.ks[:m], -1) * e, -1)

@@ -10,8 +10,8 @@ weights ``m`` of the state at the step's midpoint, ``y_{1/2} = y_0 + h Σ_i m_i 
 (a quartic through ``y_0, y_{1/2}, y_1`` with slopes ``k_first, k_last``) is built.
 
 The coefficients are those torchdiffeq 0.2.5 steps with (the same rational numbers, evaluated to the same
-doubles; bosh3's midpoint weights excepted, below), so that :mod:`solvers.replay` reproduces its accepted steps to
-rounding:
+doubles; bosh3's midpoint weights excepted, below), so that :mod:`solvers.gradients.replay` reproduces its accepted
+steps to rounding:
 
 - ``dopri5``: Dormand & Prince (1980), "A family of embedded Runge-Kutta formulae", J. Comput. Appl. Math. 6;
   midpoint weights from Shampine (1986), "Some practical Runge-Kutta formulas", Math. Comp. 46.
@@ -27,7 +27,7 @@ rounding:
   second-order solution; ``adaptive_heun``: Heun's method (the explicit trapezoid) with Euler's as the embedded
   estimate. Neither is FSAL: the last stage is ``F(t_1, ·)`` at a state other than ``y_1``, and torchdiffeq reuses
   it as the next step's first stage all the same, so a step is a map of its start state *and* that carried slope
-  (:mod:`solvers.replay` carries it back). Their dense output is the cubic Hermite one, as ``bosh3``'s.
+  (:mod:`solvers.gradients.replay` carries it back). Their dense output is the cubic Hermite one, as ``bosh3``'s.
 - ``dopri8``: Prince & Dormand's RK8(7)13M (:mod:`solvers.steppers.dopri8`), with a seventh-order continuous extension.
 
 Evaluation times follow torchdiffeq: a stage with ``c_i = 1`` is evaluated just before ``t_1``

@@ -1,6 +1,6 @@
 """Parameters that are constant on pieces of time (:class:`PiecewiseParam`) and their gradients, accumulated
-piece by piece: what the piecewise adjoint (:mod:`solvers.piecewise_adjoint`), the step replay
-(:mod:`solvers.replay`) and the reversible integrator (:mod:`solvers.steppers.alf`) share."""
+piece by piece: what the piecewise adjoint (:mod:`solvers.gradients.piecewise_adjoint`), the step replay
+(:mod:`solvers.gradients.replay`) and the reversible integrator (:mod:`solvers.steppers.alf`) share."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class Grads:
     def result(self, lam: torch.Tensor, slot: Sequence[int | None], gradient: str, nfe: int) -> tuple:
         """The gradients a replay's backward returns for ``(·, y0, ·, *params)``: ``lam`` for ``y0``, then each
         parameter's, whole or assembled from its pieces. A non-finite ``lam`` is named, not passed on."""
-        from .errors import Reason, SolverError
+        from ..errors import Reason, SolverError
 
         if not bool(torch.isfinite(lam).all()):
             raise SolverError(

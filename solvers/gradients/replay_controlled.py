@@ -1,5 +1,5 @@
-r"""Exact gradients of an adaptive solve whose step sizes are differentiated (:mod:`solvers.step_sizes`): the
-``"checkpoint"`` and ``"symplectic"`` replays of :mod:`solvers.replay` over every attempted step.
+r"""Exact gradients of an adaptive solve whose step sizes are differentiated (:mod:`solvers.gradients.step_sizes`): the
+``"checkpoint"`` and ``"symplectic"`` replays of :mod:`solvers.gradients.replay` over every attempted step.
 
 An adaptive solve is a chain of attempts ``n = 0, 1, …``, each a map of its start ``(y_n, t_n, ĥ_n)`` (state,
 time, proposed step size):
@@ -18,12 +18,12 @@ starts from the state before it, so it costs no memory). The backward pass carri
 - ``"checkpoint"`` rebuilds each attempt's graph from its start, with ``y_n``, ``t_n`` and ``ĥ_n`` as leaves, and
   backpropagates through it (a rejected attempt too: its error ratio sets the next size);
 - ``"symplectic"`` recomputes the stages without a graph and carries the adjoint back one stage at a time as in
-  :mod:`solvers.replay` (Matsubara, Miyatake & Yaguchi 2021), one vector-Jacobian product of the field per stage
-  now taken in its time argument too; the stage-free part of the attempt (the stage inputs and times, the new
+  :mod:`solvers.gradients.replay` (Matsubara, Miyatake & Yaguchi 2021), one vector-Jacobian product of the field per
+  stage now taken in its time argument too; the stage-free part of the attempt (the stage inputs and times, the new
   state, the error ratio, the controller, the dense output) is differentiated as a small graph of its own.
 
 A method that is not FSAL (``fehlberg2``, ``adaptive_heun``) starts an attempt from the last stage of the accepted
-attempt before (:mod:`solvers.replay`): its start is ``(y_n, k_1, t_n, ĥ_n)``, and ``k_1`` passes through a
+attempt before (:mod:`solvers.gradients.replay`): its start is ``(y_n, k_1, t_n, ĥ_n)``, and ``k_1`` passes through a
 rejected attempt unchanged.
 
 ``steps="torchdiffeq"``: the same chain, the controller's output a constant (torchdiffeq computes it under
@@ -41,10 +41,10 @@ from typing import Any
 
 import torch
 
+from ..steppers.tableaux import MethodTableau, quartic
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
 from .step_sizes import controller_factor
-from .steppers.tableaux import MethodTableau, quartic
 
 __all__ = ["Attempt", "attempts", "controlled_replay", "field_vjp", "stagewise"]
 
@@ -193,8 +193,8 @@ class _Algebra:
         return nxt
 
     def dense(self, y1: torch.Tensor, tj: float) -> torch.Tensor:
-        """The dense output at ``tj`` inside the accepted attempt (the quartic of :mod:`solvers.replay`, or the
-        method's own continuous extension), ``x = (tj − t_n) / (t_{n+1} − t_n)`` differentiated in the times."""
+        """The dense output at ``tj`` inside the accepted attempt (the quartic of :mod:`solvers.gradients.replay`, or
+        the method's own continuous extension), ``x = (tj − t_n) / (t_{n+1} − t_n)`` differentiated in the times."""
         tab, hy, ks, y0 = self.spec.tab, self.hy, self.ks, self.y
         x = ((tj - self.t) / (self.t1 - self.t)).to(_real(y0.dtype))
         if tab.dense is not None:

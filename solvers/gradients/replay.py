@@ -7,7 +7,7 @@ through one step at a time, recomputing the step with the method's own tableau (
 The gradient is that of the discrete map the solver applied (the same as backpropagating through its
 operations), not of the ODE's flow: no backward solve, no integration error of its own. Written here with the
 step sizes held fixed (``steps="fixed"``); with them differentiated (the default for adaptive methods) every
-attempted step is replayed by :mod:`solvers.replay_controlled`.
+attempted step is replayed by :mod:`solvers.gradients.replay_controlled`.
 
 ``"checkpoint"`` (Zhuang et al. 2020, "Adaptive checkpoint adjoint method for gradient estimation in neural ODE",
 ICML; diffrax's ``RecursiveCheckpointAdjoint`` with one checkpoint per step) rebuilds step ``n``'s graph from
@@ -44,7 +44,7 @@ other than ``y_{n+1}``, and the next step takes it as its first stage all the sa
 it as given, and the backward pass returns its cotangent to the step before, where it joins that step's
 ``∂ℒ/∂k_s`` (``κ_s`` in the symplectic form).
 
-Parameters constant on pieces of time (:class:`~solvers.piecewise_adjoint.PiecewiseParam`) are read through
+Parameters constant on pieces of time (:class:`~solvers.gradients.piecewise_adjoint.PiecewiseParam`) are read through
 fresh leaves of the pieces a step actually uses, so each step's product costs the pieces in force, not all
 ``L``.
 """
@@ -59,11 +59,11 @@ from typing import Any
 
 import torch
 
+from ..steppers.fast_rk import fast_applies, odeint_fast
+from ..steppers.rk_odeint import odeint_rk
+from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at, quartic
 from .piece_grads import Grads, LazyPieces, PiecewiseParam, piece_slots
 from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt
-from .steppers.fast_rk import fast_applies, odeint_fast
-from .steppers.rk_odeint import odeint_rk
-from .steppers.tableaux import TABLEAUX, MethodTableau, dense_at, quartic
 
 __all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
 
@@ -97,7 +97,7 @@ class Steps:
 
 class Recorder:
     """Collects accepted steps from the counting wrapper's callbacks (see ``counting.Counted``); with
-    ``attempts``, every attempted step too, as :func:`solvers.replay_controlled.attempts` reads them:
+    ``attempts``, every attempted step too, as :func:`solvers.gradients.replay_controlled.attempts` reads them:
     ``[t0, proposed size, size taken, accepted, y0, ended on a jump, carried slope]``. With ``carry`` (a method
     that is not FSAL), the slope each step's first stage reuses: the last evaluation of the accepted step before
     it (``None`` for the first step and after a jump, where the field is read afresh)."""
@@ -291,7 +291,7 @@ def record_steps(
 
 def record_attempts(func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol, atol, options: dict):
     """As :func:`record_steps`, every attempted step of an adaptive solve
-    (:class:`~solvers.replay_controlled.Attempt`)."""
+    (:class:`~solvers.gradients.replay_controlled.Attempt`)."""
     rec = Recorder(_times_of(options, "jump_t"), attempts=True, carry=_carries(method))
     ys = _solve_recorded(func, y0, t, rec, method, rtol, atol, options)
     assert rec.tries is not None
@@ -488,8 +488,8 @@ def replay_gradient(
     """``odeint(func, y0, t)`` whose backward pass replays its accepted steps, one ``step_back`` per step
     (:func:`checkpoint_step` or :func:`symplectic_step`, see the module; ``gradient`` names it in messages).
     ``params``: the tensors to differentiate; those that are the ``data`` of an entry of ``pieces`` are
-    differentiated piece by piece. ``steps`` (:mod:`solvers.step_sizes`): an adaptive method's step sizes held
-    fixed (``"fixed"``), or differentiated (every attempt replayed: :mod:`solvers.replay_controlled`)."""
+    differentiated piece by piece. ``steps`` (:mod:`solvers.gradients.step_sizes`): an adaptive method's step sizes held
+    fixed (``"fixed"``), or differentiated (every attempt replayed: :mod:`solvers.gradients.replay_controlled`)."""
     if t.requires_grad:
         raise ValueError(f"gradient={gradient!r} does not differentiate the output times `t`; detach them.")
     if len(t) > 1 and float(t[0]) > float(t[-1]):

@@ -9,7 +9,7 @@ with ``a`` jumping by ``∂ℒ/∂y(t_i)`` at each output time and ``y`` recompu
 ``∂ℒ/∂y_0 = a(t_0)``, ``∂ℒ/∂θ = g(t_0)``, and when ``t`` requires grad ``∂ℒ/∂t_i = aᵀ F(t_i, y_i)`` for ``i ≥ 1``
 (``τ`` starting each interval lowered by it) and ``∂ℒ/∂t_0 = τ(t_0)``.
 
-This is the generic form the piecewise adjoint (:mod:`solvers.piecewise_adjoint`) falls back to: it serves a
+This is the generic form the piecewise adjoint (:mod:`solvers.gradients.piecewise_adjoint`) falls back to: it serves a
 backward error norm over every part of ``(τ, y, a, g)`` (``seminorm=False``), a norm of the user's, times that
 require grad, and piece boundaries the backward solve would not step on. Its backward state is torchdiffeq's,
 ``(τ, y, a, g_1, …, g_P)``, measured by torchdiffeq's norms (``max(|τ|, ‖y‖, ‖a‖, max_k ‖g_k‖_RMS)``, or without
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from .grids import negated_time_options
-from .norms import StateNorm
-from .steppers.rk_odeint import _CALLBACKS, _Flat, _Parts, _Reversed, odeint_rk
+from ..grids import negated_time_options
+from ..norms import StateNorm
+from ..steppers.rk_odeint import _CALLBACKS, _Flat, _Parts, _Reversed, odeint_rk
 
 __all__ = ["odeint_adjoint_rk"]
 

@@ -11,7 +11,8 @@ piecewise parameter's views), so no constant built from the plain parameters lea
 dual one out of it.
 
 The solve runs under grad mode with nothing requiring grad: the stepper then takes the path that differentiates
-the step sizes (:mod:`solvers.step_sizes`, whose formulas see a tangent as they see a graph), and records nothing.
+the step sizes (:mod:`solvers.gradients.step_sizes`, whose formulas see a tangent as they see a graph), and records
+nothing.
 """
 
 from __future__ import annotations

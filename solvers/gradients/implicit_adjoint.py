@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from .steppers.implicit import FlatField, Newton, solve_stages, transposed_stage_solve
-from .steppers.implicit_tableaux import ImplicitTableau
+from ..steppers.implicit import FlatField, Newton, solve_stages, transposed_stage_solve
+from ..steppers.implicit_tableaux import ImplicitTableau
 
 __all__ = ["pairs_with_partner", "symplectic_adjoint_step"]
 

@@ -65,11 +65,11 @@ from typing import Any
 
 import torch
 
-from .errors import BACKWARD_UNSTABLE, Reason, SolverError
-from .norms import StateNorm
+from ..errors import BACKWARD_UNSTABLE, Reason, SolverError
+from ..norms import StateNorm
+from ..steppers.fast_rk import fast_applies, odeint_fast
+from ..steppers.rk_odeint import odeint_rk
 from .piece_grads import PiecewiseParam, piece_slots
-from .steppers.fast_rk import fast_applies, odeint_fast
-from .steppers.rk_odeint import odeint_rk
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
 
