@@ -50,7 +50,7 @@ from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS
 from cde_nets.solvers.output_times import with_output_times, with_start_time
-from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.per_sample.solve import odeint_per_sample
 from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.steppers.rk_events import odeint_event_rk
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
@@ -291,7 +291,7 @@ def odeint(
         controller: this library's addition: ``"batch"`` (default: one step size for the whole batch,
             torchdiffeq's steps) or ``"per_sample"``: every sample of the batch (``y0``'s first axis) on its own
             step size, ``func`` called with ``t`` of shape ``(batch,)``, ``t`` of shape ``(n,)`` or ``(batch, n)``
-            (:func:`~cde_nets.solvers.per_sample.odeint_per_sample`; ``dopri5``/``bosh3``).
+            (:func:`~cde_nets.solvers.per_sample.solve.odeint_per_sample`; ``dopri5``/``bosh3``).
 
     Returns:
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.

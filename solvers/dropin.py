@@ -24,7 +24,7 @@ from .gradients import Adjoint, GradientMethod
 from .grids import negated_time_options, step_grid
 from .norms import StateNorm
 from .options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
-from .per_sample import wants_rows
+from .per_sample.solve import wants_rows
 from .run import Backward, Run
 from .steppers.implicit_tableaux import IMPLICIT_TABLEAUX
 from .validation import check_field_output, check_tolerance, check_tolerances

@@ -24,7 +24,7 @@ import torch
 from .gradients.base import GradientMethod
 from .grids import stepper_options
 from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, SPLIT_METHODS
-from .per_sample import check_per_sample_gradient
+from .per_sample.solve import check_per_sample_gradient
 from .run import Run
 from .steppers.fast_rk import fast_applies, odeint_fast
 from .steppers.implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid

@@ -43,7 +43,7 @@ REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}
 # symplectic compositions of Verlet (solvers.steppers.split_ode)
 OWN_FIXED_METHODS: dict[str, int] = {**IMPLICIT_METHODS, **SPLIT_METHODS}
 
-# the adaptive methods whose steps per-sample control takes (solvers.per_sample)
+# the adaptive methods whose steps per-sample control takes (solvers.per_sample.solve)
 PER_SAMPLE_METHODS = ("dopri5", "bosh3")
 CONTROLLERS = ("batch", "per_sample")
 
@@ -150,7 +150,7 @@ class SolverOptions:
     the method's further torchdiffeq options (unknown keys raise; ``max_num_steps`` there is ``max_steps``, default
     100 000). ``rtol``/``atol`` default to 1e-6/1e-8.
     ``controller``: ``"batch"`` (one step size for the whole batch, torchdiffeq's steps) or ``"per_sample"``
-    (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample`).
+    (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample.solve`).
     """
 
     method: str

@@ -22,7 +22,7 @@ from cde_nets import ODEBlock, odeint
 from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.gradients import Adjoint, Backprop, Checkpoint, Symplectic
 from cde_nets.solvers.gradients.step_sizes import attach, check_steps, controller_factor
-from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.per_sample.solve import odeint_per_sample
 
 F64 = torch.float64
 TOL = dict(rtol=1e-5, atol=1e-7)

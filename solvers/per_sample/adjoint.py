@@ -3,7 +3,7 @@ step control (the joint design of Lienen & Günnemann 2022, "torchode: A Paralle
 
 The forward solve keeps no graph. Backwards, the state ``y`` and the adjoint ``a`` of every sample are integrated
 together from its last output time to its first (Chen et al. 2018, "Neural ordinary differential equations",
-§2), in ``s = −t`` so that the per-sample sweeps (:mod:`solvers.per_sample_loop`) run forwards:
+§2), in ``s = −t`` so that the per-sample sweeps (:mod:`solvers.per_sample.loop`) run forwards:
 
     ``dy/ds = −F(−s, y)``,   ``da/ds = (∂F/∂y)ᵀ a``,   ``∂ℒ/∂θ = ∫ aᵀ ∂F/∂θ ds``,
 
@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from .errors import BACKWARD_UNSTABLE, Reason, SolverError
-from .gradients import Adjoint
-from .per_sample_grads import advance_for, integrate_rows
-from .per_sample_loop import PerSampleInfo, RowClocks, Stepper, Sweep
+from ..errors import BACKWARD_UNSTABLE, Reason, SolverError
+from ..gradients import Adjoint
+from .grads import advance_for, integrate_rows
+from .loop import PerSampleInfo, RowClocks, Stepper, Sweep
 
 __all__ = ["SeparateAdjoint", "adjoint_rows"]
 

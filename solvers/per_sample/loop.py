@@ -1,4 +1,4 @@
-r"""The sweeps of a per-sample solve (:mod:`solvers.per_sample`): each running row takes one attempted step.
+r"""The sweeps of a per-sample solve (:mod:`solvers.per_sample.solve`): each running row takes one attempted step.
 
 A sweep is a pure function of the rows' state ``(y, k_1)`` and their clocks (:class:`RowClocks`):
 
@@ -6,10 +6,10 @@ A sweep is a pure function of the rows' state ``(y, k_1)`` and their clocks (:cl
 
 the error ratio ``r_b = ‖err_b / (atol_b + rtol_b max(|y_b|, |Y_{b,s}|))‖_RMS`` over the sample's own components,
 acceptance ``r_b ≤ 1`` (Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4) and the
-next step from a PI controller (:mod:`solvers.per_sample_control`), taken on every row at once, decided by
+next step from a PI controller (:mod:`solvers.per_sample.control`), taken on every row at once, decided by
 ``torch.where`` on the device. Outputs due inside an accepted step are read off the
 method's dense output ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Being pure, a sweep can be replayed: the
-gradient methods (:mod:`solvers.per_sample_grads`) recompute it from its stored inputs.
+gradient methods (:mod:`solvers.per_sample.grads`) recompute it from its stored inputs.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from .per_sample_control import Controller, Decision, in_dtype
-from .steppers.fast_rk import _dense_weights
-from .steppers.tableaux import MethodTableau
+from ..steppers.fast_rk import _dense_weights
+from ..steppers.tableaux import MethodTableau
+from .control import Controller, Decision, in_dtype
 
 __all__ = ["TIME_SPAN", "PerSampleInfo", "Sweep", "RowClocks", "Stepper", "dense", "root"]
 
@@ -71,7 +71,7 @@ class RowClocks:
     ``inf``): ``ids`` their batch rows, ``t1`` the end of the step about to be taken (``t0 + dt``, or the jump it
     was shortened to land on, ``on_jump``), ``cursor`` the next output each owes and ``t_next`` its time,
     ``rtol``/``atol`` ``(m, 1)`` in the state's dtype (``(m, N)`` for a few components), ``prev``/``cap`` the
-    controller's memory of the row (:mod:`solvers.per_sample_control`); ``span`` the least and greatest time of
+    controller's memory of the row (:mod:`solvers.per_sample.control`); ``span`` the least and greatest time of
     the sweep on the host (with ``Stepper.spans``)."""
 
     ids: torch.Tensor
@@ -307,7 +307,7 @@ class Stepper:
 
     def sweep(self, y: torch.Tensor, k0: torch.Tensor, rows: RowClocks, graph: bool) -> Sweep:
         """One attempted step of every row (``graph``: keep the autograd graph of the values); the control
-        (:mod:`solvers.per_sample_control`) works on detached values."""
+        (:mod:`solvers.per_sample.control`) works on detached values."""
         if graph or self.dtype != torch.float64:
             ts = self.stage_times(rows.t0, rows.dt, rows.t1, rows.span)
         else:

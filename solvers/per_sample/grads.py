@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from .errors import Reason, SolverError
-from .per_sample_loop import RowClocks, Stepper, Sweep, dense, start
-from .per_sample_steps import controlled_advance, count_replayed
+from ..errors import Reason, SolverError
+from .loop import RowClocks, Stepper, Sweep, dense, start
+from .steps import controlled_advance, count_replayed
 
 __all__ = ["advance_for", "integrate_rows"]
 

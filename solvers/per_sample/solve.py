@@ -10,7 +10,7 @@ Hairer, Nørsett & Wanner ("Solving Ordinary Differential Equations I", §II.4) 
 with the error ratio ``r_b = ‖err_b / (atol_b + rtol_b max(|y_b|, |y_{b,1}|))‖_RMS`` taken over the sample's own
 components; the sample's step is accepted where ``r_b ≤ 1`` and its next step comes from the PI controller of
 Hairer's DOPRI5 code (Gustafsson 1991; Hairer & Wanner, "Solving Ordinary Differential Equations II", §IV.2;
-:mod:`solvers.per_sample_control`), the initial step that of Hairer, Nørsett & Wanner's algorithm on the sample
+:mod:`solvers.per_sample.control`), the initial step that of Hairer, Nørsett & Wanner's algorithm on the sample
 alone. The shared step keeps torchdiffeq's rule (an accepted step never shrinks the next), bit for bit; the PI
 rule takes fewer calls per sample (1178 batched calls against 1424 on the mixed Van der Pol batch of
 ``benchmarks/per_sample.py``). Acceptance, the step update and the state update
@@ -30,11 +30,11 @@ The field sees ``t`` of shape ``(m,)`` (one time per running row, in the state's
 ``(m, *state)``, the rows in batch order; it must be row-wise (a row's derivative depends on that row alone).
 Without a graph (no gradient, or a replaying gradient's forward) both are buffers the next sweep writes again:
 a field that keeps them past its call must copy them.
-Gradients (:mod:`solvers.per_sample_grads`, :mod:`solvers.per_sample_adjoint`): ``backprop`` through the sweeps,
+Gradients (:mod:`solvers.per_sample.grads`, :mod:`solvers.per_sample.adjoint`): ``backprop`` through the sweeps,
 ``checkpoint`` and ``symplectic`` replaying each sweep from its stored inputs (the same per-sample steps: the
 gradient of the steps taken, as backprop's), and the continuous ``adjoint`` with a per-sample backward solve.
 Every row's step sizes are functions of its state through its error ratio and the PI controller, differentiated
-as such (:mod:`solvers.gradients.step_sizes`, :mod:`solvers.per_sample_steps`; ``steps="fixed"`` holds them constant).
+as such (:mod:`solvers.gradients.step_sizes`, :mod:`solvers.per_sample.steps`; ``steps="fixed"`` holds them constant).
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import check_positive_int
-from .options import PER_SAMPLE_METHODS, validate_tolerances
-from .per_sample_adjoint import adjoint_rows
-from .per_sample_grads import advance_for, integrate_rows
-from .per_sample_loop import TIME_SPAN, PerSampleInfo, Stepper
-from .steppers.tableaux import TABLEAUX
+from ..errors import check_positive_int
+from ..options import PER_SAMPLE_METHODS, validate_tolerances
+from ..steppers.tableaux import TABLEAUX
+from .adjoint import adjoint_rows
+from .grads import advance_for, integrate_rows
+from .loop import TIME_SPAN, PerSampleInfo, Stepper
 
 __all__ = [
     "PER_SAMPLE_GRADIENTS",

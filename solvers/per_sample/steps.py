@@ -3,7 +3,7 @@ r"""The replayed sweeps of a per-sample solve with the step sizes differentiated
 A sweep maps each running row's ``(y, k_1)`` and its clocks ``(t_0, h, t_1, m)`` (start, step, end, the PI
 controller's memory ``m``) to the new ones: the stages, the error ratio ``ρ`` over the row's components, the
 controller ``h ← h · clip(scale · ρ^(−α) m, dfactor, cap)`` and memory ``m ← max(ρ, floor)^β`` of an accepted
-step (:mod:`solvers.per_sample_control`), the end clipped to the row's last output time or the next jump, and the
+step (:mod:`solvers.per_sample.control`), the end clipped to the row's last output time or the next jump, and the
 dense outputs at ``x = (t_j − t_0) / (t_1 − t_0)``. Here the clocks are inputs and outputs of each sweep's
 autograd function, so that their dependence on the state travels from sweep to sweep:
 
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .gradients.replay_controlled import field_vjp, stagewise
-from .per_sample_loop import RowClocks, Stepper, Sweep, dense, dense_weights
+from ..gradients.replay_controlled import field_vjp, stagewise
+from .loop import RowClocks, Stepper, Sweep, dense, dense_weights
 
 __all__ = ["controlled_advance", "count_replayed", "with_clocks"]
 
