@@ -14,7 +14,7 @@
 - Cost against the step size (``cost_vs_step``): chained steps (chains of 20, each from the last one's output; the
   default ``Newton("auto")``, stages to rounding) of gl4 against rk4 at ``h`` = 0.2, 0.1, 0.05, 0.02, 0.01, dim 4
   and 64, batch 256, one thread, CPU time, all timed alternately in one run; gl4 with its default start (the
-  collocation extrapolation corrected by the last three prediction errors, :mod:`solvers.implicit_predictor`)
+  collocation extrapolation corrected by the last three prediction errors, :mod:`solvers.steppers.implicit_predictor`)
   and with the extrapolation alone (``StagePredictor(history=0)``, the start before the correction). With what
   sets a gl4 step's cost at each ``h``: the fixed-point iterations per chained step (evaluations / 2, steps
   2–20), the observed contraction ``θ`` (the slowest sample's, as the stopping rule measures it) beside ``h L``
@@ -41,9 +41,9 @@ from torch import nn
 from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.bound import BoundField
-from cde_nets.solvers.implicit import Newton, get_tableau, implicit_step, stage_jacobian
-from cde_nets.solvers.implicit_predictor import HISTORY, StagePredictor
 from cde_nets.solvers.schemes import GL4, get_scheme
+from cde_nets.solvers.steppers.implicit import Newton, get_tableau, implicit_step, stage_jacobian
+from cde_nets.solvers.steppers.implicit_predictor import HISTORY, StagePredictor
 
 from .common import interleaved_medians, write
 

@@ -1,6 +1,6 @@
 """What a looser stage tolerance buys and costs: gl4 under ``Newton(tol=...)`` against its default (to rounding).
 
-The default solves the stage equations to rounding (:mod:`solvers.implicit`), which is what keeps a symplectic
+The default solves the stage equations to rounding (:mod:`solvers.steppers.implicit`), which is what keeps a symplectic
 method's energy error bounded over long runs; every iteration costs one batched evaluation of the ``s`` stages.
 An absolute tolerance ``tol`` on the stage increment stops earlier. Per tolerance, on the non-separable H1 field
 of the long conservation study (Galimberti et al. 2023, eq. H8, ``R⁴``, canonical ``J``, tanh, float64):
@@ -26,8 +26,8 @@ from cde_nets.diagnostics.long_run import long_run_energy
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.bound import BoundField
 from cde_nets.gathering import gathered
-from cde_nets.solvers.implicit import Newton
 from cde_nets.solvers.schemes import GL4, get_scheme
+from cde_nets.solvers.steppers.implicit import Newton
 
 from .common import interleaved_medians, write
 

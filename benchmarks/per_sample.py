@@ -5,7 +5,7 @@ Van der Pol oscillators ``x' = v``, ``v' = μ (1 − x²) v − x`` from ``(2, 0
 (``mixed``), the same ``μ = 13`` for all (``equal``), and the mixed batch with a costlier field, the oscillator plus
 an MLP ``2 → 256 → 256 → 2`` (tanh, weights scaled by 0.1; ``mixed_mlp``). For each: the shared step
 (:func:`cde_nets.functional.odeint`, torchdiffeq's steps) and per-sample control
-(:func:`~cde_nets.solvers.per_sample.odeint_per_sample`): batched field calls, steps (shared; per-sample mean and
+(:func:`~cde_nets.solvers.per_sample.solve.odeint_per_sample`): batched field calls, steps (shared; per-sample mean and
 max), and interleaved median CPU times (one thread) forward and forward+backward (backprop to ``y0`` and ``μ``),
 with torchode's per-sample ``Dopri5`` + ``IntegralController`` (``AutoDiffAdjoint``) in the same interleaving where
 it is installed (an optional benchmark peer; its columns are ``None`` otherwise).
@@ -28,8 +28,8 @@ from torch import nn
 
 from cde_nets.functional import odeint
 from cde_nets.solvers.gradients import Adjoint
-from cde_nets.solvers.per_sample import odeint_per_sample
-from cde_nets.solvers.per_sample_adjoint import SeparateAdjoint
+from cde_nets.solvers.per_sample.adjoint import SeparateAdjoint
+from cde_nets.solvers.per_sample.solve import odeint_per_sample
 
 from .common import interleaved_medians, write
 

@@ -19,7 +19,7 @@ import time
 import torch
 
 from cde_nets.functional import odeint
-from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.per_sample.solve import odeint_per_sample
 
 from .common import interleaved_medians, write
 from .per_sample import _MLP, _calls, _Oscillator, _timed, _torchode, to

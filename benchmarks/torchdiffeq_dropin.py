@@ -12,7 +12,7 @@ of torchdiffeq's ``examples/ode_demo.py``.
   which differentiates every step size (the derivative of the computed solution), and with
   ``gradient=Backprop(steps="torchdiffeq")``, torchdiffeq's backprop (only the first step size differentiated).
   The fast path computes torchdiffeq's values and, in that setting, its gradients bit for bit
-  (:mod:`solvers.rk_stages`), so those curves are equal, not merely close; the default's gradients differ by
+  (:mod:`solvers.steppers.rk_stages`), so those curves are equal, not merely close; the default's gradients differ by
   ``O(tol)`` and its curve drifts from torchdiffeq's as a one-ulp difference would (about 1e-3 in float32 under
   RMSprop).
 - The same spiral ported to ``ODEBlock`` (its defaults: rtol 1e-6, atol 1e-8) with each gradient method: time,

@@ -16,8 +16,8 @@ from .second_order_solve import solve_second_order
 from .solution import Solution
 from .solvers.gradients import Adjoint, Backprop, Checkpoint, Forward, GradientMethod, Reversible, Symplectic
 from .solvers.options import SolverOptions
-from .solvers.per_sample import odeint_per_sample
-from .solvers.projection import Projection
+from .solvers.per_sample.solve import odeint_per_sample
+from .solvers.steppers.projection import Projection
 from .stop import Stop
 
 __all__ = [

@@ -7,14 +7,14 @@ r"""torchdiffeq's functions on this library's engine: ``from cde_nets import ode
 of any shape or a tuple of them, at times ``t`` increasing or decreasing from any start. Beneath them:
 
 - the state is flattened to one tensor and decreasing times are negated (``s = −t``, ``dy/ds = −func(−s, y)``), so
-  the engine always integrates one tensor forwards: the fast Runge-Kutta path (:mod:`solvers.fast_rk`) serves
-  every such call it implements, the piecewise seminorm adjoint (:mod:`solvers.piecewise_adjoint`) the adjoint,
-  and the replayed gradients (:mod:`solvers.replay`) ``gradient="checkpoint"``/``"symplectic"``; the implicit
-  Runge-Kutta methods run on the library's Newton solver with torchdiffeq's fixed-grid semantics
-  (:mod:`solvers.implicit_grid`);
+  the engine always integrates one tensor forwards: the fast Runge-Kutta path (:mod:`solvers.steppers.fast_rk`) serves
+  every such call it implements, the piecewise seminorm adjoint (:mod:`solvers.gradients.piecewise_adjoint`) the
+  adjoint, and the replayed gradients (:mod:`solvers.gradients.replay`) ``gradient="checkpoint"``/``"symplectic"``; the
+  implicit Runge-Kutta methods run on the library's Newton solver with torchdiffeq's fixed-grid semantics
+  (:mod:`solvers.steppers.implicit_grid`);
 - gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
 - events are located by torchdiffeq's search (bisection on the step's dense output) run on the library's stepper
-  (:mod:`solvers.rk_events`) and differentiated by the implicit function theorem here.
+  (:mod:`solvers.steppers.rk_events`) and differentiated by the implicit function theorem here.
 
 Every explicit Runge-Kutta method runs on the library's stepper, complex states included; only the methods the
 engine lacks (the Adams methods, ``scipy_solver``) go to torchdiffeq's public ``odeint``. Deliberate differences from
@@ -48,11 +48,11 @@ from cde_nets.solvers.dropin import (
 from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
-from cde_nets.solvers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS
 from cde_nets.solvers.output_times import with_output_times, with_start_time
-from cde_nets.solvers.per_sample import odeint_per_sample
-from cde_nets.solvers.rk_events import odeint_event_rk
+from cde_nets.solvers.per_sample.solve import odeint_per_sample
+from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
+from cde_nets.solvers.steppers.rk_events import odeint_event_rk
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
@@ -271,7 +271,7 @@ def odeint(
             ``"explicit_adams"``, ``"implicit_adams"``, ``"fixed_adams"``, ``"scipy_solver"``, an implicit
             Runge-Kutta method on a fixed grid (torchdiffeq master's): ``"implicit_euler"``,
             ``"implicit_midpoint"``, ``"trapezoid"``, ``"gl4"``, ``"gl6"``, ``"radauIIA3"``, ``"radauIIA5"``,
-            ``"sdirk2"``, ``"trbdf2"`` (:mod:`~cde_nets.solvers.implicit_grid`), this library's reversible
+            ``"sdirk2"``, ``"trbdf2"`` (:mod:`~cde_nets.solvers.steppers.implicit_grid`), this library's reversible
             ``"alf"`` (adaptive, or fixed with ``options={"step_size": h}``), or a symplectic composition for a
             separable field (``"yoshida4"``, ``"verlet"``, ...: Guides → Capabilities lists them).
         options: torchdiffeq's method options; unknown keys raise ``ValueError``. The implicit methods take
@@ -291,7 +291,7 @@ def odeint(
         controller: this library's addition: ``"batch"`` (default: one step size for the whole batch,
             torchdiffeq's steps) or ``"per_sample"``: every sample of the batch (``y0``'s first axis) on its own
             step size, ``func`` called with ``t`` of shape ``(batch,)``, ``t`` of shape ``(n,)`` or ``(batch, n)``
-            (:func:`~cde_nets.solvers.per_sample.odeint_per_sample`; ``dopri5``/``bosh3``).
+            (:func:`~cde_nets.solvers.per_sample.solve.odeint_per_sample`; ``dopri5``/``bosh3``).
 
     Returns:
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
@@ -402,8 +402,8 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     """``(event_t, solution)`` from ``t[0]`` until ``event_fn(t, y) = 0``.
 
     The event is located by torchdiffeq's search on the flattened, forwards problem, on the library's stepper
-    (:func:`~cde_nets.solvers.rk_events.odeint_event_rk`), without a graph (for the
-    implicit methods by :func:`~cde_nets.solvers.implicit_grid.implicit_until_event`, the same search); the
+    (:func:`~cde_nets.solvers.steppers.rk_events.odeint_event_rk`), without a graph (for the
+    implicit methods by :func:`~cde_nets.solvers.steppers.implicit_grid.implicit_until_event`, the same search); the
     state there is then solved for at that fixed time in the chosen gradient mode, and the implicit function
     theorem on ``g(t*, y(t*)) = 0`` gives the time's gradient,
     ``dt*/dθ = −(∂g/∂θ + ∂g/∂y ∂y/∂θ) / (∂g/∂t + ∂g/∂y F)``, and the state's, ``dy(t*)/dθ = ∂y/∂θ + F dt*/dθ``.

@@ -14,12 +14,12 @@ from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError, check_positive
 from cde_nets.solvers.events import HermiteDense, integrate_events
-from cde_nets.solvers.fast_rk import fast_applies
 from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient, default_gradient
+from cde_nets.solvers.gradients.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
 from cde_nets.solvers.output_times import with_output_times, with_start_time
-from cde_nets.solvers.piecewise_adjoint import PiecewiseParam
+from cde_nets.solvers.steppers.fast_rk import fast_applies
 from cde_nets.solvers.times import check_times
 from cde_nets.solvers.validation import check_half_precision, nonfinite_message
 
@@ -132,13 +132,13 @@ class ODEBlock(Block):
             plain module).
         method: a torchdiffeq method — adaptive (``dopri5``, ``dopri8``, ``bosh3``, ``fehlberg2``,
             ``adaptive_heun``) or fixed-step (``euler``, ``midpoint``, ``heun2``, ``heun3``, ``rk4``), or ``alf``
-            (asynchronous leapfrog, :mod:`~cde_nets.solvers.alf`: adaptive, or fixed with ``step_size``), or
+            (asynchronous leapfrog, :mod:`~cde_nets.solvers.steppers.alf`: adaptive, or fixed with ``step_size``), or
             fixed-step implicit Runge-Kutta (``implicit_midpoint``, ``gl4``, ``gl6``: symplectic; ``trapezoid``,
             ``radauIIA3``, ``radauIIA5``, ``sdirk2``, ``trbdf2``, ``implicit_euler``: for stiff fields;
-            :mod:`~cde_nets.solvers.implicit`, gradients ``backprop``/``checkpoint``/``adjoint``) or Yoshida's
+            :mod:`~cde_nets.solvers.steppers.implicit`, gradients ``backprop``/``checkpoint``/``adjoint``) or Yoshida's
             symplectic compositions and splitting methods for separable fields (``yoshida4``, ``yoshida6``,
-            ``mcate5``, ``kahan_li8``, ``sofspa10``, ...: :data:`~cde_nets.solvers.split_ode.SPLIT_METHODS`); see
-            ``docs/guides/symplectic.md``.
+            ``mcate5``, ``kahan_li8``, ``sofspa10``, ...: :data:`~cde_nets.solvers.steppers.split_ode.SPLIT_METHODS`);
+            see ``docs/guides/symplectic.md``.
         rtol, atol: tolerances of adaptive methods (default 1e-6, 1e-8); refused for fixed-step methods.
         gradient: a gradient method (:mod:`~cde_nets.solvers.gradients`) or its short name:
             ``Adjoint()``/``"adjoint"`` (continuous adjoint, O(1) memory in the steps; its backward solve's own
@@ -342,7 +342,8 @@ class ODEBlock(Block):
 
     def _own_stepper(self, y0: torch.Tensor, t) -> bool:
         """Whether backprop through a call from ``y0`` at the times ``t`` runs on the library's own stepper
-        (:func:`~cde_nets.solvers.fast_rk.fast_applies`: increasing times, its options, a float32/float64 state)."""
+        (:func:`~cde_nets.solvers.steppers.fast_rk.fast_applies`: increasing times, its options, a float32/float64
+        state)."""
         try:
             times = (
                 torch.tensor([0.0, self.T], dtype=torch.float64)

@@ -1,5 +1,5 @@
 """``ODEBlock`` with ``controller="per_sample"``: every sample of the batch on its own steps
-(:mod:`cde_nets.solvers.per_sample`), its own output times ``t`` (``(batch, n)``) or end time ``t_end``.
+(:mod:`cde_nets.solvers.per_sample.solve`), its own output times ``t`` (``(batch, n)``) or end time ``t_end``.
 
 The field sees the running rows and one time per row. A :class:`~cde_nets.fields.base.Field` whose time enters only
 through its piece (the inherited ``forward``) is evaluated on the running rows once per piece the sweep's times
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from cde_nets.solvers.counting import SolverStats
-from cde_nets.solvers.per_sample import TIME_SPAN, PerSampleInfo, odeint_per_sample
+from cde_nets.solvers.per_sample.solve import TIME_SPAN, PerSampleInfo, odeint_per_sample
 from cde_nets.solvers.times import HOST_TIME
 
 from .fields.base import Field

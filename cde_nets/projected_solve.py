@@ -9,9 +9,9 @@ import torch
 from cde_nets.fields.bound import BoundField
 from cde_nets.solution import Solution
 from cde_nets.solvers.counting import SolverStats
-from cde_nets.solvers.projection import Projection
-from cde_nets.solvers.projection_ode import integrate_projected
 from cde_nets.solvers.schemes import Scheme
+from cde_nets.solvers.steppers.projection import Projection
+from cde_nets.solvers.steppers.projection_ode import integrate_projected
 
 __all__ = ["solve_projected"]
 

@@ -1,7 +1,7 @@
 r"""Continuous mode for second-order fields with the Runge-Kutta-Nyström methods: :func:`solve_second_order`.
 
 ``q'' = f(q, q')`` (the seeds' second-order field ``x' = v``, ``v' = −γ v + η f(x)``, blog §8; Hauser's C² net when
-``γ = 0``) integrated directly by a Nyström method (:mod:`~cde_nets.solvers.nystrom_tableaux`) instead of its
+``γ = 0``) integrated directly by a Nyström method (:mod:`~cde_nets.solvers.steppers.nystrom_tableaux`) instead of its
 first-order form: ``nystrom4`` (fixed steps, any ``f(q, q')``) or ``dprkn6`` (Dormand & Prince 1987; ``q'' = f(q)``,
 adaptive with a sixth-order dense output, or fixed steps).
 """
@@ -16,7 +16,7 @@ from cde_nets.fields.bound import BoundField
 from cde_nets.solution import Solution
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.errors import check_positive
-from cde_nets.solvers.nystrom_ode import integrate_nystrom
+from cde_nets.solvers.steppers.nystrom_ode import integrate_nystrom
 
 __all__ = ["solve_second_order"]
 

@@ -6,9 +6,9 @@ differentiation through the solver's steps, Griewank & Walther 2008, "Evaluating
     ẏ(t) = ∂y(t)/∂y0 · v0 + ∂y(t)/∂θ · vθ,
 
 at the cost of one solve carrying a tangent beside every value. The step sizes of an adaptive method are functions
-of the state, and their tangents are carried too (:mod:`cde_nets.solvers.step_sizes`), so ``ẏ`` is the derivative of
-the computed solution, the same one ``gradient="backprop"`` differentiates. For ``y' = A y``, ``ẏ(t) = e^{At} v0``
-up to the solver's error. The full Jacobian, for gradients with few parameters, is ``gradient="forward"``
+of the state, and their tangents are carried too (:mod:`cde_nets.solvers.gradients.step_sizes`), so ``ẏ`` is the
+derivative of the computed solution, the same one ``gradient="backprop"`` differentiates. For ``y' = A y``, ``ẏ(t) =
+e^{At} v0`` up to the solver's error. The full Jacobian, for gradients with few parameters, is ``gradient="forward"``
 (:class:`~cde_nets.solvers.gradients.Forward`).
 """
 
@@ -22,10 +22,10 @@ from torch import nn
 
 from .functional import odeint
 from .ode_block import ODEBlock
-from .solvers.fast_rk import FAST_METHODS
 from .solvers.gradients import Backprop
-from .solvers.step_sizes import check_steps
-from .solvers.tangents import dual_solve, find_slots
+from .solvers.gradients.step_sizes import check_steps
+from .solvers.gradients.tangents import dual_solve, find_slots
+from .solvers.steppers.fast_rk import FAST_METHODS
 
 __all__ = ["jvp"]
 

@@ -27,7 +27,7 @@ from cde_nets.fields import Hamiltonian
 from cde_nets.fields.bound import BoundField
 from cde_nets.fields.hamiltonian import canonical_J
 from cde_nets.solvers.schemes import RungeKutta, Tableau, get_scheme
-from cde_nets.solvers.tableaux import TABLEAUX
+from cde_nets.solvers.steppers.tableaux import TABLEAUX
 
 from .common import threads
 from .report import result, row, save_figure

@@ -46,8 +46,8 @@ from cde_nets.diagnostics import energy_error_fit
 from cde_nets.fields import MS3, Field, Hamiltonian, Kepler, SecondOrder, kepler_orbit
 from cde_nets.fields.bound import BoundField
 from cde_nets.solvers.schemes import Projected, RungeKutta, Scheme, Tableau, get_scheme
-from cde_nets.solvers.splitting_tableaux import SPLITTING_SPECS
-from cde_nets.solvers.tableaux import TABLEAUX
+from cde_nets.solvers.steppers.splitting_tableaux import SPLITTING_SPECS
+from cde_nets.solvers.steppers.tableaux import TABLEAUX
 
 from .common import threads
 from .report import result, row, save_figure

@@ -11,9 +11,9 @@ from .counting import SolverStats, counted
 from .engine import solve
 from .errors import Reason, SolverError
 from .gradients import GradientMethod
+from .gradients.piecewise_adjoint import PiecewiseParam
 from .grids import jump_options
 from .options import ADAPTIVE_METHODS, REVERSIBLE_METHODS, SolverOptions
-from .piecewise_adjoint import PiecewiseParam
 from .run import Run
 
 __all__ = ["integrate"]
@@ -38,8 +38,8 @@ def integrate(
 
     ``params``: the tensors the backward pass differentiates (parameters, and any other tensor the field closes
     over, e.g. a block input ``u``); ``pieces``: those of them constant on pieces of time
-    (:class:`~solvers.piecewise_adjoint.PiecewiseParam`). ``jump_t`` (adaptive methods) lists the times where the
-    field jumps; ``grid`` (fixed-step methods) is the step grid, which should contain those times.
+    (:class:`~solvers.gradients.piecewise_adjoint.PiecewiseParam`). ``jump_t`` (adaptive methods) lists the times where
+    the field jumps; ``grid`` (fixed-step methods) is the step grid, which should contain those times.
 
     Returns the solution at ``t``, ``(len(t), *y0.shape)``, and the call's :class:`SolverStats` (``stats`` if
     given: the backward pass adds its counts there later). ``norm`` (adaptive methods) replaces the RMS error norm

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .splitting_tableaux import SPLITTING_SPECS
+from .steppers.splitting_tableaux import SPLITTING_SPECS
 
 __all__ = ["Architecture", "ARCHITECTURES", "architecture", "architecture_table"]
 
@@ -29,7 +29,8 @@ _NS, _FV = "non-separable", "field velocity"
 
 
 def _splitting_rows() -> tuple[Architecture, ...]:
-    """Three rows per splitting method of :mod:`solvers.splitting_tableaux`, from its declared order and source."""
+    """Three rows per splitting method of :mod:`solvers.steppers.splitting_tableaux`, from its declared order and
+    source."""
     rows: list[Architecture] = []
     for name, spec in SPLITTING_SPECS.items():
         nystrom = f" (order {spec.nystrom_order} for q'' = f(q))" if spec.nystrom_order else ""

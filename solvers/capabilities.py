@@ -14,7 +14,6 @@ from pathlib import Path
 
 from .engine import check_cell
 from .gradients import GRADIENTS
-from .implicit_tableaux import IMPLICIT_TABLEAUX
 from .options import (
     ADAPTIVE_METHODS,
     CONTROLLERS,
@@ -24,6 +23,7 @@ from .options import (
     REVERSIBLE_METHODS,
     SPLIT_METHODS,
 )
+from .steppers.implicit_tableaux import IMPLICIT_TABLEAUX
 
 __all__ = ["FAMILIES", "markdown", "served"]
 

@@ -98,7 +98,7 @@ class Counted(nn.Module):
         self.scan_backward = True  # the piecewise adjoint checks its state once per interval instead
         self.backward_jumps: list[float] = []  # jump_t of an adaptive backward solve, increasing
         self.field_error: BaseException | None = None
-        self.recorder = None  # a solvers.replay.Recorder while a replayed forward solve runs
+        self.recorder = None  # a solvers.gradients.replay.Recorder while a replayed forward solve runs
         self.vjp_probes: deque = deque(maxlen=32)  # (t, finite) of the backward solve's last products
         self.backward_start_finite: bool | None = None
 

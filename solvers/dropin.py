@@ -22,11 +22,11 @@ from .engine import solve
 from .errors import Reason, SolverError
 from .gradients import Adjoint, GradientMethod
 from .grids import negated_time_options, step_grid
-from .implicit_tableaux import IMPLICIT_TABLEAUX
 from .norms import StateNorm
 from .options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
-from .per_sample import wants_rows
+from .per_sample.solve import wants_rows
 from .run import Backward, Run
+from .steppers.implicit_tableaux import IMPLICIT_TABLEAUX
 from .validation import check_field_output, check_tolerance, check_tolerances
 
 __all__ = [
@@ -48,7 +48,7 @@ State = torch.Tensor | tuple[torch.Tensor, ...]
 
 ADAPTIVE = tuple(ADAPTIVE_METHODS)
 FIXED = (*FIXED_METHODS, "explicit_adams", "implicit_adams", "fixed_adams")  # torchdiffeq's multistep methods too
-IMPLICIT = tuple(IMPLICIT_TABLEAUX)  # implicit Runge-Kutta on a fixed grid (solvers.implicit_grid)
+IMPLICIT = tuple(IMPLICIT_TABLEAUX)  # implicit Runge-Kutta on a fixed grid (solvers.steppers.implicit_grid)
 CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
 _ADJOINT_CALLBACKS = tuple(f"{c}_adjoint" for c in CALLBACKS)
 
@@ -67,7 +67,7 @@ def unflatten(y: torch.Tensor, shapes: list[torch.Size] | None, lead: tuple[int,
 class Problem(nn.Module):
     """The user's ``func`` as the engine sees it: a flat state, time negated when ``t`` decreases (``sign = −1``),
     torchdiffeq's callbacks forwarded in the user's time and shapes, ``max_num_steps`` counted, and the steps
-    reported to a replay's ``recorder`` (:mod:`solvers.replay`) while one listens.
+    reported to a replay's ``recorder`` (:mod:`solvers.gradients.replay`) while one listens.
 
     ``kind``: ``"adaptive"``, ``"fixed"`` or ``None`` (scipy, or a plain evaluation): the forward callbacks are
     those the method calls, so that torchdiffeq, given this object, warns only about the user's own."""

@@ -9,8 +9,8 @@ one of its own. The engine picks the stepper family by what the method is:
 - the library's fixed-step methods (implicit Runge-Kutta, symplectic compositions) sweep their grid with the
   gradient the method object names (:attr:`~solvers.gradients.GradientMethod.sweep`); a run with torchdiffeq's
   fixed-grid semantics (``run.interpolated``: outputs read off the steps by interpolation) takes the implicit
-  methods on that grid (:mod:`solvers.implicit_grid`);
-- every explicit Runge-Kutta method runs on the library's own stepper (:mod:`solvers.fast_rk`) wherever the
+  methods on that grid (:mod:`solvers.steppers.implicit_grid`);
+- every explicit Runge-Kutta method runs on the library's own stepper (:mod:`solvers.steppers.fast_rk`) wherever the
   gradient differentiates the forward operations, or none is needed;
 - otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode).
 """
@@ -21,15 +21,15 @@ from typing import Any
 
 import torch
 
-from .fast_rk import fast_applies, odeint_fast
 from .gradients.base import GradientMethod
 from .grids import stepper_options
-from .implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
-from .implicit_ode import integrate_implicit
 from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, SPLIT_METHODS
-from .per_sample import check_per_sample_gradient
+from .per_sample.solve import check_per_sample_gradient
 from .run import Run
-from .split_ode import integrate_split
+from .steppers.fast_rk import fast_applies, odeint_fast
+from .steppers.implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
+from .steppers.implicit_ode import integrate_implicit
+from .steppers.split_ode import integrate_split
 
 __all__ = ["check_cell", "solve"]
 

@@ -8,7 +8,7 @@ scaled error ``e`` by the largest of its parts' RMS norms (its ``_mixed_norm``),
 and a tensor state by the RMS over all of it; the step-size control of Hairer, Nørsett & Wanner ("Solving
 Ordinary Differential Equations I", §II.4) then accepts a step when ``‖e‖ ≤ 1``. :class:`StateNorm` is that norm
 on the flat state, told the parts' sizes: a callable that torchdiffeq's solvers take as ``options["norm"]``, and
-whose sizes the fast path (:mod:`solvers.fast_rk`) reads to compute the same norm without a graph.
+whose sizes the fast path (:mod:`solvers.steppers.fast_rk`) reads to compute the same norm without a graph.
 """
 
 from __future__ import annotations

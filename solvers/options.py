@@ -1,7 +1,7 @@
 """The methods by name, and the settings of one solve (:class:`SolverOptions`), validated once.
 
 Method names follow torchdiffeq 0.2.5 (``rk4`` is Kutta's 3/8 rule there and here; the classical tableau is
-``rk4_classical``), plus ``alf`` (:mod:`solvers.alf`), this library's reversible integrator.
+``rk4_classical``), plus ``alf`` (:mod:`solvers.steppers.alf`), this library's reversible integrator.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import check_positive, check_positive_int
-from .implicit_ode import IMPLICIT_METHODS, IMPLICIT_OPTIONS
-from .split_ode import SPLIT_METHODS
-from .tableaux import TABLEAUX
+from .steppers.implicit_ode import IMPLICIT_METHODS, IMPLICIT_OPTIONS
+from .steppers.split_ode import SPLIT_METHODS
+from .steppers.tableaux import TABLEAUX
 from .validation import TOLERANCE_HINT
 
 __all__ = [
@@ -33,17 +33,17 @@ __all__ = [
 ]
 
 # name -> order
-# the explicit Runge-Kutta methods are their checked tableaux (solvers.tableaux): adaptive where an error estimate is
-# embedded, fixed-step otherwise; a tableau marked not `continuous` serves the discrete schemes only
+# the explicit Runge-Kutta methods are their checked tableaux (solvers.steppers.tableaux): adaptive where an error
+# estimate is embedded, fixed-step otherwise; a tableau marked not `continuous` serves the discrete schemes only
 ADAPTIVE_METHODS: dict[str, int] = {n: tab.order for n, tab in TABLEAUX.items() if tab.error is not None}
 FIXED_METHODS: dict[str, int] = {n: tab.order for n, tab in TABLEAUX.items() if tab.error is None and tab.continuous}
-# the alf integrator is cde_nets' own (solvers.alf), adaptive or on a fixed grid
+# the alf integrator is cde_nets' own (solvers.steppers.alf), adaptive or on a fixed grid
 REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}
-# also cde_nets' own, fixed-step: implicit Runge-Kutta (solvers.implicit_ode) and, for separable fields, the
-# symplectic compositions of Verlet (solvers.split_ode)
+# also cde_nets' own, fixed-step: implicit Runge-Kutta (solvers.steppers.implicit_ode) and, for separable fields, the
+# symplectic compositions of Verlet (solvers.steppers.split_ode)
 OWN_FIXED_METHODS: dict[str, int] = {**IMPLICIT_METHODS, **SPLIT_METHODS}
 
-# the adaptive methods whose steps per-sample control takes (solvers.per_sample)
+# the adaptive methods whose steps per-sample control takes (solvers.per_sample.solve)
 PER_SAMPLE_METHODS = ("dopri5", "bosh3")
 CONTROLLERS = ("batch", "per_sample")
 
@@ -150,7 +150,7 @@ class SolverOptions:
     the method's further torchdiffeq options (unknown keys raise; ``max_num_steps`` there is ``max_steps``, default
     100 000). ``rtol``/``atol`` default to 1e-6/1e-8.
     ``controller``: ``"batch"`` (one step size for the whole batch, torchdiffeq's steps) or ``"per_sample"``
-    (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample`).
+    (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample.solve`).
     """
 
     method: str

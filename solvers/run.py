@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .piecewise_adjoint import PiecewiseParam
+from .gradients.piecewise_adjoint import PiecewiseParam
 
 __all__ = ["Backward", "Run", "Settings"]
 

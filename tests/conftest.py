@@ -9,7 +9,7 @@ def _reference_loop() -> None:
     """Tests that switch the library's stepper off (``fast_rk.ENABLED = False``) compare it with torchdiffeq's loop."""
     from torchdiffeq_reference import odeint_reference
 
-    from cde_nets.solvers import rk_odeint
+    from cde_nets.solvers.steppers import rk_odeint
 
     rk_odeint.REFERENCE = odeint_reference
 

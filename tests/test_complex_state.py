@@ -48,7 +48,7 @@ def _closed_form(f: Schrodinger, y0: torch.Tensor, c: torch.Tensor):
         lambda f, y0, t: odeint(f, y0, t, rtol=1e-10, atol=1e-12, method="tsit5", gradient="adjoint"),
         lambda f, y0, t: odeint(f, y0, t, rtol=1e-10, atol=1e-12, method="dopri8", gradient="checkpoint"),
         lambda f, y0, t: odeint_adjoint(f, y0, t, rtol=1e-10, atol=1e-12, adjoint_params=(f.theta,)),
-        # a backward norm over every part: the generic adjoint (solvers/rk_adjoint.py)
+        # a backward norm over every part: the generic adjoint (solvers/gradients/rk_adjoint.py)
         lambda f, y0, t: odeint_adjoint(f, y0, t, rtol=1e-10, atol=1e-12, adjoint_options={}),
         lambda f, y0, t: odeint(f, y0, t, method="rk4", options={"step_size": 0.02}),
     ],

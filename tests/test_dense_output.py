@@ -3,8 +3,8 @@
 An adaptive step overshoots the output times and reads them (``y(T)`` too) off its interpolant, so an
 interpolant of lower order than the method caps every output. torchdiffeq's ``bosh3`` (order 3) interpolates
 through a second-order midpoint, its ``fehlberg2`` and ``adaptive_heun`` (order 2) through a first-order one;
-cde_nets uses the cubic Hermite midpoint for all three (solvers/tableaux.py). torchdiffeq's ``dopri8``
-(order 8) reads a quartic; cde_nets' stepper a seventh-order extension of its own (solvers/dopri8.py).
+cde_nets uses the cubic Hermite midpoint for all three (solvers/steppers/tableaux.py). torchdiffeq's ``dopri8``
+(order 8) reads a quartic; cde_nets' stepper a seventh-order extension of its own (solvers/steppers/dopri8.py).
 """
 
 import math
@@ -16,12 +16,12 @@ from torch import nn
 
 from cde_nets import ODEBlock, odeint
 from cde_nets.fields import Hamiltonian
-from cde_nets.solvers import fast_rk
 from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.gradients import Backprop, as_gradient
 from cde_nets.solvers.options import ADAPTIVE_METHODS, SolverOptions
-from cde_nets.solvers.order_conditions import order_defects
-from cde_nets.solvers.tableaux import TABLEAUX, dense_at
+from cde_nets.solvers.steppers import fast_rk
+from cde_nets.solvers.steppers.order_conditions import order_defects
+from cde_nets.solvers.steppers.tableaux import TABLEAUX, dense_at
 
 # the order of each method's dense output (global): the error at mid-step of one step is O(h^(order + 1))
 INTERPOLANT_ORDER = {"dopri8": 7, "dopri5": 4, "tsit5": 4, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}

@@ -193,7 +193,7 @@ PERFORMANCE = _flat((ROOT / "docs" / "performance.md").read_text())
 
 
 def test_the_performance_page_counts_and_names_the_fast_methods():
-    from cde_nets.solvers.fast_rk import FAST_METHODS
+    from cde_nets.solvers.steppers.fast_rk import FAST_METHODS
 
     m = re.search(r"checks this for the (\w+) fast methods, (.*?) \(", PERFORMANCE)
     assert m is not None

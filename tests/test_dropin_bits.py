@@ -13,8 +13,8 @@ import torchdiffeq
 from torch import nn
 
 from cde_nets import odeint
-from cde_nets.solvers import fast_rk
 from cde_nets.solvers.gradients import Backprop
+from cde_nets.solvers.steppers import fast_rk
 
 # torchdiffeq's backprop: the first step size differentiated, every later one a constant
 _TORCHDIFFEQ = Backprop(steps="torchdiffeq")
@@ -181,7 +181,7 @@ def test_float32_training_losses_are_torchdiffeqs():
 def test_stage_rows_give_torchdiffeqs_bits(dtype, monkeypatch):
     """From a few hundred elements on the CPU the stages are kept stage-major (``rk_stages.StageMajor``), their sums
     reduced over rows in the order torch's last-axis sum adds; the values stay torchdiffeq's."""
-    from cde_nets.solvers import rk_stages
+    from cde_nets.solvers.steppers import rk_stages
 
     made = []
     monkeypatch.setattr(rk_stages.StageMajor, "__init__", _spy(rk_stages.StageMajor.__init__, made))

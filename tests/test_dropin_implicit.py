@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from cde_nets import odeint, odeint_adjoint, odeint_event
-from cde_nets.solvers.implicit_tableaux import IMPLICIT_TABLEAUX
+from cde_nets.solvers.steppers.implicit_tableaux import IMPLICIT_TABLEAUX
 
 F64 = torch.float64
 METHODS = list(IMPLICIT_TABLEAUX)

@@ -1,4 +1,4 @@
-"""The fast forward path (:mod:`cde_nets.solvers.fast_rk`) is torchdiffeq step for step: the same accepted and
+"""The fast forward path (:mod:`cde_nets.solvers.steppers.fast_rk`) is torchdiffeq step for step: the same accepted and
 rejected steps and field evaluations, results (and backprop gradients) equal to 1e-12 in float64, for every method
 it covers, on every field, with jumps and several output times; where it does not apply, torchdiffeq runs."""
 
@@ -10,13 +10,14 @@ import torch
 from cde_nets import ODEBlock
 from cde_nets.fields import MS1, MS2, MS3, NAIS, CubicFriction, CubicFrictionConv, Hamiltonian, NAISConv, SecondOrder
 from cde_nets.fields.bound import BoundField
-from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverOptions, adapter, engine, fast_rk
+from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverOptions, adapter, engine
 from cde_nets.solvers.counting import SolverStats, counted
 from cde_nets.solvers.errors import SolverError
-from cde_nets.solvers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 from cde_nets.solvers.gradients import Backprop
+from cde_nets.solvers.gradients.replay import record_steps
 from cde_nets.solvers.grids import jump_options
-from cde_nets.solvers.replay import record_steps
+from cde_nets.solvers.steppers import fast_rk
+from cde_nets.solvers.steppers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 
 T = 2.0
 FIELDS = {

@@ -12,9 +12,9 @@ from cde_nets.fields.bound import BoundField
 from cde_nets.solvers import SolverError
 from cde_nets.solvers.counting import SolverStats, counted
 from cde_nets.solvers.gradients import Backprop, Checkpoint, Symplectic
+from cde_nets.solvers.gradients.replay import record_steps, replay
 from cde_nets.solvers.grids import jump_options
-from cde_nets.solvers.replay import record_steps, replay
-from cde_nets.solvers.tableaux import TABLEAUX
+from cde_nets.solvers.steppers.tableaux import TABLEAUX
 from cde_nets.stop import Stop
 
 ADAPTIVE = {"rtol": 1e-5, "atol": 1e-7}
@@ -250,7 +250,7 @@ def test_alf_is_second_order_and_finite_differences():
 
 
 def test_alf_reconstruction_error_at_depth_1000():
-    from cde_nets.solvers.alf import reconstruction_error
+    from cde_nets.solvers.steppers.alf import reconstruction_error
 
     for name in ("hamiltonian", "cubic"):
         field, y0, _ = _field(name, L=1)

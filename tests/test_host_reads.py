@@ -1,6 +1,6 @@
 """A fixed-grid solve reads nothing back from the device inside its loop and makes no tensor from host values per
-step: the evaluation times are made in one transfer and carry their values (``solvers.fast_rk.HOST_TIME``), so a
-piecewise field finds its piece without ``float(t)``. On a GPU each such read is a synchronisation and would keep
+step: the evaluation times are made in one transfer and carry their values (``solvers.steppers.fast_rk.HOST_TIME``), so
+a piecewise field finds its piece without ``float(t)``. On a GPU each such read is a synchronisation and would keep
 the loop out of a CUDA graph; on CPU we count them: the counts must not grow with the number of steps."""
 
 import pytest
@@ -48,7 +48,7 @@ def test_fixed_grid_loop_reads_nothing_back(monkeypatch, method):
 
 def test_solver_time_tensors_carry_their_value():
     """The piece a field reads at a solver's time equals the one ``float(t)`` gives, at and beside boundaries."""
-    from cde_nets.solvers.fast_rk import HOST_TIME, _Clock
+    from cde_nets.solvers.steppers.fast_rk import HOST_TIME, _Clock
 
     field = NAIS(3, 2, layers=4, T=1.0)
     clock = _Clock(torch.zeros(1, dtype=torch.float32))

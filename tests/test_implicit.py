@@ -14,8 +14,8 @@ from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.hamiltonian import canonical_J
 from cde_nets.solvers.errors import Reason
-from cde_nets.solvers.implicit import ImplicitSolveError, Newton, get_tableau, implicit_step
-from cde_nets.solvers.implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
+from cde_nets.solvers.steppers.implicit import ImplicitSolveError, Newton, get_tableau, implicit_step
+from cde_nets.solvers.steppers.implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
 D = torch.float64
 METHODS = list(IMPLICIT_TABLEAUX)
@@ -302,7 +302,7 @@ def test_fixed_point_kind_gives_the_newton_step_and_gradient_without_jacobians()
 def test_eigenbasis_newton_gives_the_dense_newton_step(method, monkeypatch):
     """From s·n = 32 the simplified Newton matrix is factored in the eigenbasis of A (one complex n × n system per
     conjugate pair); the converged step is the dense factorisation's to rounding. SDIRK's A is defective: dense."""
-    import cde_nets.solvers.implicit_linear as implicit
+    import cde_nets.solvers.steppers.implicit_linear as implicit
 
     g = torch.Generator().manual_seed(11)
     W = torch.randn(16, 16, dtype=D, generator=g) / 4
@@ -351,7 +351,7 @@ def test_auto_newton_takes_the_fixed_point_where_it_contracts_and_newton_where_i
     """Newton("auto"): on a non-stiff field (h = 0.05) the fixed point converges, with the step and IFT gradient of
     simplified Newton to 1e-12; on a stiff field (y′ = −30 y + …, h = 1) it diverges, and the step restarts with
     simplified Newton, which then gives that kind's step and gradient exactly."""
-    from cde_nets.solvers.implicit import solve_stages
+    from cde_nets.solvers.steppers.implicit import solve_stages
 
     fun, W, b = _field_with_params()
     tab = get_tableau("gl4")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import cde_nets.solvers.implicit as implicit
-import cde_nets.solvers.implicit_linear as linear
+import cde_nets.solvers.steppers.implicit as implicit
+import cde_nets.solvers.steppers.implicit_linear as linear
 from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.bound import BoundField
-from cde_nets.solvers.implicit import Newton, coefficients, get_tableau, implicit_step
 from cde_nets.solvers.schemes import get_scheme
+from cde_nets.solvers.steppers.implicit import Newton, coefficients, get_tableau, implicit_step
 
 D = torch.float64
 EPS = torch.finfo(D).eps

@@ -11,9 +11,9 @@ import torch
 from cde_nets import ODEBlock, discretize
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.bound import BoundField
-from cde_nets.solvers.implicit import Newton, get_tableau, implicit_step, solve_stages
-from cde_nets.solvers.implicit_predictor import StagePredictor, extrapolation_matrix
 from cde_nets.solvers.schemes import get_scheme
+from cde_nets.solvers.steppers.implicit import Newton, get_tableau, implicit_step, solve_stages
+from cde_nets.solvers.steppers.implicit_predictor import StagePredictor, extrapolation_matrix
 
 D = torch.float64
 PREDICTED = ["implicit_euler", "implicit_midpoint", "gl4", "gl6", "radauIIA3", "radauIIA5"]
@@ -244,8 +244,8 @@ def test_continuous_solve_keeps_the_error_history_within_a_piece(monkeypatch):
     """A piecewise H1 field (5 pieces over [0, 2], 40 steps of 0.05: 8 per piece): the solve corrects its starts
     within each piece (fewer evaluations, same output within the stopping rule), and a discrete gl4 net, whose
     layers are all different pieces, never does (the same bits as without a history)."""
-    import cde_nets.solvers.implicit_ode as ode
     import cde_nets.solvers.schemes.implicit as layers
+    import cde_nets.solvers.steppers.implicit_ode as ode
 
     f = Hamiltonian(4, layers=5, T=2.0, generator=torch.Generator().manual_seed(0)).double()
     y0 = torch.randn(256, 4, dtype=D, generator=torch.Generator().manual_seed(1))

@@ -9,8 +9,8 @@ import torch
 from cde_nets import ODEBlock
 from cde_nets.diagnostics import SavedTensorMemory
 from cde_nets.fields import Hamiltonian
-from cde_nets.solvers.implicit_adjoint import pairs_with_partner
-from cde_nets.solvers.implicit_tableaux import ImplicitTableau
+from cde_nets.solvers.gradients.implicit_adjoint import pairs_with_partner
+from cde_nets.solvers.steppers.implicit_tableaux import ImplicitTableau
 
 D = torch.float64
 

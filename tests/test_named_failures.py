@@ -10,7 +10,7 @@ from torch import nn
 from cde_nets import ContinuousFlow, ODEBlock, discretize, odeint, odeint_adjoint
 from cde_nets.functional import METHODS
 from cde_nets.solvers.errors import Reason
-from cde_nets.solvers.implicit import ImplicitSolveError
+from cde_nets.solvers.steppers.implicit import ImplicitSolveError
 
 F64 = torch.float64
 

@@ -1,4 +1,5 @@
-"""Runge-Kutta-Nyström methods (solvers/nystrom_tableaux.py, nystrom_ode.py, schemes/nystrom.py) on q'' = f(q, q')."""
+"""Runge-Kutta-Nyström methods (solvers/steppers/nystrom_tableaux.py, nystrom_ode.py, schemes/nystrom.py) on q'' = f(q,
+q')."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 
 from cde_nets import discretize, solve_second_order
 from cde_nets.fields import Hamiltonian, SecondOrder
-from cde_nets.solvers.nystrom_tableaux import NYSTROM_TABLEAUX, dense_weights
-from cde_nets.solvers.order_conditions import nystrom_defects
+from cde_nets.solvers.steppers.nystrom_tableaux import NYSTROM_TABLEAUX, dense_weights
+from cde_nets.solvers.steppers.order_conditions import nystrom_defects
 
 D = torch.float64
 

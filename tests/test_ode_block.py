@@ -80,7 +80,7 @@ def test_piecewise_linear_against_product_of_expm(f64):
         Phi = torch.from_numpy(expm(As[l].numpy() * T / L)) @ Phi
     exact = y0 @ Phi.T
     # torchdiffeq 0.2.5's dopri8 missed this by 5e-7 at rtol 1e-10 (its outputs read off a quartic); its own
-    # seventh-order extension here meets it (solvers/dopri8.py)
+    # seventh-order extension here meets it (solvers/steppers/dopri8.py)
     for method in ("dopri5", "dopri8"):
         out = ODEBlock(field, method=method, rtol=1e-10, atol=1e-10)(y0)
         assert torch.allclose(out, exact, atol=1e-9, rtol=0), method

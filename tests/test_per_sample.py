@@ -1,4 +1,4 @@
-"""Per-sample step control (:mod:`cde_nets.solvers.per_sample`): every sample takes the steps it takes alone —
+"""Per-sample step control (:mod:`cde_nets.solvers.per_sample.solve`): every sample takes the steps it takes alone —
 those of a plain one-sample loop written from the controller's equations (Hairer's DOPRI5 PI controller), and bit
 for bit the same numbers whatever batch it runs in; closed forms at per-sample times and end times; backprop
 gradients against closed forms; the refusals name the fix."""
@@ -12,10 +12,10 @@ import torch
 
 from cde_nets.functional import odeint
 from cde_nets.solvers.errors import Reason, SolverError
-from cde_nets.solvers.fast_rk import _dense_weights
 from cde_nets.solvers.gradients import Adjoint
-from cde_nets.solvers.per_sample import odeint_per_sample
-from cde_nets.solvers.tableaux import TABLEAUX
+from cde_nets.solvers.per_sample.solve import odeint_per_sample
+from cde_nets.solvers.steppers.fast_rk import _dense_weights
+from cde_nets.solvers.steppers.tableaux import TABLEAUX
 
 TOL = dict(rtol=1e-5, atol=1e-7)
 

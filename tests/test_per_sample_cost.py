@@ -10,7 +10,7 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
-from cde_nets.solvers.per_sample import odeint_per_sample
+from cde_nets.solvers.per_sample.solve import odeint_per_sample
 
 READS = ("__bool__", "__float__", "__int__", "item", "tolist")
 

@@ -1,5 +1,5 @@
-"""Gradients through per-sample steps (:mod:`cde_nets.solvers.per_sample_grads`,
-:mod:`cde_nets.solvers.per_sample_adjoint`): checkpoint and symplectic replay the steps each sample took and equal
+"""Gradients through per-sample steps (:mod:`cde_nets.solvers.per_sample.grads`,
+:mod:`cde_nets.solvers.per_sample.adjoint`): checkpoint and symplectic replay the steps each sample took and equal
 backprop to rounding; the per-sample adjoint converges to them with the tolerance, and its joint backward solve
 (one batch, each sample on its own steps) equals solving every sample's backward problem alone."""
 
@@ -11,8 +11,8 @@ from torch import nn
 
 from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.gradients import Adjoint, Backprop
-from cde_nets.solvers.per_sample import odeint_per_sample
-from cde_nets.solvers.per_sample_adjoint import SeparateAdjoint
+from cde_nets.solvers.per_sample.adjoint import SeparateAdjoint
+from cde_nets.solvers.per_sample.solve import odeint_per_sample
 
 
 class Oscillator(nn.Module):

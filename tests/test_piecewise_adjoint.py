@@ -20,8 +20,8 @@ from cde_nets.fields import (
 )
 from cde_nets.pieces import Pieces
 from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverError, SolverOptions, SolverStats, adapter
-from cde_nets.solvers import piecewise_adjoint as pa
 from cde_nets.solvers.gradients import adjoint as adjoint_module
+from cde_nets.solvers.gradients import piecewise_adjoint as pa
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.stop import Stop
 

@@ -1,4 +1,4 @@
-"""Projection onto invariants after each step (solvers/projection.py; Hairer, Lubich & Wanner 2006, §IV.4)."""
+"""Projection onto invariants after each step (solvers/steppers/projection.py; Hairer, Lubich & Wanner 2006, §IV.4)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from cde_nets import Projection, discretize, solve_projected
 from cde_nets.fields import Hamiltonian, Kepler, canonical_J, kepler_orbit
 from cde_nets.fields.bound import BoundField
-from cde_nets.solvers.projection import ProjectionError
 from cde_nets.solvers.schemes import Projected, get_scheme
+from cde_nets.solvers.steppers.projection import ProjectionError
 
 D = torch.float64
 

@@ -1,5 +1,5 @@
-"""The generic continuous adjoint (solvers/rk_adjoint.py: a backward norm over every part, a norm of the user's,
-times that require grad) runs both solves on the library's stepper and takes torchdiffeq's ``odeint_adjoint``'s
+"""The generic continuous adjoint (solvers/gradients/rk_adjoint.py: a backward norm over every part, a norm of the
+user's, times that require grad) runs both solves on the library's stepper and takes torchdiffeq's ``odeint_adjoint``'s
 steps: its backward state ``(τ, y, a, g)`` and norms are torchdiffeq's, ``τ`` integrating ``−aᵀ∂F/∂t`` even when
 ``t`` needs no gradient (the norm measures it). For ``dopri5`` the gradients are then torchdiffeq's bits."""
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import cde_nets
-from cde_nets.solvers.rk_adjoint import odeint_adjoint_rk
+from cde_nets.solvers.gradients.rk_adjoint import odeint_adjoint_rk
 
 torchdiffeq = pytest.importorskip("torchdiffeq")
 

@@ -1,4 +1,5 @@
-"""The explicit symplectic splitting methods (solvers/splitting_tableaux.py): their tables, orders, layers and maps."""
+"""The explicit symplectic splitting methods (solvers/steppers/splitting_tableaux.py): their tables, orders, layers and
+maps."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from cde_nets import ODEBlock, discretize
 from cde_nets.fields import MS1, Hamiltonian, canonical_J
 from cde_nets.fields.bound import BoundField
 from cde_nets.solvers import ARCHITECTURES
-from cde_nets.solvers.order_conditions import splitting_defects
 from cde_nets.solvers.schemes import SPLITTING_SCHEMES, Splitting, get_scheme
-from cde_nets.solvers.splitting_tableaux import (
+from cde_nets.solvers.steppers.order_conditions import splitting_defects
+from cde_nets.solvers.steppers.splitting_tableaux import (
     SPLITTING_SPECS,
     SplittingTableau,
     kick_drift_kick,

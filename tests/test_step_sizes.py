@@ -1,5 +1,6 @@
-"""Gradients through adaptive steps are the derivative of the computed solution (:mod:`cde_nets.solvers.step_sizes`):
-every step size is a function of the state through the error estimate and the controller.
+"""Gradients through adaptive steps are the derivative of the computed solution
+(:mod:`cde_nets.solvers.gradients.step_sizes`): every step size is a function of the state through the error estimate
+and the controller.
 
 The case that found it: Van der Pol ``x' = v``, ``v' = μ (1 − x²) v − x`` at ``μ = 20.88``, ``y_0 = (2, 0)``,
 ``t ∈ [0, 10]``, dopri5 at ``rtol = 1e-5``, ``atol = 1e-7``, ``L = x(10)² + v(10)²``: the true ``dL/dx_0`` is 4.8294
@@ -20,8 +21,8 @@ from torch import nn
 from cde_nets import ODEBlock, odeint
 from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.gradients import Adjoint, Backprop, Checkpoint, Symplectic
-from cde_nets.solvers.per_sample import odeint_per_sample
-from cde_nets.solvers.step_sizes import attach, check_steps, controller_factor
+from cde_nets.solvers.gradients.step_sizes import attach, check_steps, controller_factor
+from cde_nets.solvers.per_sample.solve import odeint_per_sample
 
 F64 = torch.float64
 TOL = dict(rtol=1e-5, atol=1e-7)

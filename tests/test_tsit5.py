@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cde_nets import odeint, odeint_adjoint
-from cde_nets.solvers.tableaux import TABLEAUX, MethodTableau, Tableau
+from cde_nets.solvers.steppers.tableaux import TABLEAUX, MethodTableau, Tableau
 
 F64 = torch.float64
 TSIT5 = TABLEAUX["tsit5"]

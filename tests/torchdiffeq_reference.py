@@ -1,10 +1,11 @@
 r"""torchdiffeq's loop running cde_nets' dense outputs: the reference the bit-equality tests compare with.
 
-The library runs every explicit Runge-Kutta method on its own stepper (:mod:`solvers.fast_rk`,
-:mod:`solvers.rk_odeint`); torchdiffeq's loop is the integrator of record it is compared with. For three methods
-torchdiffeq's dense-output midpoint is a lower-order value (``bosh3``: ``y_0 + h k_2 / 2``, second order;
+The library runs every explicit Runge-Kutta method on its own stepper (:mod:`solvers.steppers.fast_rk`,
+:mod:`solvers.steppers.rk_odeint`); torchdiffeq's loop is the integrator of record it is compared with. For three
+methods torchdiffeq's dense-output midpoint is a lower-order value (``bosh3``: ``y_0 + h k_2 / 2``, second order;
 ``fehlberg2`` and ``adaptive_heun``: first order), and cde_nets deliberately uses the midpoint of the cubic Hermite
-interpolant instead (:func:`solvers.tableaux.hermite_mid`); torchdiffeq 0.2.5 has no ``tsit5`` (Tsitouras 2011).
+interpolant instead (:func:`solvers.steppers.tableaux.hermite_mid`); torchdiffeq 0.2.5 has no ``tsit5`` (Tsitouras
+2011).
 :func:`torchdiffeq_method` names a solver added to torchdiffeq's table (a private one: tests only) that steps
 as torchdiffeq does with cde_nets' interpolant, so that the comparison is of the loop, not of the interpolant.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from cde_nets.solvers.tableaux import TABLEAUX, hermite_mid
+from cde_nets.solvers.steppers.tableaux import TABLEAUX, hermite_mid
 
 __all__ = ["HERMITE_METHODS", "OWN_METHODS", "odeint_reference", "torchdiffeq_method"]
 
@@ -73,7 +74,7 @@ def torchdiffeq_method(method: str) -> str:
 
 def odeint_reference(func, y0, t, *, rtol, atol, method, options, event_fn=None):
     """``torchdiffeq.odeint`` with :func:`torchdiffeq_method`'s solver for ``method``: what
-    :data:`solvers.rk_odeint.REFERENCE` runs while the tests switch the stepper off."""
+    :data:`solvers.steppers.rk_odeint.REFERENCE` runs while the tests switch the stepper off."""
     import torchdiffeq
 
     kw = {} if event_fn is None else {"event_fn": event_fn}

@@ -28,7 +28,7 @@ __all__ = ["step_jacobians", "energy_error_fit", "long_run_energy", "noether_dri
 def step_jacobians(step: Callable[[torch.Tensor], torch.Tensor], y: torch.Tensor) -> torch.Tensor:
     """Each sample's Jacobian ``Φ_b = ∂ step(y)_b / ∂ y_b`` ``(B, n, n)`` of a batched map ``step`` of ``(B, n)``
     states (rows independent); pass it to :func:`~cde_nets.diagnostics.symplecticity_defect`."""
-    from cde_nets.solvers.implicit import stage_jacobian
+    from cde_nets.solvers.steppers.implicit import stage_jacobian
 
     return stage_jacobian(lambda t, x: step(x), 0.0, y)[1]
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from cde_nets.solvers.errors import check_positive_int
-from cde_nets.solvers.per_sample import wants_rows
+from cde_nets.solvers.per_sample.solve import wants_rows
 from cde_nets.solvers.validation import check_field_output, check_floating
 
 from .base import Field

@@ -11,9 +11,9 @@ from ..errors import check_positive
 from ..grids import adjoint_options
 from ..norms import StateNorm
 from ..options import ADAPTIVE_METHODS, OWN_FIXED_METHODS, check_method
-from ..piecewise_adjoint import lands_on_boundaries, piecewise_adjoint
-from ..rk_adjoint import odeint_adjoint_rk
 from .base import GradientMethod, Run
+from .piecewise_adjoint import lands_on_boundaries, piecewise_adjoint
+from .rk_adjoint import odeint_adjoint_rk
 
 __all__ = ["Adjoint"]
 
@@ -30,10 +30,10 @@ class Adjoint(GradientMethod):
 
     Parameters constant on pieces of time get one piece-shaped gradient state each and the backward solve
     differentiates only the piece in force, so its cost is linear in the number of pieces
-    (:mod:`solvers.piecewise_adjoint`); without the seminorm, when ``t`` requires grad, or when the backward solver
-    would not step on every piece boundary, the generic adjoint over whole tensors serves (torchdiffeq's
-    ``odeint_adjoint``'s scheme on the library's stepper: :mod:`solvers.rk_adjoint`), whose cost grows with the
-    square of the number of pieces. Serves every method but ``alf``, and the SDE block (``method`` there is
+    (:mod:`solvers.gradients.piecewise_adjoint`); without the seminorm, when ``t`` requires grad, or when the backward
+    solver would not step on every piece boundary, the generic adjoint over whole tensors serves (torchdiffeq's
+    ``odeint_adjoint``'s scheme on the library's stepper: :mod:`solvers.gradients.rk_adjoint`), whose cost grows with
+    the square of the number of pieces. Serves every method but ``alf``, and the SDE block (``method`` there is
     torchsde's ``adjoint_method``; ``rtol``/``atol``/``seminorm`` are refused).
     """
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..alf import integrate_alf
 from ..options import REVERSIBLE_METHODS
-from ..rk_odeint import odeint_rk
-from ..step_sizes import check_steps
+from ..steppers.alf import integrate_alf
+from ..steppers.rk_odeint import odeint_rk
 from .base import GradientMethod, Run
+from .step_sizes import check_steps
 
 __all__ = ["Backprop"]
 
@@ -20,7 +20,7 @@ class Backprop(GradientMethod):
     """Differentiate through every operation of the forward solve (memory grows with the steps taken); exact for
     the solver's map. Serves every method, and the SDE block.
 
-    ``steps`` (:mod:`~solvers.step_sizes`): an adaptive method's step sizes are functions of the state through
+    ``steps`` (:mod:`~solvers.gradients.step_sizes`): an adaptive method's step sizes are functions of the state through
     its error estimate and controller, and differentiated as such (``"differentiated"``, the default: the
     derivative of what was computed); ``"fixed"`` holds them constant, ``"torchdiffeq"`` differentiates the first
     only, as torchdiffeq's backprop does (its gradients bit for bit on the shared step)."""

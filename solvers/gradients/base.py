@@ -25,13 +25,13 @@ class GradientMethod:
     :attr:`sde` for the SDE block), and implements :meth:`solve`. The engine (:func:`solvers.engine.solve`) calls
     :meth:`solve` only where its own steppers do not serve the call: forward-only calls, and every call of a method
     whose gradient is backpropagation through the forward's operations (:attr:`forward_graph`), run on the
-    library's stepper where it applies (:func:`~solvers.fast_rk.fast_applies`), the same steps as torchdiffeq.
+    library's stepper where it applies (:func:`~solvers.steppers.fast_rk.fast_applies`), the same steps as torchdiffeq.
     """
 
     name: ClassVar[str] = ""
     # how the fixed-step sweeps of cde_nets' own methods (implicit Runge-Kutta, symplectic compositions) give this
     # gradient: "backprop", "checkpoint" (states stored), "symplectic", "reversible" (states rebuilt by the exact
-    # inverse step), or None where they cannot (solvers.implicit_ode.sweep)
+    # inverse step), or None where they cannot (solvers.steppers.implicit_ode.sweep)
     sweep: ClassVar[str | None] = None
     forward_graph: ClassVar[bool] = False  # the backward pass differentiates the forward solve's own operations
     counts_vjp: ClassVar[bool] = False  # nfe_backward counts vector-Jacobian products through recorded evaluations

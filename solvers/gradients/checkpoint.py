@@ -11,10 +11,10 @@ from torch import nn
 from ..counting import Counted
 from ..grids import negated_time_options
 from ..options import OWN_FIXED_METHODS, REVERSIBLE_METHODS
-from ..replay import StepBack, checkpoint_step, replay_gradient
-from ..step_sizes import check_steps
-from ..tableaux import TABLEAUX
+from ..steppers.tableaux import TABLEAUX
 from .base import GradientMethod, Run
+from .replay import StepBack, checkpoint_step, replay_gradient
+from .step_sizes import check_steps
 
 __all__ = ["Checkpoint"]
 
@@ -22,12 +22,12 @@ __all__ = ["Checkpoint"]
 @dataclass(frozen=True, repr=False)
 class Checkpoint(GradientMethod):
     """Keep the state at the start of every accepted step; the backward pass recomputes each step from it and
-    backpropagates through that step alone (:mod:`solvers.replay`). Exact for the solver's map, memory of one
-    state per step plus one step's stages. Needs the method's tableau (:data:`~solvers.tableaux.TABLEAUX`).
+    backpropagates through that step alone (:mod:`solvers.gradients.replay`). Exact for the solver's map, memory of one
+    state per step plus one step's stages. Needs the method's tableau (:data:`~solvers.steppers.tableaux.TABLEAUX`).
 
-    ``steps`` (:mod:`~solvers.step_sizes`): as :class:`~solvers.gradients.Backprop`'s; with ``"differentiated"``
-    (the default) the rejected attempts are kept too (their sizes, no states), since each shapes the next step
-    size."""
+    ``steps`` (:mod:`~solvers.gradients.step_sizes`): as :class:`~solvers.gradients.Backprop`'s; with
+    ``"differentiated"`` (the default) the rejected attempts are kept too (their sizes, no states), since each shapes
+    the next step size."""
 
     steps: str = "differentiated"
 

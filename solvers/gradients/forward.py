@@ -1,8 +1,8 @@
 r"""Forward sensitivity: the Jacobian of the solve by forward-mode differentiation through its steps.
 
 The solve's outputs ``Y = (y(t_0), …, y(t_m))`` are a function of its inputs ``x = (y_0, θ)``. A solve in tangent
-mode (:mod:`solvers.tangents`) carries beside every value its derivative along a direction ``ẋ``; with the ``n``
-unit directions carried together (one primal solve, ``n`` tangents per value) it gives the whole Jacobian
+mode (:mod:`solvers.gradients.tangents`) carries beside every value its derivative along a direction ``ẋ``; with the
+``n`` unit directions carried together (one primal solve, ``n`` tangents per value) it gives the whole Jacobian
 ``∂Y/∂x``, whatever the number of outputs, and the backward pass is the contraction ``∂L/∂x = Jᵀ ∂L/∂Y``. Its
 tangent arithmetic grows with ``n``, reverse mode's backward pass does not: this is the discrete forward
 sensitivity (forward-mode automatic differentiation through the solver) that Ma et al. (2021, "A comparison of
@@ -21,13 +21,13 @@ import torch.autograd.forward_ad as fwAD
 from torch.autograd.functional import jacobian
 
 from ..errors import SolverError, check_positive_int
-from ..fast_rk import FAST_METHODS, fast_applies, odeint_fast
 from ..grids import stepper_options
 from ..options import REVERSIBLE_METHODS
-from ..step_sizes import check_steps
-from ..tangents import dense_zero_tangents, dual_solve, find_slots, swapped
+from ..steppers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 from .base import GradientMethod, Run
 from .checkpoint import backwards_in_time
+from .step_sizes import check_steps
+from .tangents import dense_zero_tangents, dual_solve, find_slots, swapped
 
 __all__ = ["Forward", "jacobian_solve"]
 
@@ -38,13 +38,13 @@ class Forward(GradientMethod):
     carries a tangent per input element, computed in the forward call; the backward pass is ``Jᵀ g``. Exact for the
     solver's map: on the library's own stepper it equals ``Backprop()``'s gradient to rounding.
 
-    ``steps`` (:mod:`~solvers.step_sizes`): as :class:`~solvers.gradients.Backprop`'s; ``"differentiated"`` (the
-    default) carries every adaptive step size's tangent through the error estimate and the controller, ``"fixed"``
+    ``steps`` (:mod:`~solvers.gradients.step_sizes`): as :class:`~solvers.gradients.Backprop`'s; ``"differentiated"``
+    (the default) carries every adaptive step size's tangent through the error estimate and the controller, ``"fixed"``
     holds the sizes constant. ``max_entries``: the most Jacobian entries (outputs × inputs) a call may store
     (default ``2**27``, 1 GiB in float64); above it the call is refused, since the Jacobian alone would take that
     memory. Its tangent arithmetic grows with the number of inputs, so it pays for few (see the gradients guide).
 
-    Serves the methods of the library's Runge-Kutta stepper (:data:`~solvers.fast_rk.FAST_METHODS`), on
+    Serves the methods of the library's Runge-Kutta stepper (:data:`~solvers.steppers.fast_rk.FAST_METHODS`), on
     float32/float64 states with torchdiffeq's step options. The implicit, composition and ``alf`` methods, the
     Adams methods and the per-sample controller are refused by name.
     """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..options import OWN_FIXED_METHODS
-from ..tableaux import TABLEAUX
+from ..steppers.tableaux import TABLEAUX
 from .adjoint import Adjoint
 from .backprop import Backprop
 from .base import GradientMethod

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..alf import integrate_alf
-from ..implicit import get_tableau
 from ..options import IMPLICIT_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
+from ..steppers.alf import integrate_alf
+from ..steppers.implicit import get_tableau
 from .base import GradientMethod, Run
 
 __all__ = ["Reversible"]
@@ -18,8 +18,8 @@ __all__ = ["Reversible"]
 class Reversible(GradientMethod):
     """States rebuilt backwards by the integrator's exact inverse: the gradient of the integrator's map in memory
     constant in the number of steps. Needs a method whose step is exactly invertible: ``alf`` (MALI, Zhuang et al.
-    2021; :mod:`solvers.alf`), the symplectic compositions (each substep a shear, undone by its negative), and the
-    symmetric implicit Runge-Kutta methods (``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3: the
+    2021; :mod:`solvers.steppers.alf`), the symplectic compositions (each substep a shear, undone by its negative), and
+    the symmetric implicit Runge-Kutta methods (``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3: the
     step with ``−h`` from a step's end rebuilds its start to the Newton tolerance)."""
 
     name = "reversible"

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..implicit import get_tableau
-from ..implicit_adjoint import pairs_with_partner
 from ..options import IMPLICIT_METHODS, SPLIT_METHODS
-from ..replay import StepBack, symplectic_step
+from ..steppers.implicit import get_tableau
 from .checkpoint import Checkpoint
+from .implicit_adjoint import pairs_with_partner
+from .replay import StepBack, symplectic_step
 
 __all__ = ["Symplectic"]
 
@@ -19,8 +19,8 @@ __all__ = ["Symplectic"]
 class Symplectic(Checkpoint):
     """Replay each accepted step's stages and integrate the adjoint with the partitioned Runge-Kutta method paired
     with the forward tableau, so ``λᵀ δy`` is conserved exactly: the gradient of the solver's map, with memory of
-    one state per step and one stage at a time (:mod:`solvers.replay`; for the implicit methods, whose stages are
-    re-solved without a graph, :mod:`solvers.implicit_adjoint`)."""
+    one state per step and one stage at a time (:mod:`solvers.gradients.replay`; for the implicit methods, whose stages
+    are re-solved without a graph, :mod:`solvers.gradients.implicit_adjoint`)."""
 
     name = "symplectic"
     sweep = "symplectic"  # the implicit Runge-Kutta methods; the compositions have no partner scheme here

@@ -9,7 +9,7 @@ from typing import Any, cast
 import torch
 
 from ..architectures import architecture
-from ..tableaux import Tableau
+from ..steppers.tableaux import Tableau
 
 
 def axpy(y: torch.Tensor, h: float, F: torch.Tensor) -> torch.Tensor:

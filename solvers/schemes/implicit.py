@@ -1,13 +1,14 @@
-"""Implicit Runge-Kutta layers: one step of a Gauss-Legendre method per parameter piece (:mod:`solvers.implicit`)."""
+"""Implicit Runge-Kutta layers: one step of a Gauss-Legendre method per parameter piece
+(:mod:`solvers.steppers.implicit`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from ..implicit import Newton, get_tableau, implicit_step
-from ..implicit_predictor import StagePredictor
-from ..implicit_tableaux import ImplicitTableau
+from ..steppers.implicit import Newton, get_tableau, implicit_step
+from ..steppers.implicit_predictor import StagePredictor
+from ..steppers.implicit_tableaux import ImplicitTableau
 from .base import Scheme
 
 __all__ = ["ImplicitRungeKutta", "ImplicitMidpoint", "GL4", "GL6"]
@@ -32,7 +33,7 @@ class _Counting:
 
 class ImplicitRungeKutta(Scheme):
     """Layer ``l``: ``y_{l+1} = y_l + h Σ b_i F_l(Y_i)`` with the stages ``Y_i = y_l + h Σ_j a_ij F_l(Y_j)`` solved
-    by Newton to rounding (:class:`~solvers.implicit.Newton`), differentiated by the implicit function theorem.
+    by Newton to rounding (:class:`~solvers.steppers.implicit.Newton`), differentiated by the implicit function theorem.
 
     On a Hamiltonian field (``y' = J ∇H`` with a constant ``J`` per piece, e.g. the non-separable H1-DNN field of
     Galimberti et al. 2023, eq. 8) a symplectic tableau makes every layer a Poisson map, ``Φ J Φᵀ = J``, with no

@@ -45,8 +45,8 @@ class ALF(Scheme):
     ``y_l = y_½ − (h/2) v_l``. For the default ``η = 1`` that is ``v_l = 2u − v_{l+1}``: no amplification of
     rounding; damping ``η < 1`` amplifies it by ``1/|1 − 2η|`` per layer.
 
-    Unlike the continuous integrator (:mod:`solvers.alf`), which re-reads ``v`` at every parameter jump, the layers
-    carry ``v`` across pieces: re-reading it every layer would turn each layer into explicit midpoint, which has
+    Unlike the continuous integrator (:mod:`solvers.steppers.alf`), which re-reads ``v`` at every parameter jump, the
+    layers carry ``v`` across pieces: re-reading it every layer would turn each layer into explicit midpoint, which has
     no explicit inverse.
     """
 

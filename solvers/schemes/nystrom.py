@@ -1,4 +1,4 @@
-r"""Runge-Kutta-Nyström layers for second-order fields (:mod:`solvers.nystrom_tableaux`): one step of
+r"""Runge-Kutta-Nyström layers for second-order fields (:mod:`solvers.steppers.nystrom_tableaux`): one step of
 ``q'' = f(q, q')`` per layer on the state ``(q, q')``.
 
 On the seeds' second-order field ``x' = v``, ``v' = −γ v + η f(x)`` (blog §8; Hauser's C² net when ``γ = 0``) a
@@ -12,8 +12,8 @@ import copy
 
 import torch
 
-from ..nystrom_ode import check_second_order, nystrom_step
-from ..nystrom_tableaux import NYSTROM_TABLEAUX
+from ..steppers.nystrom_ode import check_second_order, nystrom_step
+from ..steppers.nystrom_tableaux import NYSTROM_TABLEAUX
 from .base import Scheme
 
 __all__ = ["DPRKN6", "DPRKN8", "Nystrom", "Nystrom4"]

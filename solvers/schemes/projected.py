@@ -1,4 +1,4 @@
-r"""A scheme followed by the standard projection onto invariants (:class:`~solvers.projection.Projection`;
+r"""A scheme followed by the standard projection onto invariants (:class:`~solvers.steppers.projection.Projection`;
 Hairer, Lubich & Wanner 2006, §IV.4): ``Projected("rk4", Projection(field.energy))`` is an rk4 layer whose output is
 moved back onto the energy level of its input.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 
-from ..projection import Projection
+from ..steppers.projection import Projection
 from .base import Scheme
 
 __all__ = ["Projected"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tableaux import TABLEAUX
+from ..steppers.tableaux import TABLEAUX
 from .base import Scheme, Tableau, axpy
 
 __all__ = ["Euler", "RungeKutta", "Midpoint", "RK4", "RK4Classical"]

@@ -1,5 +1,5 @@
 r"""The explicit symplectic splitting methods as layers: one stepper, :class:`Splitting`, runs any table of
-:mod:`solvers.splitting_tableaux`.
+:mod:`solvers.steppers.splitting_tableaux`.
 
 A layer is ``p ← p + b_i h F_p(q)``, ``q ← q + a_i h F_q(p)`` for ``i = 1, …, s`` (Ruth 1983; McLachlan & Atela
 1992): with ``s = 1``, ``a = b = (1)`` the H2-DNN layer (Galimberti et al. 2023, eqs. H12-13), and each method of the
@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..splitting_tableaux import SPLITTING_SPECS, SplittingTableau, splitting_tableau
+from ..steppers.splitting_tableaux import SPLITTING_SPECS, SplittingTableau, splitting_tableau
 from .split import _Substeps
 
 __all__ = ["SPLITTING_SCHEMES", "Splitting"]
 
 
 class Splitting(_Substeps):
-    """A splitting method of :mod:`solvers.splitting_tableaux` on a ``(p, q)`` split (subclasses set :attr:`name`;
+    """A splitting method of :mod:`solvers.steppers.splitting_tableaux` on a ``(p, q)`` split (subclasses set
+    :attr:`name`;
     :data:`SPLITTING_SCHEMES` holds one per table)."""
 
     @property
