@@ -40,22 +40,10 @@ from cde_nets import ODEBlock
 from cde_nets.diagnostics import SavedTensorMemory
 
 from .common import interleaved_medians, write
+from .torchdiffeq_dropin import SpiralField
 
 GRADIENTS = ("backprop", "checkpoint", "adjoint")
 SOLVERS = {"dopri5": dict(method="dopri5", rtol=1e-6, atol=1e-6), "rk4": dict(method="rk4")}
-
-
-class _Spiral(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(2, 50), nn.Tanh(), nn.Linear(50, 2))
-        for m in self.net:
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=0.1)
-                nn.init.zeros_(m.bias)
-
-    def forward(self, t, y):
-        return self.net(y**3)
 
 
 class _MLP(nn.Module):
@@ -109,7 +97,7 @@ def _cases(tiny: bool) -> dict[str, Callable[[], tuple[nn.Module, torch.Tensor, 
 
     def spiral() -> tuple[nn.Module, torch.Tensor, float]:
         torch.manual_seed(0)
-        return _Spiral(), torch.empty(0), float(torch.linspace(0.0, 25.0, 1000)[9])
+        return SpiralField(), torch.empty(0), float(torch.linspace(0.0, 25.0, 1000)[9])
 
     if tiny:
         return {"spiral": spiral, "large": conv(2, 6, 2)}

@@ -106,7 +106,9 @@ def _grid(tiny: bool) -> list[dict]:
     return rows
 
 
-class _SpiralModel(nn.Module):
+class SpiralField(nn.Module):
+    """torchdiffeq's ode_demo field: ``dy/dt = net(y³)``, an MLP 2-50-2 with weights N(0, 0.1²)."""
+
     def __init__(self):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(2, 50), nn.Tanh(), nn.Linear(50, 2))
@@ -130,7 +132,7 @@ def _spiral(impl: Odeint, dtype: torch.dtype, data_size: int = 1000, window: int
         data = impl(lambda t, y: (y**3) @ _A.to(dtype), torch.tensor([[2.0, 0.0]], dtype=dtype), t, method="dopri5")
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    model = _SpiralModel().to(dtype)
+    model = SpiralField().to(dtype)
     opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
 
     def iteration() -> float:
@@ -190,7 +192,7 @@ def _block_port(gradient: str, iters: int, data_size: int = 1000, window: int = 
         data = odeint(lambda t, y: (y**3) @ _A, torch.tensor([[2.0, 0.0]]), t)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    model = _SpiralModel()
+    model = SpiralField()
     block = ODEBlock(model, T=float(t[window - 1]), gradient=gradient)
     opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
     losses, peak = [], 0
