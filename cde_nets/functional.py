@@ -281,11 +281,13 @@ def odeint(
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
         gradient: this library's addition: ``"backprop"`` (default, torchdiffeq's), ``"adjoint"`` (the
-            continuous adjoint), ``"checkpoint"`` or ``"symplectic"`` (exact gradients of the steps at low
-            memory), ``"reversible"`` (states rebuilt by the step's exact inverse: ``alf``, the compositions, the
-            symmetric implicit methods), ``"forward"`` (the Jacobian by forward-mode differentiation through the
-            steps: for few parameters), or the gradient method object (``Adjoint(rtol=1e-9)`` sets the backward
-            solve as ``odeint_adjoint``'s ``adjoint_*``). Guides → Capabilities has the table of what serves what.
+            backsolve: the continuous adjoint, or for the fixed-grid implicit methods and compositions each
+            step's start rebuilt by the step with −h), ``"checkpoint"`` or ``"symplectic"`` (exact gradients of
+            the steps at low memory), ``"reversible"`` (states rebuilt by the step's exact inverse: ``alf``, the
+            compositions, the symmetric implicit methods), ``"forward"`` (the Jacobian by forward-mode
+            differentiation through the steps: for few parameters), or the gradient method object
+            (``Adjoint(rtol=1e-9)`` sets the backward solve as ``odeint_adjoint``'s ``adjoint_*``). Guides →
+            Capabilities has the table of what serves what.
         adjoint_params: the tensors differentiated by the gradients other than ``"backprop"`` (default: ``func``'s
             parameters).
         controller: this library's addition: ``"batch"`` (default: one step size for the whole batch,
@@ -369,6 +371,13 @@ def odeint_adjoint(
         raise ValueError(
             f"`adjoint_method`={adj_method!r} differs from `method`={method!r}, so `options` cannot serve the "
             "backward solve: pass `adjoint_options` too."
+        )
+    own = adjoint_rtol is None and adjoint_atol is None and adjoint_options in (None, options)
+    if method in IMPLICIT and (adj_method != method or not own):
+        raise ValueError(
+            f"method={method!r} takes the backsolve adjoint of its own steps (rebuilt backwards on the forward grid, "
+            "differentiated by the implicit function theorem): leave `adjoint_method`, `adjoint_options`, "
+            "`adjoint_rtol` and `adjoint_atol` unset."
         )
     if adjoint_options is None:
         adj_options = {k: v for k, v in (options or {}).items() if k not in ("norm", "max_num_steps")}

@@ -14,6 +14,7 @@ from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.hamiltonian import canonical_J
 from cde_nets.solvers.errors import Reason
+from cde_nets.solvers.gradients import Adjoint
 from cde_nets.solvers.steppers.implicit import ImplicitSolveError, Newton, get_tableau, implicit_step
 from cde_nets.solvers.steppers.implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
@@ -256,8 +257,8 @@ def test_errors_name_the_argument_and_the_fix():
         ValueError, match="symmetric implicit method .* \\(not 'radauIIA3'\\); use gradient='checkpoint'"
     ):
         ODEBlock(f, method="radauIIA3", gradient="reversible")
-    with pytest.raises(ValueError, match="'adjoint' is the continuous adjoint.*use gradient='reversible'"):
-        ODEBlock(f, method="gl4", gradient="adjoint")
+    with pytest.raises(ValueError, match="has no backward ODE solve to set"):
+        ODEBlock(f, method="gl4", gradient=Adjoint(rtol=1e-9))
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['foo'\]"):
         ODEBlock(f, method="gl4", options={"foo": 1})
     with pytest.raises(ValueError, match="Newton\\(kind"):

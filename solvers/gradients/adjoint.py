@@ -43,6 +43,10 @@ class Adjoint(GradientMethod):
     seminorm: bool = True
 
     name = "adjoint"
+    # the library's fixed-grid methods: the backsolve of their steps (each step's start rebuilt by the step with
+    # −h, its vector-Jacobian product there): memory flat, the gradient to the local error per step (exact for the
+    # symmetric implicit methods and the compositions, whose step with −h is their inverse)
+    sweep = "adjoint"
     sde = True
 
     def __post_init__(self) -> None:
@@ -61,16 +65,11 @@ class Adjoint(GradientMethod):
     def check(self, method: str) -> None:
         super().check(method)
         self.check_ode()
-
-    def refusal(self, method: str) -> str:
-        if method in OWN_FIXED_METHODS:
-            return (
-                f"gradient='adjoint' is the continuous adjoint, a backward ODE solve by an explicit method; "
-                f"method={method!r} steps a fixed grid of its own. For its exact gradient in constant memory use "
-                "gradient='reversible' (each step's start rebuilt by its exact inverse: the symmetric methods), or "
-                "'checkpoint'/'symplectic' (one state per step)."
+        if method in OWN_FIXED_METHODS and self != Adjoint():
+            raise ValueError(
+                f"method={method!r} has no backward ODE solve to set: its adjoint rebuilds each step's start by "
+                f"the step with -h. Use gradient='adjoint' (not {self!r})."
             )
-        return super().refusal(method)
 
     def solve(self, run: Run) -> torch.Tensor:
         s, func = run.solver, run.func

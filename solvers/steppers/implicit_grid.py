@@ -17,7 +17,9 @@ steps do and its test suite checks (``perturb=False``); starting from the previo
 Gradients: ``backprop`` differentiates the steps; ``checkpoint`` keeps the grid states and re-runs each step
 backwards for its vector-Jacobian product; ``reversible`` (the symmetric methods) keeps only the last state and
 rebuilds each step's start by the step with ``−h`` from its end (exact to the Newton tolerance,
-``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3), memory constant in the number of steps.
+``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3), memory constant in the number of steps;
+``adjoint`` (torchdiffeq's ``odeint_adjoint``) is that backsolve for every method, within the local error per step
+for the non-symmetric ones.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ __all__ = ["IMPLICIT_GRID_GRADIENTS", "IMPLICIT_GRID_OPTIONS", "ImplicitGrid", "
 
 IMPLICIT_GRID_OPTIONS = frozenset({"step_size", "grid_constructor", "perturb", "interp", "max_iters", "newton"})
 IMPLICIT_GRID_OPTIONS |= {"newton_tol", "max_num_steps"}
-IMPLICIT_GRID_GRADIENTS = ("backprop", "checkpoint", "reversible")
+IMPLICIT_GRID_GRADIENTS = ("backprop", "checkpoint", "adjoint", "reversible")
 _MAX_EVENT_STEPS = 1_000_000
 
 
@@ -130,7 +132,9 @@ class ImplicitGrid:
         if gradient == "backprop":
             return torch.stack(self._forward(y0, grid, [float(v) for v in t.tolist()])[0])
         leaves = tuple(p for p in params if p.requires_grad)
-        return _Sweep.apply(self, grid, [float(v) for v in t.tolist()], gradient == "reversible", y0, *leaves)
+        return _Sweep.apply(
+            self, grid, [float(v) for v in t.tolist()], gradient in ("adjoint", "reversible"), y0, *leaves
+        )
 
     def _forward(self, y0: torch.Tensor, grid: list[float], t: list[float], keep: bool = False):
         """Step over the grid: the outputs, the step that read each, and every grid state (``keep``) or the last."""

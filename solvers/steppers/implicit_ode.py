@@ -10,8 +10,10 @@ theorem, :mod:`solvers.steppers.implicit`):
   ``Φ_{−h} = Φ_h^{−1}``, Hairer, Lubich & Wanner 2006, Thm. V.2.3): the forward keeps only the output states;
   backward rebuilds each step's start by the step with ``−h`` from its end and takes the step's vector-Jacobian
   product there. The rebuilt states are the forward's up to the Newton tolerance, so the gradient equals
-  ``"checkpoint"``'s to rounding in memory constant in the number of steps. (For the other methods the rebuild
-  would err by the local error per step: they are not served.)
+  ``"checkpoint"``'s to rounding in memory constant in the number of steps.
+- ``"adjoint"``: the same rebuild for every method, the backsolve adjoint of the steps (as the continuous adjoint
+  rebuilds the state by a backward solve): memory flat, the gradient exact for the symmetric methods and within
+  the local error per step for the others.
 - ``"symplectic"``: the forward keeps the state at every grid point (no graph); backward re-solves each step's
   stages without a graph and integrates the adjoint system with the symplectic partner of the method (the method
   itself for ``implicit_midpoint``, ``gl4``, ``gl6``), one evaluation's graph at a time
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 IMPLICIT_METHODS: dict[str, int] = {name: tab.order for name, tab in IMPLICIT_TABLEAUX.items()}
-IMPLICIT_GRADIENTS = ("backprop", "checkpoint", "reversible", "symplectic")
+IMPLICIT_GRADIENTS = ("backprop", "checkpoint", "adjoint", "reversible", "symplectic")
 IMPLICIT_OPTIONS = {"newton", "max_iters", "newton_tol"}
 
 
@@ -216,7 +218,7 @@ class _Sweep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, stepper, pts, where, gradient, y0, *params):
-        rebuild = gradient == "reversible"
+        rebuild = gradient in ("adjoint", "reversible")
         with torch.no_grad():
             y, states, ys = y0, [y0], [y0] if where[0] == 0 else []
             for k in range(len(pts) - 1):

@@ -5,7 +5,8 @@ fields (``p'`` from ``q`` alone, ``q'`` from ``p`` alone).
 A step ``[t_0, t_1]`` inside piece ``l`` of a piecewise field is one layer of the discrete scheme with
 ``h = t_1 − t_0`` (:meth:`~solvers.schemes.Scheme.step`), so continuous and discrete mode share one formula. Gradient
 methods: ``"backprop"``; ``"checkpoint"`` (states stored, each step recomputed in backward); ``"reversible"``
-(states rebuilt backwards by the composition's exact inverse, memory constant in the number of steps).
+or ``"adjoint"`` (the same here: states rebuilt backwards by the composition's exact inverse, memory constant in
+the number of steps).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .splitting_tableaux import SPLITTING_ORDERS
 __all__ = ["SPLIT_METHODS", "SPLIT_GRADIENTS", "integrate_split"]
 
 SPLIT_METHODS: dict[str, int] = {"yoshida4": 4, "yoshida6": 6, **SPLITTING_ORDERS}
-SPLIT_GRADIENTS = ("backprop", "checkpoint", "reversible")
+SPLIT_GRADIENTS = ("backprop", "checkpoint", "adjoint", "reversible")
 
 
 class _SchemeStepper:
