@@ -65,12 +65,14 @@ def step_grid(step_size: float):
 
 def stepper_options(options: dict) -> dict:
     """torchdiffeq's options as the library's explicit stepper reads them: ``step_size`` as the grid it makes,
-    the default ``interp="linear"`` dropped."""
+    the default ``interp="linear"`` dropped. Both ``step_size`` and ``grid_constructor`` is refused (torchdiffeq
+    would take one and ignore the other)."""
     options = dict(options)
-    if "step_size" in options:
-        step = options.pop("step_size")
-        if step is not None:
-            options.setdefault("grid_constructor", step_grid(step))
+    step = options.pop("step_size", None)
+    if step is not None:
+        if "grid_constructor" in options:
+            raise ValueError("options: `step_size` and `grid_constructor` are exclusive; pass one.")
+        options["grid_constructor"] = step_grid(float(step))
     if options.get("interp", "linear") == "linear":
         options.pop("interp", None)
     return options

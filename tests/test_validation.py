@@ -150,3 +150,11 @@ def test_several_events_at_once_end_at_the_first_as_in_torchdiffeq():
     assert abs(float(t_event.detach()) - 1.0) < 1e-9
     (grad,) = torch.autograd.grad(t_event, y0)
     torch.testing.assert_close(grad, torch.tensor([1.0, 0.0], dtype=F64), rtol=0, atol=1e-9)
+
+
+def test_odeint_refuses_a_step_size_with_a_grid_constructor():
+    """torchdiffeq takes one of them and ignores the other; here both is refused by name (it was ignored too)."""
+    y0, t = torch.ones(2, dtype=torch.float64), torch.tensor([0.0, 1.0], dtype=torch.float64)
+    options = dict(step_size=0.1, grid_constructor=lambda f, y, t: torch.linspace(0.0, 1.0, 3, dtype=t.dtype))
+    with pytest.raises(ValueError, match="`step_size` and `grid_constructor` are exclusive"):
+        odeint(lambda t, y: -y, y0, t, method="rk4", options=options)

@@ -25,19 +25,14 @@ from typing import Any
 
 import torch
 
-from ..grids import negated_time_options, step_grid
+from ..grids import negated_time_options, stepper_options
 from ..norms import StateNorm
 from . import fast_rk
-from .fast_rk import FAST_METHODS, odeint_fast
+from .fast_rk import FAST_METHODS, STEPPER_OPTIONS, odeint_fast
 
 __all__ = ["odeint_rk", "rk_options"]
 
 _CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
-# the options the stepper takes (solvers.steppers.fast_rk); `max_num_steps` is torchdiffeq's own limit, which the
-# library's counting wrapper enforces as `max_steps`
-_TAKEN = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "jump_t", "perturb"}
-_TAKEN |= {"grid_constructor", "norm", "step_t", "interp"}
-
 # While ``fast_rk.ENABLED`` is False the tests route every solve here to this reference (torchdiffeq's own loop,
 # with cde_nets' interpolants: tests/torchdiffeq_reference.py), called as ``torchdiffeq.odeint``, to compare the
 # stepper with the integrator of record step for step.
@@ -48,14 +43,7 @@ def rk_options(options: Mapping | None, y0: Any) -> dict:
     """torchdiffeq's options of an explicit Runge-Kutta method as the stepper takes them: ``step_size`` as the
     grid constructor torchdiffeq builds from it, the default ``interp="linear"`` and a ``dtype`` that leaves the
     times in float64 dropped. Raises ``ValueError`` naming any other key."""
-    options = dict(options or {})
-    step = options.pop("step_size", None)
-    if step is not None:
-        if "grid_constructor" in options:
-            raise ValueError("options: `step_size` and `grid_constructor` are exclusive; pass one.")
-        options["grid_constructor"] = step_grid(float(step))
-    if options.get("interp", "linear") == "linear":
-        options.pop("interp", None)
+    options = stepper_options(dict(options or {}))
     if "dtype" in options:
         real = _real_dtype(y0)
         if torch.promote_types(options["dtype"], real) != torch.float64:
@@ -64,8 +52,8 @@ def rk_options(options: Mapping | None, y0: Any) -> dict:
                 "them in float64. Drop `dtype` (or pass torch.float64)."
             )
         options.pop("dtype")
-    options.pop("max_num_steps", None)
-    unknown = sorted(set(options) - _TAKEN)
+    options.pop("max_num_steps", None)  # torchdiffeq's limit: the counting wrapper enforces it as `max_steps`
+    unknown = sorted(set(options) - STEPPER_OPTIONS)
     if unknown:
         raise ValueError(f"options {unknown} are not taken by the library's Runge-Kutta stepper.")
     return options
