@@ -75,7 +75,7 @@ def _own_fixed_step(run: Run, gradient: GradientMethod) -> torch.Tensor:
             return grid_solver.solve(run.y0, run.t, sweep, run.params)
         grid = grid_solver.grid(run.y0, run.t)
         _check_on_grid(run.t, grid, gradient)
-        run = Run(run.func, run.y0, run.t, s, run.options, run.params, grid=grid)
+        return _one_sample(run, grid, sweep)
     field: Any = getattr(run.func, "field", run.func)
     if s.method in SPLIT_METHODS:  # the composition calls the field's halves: the user's own module
         field = getattr(run.func, "composed", field)
@@ -86,6 +86,21 @@ def _own_fixed_step(run: Run, gradient: GradientMethod) -> torch.Tensor:
         return integrate_split(field, run.y0, run.t, **kw)
     options = {k: v for k, v in s.options.items() if k in ("newton", "max_iters", "newton_tol")}
     return integrate_implicit(field, run.y0, run.t, options=options, **kw)
+
+
+def _one_sample(run: Run, grid: torch.Tensor, sweep: str) -> torch.Tensor:
+    """torchdiffeq's state is one sample, whatever its shape: the sweep (which reads a leading batch axis, one
+    Newton system per row) sees it as one row, so the stage Jacobian couples every component, as the grid
+    solver's (:mod:`solvers.steppers.implicit_grid`) does."""
+    shape, func = run.y0.shape, run.func
+
+    def row(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return func(t, y.reshape(shape)).reshape(1, -1)
+
+    options = {k: v for k, v in run.solver.options.items() if k in ("newton", "max_iters", "newton_tol")}
+    kw: dict[str, Any] = dict(method=run.method, gradient=sweep, params=run.params, grid=grid, options=options)
+    ys = integrate_implicit(row, run.y0.reshape(1, -1), run.t, max_steps=run.solver.max_steps, stats=run.stats, **kw)
+    return ys.reshape(len(run.t), *shape)
 
 
 def _check_on_grid(t: torch.Tensor, grid: torch.Tensor, gradient: GradientMethod) -> None:
