@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from cde_nets.nonfinite import Watch, check_result
+from cde_nets.solvers.controllers import Controller, as_controller, is_per_sample
 from cde_nets.solvers.dropin import (
     ADAPTIVE,
     CALLBACKS,
@@ -47,11 +48,12 @@ from cde_nets.solvers.dropin import (
 )
 from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError
-from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
-from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS
+from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient, gradient_names
+from cde_nets.solvers.options import IMPLICIT_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS, check_shared_controller
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample.solve import odeint_per_sample
 from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
+from cde_nets.solvers.steppers.methods import RK_METHODS
 from cde_nets.solvers.steppers.rk_events import odeint_event_rk
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
@@ -61,7 +63,17 @@ State = torch.Tensor | tuple[torch.Tensor, ...]
 # the event search's step limit when `options` set no `max_num_steps` (torchdiffeq's search has none, so an event
 # that never changes sign runs it for ever): the blocks' `max_steps` default
 EVENT_MAX_STEPS = 100_000
-METHODS = (*ADAPTIVE, *FIXED, *IMPLICIT, *REVERSIBLE_METHODS, *SPLIT_METHODS, "scipy_solver")
+# every method name odeint takes, read live from the registered tableaux (a new tableau is served at once)
+# (name -> order; scipy_solver's 0: the order is that of the scipy method it is given)
+METHODS = RK_METHODS.with_extra(
+    {
+        **{m: FIXED[m] for m in FIXED if m not in RK_METHODS},
+        **IMPLICIT_METHODS,
+        **REVERSIBLE_METHODS,
+        **SPLIT_METHODS,
+        "scipy_solver": 0,
+    }
+)
 
 _ADAPTIVE_OPTIONS = {
     "first_step",
@@ -82,7 +94,6 @@ _SCIPY_OPTIONS = {"solver", "min_step", "max_step", "norm"}
 # the library's reversible integrator (adaptive, or fixed with `step_size`) and symplectic compositions
 _ALF_OPTIONS = {"eta", "first_step", "max_step", "safety", "ifactor", "dfactor", "step_size", "max_num_steps"}
 _SPLIT_OPTIONS = {"step_size", "max_num_steps"}
-_GRADIENTS = ("backprop", "adjoint", "checkpoint", "symplectic", "reversible", "forward")
 # the options the fast path reads (after step_size became a grid constructor)
 
 
@@ -112,7 +123,9 @@ def _check_options(method: str, options: dict | None, name: str = "options") -> 
         return {}
     if not isinstance(options, dict):
         raise TypeError(f"`{name}` must be a dict, got {type(options).__name__}.")
-    unknown = set(options) - _valid_options(method)
+    # the shared step's controller object, put there by `controller=` (an adaptive method's, checked there)
+    own = {"controller"} if isinstance(options.get("controller"), Controller) and method in ADAPTIVE else set()
+    unknown = set(options) - _valid_options(method) - own
     if unknown:
         raise ValueError(
             f"unknown key(s) {sorted(unknown)} in `{name}` for method {method!r} (torchdiffeq would only warn and "
@@ -150,8 +163,8 @@ def _solve(
         raise TypeError(f"`func` must be callable as func(t, y), got {type(func).__name__}.")
     method_object = gradient if isinstance(gradient, GradientMethod) else None
     gradient = gradient.name if isinstance(gradient, GradientMethod) else gradient
-    if gradient not in _GRADIENTS:
-        raise ValueError(f"`gradient` must be one of {_GRADIENTS}, got {gradient!r}.")
+    if gradient not in gradient_names():
+        raise ValueError(f"`gradient` must be one of {gradient_names()}, got {gradient!r}.")
     method = _check_method(method)
     options = _check_options(method, options)
     flat, shapes = check_state(y0, method, method in ADAPTIVE)
@@ -257,7 +270,7 @@ def odeint(
     event_fn: Callable | None = None,
     gradient: str | GradientMethod = "backprop",
     adjoint_params: Sequence[torch.Tensor] | None = None,
-    controller: str = "batch",
+    controller: str | Controller = "batch",
 ) -> Any:
     """Solve ``dy/dt = func(t, y)``, ``y(t[0]) = y0`` at the times ``t``: torchdiffeq's ``odeint``.
 
@@ -291,15 +304,24 @@ def odeint(
         adjoint_params: the tensors differentiated by the gradients other than ``"backprop"`` (default: ``func``'s
             parameters).
         controller: this library's addition: ``"batch"`` (default: one step size for the whole batch,
-            torchdiffeq's steps) or ``"per_sample"``: every sample of the batch (``y0``'s first axis) on its own
-            step size, ``func`` called with ``t`` of shape ``(batch,)``, ``t`` of shape ``(n,)`` or ``(batch, n)``
+            torchdiffeq's steps), a :class:`~cde_nets.solvers.controllers.Controller` object (another rule for
+            the shared step of the adaptive Runge-Kutta methods), or ``"per_sample"``: every sample of the batch
+            (``y0``'s first axis) on its own step size, ``func`` called with ``t`` of shape ``(batch,)``, ``t`` of
+            shape ``(n,)`` or ``(batch, n)``
             (:func:`~cde_nets.solvers.per_sample.solve.odeint_per_sample`; ``dopri5``/``bosh3``).
 
     Returns:
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
-    if controller != "batch":
-        return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, adjoint_params)
+    rule = as_controller(controller, options if is_per_sample(controller) else None)
+    if rule.per_sample:
+        if isinstance(controller, Controller):  # the per-sample loop reads its constants from the options
+            options = {**(options or {}), **{k: getattr(rule, k) for k in rule.OPTIONS}}
+        return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, rule.name, adjoint_params)
+    if controller != "batch":  # another shared-step rule: it rides in the stepper's options
+        check_shared_controller(controller, _check_method(method))
+        rule.check_options(options or {})
+        options = {**_check_options(_check_method(method), options), "controller": rule}
     if isinstance(gradient, Adjoint) or gradient == "adjoint":
         return _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoint_params)
     if event_fn is not None:
@@ -328,8 +350,6 @@ def _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoi
 
 
 def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, params) -> torch.Tensor:
-    if controller != "per_sample":
-        raise ValueError(f"`controller` must be 'batch' (one step for the batch) or 'per_sample'; got {controller!r}.")
     if event_fn is not None:
         raise ValueError("`event_fn` runs on the shared step; use controller='batch' with it.")
     if not isinstance(y0, torch.Tensor):

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from cde_nets.solvers.adapter import integrate
+from cde_nets.solvers.controllers import Controller
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError, check_positive
@@ -162,7 +163,8 @@ class ODEBlock(Block):
             (shared between blocks and diagnostics); it also holds the rarely changed settings: ``jumps``
             (adaptive methods, default True: tell the solver where time-varying parameters jump, torchdiffeq's
             ``jump_t``) and ``max_steps``.
-        controller: ``"batch"`` (default, or the ``solver``'s: one step size for the batch) or ``"per_sample"``:
+        controller: ``"batch"`` (default, or the ``solver``'s: one step size for the batch), a
+            :class:`~cde_nets.solvers.controllers.Controller` object (the shared step's rule), or ``"per_sample"``:
             every sample on its own steps (``dopri5``/``bosh3``), with per-sample ``t`` (``(batch, n)``) and
             ``t_end``; the field then sees one time per running row (``docs/guides/per_sample.md``).
         stop: a :class:`~cde_nets.stop.Stop` (``Stop(eps)``): pattern-dependent stopping time — each sample
@@ -198,7 +200,7 @@ class ODEBlock(Block):
         stop: Stop | dict | None = None,
         *,
         solver: SolverOptions | None = None,
-        controller: str | None = None,
+        controller: str | Controller | None = None,
         regularisation: Regularisation | None = None,
     ):
         super().__init__(field, T)
@@ -238,7 +240,7 @@ class ODEBlock(Block):
                 f"batch; use one of {sorted({**ADAPTIVE_METHODS, **FIXED_METHODS})} and no `stop` "
                 f"(got method={solver.method!r}, stop={self.stop!r})."
             )
-        if self.regularisers and solver.controller == "per_sample":
+        if self.regularisers and solver.per_sample:
             raise ValueError(
                 "`regularisers` are integrated over the whole batch's shared steps; controller='per_sample' gives "
                 "every sample its own. Use controller='batch' with regularisers."
@@ -335,7 +337,7 @@ class ODEBlock(Block):
                 outputs = 0
             steps = self.solver.steps_over(self._pieces()) + outputs
         chosen = default_gradient(self.method, y0.numel() * y0.element_size(), steps)
-        if isinstance(chosen, Backprop) and self.solver.controller == "batch" and not self._own_stepper(y0, t):
+        if isinstance(chosen, Backprop) and not self.solver.per_sample and not self._own_stepper(y0, t):
             # torchdiffeq would run it, holding the step sizes fixed: the replay differentiates every step
             return default_gradient(self.method)
         return chosen
@@ -359,7 +361,7 @@ class ODEBlock(Block):
     ) -> Solution:
         bound = self.bind(y0, u)
         self._check_resolution(y0, gradient)
-        if self.solver.controller == "per_sample":
+        if self.solver.per_sample:
             return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats, gradient)
         per_sample = self.stop is not None or event is not None or t_end is not None
         self._check_events(event, t, t_end, dense)

@@ -52,6 +52,8 @@ def integrate(
     options = {**solver.options, **jump_options(solver.method, jump_t, grid)}
     if norm is not None and adaptive:
         options["norm"] = norm
+    if solver.stepper_controller is not None:
+        options["controller"] = solver.stepper_controller
     run = Run(func, y0, t, solver, options, tuple(params or ()), tuple(pieces or ()), jump_t, grid)
     try:
         ys = solve(run, gradient)

@@ -10,13 +10,14 @@ the classes say.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+from .controllers import is_per_sample
 from .engine import check_cell
 from .gradients import GRADIENTS
 from .options import (
     ADAPTIVE_METHODS,
-    CONTROLLERS,
     FIXED_METHODS,
     IMPLICIT_METHODS,
     PER_SAMPLE_METHODS,
@@ -28,7 +29,7 @@ from .steppers.implicit_tableaux import IMPLICIT_TABLEAUX
 __all__ = ["FAMILIES", "markdown", "served"]
 
 # family name -> {method: order}, in the order the table lists them
-FAMILIES: dict[str, dict[str, int]] = {
+FAMILIES: dict[str, Mapping[str, int]] = {
     "explicit Runge-Kutta, adaptive": ADAPTIVE_METHODS,
     "explicit Runge-Kutta, fixed step": FIXED_METHODS,
     "reversible (asynchronous leapfrog)": REVERSIBLE_METHODS,
@@ -39,7 +40,7 @@ FAMILIES: dict[str, dict[str, int]] = {
 
 def served(method: str, gradient: str, controller: str = "batch") -> bool:
     """Whether ``gradient`` (a registered short name) serves ``method`` under ``controller``."""
-    if controller == "per_sample" and method not in PER_SAMPLE_METHODS:
+    if is_per_sample(controller) and method not in PER_SAMPLE_METHODS:
         return False
     try:
         check_cell(GRADIENTS[gradient](), method, controller)
@@ -77,7 +78,7 @@ def markdown() -> str:
             cells = []
             for n in names:
                 mark = "✓" if served(method, n) else ""
-                if mark and all(served(method, n, c) for c in CONTROLLERS):
+                if mark and all(served(method, n, c) for c in ("batch", "per_sample")):
                     mark = "✓ ps"
                 cells.append(mark)
             lines.append(f"| `{method}` | {order} | {_properties(method)} | " + " | ".join(cells) + " |")

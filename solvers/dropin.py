@@ -46,8 +46,9 @@ __all__ = [
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
 
-ADAPTIVE = tuple(ADAPTIVE_METHODS)
-FIXED = (*FIXED_METHODS, "explicit_adams", "implicit_adams", "fixed_adams")  # torchdiffeq's multistep methods too
+ADAPTIVE = ADAPTIVE_METHODS
+# torchdiffeq's fixed-step multistep methods too (the value: the highest order its Adams-Bashforth-Moulton steps reach)
+FIXED = FIXED_METHODS.with_extra({"explicit_adams": 12, "implicit_adams": 12, "fixed_adams": 12})
 IMPLICIT = tuple(IMPLICIT_TABLEAUX)  # implicit Runge-Kutta on a fixed grid (solvers.steppers.implicit_grid)
 CALLBACKS = ("callback_step", "callback_accept_step", "callback_reject_step")
 _ADJOINT_CALLBACKS = tuple(f"{c}_adjoint" for c in CALLBACKS)

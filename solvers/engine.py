@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .controllers import Controller
 from .gradients.base import GradientMethod
 from .grids import stepper_options
 from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, SPLIT_METHODS
@@ -34,7 +35,7 @@ from .steppers.split_ode import integrate_split
 __all__ = ["check_cell", "solve"]
 
 
-def check_cell(gradient: GradientMethod, method: str, controller: str = "batch") -> None:
+def check_cell(gradient: GradientMethod, method: str, controller: str | Controller = "batch") -> None:
     """Refuse, naming the fix, a gradient method that cannot serve ``method`` under ``controller``: the one check
     both doors make, in one order (the controller's refusal is the more specific)."""
     check_per_sample_gradient(controller, gradient, method)

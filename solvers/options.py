@@ -11,15 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .controllers import Controller, as_controller, is_per_sample
 from .errors import check_positive, check_positive_int
 from .steppers.implicit_ode import IMPLICIT_METHODS, IMPLICIT_OPTIONS
+from .steppers.methods import ADAPTIVE_METHODS, FIXED_METHODS
 from .steppers.split_ode import SPLIT_METHODS
-from .steppers.tableaux import TABLEAUX
 from .validation import TOLERANCE_HINT
 
 __all__ = [
     "ADAPTIVE_METHODS",
-    "CONTROLLERS",
     "FIXED_METHODS",
     "IMPLICIT_METHODS",
     "PER_SAMPLE_METHODS",
@@ -33,10 +33,8 @@ __all__ = [
 ]
 
 # name -> order
-# the explicit Runge-Kutta methods are their checked tableaux (solvers.steppers.tableaux): adaptive where an error
-# estimate is embedded, fixed-step otherwise; a tableau marked not `continuous` serves the discrete schemes only
-ADAPTIVE_METHODS: dict[str, int] = {n: tab.order for n, tab in TABLEAUX.items() if tab.error is not None}
-FIXED_METHODS: dict[str, int] = {n: tab.order for n, tab in TABLEAUX.items() if tab.error is None and tab.continuous}
+# the explicit Runge-Kutta methods are their checked tableaux (solvers.steppers.tableaux), read live
+# (solvers.steppers.methods): adaptive where an error estimate is embedded, fixed-step otherwise
 # the alf integrator is cde_nets' own (solvers.steppers.alf), adaptive or on a fixed grid
 REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}
 # also cde_nets' own, fixed-step: implicit Runge-Kutta (solvers.steppers.implicit_ode) and, for separable fields, the
@@ -45,7 +43,6 @@ OWN_FIXED_METHODS: dict[str, int] = {**IMPLICIT_METHODS, **SPLIT_METHODS}
 
 # the adaptive methods whose steps per-sample control takes (solvers.per_sample.solve)
 PER_SAMPLE_METHODS = ("dopri5", "bosh3")
-CONTROLLERS = ("batch", "per_sample")
 
 _ALF_OPTIONS = {"eta", "first_step", "max_step", "safety", "ifactor", "dfactor"}
 _ADAPTIVE_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "step_t"}
@@ -149,8 +146,9 @@ class SolverOptions:
     adaptive method where time-varying parameters jump (torchdiffeq's ``jump_t``, default on); ``options`` are
     the method's further torchdiffeq options (unknown keys raise; ``max_num_steps`` there is ``max_steps``, default
     100 000). ``rtol``/``atol`` default to 1e-6/1e-8.
-    ``controller``: ``"batch"`` (one step size for the whole batch, torchdiffeq's steps) or ``"per_sample"``
-    (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample.solve`).
+    ``controller``: ``"batch"`` (one step size for the whole batch, torchdiffeq's steps), ``"per_sample"``
+    (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample.solve`), another registered
+    name, or a :class:`~solvers.controllers.Controller` object (its constants set on it, not in ``options``).
     """
 
     method: str
@@ -160,7 +158,7 @@ class SolverOptions:
     max_steps: int
     jumps: bool
     options: Mapping[str, Any]
-    controller: str
+    controller: str | Controller
 
     def __init__(
         self,
@@ -171,13 +169,18 @@ class SolverOptions:
         max_steps: int | None = None,
         jumps: bool | None = None,
         options: Mapping[str, Any] | None = None,
-        controller: str = "batch",
+        controller: str | Controller = "batch",
     ):
         set_ = object.__setattr__  # frozen: every field is set once, here
         set_(self, "method", check_method(method))
         adaptive = is_adaptive(method, step_size)
         options, max_steps = _max_num_steps(options, max_steps)
-        set_(self, "options", FrozenOptions(check_options(method, options, controller)))
+        per_sample = is_per_sample(controller)
+        options = check_options(method, options, "per_sample" if per_sample else "batch")
+        if isinstance(controller, Controller) and per_sample:  # the per-sample loop reads its constants there
+            controller.check_options(options)
+            options = {**options, **{k: getattr(controller, k) for k in controller.OPTIONS}}
+        set_(self, "options", FrozenOptions(options))
         if not adaptive and (rtol is not None or atol is not None):
             raise ValueError(
                 f"`rtol`/`atol` control adaptive methods; the fixed-step {method!r} would ignore them. "
@@ -204,6 +207,19 @@ class SolverOptions:
         set_(self, "controller", _check_controller(controller, method, self.options))
 
     @property
+    def per_sample(self) -> bool:
+        """Whether every sample takes its own steps (:mod:`solvers.per_sample`)."""
+        return is_per_sample(self.controller)
+
+    @property
+    def stepper_controller(self) -> Controller | None:
+        """The shared-step controller the library's stepper runs, where one other than torchdiffeq's (the name
+        ``"batch"``, set by ``options``) is asked for."""
+        if self.per_sample or self.controller == "batch":
+            return None
+        return as_controller(self.controller)
+
+    @property
     def adaptive(self) -> bool:
         """Whether the method chooses its own steps."""
         return is_adaptive(self.method, self.step_size)
@@ -222,21 +238,32 @@ class SolverOptions:
         return SolverOptions(**{**kw, **changes})
 
 
-def _check_controller(controller: str, method: str, options: Mapping[str, Any]) -> str:
-    """``controller`` if it names one and serves ``method`` and ``options``, else a ``ValueError`` naming the fix."""
-    if controller not in CONTROLLERS:
-        raise ValueError(
-            f"`controller` must be 'batch' (one step size for the batch) or 'per_sample' (each sample its own); "
-            f"got {controller!r}."
-        )
-    if controller == "per_sample":
+def _check_controller(controller: str | Controller, method: str, options: Mapping[str, Any]) -> str | Controller:
+    """``controller`` if it names one (or is one) and serves ``method`` and ``options``, else a ``ValueError``
+    naming the fix."""
+    rule = as_controller(controller, {} if is_per_sample(controller) else options)
+    if rule.per_sample:
         if method not in PER_SAMPLE_METHODS:
             raise ValueError(
-                f"controller='per_sample' serves methods {list(PER_SAMPLE_METHODS)}, not {method!r}; use one of "
+                f"controller={controller!r} serves methods {list(PER_SAMPLE_METHODS)}, not {method!r}; use one of "
                 "them, or controller='batch'."
             )
         if "step_t" in options:
             raise ValueError(
-                "controller='per_sample' has no per-sample `step_t`; drop options['step_t'], or use controller='batch'."
+                f"controller={controller!r} has no per-sample `step_t`; drop options['step_t'], or use "
+                "controller='batch'."
             )
+    elif controller != "batch":
+        check_shared_controller(controller, method)
     return controller
+
+
+def check_shared_controller(controller: str | Controller, method: str) -> None:
+    """A shared-step controller other than torchdiffeq's chooses the steps of the library's adaptive
+    Runge-Kutta stepper: refuse, naming the fix, a method that takes fixed steps or controls its own."""
+    if method not in ADAPTIVE_METHODS:
+        raise ValueError(
+            f"controller={controller!r} chooses the step sizes of the adaptive Runge-Kutta methods "
+            f"{sorted(ADAPTIVE_METHODS)}; method={method!r} does not take them from it. Use one of those methods, "
+            "or controller='batch'."
+        )

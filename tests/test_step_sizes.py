@@ -19,9 +19,10 @@ import torchdiffeq
 from torch import nn
 
 from cde_nets import ODEBlock, odeint
+from cde_nets.solvers.controllers import Integral
 from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.gradients import Adjoint, Backprop, Checkpoint, Symplectic
-from cde_nets.solvers.gradients.step_sizes import attach, check_steps, controller_factor
+from cde_nets.solvers.gradients.step_sizes import attach, check_steps
 from cde_nets.solvers.per_sample.solve import odeint_per_sample
 
 F64 = torch.float64
@@ -190,7 +191,7 @@ def test_controller_factor_is_the_constant_where_clamped(ratio, low, free):
     """``min(ifactor, max(safety r^(−1/p), low))``: a function of the ratio where neither bound holds, else the
     bound itself (derivative zero)."""
     r = torch.tensor(ratio, dtype=F64, requires_grad=True)
-    f = controller_factor(ratio, lambda: r, safety=0.9, ifactor=10.0, low=low, order=5)
+    f = Integral(safety=0.9, ifactor=10.0).factor_graph(ratio, lambda: r, 5, accepted=low == 1.0)
     expected = min(10.0, max(0.9 * ratio**-0.2, low))
     if free:
         assert isinstance(f, torch.Tensor)

@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 
+from ..controllers import Integral
 from ..steppers.fast_rk import fast_applies, odeint_fast
 from ..steppers.rk_odeint import odeint_rk
 from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at, quartic
@@ -525,9 +526,7 @@ def _controlled(func, y0, t, params, pieces, gradient, tableau, method, rtol, at
         tab=tableau,
         rtol=rtol if isinstance(rtol, torch.Tensor) else float(rtol),
         atol=atol if isinstance(atol, torch.Tensor) else float(atol),
-        safety=float(options.get("safety", 0.9)),
-        ifactor=float(options.get("ifactor", 10.0)),
-        dfactor=float(options.get("dfactor", 0.2)),
+        rule=options.get("controller") or Integral.from_options(options),
         min_step=float(options.get("min_step", 0.0)),
         max_step=float(options.get("max_step", math.inf)),
         differentiated=steps == "differentiated",

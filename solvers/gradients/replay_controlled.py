@@ -41,10 +41,10 @@ from typing import Any
 
 import torch
 
+from ..controllers import Controller
 from ..steppers.tableaux import MethodTableau, quartic
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
-from .step_sizes import controller_factor
 
 __all__ = ["Attempt", "attempts", "controlled_replay", "field_vjp", "stagewise"]
 
@@ -114,9 +114,7 @@ class _Spec:
     tab: MethodTableau
     rtol: float | torch.Tensor  # per element where the solve was given tensors
     atol: float | torch.Tensor
-    safety: float
-    ifactor: float
-    dfactor: float
+    rule: Controller
     min_step: float
     max_step: float
     differentiated: bool  # False: "torchdiffeq" (the controller's output a constant)
@@ -178,14 +176,7 @@ class _Algebra:
         # the bound below from the forward's decision (an accepted step was at most 1: a recomputed ratio a
         # rounding away on the other side of 1 must not change the controller's branch)
         accepted_by_ratio = self.a.accepted and not self.a.h <= spec.min_step
-        factor = controller_factor(
-            ratio,
-            lambda: ratio_t,
-            safety=spec.safety,
-            ifactor=spec.ifactor,
-            low=1.0 if accepted_by_ratio else spec.dfactor,
-            order=tab.order,
-        )
+        factor = spec.rule.factor_graph(ratio, lambda: ratio_t, tab.order, accepted_by_ratio)
         nxt = self.h * factor
         value = float(nxt.detach()) if isinstance(nxt, torch.Tensor) else nxt
         if not spec.min_step < value < spec.max_step or not isinstance(nxt, torch.Tensor):

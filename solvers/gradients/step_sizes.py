@@ -25,14 +25,12 @@ that of the clamp: the constant's.
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Callable
 
 import torch
 import torch.autograd.forward_ad as fwAD
 
-__all__ = ["STEPS", "attach", "carries", "check_steps", "controller_factor", "warn_held_fixed"]
+__all__ = ["STEPS", "attach", "carries", "check_steps", "warn_held_fixed"]
 
 STEPS = ("differentiated", "fixed", "torchdiffeq")
 
@@ -60,20 +58,6 @@ def attach(value: float | torch.Tensor, graph: torch.Tensor | float) -> torch.Te
     if not isinstance(graph, torch.Tensor) or not carries(graph):
         return value
     return (graph - graph.detach()) + value
-
-
-def controller_factor(
-    ratio: float, ratio_graph: Callable[[], torch.Tensor], *, safety: float, ifactor: float, low: float, order: int
-) -> torch.Tensor | float:
-    """The factor ``min(ifactor, max(safety · r^(−1/p), low))`` of torchdiffeq's integral controller (``low``:
-    ``dfactor``, or 1 where the ratio was below 1), as the constant where it is clamped, else as a function of
-    the ratio that ``ratio_graph()`` makes with its graph (its value is ``ratio``)."""
-    if ratio == 0 or not math.isfinite(ratio):
-        return ifactor if ratio == 0 else math.nan
-    raw = safety / ratio ** (1.0 / order)
-    if not low < raw < ifactor:
-        return min(ifactor, max(raw, low))
-    return safety * ratio_graph().to(torch.float64) ** (-1.0 / order)
 
 
 def warn_held_fixed(method: str, why: str) -> None:

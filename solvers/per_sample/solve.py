@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..controllers import is_per_sample
 from ..errors import check_positive_int
 from ..options import PER_SAMPLE_METHODS, validate_tolerances
 from ..steppers.tableaux import TABLEAUX
@@ -329,9 +330,9 @@ def wants_rows(func: Callable) -> bool:
         return False
 
 
-def check_per_sample_gradient(controller: str, gradient: Any, method: str) -> None:
+def check_per_sample_gradient(controller: Any, gradient: Any, method: str) -> None:
     """Refuse, at construction, a gradient method per-sample steps do not serve."""
-    if controller == "per_sample":
+    if is_per_sample(controller):
         _gradient_name(gradient, method)
 
 

@@ -59,10 +59,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..gradients.step_sizes import attach, carries, check_steps, controller_factor
+from ..controllers import Controller, Integral
+from ..gradients.step_sizes import attach, carries, check_steps
 from ..norms import StateNorm
 from ..times import HOST_TIME
 from .complex_state import RealParts
+from .methods import RK_METHODS
 from .rk_stages import Buffered, Graph, StageMajor, sum_order
 from .tableaux import TABLEAUX, MethodTableau, dense_at
 
@@ -71,19 +73,8 @@ __all__ = ["FAST_METHODS", "HOST_TIME", "STEPPER_OPTIONS", "fast_applies", "odei
 # The time tensors of a fixed grid carry their value on the host under this attribute, so that a piecewise field
 # finds the piece in force without reading the device (cde_nets.pieces.TimeGrid.index).
 
-FAST_METHODS = (
-    "dopri8",
-    "dopri5",
-    "tsit5",
-    "bosh3",
-    "fehlberg2",
-    "adaptive_heun",
-    "euler",
-    "midpoint",
-    "heun2",
-    "heun3",
-    "rk4",
-)
+# every registered tableau the stepper runs, read live (solvers.steppers.methods)
+FAST_METHODS = RK_METHODS
 _OPTIONS = {
     "first_step",
     "max_step",
@@ -91,6 +82,7 @@ _OPTIONS = {
     "safety",
     "ifactor",
     "dfactor",
+    "controller",  # a shared-step Controller object (solvers.controllers), set by the doors, not by torchdiffeq
     "jump_t",
     "perturb",
     "grid_constructor",
@@ -443,9 +435,7 @@ class _Adaptive:
         self.clock = _Clock(y0)
         self.min_step = float(options.get("min_step", 0.0))
         self.max_step = float(options.get("max_step", math.inf))
-        self.safety = float(options.get("safety", 0.9))
-        self.ifactor = float(options.get("ifactor", 10.0))
-        self.dfactor = float(options.get("dfactor", 0.2))
+        self.rule: Controller = options.get("controller") or Integral.from_options(options)
         self.first_step = options.get("first_step")
         # under a graph: every next step size as a function of the state (solvers.gradients.step_sizes)
         self.steps = steps
@@ -472,13 +462,8 @@ class _Adaptive:
         return dt if math.isnan(dt) else min(max(dt, self.min_step), self.max_step)
 
     def _next_step(self, dt: float, ratio: float) -> float:
-        """Hairer, Nørsett & Wanner's step-size update as torchdiffeq writes it (a NaN ratio gives a NaN step)."""
-        if ratio == 0:
-            return dt * self.ifactor
-        if math.isnan(ratio):
-            return math.nan
-        dfactor = 1.0 if ratio < 1 else self.dfactor
-        return dt * min(self.ifactor, max(self.safety / ratio ** (1.0 / self.tab.order), dfactor))
+        """The controller's next step (a NaN ratio gives a NaN step)."""
+        return dt * self.rule.factor(ratio, self.tab.order)
 
     def _next_graph(
         self, eng: Buffered | Graph, y: torch.Tensor, Y: torch.Tensor, dt: Scalar, dtf: float, ratio: float
@@ -489,14 +474,7 @@ class _Adaptive:
         value = self._clamp(pre)
         if value != pre or not math.isfinite(value) or not isinstance(eng, Graph):
             return value
-        factor = controller_factor(
-            ratio,
-            lambda: eng.ratio_graph(y, Y),
-            safety=self.safety,
-            ifactor=self.ifactor,
-            low=1.0 if ratio < 1 else self.dfactor,
-            order=self.tab.order,
-        )
+        factor = self.rule.factor_graph(ratio, lambda: eng.ratio_graph(y, Y), self.tab.order, ratio < 1)
         return attach(value, dt * factor)
 
     def _initial_step(self, t0: torch.Tensor, f0: torch.Tensor) -> Scalar:
