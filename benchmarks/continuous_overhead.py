@@ -12,8 +12,8 @@ import torch
 from torchdiffeq import odeint, odeint_adjoint
 
 from cde_nets import ODEBlock
+from cde_nets.blocks.gathering import gathered
 from cde_nets.fields import CubicFriction, Hamiltonian
-from cde_nets.gathering import gathered
 
 from .common import interleaved_medians, write
 

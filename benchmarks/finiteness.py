@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from cde_nets import ODEBlock, SDEBlock, discretize
+from cde_nets.blocks.nonfinite import check_result
 from cde_nets.fields import Hamiltonian
-from cde_nets.nonfinite import check_result
 
 from .common import interleaved_medians, median_time, write
 
@@ -22,9 +22,9 @@ from .common import interleaved_medians, median_time, write
 @contextmanager
 def _unchecked():
     """The blocks with their result check replaced by a no-op (what they cost without it)."""
-    import cde_nets.discrete as d
-    import cde_nets.ode_block as o
-    import cde_nets.sde_block as s
+    import cde_nets.blocks.discrete as d
+    import cde_nets.blocks.ode as o
+    import cde_nets.blocks.sde as s
 
     saved = d.check_result, o.check_result, s.check_result
     d.check_result = o.check_result = s.check_result = lambda y, explain: None

@@ -12,7 +12,7 @@ float32, one thread, over dim {4, 64, 256} × batch {256, 1024, 4096}. Columns (
   ``BacksolveAdjoint`` (skipped at the largest size to keep the run short).
 
 Every column sees the same field: its constants (``K Jᵀ``, ``Kᵀ``) built once per solve, as blocks build them
-(:func:`cde_nets.gathering.gathered`).
+(:func:`cde_nets.blocks.gathering.gathered`).
 
 Goals: forward ≤ 1.5× ``fe`` at dim ≥ 64 and ≤ 2.5× at dim 4; ahead of torchode everywhere.
 ``python -m cde_nets.benchmarks.forward_grid [--tiny]`` writes ``benchmarks/results/forward_grid.json``.
@@ -27,8 +27,8 @@ import torch
 from torchdiffeq import odeint
 
 from cde_nets import ODEBlock
+from cde_nets.blocks.gathering import gathered
 from cde_nets.fields import Hamiltonian
-from cde_nets.gathering import gathered
 
 from .common import interleaved_medians, write
 

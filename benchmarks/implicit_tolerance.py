@@ -22,10 +22,10 @@ import time
 
 import torch
 
+from cde_nets.blocks.gathering import gathered
 from cde_nets.diagnostics.long_run import long_run_energy
 from cde_nets.fields import Hamiltonian
 from cde_nets.fields.bound import BoundField
-from cde_nets.gathering import gathered
 from cde_nets.solvers.schemes import GL4, get_scheme
 from cde_nets.solvers.steppers.implicit import Newton
 

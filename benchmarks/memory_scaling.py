@@ -1,5 +1,6 @@
 """Adjoint against backprop: time and memory held for backward at 10, 100 and 1000 steps; and
-the memory-free discrete nets (:mod:`cde_nets.invertible`) against their stored activations at 10 and 1000 layers.
+the memory-free discrete nets (:mod:`cde_nets.blocks.invertible`) against their stored activations at 10 and 1000
+layers.
 
 Goals: the adjoint's memory is flat (1000 steps <= 1.2x the memory of 10); backprop's grows linearly, and the
 slope (bytes per step) is reported. Memory-free discrete nets: 1000 layers <= 1.2x the memory of 10, and the

@@ -15,7 +15,7 @@ import torch
 from cde_nets.datasets import swiss_roll
 from cde_nets.experiments.common import hdnn_classifier
 from cde_nets.experiments.hdnn_protocol import train_hdnn
-from cde_nets.training import smoothness_RK
+from cde_nets.train.trainer import smoothness_RK
 
 from .common import write
 
@@ -43,7 +43,8 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         "time_s": wall,
         "test_accuracy": r["test_accuracy"],
         "train_accuracy": r["train_accuracy"],
-        "time_ratio_to_reference": wall / REFERENCE["time_s"],
+        # the reference's 36 s are for its setting; a tiny run (4 layers, 2 epochs) has nothing to compare
+        "time_ratio_to_reference": None if tiny else wall / REFERENCE["time_s"],
     }
     payload = {
         "setting": {"n": n, "epochs": epochs, "layers": layers, "batch": 125, "threads": 1},

@@ -21,11 +21,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .collected_terms import report
-from .compile_boundary import eager_under_compile
-from .functional import odeint
-from .regularisers import AugmentedField, check_flow_settings, draw_probe, integrate_augmented, steer_time
-from .solution import Solution
+from cde_nets.blocks.collected_terms import report
+from cde_nets.blocks.compile_boundary import eager_under_compile
+from cde_nets.blocks.solution import Solution
+from cde_nets.functional import odeint
+from cde_nets.regularisers import AugmentedField, check_flow_settings, draw_probe, integrate_augmented, steer_time
+
 from .solvers.counting import SolverStats
 from .solvers.errors import check_finite
 from .solvers.gradients import GradientMethod

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cde_nets.nonfinite import Watch, check_result
+from cde_nets.blocks.nonfinite import Watch, check_result
 from cde_nets.solvers.controllers import Controller, as_controller, is_per_sample
 from cde_nets.solvers.dropin import (
     ADAPTIVE,

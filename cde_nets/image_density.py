@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .flows import bits_per_dim
+from cde_nets.flows import bits_per_dim
 
 __all__ = ["Logit", "Affine", "image_bits_per_dim"]
 

@@ -19,7 +19,7 @@ controlled on ``(z, ℓ)`` only: the regularisers feed nothing back, and their e
 STEER (Ghosh et al. 2020) draws the end time from ``U(T − b, T + b)`` at every training forward pass.
 
 :class:`~cde_nets.ODEBlock` (``regularisers=``) is the continuous block that integrates them with its state;
-:class:`~cde_nets.flows.ContinuousFlow` is the density model. For the :class:`~cde_nets.training.Trainer`,
+:class:`~cde_nets.flows.ContinuousFlow` is the density model. For the :class:`~cde_nets.train.trainer.Trainer`,
 :func:`kinetic_energy`, :func:`jacobian_frobenius` and :func:`taylor` are :class:`Regulariser` terms that read
 the values the step's forward pass integrated, reported into the step's :func:`~cde_nets.integrated_terms`.
 """
@@ -33,12 +33,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .collected_terms import current_terms
-from .functional import odeint
+from cde_nets.blocks.collected_terms import current_terms
+from cde_nets.functional import odeint
+from cde_nets.train.trainer import Regulariser
+
 from .solvers.dropin import ADAPTIVE
 from .solvers.gradients import GradientMethod
 from .solvers.norms import StateNorm
-from .training import Regulariser
 
 __all__ = [
     "REGULARISERS",

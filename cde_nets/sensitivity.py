@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .functional import odeint
-from .ode_block import ODEBlock
+from cde_nets.blocks.ode import ODEBlock
+from cde_nets.functional import odeint
+
 from .solvers.gradients import Backprop
 from .solvers.gradients.step_sizes import check_steps
 from .solvers.gradients.tangents import dual_solve, find_slots

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import torch
 
-from cde_nets.snapshots import RunInUseError, RunLock, SnapshotError
 from cde_nets.solvers.errors import did_you_mean
+from cde_nets.train.snapshots import RunInUseError, RunLock, SnapshotError
 
 from .reference import attach
 from .registry import REPRODUCTIONS, THREADS, THREADS_OF, recorded_only, threads_for, times, total

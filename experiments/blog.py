@@ -25,7 +25,7 @@ from cde_nets.datasets import digits
 from cde_nets.diagnostics.profiles import cosine_profile, norm_profile, piece_gradient_norms, state_gradient_norms
 from cde_nets.fields.base import Field
 from cde_nets.fields.second_order import PiecewiseMLP
-from cde_nets.training import Trainer, evaluate, seeded
+from cde_nets.train.trainer import Trainer, evaluate, seeded
 
 from .common import threads
 from .report import result, row, save_figure

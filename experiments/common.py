@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from cde_nets import discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.fields import MS1, MS2, MS3, Hamiltonian
-from cde_nets.models import Classifier
-from cde_nets.training import NonFiniteError, Trainer, seeded, smoothness_RK
+from cde_nets.train.trainer import NonFiniteError, Trainer, seeded, smoothness_RK
 
 __all__ = ["hdnn_classifier", "train_classifier", "HDNN_SCHEMES", "diverged"]
 

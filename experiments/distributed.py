@@ -6,7 +6,7 @@ one process. Outputs and every parameter gradient must agree to 1e-10 (float64);
 times, the bytes each rank sent per layer (forward and backward, from the exchange's traffic counts) and each
 rank's neighbours.
 
-*ddp*: a discrete H1 Hamiltonian classifier on the swiss roll trained with :func:`cde_nets.training.fit` by
+*ddp*: a discrete H1 Hamiltonian classifier on the swiss roll trained with :func:`cde_nets.train.trainer.fit` by
 ``--nodes`` processes (DDP, gloo on loopback, :func:`spawn`) and by one process, same seed and global batch; the
 final parameters must agree to 1e-6 (float64, rounding only in practice). The optimiser is plain SGD: with Adam
 the training trajectory of this net itself amplifies rounding (in one process, a 1e-15 change of one initial
@@ -35,7 +35,7 @@ from cde_nets.datasets import swiss_roll
 from cde_nets.distributed import data_parallel as dp
 from cde_nets.distributed.h2 import _setup, run_h2
 from cde_nets.distributed.launch import spawn
-from cde_nets.training import Trainer
+from cde_nets.train.trainer import Trainer
 
 from .common import hdnn_classifier
 from .report import format_table, result, row, write_result

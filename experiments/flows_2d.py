@@ -33,7 +33,7 @@ from cde_nets import integrated_terms
 from cde_nets.datasets import density_2d, density_2d_log_prob
 from cde_nets.flows import ContinuousFlow
 from cde_nets.regularisers import controlled_norm
-from cde_nets.training import seeded
+from cde_nets.train.trainer import seeded
 
 from .common import threads
 from .report import result, row, save_figure

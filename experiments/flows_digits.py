@@ -36,8 +36,8 @@ from cde_nets import integrated_terms
 from cde_nets.datasets import dequantize, digits, mnist_5k
 from cde_nets.flows import ContinuousFlow
 from cde_nets.image_density import Affine, Logit, image_bits_per_dim
-from cde_nets.snapshots import load_snapshot, rng_state, save_snapshot, set_rng_state
-from cde_nets.training import seeded, snapshot_file
+from cde_nets.train.snapshots import load_snapshot, rng_state, save_snapshot, set_rng_state
+from cde_nets.train.trainer import seeded, snapshot_file
 
 from .flows_2d import TimeMLP
 from .report import result, row

@@ -19,12 +19,12 @@ import torch
 from torch import nn
 
 from cde_nets import DiscreteNet, discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.datasets import hauser_bands, hauser_disk
 from cde_nets.diagnostics.profiles import perturbation_ratio
 from cde_nets.fields.base import Field
-from cde_nets.models import Classifier
-from cde_nets.pieces import Pieces
-from cde_nets.training import Trainer, seeded
+from cde_nets.fields.pieces import Pieces
+from cde_nets.train.trainer import Trainer, seeded
 
 from .common import threads
 from .report import result, row, save_figure

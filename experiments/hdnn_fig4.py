@@ -17,10 +17,10 @@ import time
 import torch
 from torch import nn
 
+from cde_nets.blocks.models import Classifier
 from cde_nets.datasets import double_moons
 from cde_nets.diagnostics import discrete_bsm
-from cde_nets.models import Classifier
-from cde_nets.training import Regulariser, seeded, smoothness_RK
+from cde_nets.train.trainer import Regulariser, seeded, smoothness_RK
 
 from .common import hdnn_classifier, threads
 from .hdnn_protocol import train_hdnn

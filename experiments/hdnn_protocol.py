@@ -1,4 +1,4 @@
-"""H-DNN's reference training protocol, built on :func:`cde_nets.training.fit`.
+"""H-DNN's reference training protocol, built on :func:`cde_nets.train.trainer.fit`.
 
 What the reference implementation (HamiltonianNet) does beyond plain Adam on BCE + R_K, restated as data:
 
@@ -28,9 +28,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from cde_nets.pieces import smoothness
+from cde_nets.fields.pieces import smoothness
 from cde_nets.solvers.errors import check_positive_int
-from cde_nets.training import Hooks, Regulariser, Trainer, evaluate
+from cde_nets.train.trainer import Hooks, Regulariser, Trainer, evaluate
 
 __all__ = ["PROTOCOL", "REFERENCE_ADAM", "EpochAdam", "ReadoutRefit", "reference_RK", "refit_readout", "train_hdnn"]
 
@@ -212,7 +212,7 @@ def train_hdnn(
     epoch_callback: Callable | None = None,
     **fit_kw,
 ) -> dict:
-    """Train ``model`` (a :class:`~cde_nets.models.Classifier` with a linear read-out) by the reference protocol.
+    """Train ``model`` (a :class:`~cde_nets.blocks.models.Classifier` with a linear read-out) by the reference protocol.
 
     Returns final train/test accuracy (after :func:`refit_readout`), the ``fit`` history and the wall time.
     """

@@ -21,11 +21,11 @@ import time
 import torch
 
 from cde_nets import discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.datasets import double_circles, swiss_roll
 from cde_nets.distributed.h2 import centralised_h2, distributed_forward
-from cde_nets.locality import check_locality
-from cde_nets.models import Classifier
-from cde_nets.training import seeded, smoothness_RK
+from cde_nets.fields.locality import check_locality
+from cde_nets.train.trainer import seeded, smoothness_RK
 
 from .common import threads
 from .hdnn_protocol import train_hdnn

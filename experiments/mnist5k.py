@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from cde_nets import Stop, discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.datasets import Split, mnist_5k
 from cde_nets.fields import CubicFrictionConv, NAISConv
 from cde_nets.fields.base import Field
-from cde_nets.models import Classifier
-from cde_nets.pieces import Pieces
-from cde_nets.training import Hooks, NonFiniteError, Trainer, evaluate, seeded, smoothness_R82
+from cde_nets.fields.pieces import Pieces
+from cde_nets.train.trainer import Hooks, NonFiniteError, Trainer, evaluate, seeded, smoothness_R82
 
 from .common import diverged, parameter_count, threads
 from .report import result, row, save_figure

@@ -29,11 +29,11 @@ import torch
 from torch import nn
 
 from cde_nets import Stop, discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.datasets import digits
 from cde_nets.fields import NAIS
 from cde_nets.fields.base import Field
-from cde_nets.models import Classifier
-from cde_nets.training import Hooks, Trainer, evaluate, seeded
+from cde_nets.train.trainer import Hooks, Trainer, evaluate, seeded
 
 from .common import parameter_count, threads
 from .report import result, row, save_figure

@@ -5,7 +5,7 @@ and the Hamiltonian drift ``F(t, y) = J Kᵀ tanh(K y + b)`` (Galimberti et al.,
 ``J``), piecewise constant over ``L`` pieces of ``[0, T]``:
 
 - ODE: :class:`~cde_nets.ODEBlock`, ``y' = F(t, y)``, explicit Euler with one step per piece;
-- SDE: :class:`~cde_nets.sde_block.SDEBlock`, ``dy = F(t, y) dt + σ dW`` (additive noise, fixed ``σ``: a learned
+- SDE: :class:`~cde_nets.blocks.sde.SDEBlock`, ``dy = F(t, y) dt + σ dW`` (additive noise, fixed ``σ``: a learned
   ``σ`` would shrink to 0, since noise only costs training loss), Euler-Maruyama on the same grid.
 
 They share the initial weights, the batch order and the optimiser, so the noise is the only difference in training.
@@ -27,12 +27,12 @@ import time
 
 import torch
 
+from cde_nets.blocks.models import Classifier
+from cde_nets.blocks.ode import ODEBlock
+from cde_nets.blocks.sde import SDEBlock
 from cde_nets.datasets import swiss_roll
 from cde_nets.fields import Hamiltonian
-from cde_nets.models import Classifier
-from cde_nets.ode_block import ODEBlock
-from cde_nets.sde_block import SDEBlock
-from cde_nets.training import Trainer, evaluate, seeded
+from cde_nets.train.trainer import Trainer, evaluate, seeded
 
 from .report import SIZES, result, row, save_figure
 

@@ -54,7 +54,7 @@ Each reproduction runs as `cde-nets experiments <name> [--quick|--tiny]` (`all` 
 command lists them with their running times). Every training writes an atomic per-epoch snapshot under
 `results/snapshots/`; if a run is killed, the same command with `--resume` continues each training where it
 stopped (finished ones are not retrained) and ends with the uninterrupted run's numbers. In your own scripts,
-`with cde_nets.training.snapshotting(dir, resume=True):` does the same for every `Trainer.fit` in the block.
+`with cde_nets.train.trainer.snapshotting(dir, resume=True):` does the same for every `Trainer.fit` in the block.
 
 The figures come first, then the tables, from the JSON in `experiments/recorded_results/` (full setting where it
 was run, otherwise the quick setting; each section says which). The first table lists the margins the full setting

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cde_nets.snapshots import atomic_write
+from cde_nets.train.snapshots import atomic_write
 
 from .spread import of_row
 

@@ -17,10 +17,10 @@ import time
 import torch
 
 from cde_nets import discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.datasets import concentric_circles
 from cde_nets.fields import CubicFriction
-from cde_nets.models import Classifier
-from cde_nets.training import Trainer, seeded, smoothness_R82, task_loss
+from cde_nets.train.trainer import Trainer, seeded, smoothness_R82, task_loss
 
 from .common import parameter_count, threads
 from .report import result, row, save_figure

@@ -67,7 +67,7 @@ def _one_seed(
     """Run one seed (in this process or a worker) and write its JSON; its figures go to a folder of its own."""
     import torch
 
-    from cde_nets.training import snapshotting
+    from cde_nets.train.trainer import snapshotting
 
     if threads:
         torch.set_num_threads(threads)
@@ -84,7 +84,7 @@ def run_one(name: str, size: str, seed: int, out_dir: str, threads: int, resume:
     snapshotted under ``OUT/snapshots/<name>-<size>-seed<N>/``; returns its result, unwritten."""
     import torch
 
-    from cde_nets.training import snapshotting
+    from cde_nets.train.trainer import snapshotting
 
     torch.set_num_threads(threads)
     snap_dir = Path(out_dir) / "snapshots" / f"{name}-{size}-seed{seed}"

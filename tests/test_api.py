@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from cde_nets import ODEBlock, SDEBlock, Solution, SolverOptions, Stop
+from cde_nets.blocks.models import Classifier
 from cde_nets.fields import NAIS, Hamiltonian
-from cde_nets.models import Classifier
 
 
 def central_difference(f, x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 
 from cde_nets import discretize
 from cde_nets.fields import MS1, MS2, MS3, NAIS, CubicFriction, Field, Hamiltonian, SecondOrder
-from cde_nets.pieces import Pieces
+from cde_nets.fields.pieces import Pieces
 
 L, T = 5, 1.5
 h = T / L

@@ -12,6 +12,7 @@ from torch import nn
 
 from cde_nets import Adjoint, ODEBlock, SDEBlock, SDESettings, Stop
 from cde_nets import datasets as D
+from cde_nets.blocks.models import Classifier, Readout, ZeroPad
 from cde_nets.diagnostics import (
     continuous_bsm,
     discrete_bsm,
@@ -21,8 +22,7 @@ from cde_nets.diagnostics import (
     symplecticity_defect,
 )
 from cde_nets.fields import MS1, NAIS, CubicFriction, CubicFrictionConv, Hamiltonian, NAISConv, SecondOrder
-from cde_nets.models import Classifier, Readout, ZeroPad
-from cde_nets.pieces import Pieces, TimeGrid
+from cde_nets.fields.pieces import Pieces, TimeGrid
 
 
 def H4() -> Hamiltonian:
@@ -646,7 +646,7 @@ def test_bad_command_line_is_refused_before_any_work(argv, match, tmp_path, caps
 
 
 def test_a_stale_lock_is_taken_over_and_released(tmp_path):
-    from cde_nets.snapshots import RunLock
+    from cde_nets.train.snapshots import RunLock
 
     (tmp_path / ".lock").write_text("999999999")  # no such process
     with RunLock(tmp_path):

@@ -178,7 +178,7 @@ def test_trainer_terms_read_the_blocks_of_a_model():
 
 
 def test_trainer_fits_with_a_regularised_block():
-    from cde_nets.training import Trainer
+    from cde_nets.train.trainer import Trainer
 
     torch.manual_seed(0)
     x, y = _x(32), _x(32, seed=2)

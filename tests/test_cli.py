@@ -111,7 +111,7 @@ def test_resume_from_a_truncated_snapshot_prints_the_error_alone_and_exits_2(tmp
 
     import cde_nets.experiments.__main__ as experiments
     import cde_nets.experiments.seeds as seeds
-    from cde_nets.training import Trainer
+    from cde_nets.train.trainer import Trainer
 
     def run(size, seed, out_dir):  # a one-epoch training in place of the reproduction: the same snapshotting
         g = torch.Generator().manual_seed(seed)

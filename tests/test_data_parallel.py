@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from cde_nets import ODEBlock, discretize, training
+from cde_nets import ODEBlock, discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.datasets import Split
 from cde_nets.distributed import data_parallel as dp
 from cde_nets.distributed.launch import spawn
 from cde_nets.fields import NAIS, Hamiltonian
-from cde_nets.models import Classifier
-from cde_nets.training import Hooks, Snapshots, Trainer, load_snapshot, seeded, smoothness_RK
+from cde_nets.train import trainer as training
+from cde_nets.train.trainer import Hooks, Snapshots, Trainer, load_snapshot, seeded, smoothness_RK
 
 # n_train = 33, batch 16: batches 16, 16, 1; the last one leaves rank 1 of 2 without a sample.
 # n_train = 45, batch 16: the last batch of 13 splits 7 / 6.

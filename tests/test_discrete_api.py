@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from cde_nets import DiscreteNet, Solution, Stop, discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.fields import MS1, NAIS, CubicFriction, Hamiltonian, SecondOrder, canonical_J
-from cde_nets.models import Classifier
 from cde_nets.solvers.schemes import SCHEMES, Momentum, Verlet, get_scheme
 
 
@@ -36,7 +36,7 @@ def test_call_returns_a_tensor_and_solve_a_solution(f64):
 
 def test_stopping_net_returns_a_tensor_and_works_in_sequential_classifier_and_training(f64):
     """`stop=` no longer changes what the net returns: it trains inside nn.Sequential, Classifier and the trainer."""
-    from cde_nets.training import Trainer
+    from cde_nets.train.trainer import Trainer
 
     torch.manual_seed(0)
     net = discretize(_nais(), "euler", stop=Stop(eps=1e-3))

@@ -7,7 +7,7 @@ import torchdiffeq
 from cde_nets import ODEBlock, discretize
 from cde_nets.diagnostics import SavedTensorMemory
 from cde_nets.fields import CubicFriction, Field, Hamiltonian, SecondOrder
-from cde_nets.pieces import Pieces
+from cde_nets.fields.pieces import Pieces
 
 
 class Tanh(Field):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from cde_nets.distributed.h2 import _setup, run_h2
-from cde_nets.locality import LocalityError
+from cde_nets.fields.locality import LocalityError
 
 M = 4
 RING = [[1 if (i - j) % M in (0, 1, M - 1) else 0 for j in range(M)] for i in range(M)]
@@ -69,7 +69,7 @@ def distributed_results():
     """``{case: per-rank results}``, both cases from one spawn; the locality check ``run_h2`` makes before
     spawning is made here too."""
     from cde_nets.distributed.launch import spawn
-    from cde_nets.locality import check_locality
+    from cde_nets.fields.locality import check_locality
 
     for spec in CASES.values():
         for j, R in enumerate(spec["R_layers"]):

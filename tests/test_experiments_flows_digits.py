@@ -11,7 +11,7 @@ import torch
 from cde_nets.datasets import dequantize, digits
 from cde_nets.experiments import flows_digits
 from cde_nets.image_density import Affine, Logit, image_bits_per_dim
-from cde_nets.training import snapshotting
+from cde_nets.train.trainer import snapshotting
 
 D = torch.float64
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cde_nets.experiments.__main__ import main
-from cde_nets.training import SnapshotError, Trainer, load_snapshot, snapshotting
+from cde_nets.train.trainer import SnapshotError, Trainer, load_snapshot, snapshotting
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "nais_digits"  # four trainings of several epochs in its tiny setting: a kill lands mid-run

@@ -10,7 +10,7 @@ from torch import nn
 
 from cde_nets import Adjoint, ODEBlock
 from cde_nets.solvers.errors import SolverError
-from cde_nets.training import Snapshots, Trainer
+from cde_nets.train.trainer import Snapshots, Trainer
 
 K = 0.7
 

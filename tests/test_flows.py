@@ -249,7 +249,7 @@ def test_bits_per_dim_of_the_uniform_density_is_log2_levels():
 
 
 def test_trainer_fits_a_flow_on_its_negative_log_likelihood_with_integrated_regularisers():
-    from cde_nets.training import Trainer, evaluate
+    from cde_nets.train.trainer import Trainer, evaluate
 
     x = _x(32)
     flow = ContinuousFlow(TanhField(seed=7), 0.5, regularisers=("kinetic", "jacobian"), rtol=1e-6, atol=1e-6)

@@ -167,7 +167,7 @@ def test_forward_only_call_and_piecewise_odeint_closure():
 def test_constants_memoised_before_the_solve_are_not_reused():
     """Inside one block call a field memoises its constants (``gathered``): built from the plain parameters before
     the solve, reused by the tangent solve they would carry no tangent, and the parameters' gradient would be zero."""
-    from cde_nets.gathering import gathered
+    from cde_nets.blocks.gathering import gathered
 
     g = torch.Generator().manual_seed(2)
     field = CubicFriction(2, layers=2, gamma=0.5, zero_init=False, generator=g).double()

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from cde_nets import ODEBlock, discretize
+from cde_nets.blocks.gathering import gathered
 from cde_nets.fields import NAIS, CubicFriction, Hamiltonian, NAISConv
-from cde_nets.gathering import gathered
-from cde_nets.pieces import Pieces
+from cde_nets.fields.pieces import Pieces
 
 
 def _graph_nodes(t: torch.Tensor) -> dict[str, int]:
@@ -26,7 +26,7 @@ def _graph_nodes(t: torch.Tensor) -> dict[str, int]:
 
 def _grads_per_layer_indexing(net, y0, u=None):
     """The reference: the same net with gathering switched off (``Pieces[l]`` slices ``data`` every layer)."""
-    import cde_nets.discrete as discrete
+    import cde_nets.blocks.discrete as discrete
 
     saved = discrete.gathered
     discrete.gathered = lambda m, stacked=True: nullcontext(m)
@@ -106,7 +106,7 @@ def test_memo_keeps_grad_and_no_grad_values_apart():
 
 
 def test_backprop_ode_block_gradients_unchanged_by_gathering(f64):
-    import cde_nets.ode_block as ob
+    import cde_nets.blocks.ode as ob
 
     g = torch.Generator().manual_seed(0)
     field = Hamiltonian(4, layers=6, generator=g)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cde_nets import ODEBlock, SolverOptions, odeint
+from cde_nets.blocks.stop import Stop
 from cde_nets.fields import NAIS, CubicFriction, Hamiltonian, SecondOrder
 from cde_nets.fields.bound import BoundField
 from cde_nets.solvers import SolverError
@@ -15,7 +16,6 @@ from cde_nets.solvers.gradients import Backprop, Checkpoint, Symplectic
 from cde_nets.solvers.gradients.replay import record_steps, replay
 from cde_nets.solvers.grids import jump_options
 from cde_nets.solvers.steppers.tableaux import TABLEAUX
-from cde_nets.stop import Stop
 
 ADAPTIVE = {"rtol": 1e-5, "atol": 1e-7}
 TIMES = torch.tensor([0.0, 0.3, 0.55, 1.0], dtype=torch.float64)  # 0.3, 0.55 inside pieces; 1.0 the end

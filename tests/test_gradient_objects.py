@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cde_nets import Adjoint, Backprop, Checkpoint, ODEBlock, Reversible, SolverOptions, Symplectic, ode_block
+from cde_nets import Adjoint, Backprop, Checkpoint, ODEBlock, Reversible, SolverOptions, Symplectic
+from cde_nets.blocks import ode as ode_block
 from cde_nets.diagnostics import adjoint_study
 from cde_nets.fields import Hamiltonian
 from cde_nets.solvers import Reason, SolverError

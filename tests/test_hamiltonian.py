@@ -5,7 +5,7 @@ import torch
 
 from cde_nets import ODEBlock
 from cde_nets.fields import Hamiltonian, canonical_J
-from cde_nets.locality import LocalityError, block_mask, check_locality, locality_violations
+from cde_nets.fields.locality import LocalityError, block_mask, check_locality, locality_violations
 
 
 def flow_jacobian(block, y0):

@@ -9,7 +9,7 @@ from torch import nn
 
 from cde_nets.experiments.__main__ import main
 from cde_nets.experiments.hdnn_protocol import ReadoutRefit
-from cde_nets.training import Hooks, Trainer
+from cde_nets.train.trainer import Hooks, Trainer
 
 
 def test_readout_adam_equals_torch_adam_on_the_penalised_bce(f64):

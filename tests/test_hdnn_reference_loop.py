@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from cde_nets.experiments.common import hdnn_classifier
 from cde_nets.experiments.hdnn_protocol import EpochAdam, train_hdnn
-from cde_nets.training import smoothness_RK
+from cde_nets.train.trainer import smoothness_RK
 
 
 def _readout(feats: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ import pytest
 
 # torch itself imports tqdm (torch.hub) and numpy, so those are not listed.
 LAZY = (
-    "torch._dynamo",  # torch.compile's tracer: ~0.8 s, loaded by the first solve (cde_nets.compile_boundary)
+    "torch._dynamo",  # torch.compile's tracer: ~0.8 s, loaded by the first solve (cde_nets.blocks.compile_boundary)
     "torchdiffeq",  # imports scipy.integrate: loaded only for a method only it has (Adams, scipy_solver)
     "scipy",
     "sympy",
@@ -157,8 +157,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 def test_the_import_graph_is_read():
     graph = _import_graph()
-    assert "cde_nets.pieces" in graph["cde_nets.fields.base"]  # from ..pieces import TimeGrid
-    assert "cde_nets.solvers.errors" in graph["cde_nets.pieces"]  # from cde_nets.solvers.errors import ...
+    assert "cde_nets.fields.pieces" in graph["cde_nets.fields.base"]  # from ..pieces import TimeGrid
+    assert "cde_nets.solvers.errors" in graph["cde_nets.fields.pieces"]  # from cde_nets.solvers.errors import ...
     assert "cde_nets.experiments.report" in graph["cde_nets.experiments.seeds"]  # from .report import ...
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 

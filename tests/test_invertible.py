@@ -1,4 +1,4 @@
-"""Memory-free backward of the invertible discrete schemes (cde_nets.invertible) and the discrete ALF scheme."""
+"""Memory-free backward of the invertible discrete schemes (cde_nets.blocks.invertible) and the discrete ALF scheme."""
 
 import numpy as np
 import pytest
@@ -6,10 +6,10 @@ import torch
 from scipy.linalg import expm
 
 from cde_nets import discretize
+from cde_nets.blocks.invertible import reconstruction_error
 from cde_nets.diagnostics import SavedTensorMemory
 from cde_nets.fields import MS1, MS3, NAIS, CubicFriction, Field, Hamiltonian, SecondOrder
-from cde_nets.invertible import reconstruction_error
-from cde_nets.pieces import Pieces
+from cde_nets.fields.pieces import Pieces
 from cde_nets.solvers.schemes import ALF, LM2
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cde_nets.models import Classifier, Readout, ZeroPad
+from cde_nets.blocks.models import Classifier, Readout, ZeroPad
 
 
 def test_zero_pad_features_and_channels():

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cde_nets import ODEBlock, discretize
+from cde_nets.blocks.gathering import gathered
 from cde_nets.fields import NAIS, NAISConv
-from cde_nets.gathering import gathered
 
 
 @settings(max_examples=8, deadline=None)

@@ -8,7 +8,7 @@ from scipy.linalg import expm
 
 from cde_nets import Adjoint, ODEBlock, SolverOptions
 from cde_nets.fields import Field, Hamiltonian
-from cde_nets.pieces import Pieces
+from cde_nets.fields.pieces import Pieces
 from cde_nets.solvers import SolverError
 
 

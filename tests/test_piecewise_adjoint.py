@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cde_nets import ODEBlock
+from cde_nets.blocks.stop import Stop
 from cde_nets.fields import (
     MS1,
     MS2,
@@ -18,12 +19,11 @@ from cde_nets.fields import (
     NAISConv,
     SecondOrder,
 )
-from cde_nets.pieces import Pieces
+from cde_nets.fields.pieces import Pieces
 from cde_nets.solvers import ADAPTIVE_METHODS, Adjoint, SolverError, SolverOptions, SolverStats, adapter
 from cde_nets.solvers.gradients import adjoint as adjoint_module
 from cde_nets.solvers.gradients import piecewise_adjoint as pa
 from cde_nets.solvers.grids import aligned_grid
-from cde_nets.stop import Stop
 
 ADAPTIVE = {"rtol": 1e-5, "atol": 1e-7}
 
@@ -247,7 +247,7 @@ def test_max_steps_in_the_backward_solve():
     y0 = torch.randn(3, 4, generator=g)
     stats = SolverStats(steps_backward=10)  # 8 forward steps pass; the backward solve hits 12 at once
     grid = aligned_grid(field.grid.boundaries.tolist(), None)
-    from cde_nets.ode_block import _piecewise
+    from cde_nets.blocks.ode import _piecewise
 
     ys, _ = adapter.integrate(
         field,

@@ -8,7 +8,7 @@ from scipy.linalg import expm
 from cde_nets import ODEBlock, discretize
 from cde_nets.fields import MS1, MS3, Field, Hamiltonian, canonical_J
 from cde_nets.fields.bound import BoundField
-from cde_nets.pieces import Pieces
+from cde_nets.fields.pieces import Pieces
 from cde_nets.solvers import SCHEMES, Tableau, get_scheme
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torchsde
 
+from cde_nets.blocks.ode import ODEBlock
+from cde_nets.blocks.sde import SDEBlock, SDESettings
 from cde_nets.fields import CubicFriction
 from cde_nets.fields.base import Field
-from cde_nets.ode_block import ODEBlock
-from cde_nets.sde_block import SDEBlock, SDESettings
 
 
 class Linear(Field):

@@ -8,7 +8,7 @@ import torch
 
 from cde_nets import ODEBlock, Stop, discretize
 from cde_nets.fields import NAIS, Field
-from cde_nets.pieces import Pieces
+from cde_nets.fields.pieces import Pieces
 from cde_nets.solvers.stopping import unroll
 
 

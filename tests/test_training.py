@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from cde_nets import ODEBlock, discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.datasets import Split
 from cde_nets.fields import NAIS, CubicFriction
-from cde_nets.models import Classifier
-from cde_nets.pieces import Pieces, TimeGrid
+from cde_nets.fields.pieces import Pieces, TimeGrid
 from cde_nets.solvers.errors import Reason, SolverError
-from cde_nets.training import (
+from cde_nets.train.trainer import (
     Hooks,
     NonFiniteError,
     Regulariser,
@@ -141,7 +141,7 @@ def test_scheduler_factory_steps_once_per_epoch(capsys):
 def test_progress_on_a_terminal_is_a_bar():
     import io
 
-    from cde_nets.progress import LineProgress, progress
+    from cde_nets.train.progress import LineProgress, progress
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 from cde_nets import discretize
+from cde_nets.blocks.models import Classifier
 from cde_nets.datasets import swiss_roll
 from cde_nets.fields import Hamiltonian
-from cde_nets.models import Classifier
-from cde_nets.training import Hooks, Snapshots, Trainer, seeded, smoothness_RK
+from cde_nets.train.trainer import Hooks, Snapshots, Trainer, seeded, smoothness_RK
 
 
 def main(ckpt: str, out: Path, resume: bool = False, hang_at: int = -1) -> None:

@@ -25,7 +25,7 @@ from torch import nn
 from .flow import evaluate_at, evaluate_piece, merge_times, piece_of, solve_piece, solve_segments
 
 if TYPE_CHECKING:
-    from ..ode_block import ODEBlock
+    from cde_nets.blocks.ode import ODEBlock
 
 __all__ = ["adjoint_state", "exact_trace", "hutchinson_trace", "log_density_change"]
 

@@ -30,13 +30,13 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from cde_nets.blocks.ode import ODEBlock
+from cde_nets.blocks.solution import Solution
+from cde_nets.fields.pieces import TimeGrid
 from cde_nets.solvers.errors import SolverError, check_positive_int
 from cde_nets.solvers.gradients import Backprop, GradientMethod, as_gradient
 from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS
 
-from ..ode_block import ODEBlock
-from ..pieces import TimeGrid
-from ..solution import Solution
 from .memory import SavedTensorMemory
 
 __all__ = ["adjoint_study", "markdown_table", "discrete_forward"]
@@ -45,7 +45,7 @@ __all__ = ["adjoint_study", "markdown_table", "discrete_forward"]
 def discrete_forward(field: nn.Module, scheme: str, y0: torch.Tensor) -> torch.Tensor:
     """``y_L`` of the discrete-mode net ``discretize(field, scheme)``: one ``scheme`` step per piece (the architecture
     map)."""
-    from ..discrete import discretize
+    from cde_nets.blocks.discrete import discretize
 
     return discretize(field, scheme)(y0)
 

@@ -27,7 +27,7 @@ from torch import nn
 from .flow import merge_times
 
 if TYPE_CHECKING:
-    from ..ode_block import ODEBlock
+    from cde_nets.blocks.ode import ODEBlock
 
 __all__ = ["energy_trajectory", "discrete_energy", "relative_drift"]
 

@@ -20,7 +20,7 @@ from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.times import check_times
 
 if TYPE_CHECKING:
-    from ..ode_block import ODEBlock
+    from cde_nets.blocks.ode import ODEBlock
 
 __all__ = ["FrozenPiece", "merge_times", "piece_of", "evaluate_at", "solve_segments", "solve_piece"]
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..pieces import piece_modules
+from cde_nets.fields.pieces import piece_modules
 
 __all__ = [
     "norm_profile",
@@ -62,7 +62,7 @@ def state_gradient_norms(loss: torch.Tensor, states: Sequence[torch.Tensor]) -> 
 
 
 def piece_gradient_norms(module: nn.Module) -> torch.Tensor:
-    """``‖∂L/∂θ_l‖`` over all trainable :class:`~cde_nets.pieces.Pieces` of ``module`` per piece ``l``: ``(L,)``.
+    """``‖∂L/∂θ_l‖`` over all trainable :class:`~cde_nets.fields.pieces.Pieces` of ``module`` per piece ``l``: ``(L,)``.
 
     Call after ``loss.backward()``; pieces without a gradient count as zero.
     """

@@ -25,7 +25,7 @@ from torch import nn
 from .flow import merge_times, solve_segments
 
 if TYPE_CHECKING:
-    from ..ode_block import ODEBlock
+    from cde_nets.blocks.ode import ODEBlock
 
 __all__ = ["discrete_bsm", "continuous_bsm", "symplecticity_defect", "singular_value_pairing"]
 

@@ -1,4 +1,4 @@
-"""Data parallelism for :func:`cde_nets.training.fit` on torch.distributed (DDP): sharding, loss weights, metrics.
+"""Data parallelism for :func:`cde_nets.train.trainer.fit` on torch.distributed (DDP): sharding, loss weights, metrics.
 
 Every rank draws the same seeded permutation and cuts it into the same global batches of ``batch_size``; rank
 ``r`` of ``W`` trains on the ``r``-th of ``W`` contiguous, near-equal pieces of each batch (sizes differ by at

@@ -7,7 +7,7 @@ The state is split into ``M`` nodes, node ``i`` owning ``p_i`` and ``q_i`` (``si
 
 Node ``i`` computes its rows with three neighbour exchanges per half step: the state along ``R`` (``K q``), the
 contributions ``K[m, i]ᵀ σ_m`` along ``Rᵀ``, and ``X``'s contributions along ``T``. Every partner is a neighbour
-in ``S`` when ``T RᵀR + RᵀR T <= S`` (eq. H32), which :func:`~cde_nets.locality.check_locality` verifies first.
+in ``S`` when ``T RᵀR + RᵀR T <= S`` (eq. H32), which :func:`~cde_nets.fields.locality.check_locality` verifies first.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cde_nets.fields.locality import block_mask, check_locality
+
 from ..fields.hamiltonian import Hamiltonian
-from ..locality import block_mask, check_locality
 from .exchange import Comm, exchange
 
 __all__ = ["h2_masks", "centralised_h2", "NodeH2", "neighbours", "h2_node_worker", "run_h2", "distributed_forward"]
@@ -51,7 +52,7 @@ def centralised_h2(
     generator: torch.Generator | None = None,
     init_std: float | None = None,
 ) -> Hamiltonian:
-    """The centralised masked H2 field; raises :class:`~cde_nets.locality.LocalityError` before anything runs
+    """The centralised masked H2 field; raises :class:`~cde_nets.fields.locality.LocalityError` before anything runs
     if some layer's sparsity needs communication that ``S`` does not allow."""
     for j, R in enumerate(R_layers):
         check_locality(R, T, S, where=f"in layer {j}")

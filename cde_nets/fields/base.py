@@ -5,7 +5,7 @@ Any ``nn.Module`` with ``forward(t, y)`` runs in continuous mode, and in discret
 
 1. ``super().__init__(T=T, layers=L)`` creates ``self.grid``, the partition of ``[0, T]`` into ``L`` pieces of
    length ``h = T / L`` (piece ``l`` holds on ``[l h, (l + 1) h)``).
-2. Every time-varying parameter is a :class:`~cde_nets.pieces.Pieces` on that grid (a ``(L, *shape)`` tensor;
+2. Every time-varying parameter is a :class:`~cde_nets.fields.pieces.Pieces` on that grid (a ``(L, *shape)`` tensor;
    ``self.W[l]`` is piece ``l``). Parameters that do not vary in time are ordinary ``nn.Parameter``s.
 3. ``evaluate(l, y)`` returns ``F(y)`` with the parameters of piece ``l`` for ``y`` of shape
    ``(batch, *state_shape)``. ``forward(t, y)`` (inherited) looks up the piece in force at ``t`` and calls it;
@@ -24,10 +24,9 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import nn
 
+from cde_nets.fields.pieces import TimeGrid
 from cde_nets.solvers.errors import check_finite
 from cde_nets.solvers.validation import check_floating
-
-from ..pieces import TimeGrid
 
 __all__ = ["Field", "Shared"]
 
@@ -62,7 +61,7 @@ class Field(nn.Module):
     input_shape: tuple[int | None, ...] = ()
     kind: str = "generic"  # row of the solver ↔ architecture map (solvers.architectures)
     separable: bool = False  # p' depends on q only and q' on p only: evaluate_half is available
-    _memo: dict | None = None  # live only inside cde_nets.gathering.gathered (one forward call)
+    _memo: dict | None = None  # live only inside cde_nets.blocks.gathering.gathered (one forward call)
     _constants: dict | None = None  # the constants of all pieces, by grad mode (gathered, stacked)
 
     def __init__(self, T: float = 1.0, layers: int = 1):
@@ -94,7 +93,7 @@ class Field(nn.Module):
         return self.evaluate(self.grid.index(t), y, u)
 
     def memo(self, key, compute):
-        """``compute()``, computed once per :func:`~cde_nets.gathering.gathered` call for a hashable ``key``
+        """``compute()``, computed once per :func:`~cde_nets.blocks.gathering.gathered` call for a hashable ``key``
         (e.g. NAIS's ``A_l = −R_lᵀR_l − εI`` across the steps of a weight-shared block); outside it, every time."""
         if self._memo is None:
             return compute()
@@ -117,7 +116,7 @@ class Field(nn.Module):
     def constants(self, l: int) -> tuple[torch.Tensor, ...]:
         """:meth:`piece_constants` of piece ``l``.
 
-        Inside :func:`~cde_nets.gathering.gathered` (one call of a block) every piece is built once and reused by
+        Inside :func:`~cde_nets.blocks.gathering.gathered` (one call of a block) every piece is built once and reused by
         every step and stage; with ``gathered(stacked=False)`` piece by piece as they are read (the memory-free
         backward differentiates each layer with respect to its own views). Outside it, on every call: the
         piecewise adjoint and the step replay differentiate each evaluation with respect to the piece in force.

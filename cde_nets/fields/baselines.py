@@ -12,9 +12,9 @@ import math
 
 import torch
 
+from cde_nets.fields.pieces import Pieces
 from cde_nets.solvers.errors import check_init_std
 
-from ..pieces import Pieces
 from .activations import resolve_activation
 from .base import Field
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cde_nets.fields.pieces import Pieces
 from cde_nets.solvers.errors import check_init_std, check_odd_kernel_size, check_positive_int
 
-from ..pieces import Pieces
 from .base import Field, Shared
 
 __all__ = ["CubicFriction", "CubicFrictionConv"]

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from cde_nets.fields.pieces import Pieces
 from cde_nets.solvers.errors import check_init_std, check_positive_int
 
-from ..pieces import Pieces
 from .activations import ANTIDERIVATIVES, resolve_activation
 from .base import Field, Shared
 
@@ -46,7 +46,7 @@ class Hamiltonian(Field):
         activation: name (``tanh`` default) or callable; :meth:`energy` needs a known antiderivative.
         K_mask, J_mask: fixed binary masks multiplied into ``K`` (``K_p`` and ``K_q`` for ``blockdiag``; one mask
             or one per piece) and ``J`` (symmetric; for an off-diagonal ``J`` it masks ``X``) (block sparsity of the
-            distributed H-DNN, Theorem H2; build them with :func:`cde_nets.locality.block_mask`).
+            distributed H-DNN, Theorem H2; build them with :func:`cde_nets.fields.locality.block_mask`).
         init_std: standard deviation of the Gaussian initialisation of ``K`` (default ``1/√n``); ``b`` starts 0.
     Shapes: ``y`` is ``(batch, n)``.
     """

@@ -7,9 +7,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from cde_nets.fields.pieces import Pieces
 from cde_nets.solvers.errors import check_init_std, check_odd_kernel_size, check_positive, check_positive_int
 
-from ..pieces import Pieces
 from .activations import DERIVATIVES, resolve_activation
 from .base import Field
 
@@ -36,7 +36,7 @@ class NAIS(_Input):
     ``(batch, dim)``.
 
     The block input travels with each call: ``field(t, x, u)``; blocks pass it on (``block(x0, u=u)``).
-    ``R``, ``B``, ``b`` are :class:`~cde_nets.pieces.Pieces` (``layers = 1``: the
+    ``R``, ``B``, ``b`` are :class:`~cde_nets.fields.pieces.Pieces` (``layers = 1``: the
     time-invariant block of the paper).
 
     ``delta`` is Alg. N1's bound on ``‖RᵀR‖_F``: default ``1 − 2ε`` (Theorem N2: Condition N1 for ``h <= 1``

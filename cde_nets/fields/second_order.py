@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cde_nets.fields.pieces import Pieces, TimeGrid
 from cde_nets.solvers.errors import check_init_std, check_positive_int
 
-from ..pieces import Pieces, TimeGrid
 from .base import Field
 
 __all__ = ["SecondOrder", "PiecewiseMLP"]

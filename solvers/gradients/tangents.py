@@ -6,7 +6,7 @@ tensors (``torch.autograd.forward_ad``), made from a tensor and its tangent; a f
 modules, so the solve in tangent mode runs with each parameter's slot (a module's parameter or buffer table, an
 object's attribute, a closure cell) holding the dual tensor, and every slot restored afterwards.
 
-Every run also gets fresh per-call caches (:func:`cde_nets.gathering.gathered`: a field's memoised constants, a
+Every run also gets fresh per-call caches (:func:`cde_nets.blocks.gathering.gathered`: a field's memoised constants, a
 piecewise parameter's views), so no constant built from the plain parameters leaks into the tangent solve and no
 dual one out of it.
 
@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = ["Slots", "dense_zero_tangents", "dual_solve", "find_slots", "swapped"]
 
-# the per-call caches of cde_nets.gathering.gathered, by attribute name: a fresh value for each tangent solve
+# the per-call caches of cde_nets.blocks.gathering.gathered, by attribute name: a fresh value for each tangent solve
 _CACHES = ("_memo", "_constants", "_unbound")
 
 

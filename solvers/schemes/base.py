@@ -121,7 +121,7 @@ class Scheme:
         reads ``y``, so a loss is differentiable with respect to it."""
         return (y,) + tuple(state[1:])
 
-    # -- inversion (memory-free backward, :mod:`cde_nets.invertible`) ---------------------------------------
+    # -- inversion (memory-free backward, :mod:`cde_nets.blocks.invertible`) ---------------------------------------
     def check_invertible(self, field: Any) -> None:
         """Raise ``ValueError`` naming the fix unless :meth:`inverse` is exact on ``field`` (this scheme resolved
         for it by :meth:`for_field`)."""

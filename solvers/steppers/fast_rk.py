@@ -71,7 +71,7 @@ from .tableaux import TABLEAUX, MethodTableau, dense_at
 __all__ = ["FAST_METHODS", "HOST_TIME", "STEPPER_OPTIONS", "fast_applies", "odeint_fast"]
 
 # The time tensors of a fixed grid carry their value on the host under this attribute, so that a piecewise field
-# finds the piece in force without reading the device (cde_nets.pieces.TimeGrid.index).
+# finds the piece in force without reading the device (cde_nets.fields.pieces.TimeGrid.index).
 
 # every registered tableau the stepper runs, read live (solvers.steppers.methods)
 FAST_METHODS = RK_METHODS

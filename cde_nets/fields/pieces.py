@@ -79,7 +79,8 @@ class Pieces(nn.Module):
 
     ``pieces[l]`` is piece ``l``; ``pieces.at(t)`` is the piece in force at time ``t``. ``trainable=False`` keeps
     it as a buffer (moved with the module, excluded from optimisers and from ``adjoint_params``).
-    Inside :func:`~cde_nets.gathering.gathered`, ``pieces[l]`` returns a view from one ``unbind`` per call (see there).
+    Inside :func:`~cde_nets.blocks.gathering.gathered`, ``pieces[l]`` returns a view from one ``unbind`` per call
+    (see there).
     """
 
     _unbound: tuple[torch.Tensor, ...] | None = None  # inside gathered: () until the first piece is read
@@ -130,7 +131,7 @@ class Pieces(nn.Module):
         return self.data[l] if self._unbound is None else self.views()[l]
 
     def views(self) -> tuple[torch.Tensor, ...]:
-        """Inside :func:`~cde_nets.gathering.gathered`: the pieces as views of one ``data.unbind(0)``, made when
+        """Inside :func:`~cde_nets.blocks.gathering.gathered`: the pieces as views of one ``data.unbind(0)``, made when
         first asked for (a field that reads its :meth:`~cde_nets.fields.base.Field.constants` never needs them)."""
         if not self._unbound:
             # with a graph even when the first read is under no_grad (an event check): every later read of the

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .regularisers import NOISES, AugmentedCall, AugmentedField, check_regularisers, draw_probe
+from cde_nets.regularisers import NOISES, AugmentedCall, AugmentedField, check_regularisers, draw_probe
 
 __all__ = ["Regularisation", "TrajectoryRegularisers", "AugmentedBound", "DiscreteIntegrands"]
 

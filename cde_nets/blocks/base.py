@@ -2,7 +2,7 @@
 and discrete (:class:`~cde_nets.DiscreteNet`): one way to call, one result type, one validation.
 
 ``block(y0, u=None)`` returns the final state, a tensor, whatever the options; ``block.solve(y0, u=None, t=None)``
-returns a :class:`~cde_nets.solution.Solution` with everything else (saved states, statistics, per-sample
+returns a :class:`~cde_nets.blocks.solution.Solution` with everything else (saved states, statistics, per-sample
 stopping, integrated regularisers). The block input ``u`` of a non-autonomous field travels with the call, and
 everything a call produces travels with its result: a block keeps nothing between calls (every solve also reports
 its solution into the open :func:`~cde_nets.integrated_terms` collections).
@@ -16,13 +16,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from cde_nets.blocks.solution import Solution
+from cde_nets.fields.base import Field
+from cde_nets.fields.bound import BoundField
 from cde_nets.solvers.errors import check_positive
 from cde_nets.solvers.times import check_times
 from cde_nets.solvers.validation import check_floating
-
-from .fields.base import Field
-from .fields.bound import BoundField
-from .solution import Solution
 
 __all__ = ["Block"]
 
@@ -62,7 +61,7 @@ class Block(nn.Module):
     def solve(
         self, y0: torch.Tensor, u: torch.Tensor | None = None, t: Sequence[float] | torch.Tensor | None = None
     ) -> Solution:
-        """Solve from ``y0`` and return a :class:`~cde_nets.solution.Solution`; ``t``: times at which to save the
+        """Solve from ``y0`` and return a :class:`~cde_nets.blocks.solution.Solution`; ``t``: times at which to save the
         state (increasing, within ``[0, T]``)."""
         raise NotImplementedError
 

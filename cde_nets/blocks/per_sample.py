@@ -16,13 +16,12 @@ from typing import Any
 
 import torch
 
+from cde_nets.blocks.solution import Solution
+from cde_nets.fields.base import Field
+from cde_nets.fields.bound import BoundField
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.per_sample.solve import TIME_SPAN, PerSampleInfo, odeint_per_sample
 from cde_nets.solvers.times import HOST_TIME
-
-from .fields.base import Field
-from .fields.bound import BoundField
-from .solution import Solution
 
 __all__ = ["solve_per_sample"]
 

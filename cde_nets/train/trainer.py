@@ -37,13 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cde_nets.blocks.collected_terms import integrated_terms
+from cde_nets.distributed import data_parallel as dp
+from cde_nets.fields.pieces import smoothness
 from cde_nets.solvers.errors import Reason, SolverError, check_positive_int
-
-from .collected_terms import integrated_terms
-from .distributed import data_parallel as dp
-from .pieces import smoothness
-from .progress import progress
-from .snapshots import SnapshotError, load_snapshot, save_snapshot
+from cde_nets.train.progress import progress
+from cde_nets.train.snapshots import SnapshotError, load_snapshot, save_snapshot
 
 __all__ = [
     "Trainer",
@@ -548,7 +547,7 @@ class Trainer:
         return metrics, labels_checked
 
 
-_FORMAT = "cde_nets.training/2"
+_FORMAT = "cde_nets.train.trainer/2"
 
 
 def _check_data(task: str, data) -> tuple:

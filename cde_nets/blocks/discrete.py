@@ -17,20 +17,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from cde_nets.blocks.base import Block
+from cde_nets.blocks.collected_terms import report
+from cde_nets.blocks.compile_boundary import eager_under_compile
+from cde_nets.blocks.gathering import gathered
+from cde_nets.blocks.nonfinite import check_result, nonfinite_parameter
+from cde_nets.blocks.regularisers import DiscreteIntegrands, TrajectoryRegularisers
+from cde_nets.blocks.solution import Solution
+from cde_nets.blocks.stop import Stop, as_stop
+from cde_nets.fields.base import Field
+from cde_nets.fields.bound import BoundField, as_field
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.schemes import Euler, RungeKutta, Scheme, get_scheme
 from cde_nets.solvers.stopping import unroll
-
-from .block import Block
-from .block_regularisers import DiscreteIntegrands, TrajectoryRegularisers
-from .collected_terms import report
-from .compile_boundary import eager_under_compile
-from .fields.base import Field
-from .fields.bound import BoundField, as_field
-from .gathering import gathered
-from .nonfinite import check_result, nonfinite_parameter
-from .solution import Solution
-from .stop import Stop, as_stop
 
 # Per-sample stopping and events shrink the batch as samples finish and branch on the data every layer: under
 # torch.compile each layer would be a graph of its own, recompiled for every layer index and batch size (70 s of CPU
@@ -47,7 +46,7 @@ class DiscreteNet(Block):
     which takes the same arguments. Everything is validated here, however the net is built.
 
     ``net(y0, u=None)`` returns the last layer's state (each sample's state where it stopped, with ``stop``);
-    ``net.solve(y0, u=None, t=None)`` returns a :class:`~cde_nets.solution.Solution` with the layer states at the
+    ``net.solve(y0, u=None, t=None)`` returns a :class:`~cde_nets.blocks.solution.Solution` with the layer states at the
     boundaries ``t`` (a subset of :attr:`times`), the counts (``nfe_forward``: field evaluations, ``steps_forward``:
     layers) and, with ``stop``, each sample's ``depths`` and ``stop_times = depths · h``.
     """
@@ -238,7 +237,7 @@ class DiscreteNet(Block):
             )
         with gathered(self.field):
             if self.memory_free:
-                from .invertible import memory_free
+                from cde_nets.blocks.invertible import memory_free
 
                 y = memory_free(self, f, y0)
                 return self._finite(Solution(y=y, stats=self._stats(self.field.grid.L)), f, y0)
@@ -453,7 +452,7 @@ def discretize(
             variant: first order, not symplectic (see :attr:`DiscreteNet.properties`).
         momentum: initial ``(m, η)`` of the momentum scheme; default ``m ≈ 0, η = 1`` (starts as a ResNet).
         tie_eta: momentum with ``η = 1 − m`` (Momentum ResNets, Sander et al. 2021).
-        memory_free: backward by exact inversion of the layers (:mod:`cde_nets.invertible`), memory constant in
+        memory_free: backward by exact inversion of the layers (:mod:`cde_nets.blocks.invertible`), memory constant in
             depth: ``symplectic_euler``, ``symplectic_euler_qp``, ``verlet`` on separable fields, ``momentum``
             (needs ``momentum=(m, η)`` with a moderate ``m``: rounding grows like ``(1/m)^L``), ``lm2`` with
             ``k_l ≠ 0`` (e.g. ``LM2(k0=1.0)``), ``alf``.
@@ -464,7 +463,7 @@ def discretize(
         regularisers: ``"kinetic"`` and/or ``"jacobian"`` for the explicit Runge-Kutta schemes: the layer's own
             quadrature of ``∫‖F‖²`` and ``∫‖∂F/∂y‖²_F`` (Hutchinson, one probe per call drawn from ``noise``) —
             for forward Euler the Riemann sums ``Σ_l h ‖F(y_l)‖²``, ``Σ_l h ‖∂F/∂y(y_l)‖²_F``
-            (:mod:`~cde_nets.block_regularisers`); each call's ``Solution.regularisation`` maps them to their
+            (:mod:`~cde_nets.blocks.regularisers`); each call's ``Solution.regularisation`` maps them to their
             batch means, which reach the Trainer's ``kinetic_energy(λ)``, ... terms through
             :func:`~cde_nets.integrated_terms`.
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from cde_nets.blocks.solution import Solution
 from cde_nets.fields.bound import BoundField
-from cde_nets.solution import Solution
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.schemes import Scheme
 from cde_nets.solvers.steppers.projection import Projection

@@ -42,7 +42,7 @@ class Solution:
         interpolant: the dense output of a ``solve(..., dense=True)`` (anything with ``evaluate(t)``), read
             through :meth:`evaluate`; else ``None``.
         regularisation: a block built with ``regularisers=``: each integrated term's batch mean (in the graph),
-            e.g. ``{"kinetic": ∫‖F‖² dt, "jacobian": ∫‖∂F/∂y‖²_F dt}`` (:mod:`~cde_nets.block_regularisers`);
+            e.g. ``{"kinetic": ∫‖F‖² dt, "jacobian": ∫‖∂F/∂y‖²_F dt}`` (:mod:`~cde_nets.blocks.regularisers`);
             else empty. Calls nested in a model reach the loss through :func:`~cde_nets.integrated_terms`.
     """
 

@@ -9,6 +9,18 @@ from functools import partial
 import torch
 from torch import nn
 
+from cde_nets.blocks.base import Block
+from cde_nets.blocks.collected_terms import report
+from cde_nets.blocks.compile_boundary import eager_under_compile
+from cde_nets.blocks.gathering import gathered
+from cde_nets.blocks.nonfinite import Found, Watch, check_result, nonfinite_parameter
+from cde_nets.blocks.per_sample import solve_per_sample
+from cde_nets.blocks.regularisers import AugmentedBound, Regularisation, TrajectoryRegularisers
+from cde_nets.blocks.solution import Solution
+from cde_nets.blocks.stop import Stop, as_stop
+from cde_nets.fields.base import Field
+from cde_nets.fields.bound import BoundField
+from cde_nets.fields.pieces import piece_modules, set_views
 from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.controllers import Controller
 from cde_nets.solvers.counting import SolverStats
@@ -23,19 +35,6 @@ from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.steppers.fast_rk import fast_applies
 from cde_nets.solvers.times import check_times
 from cde_nets.solvers.validation import check_half_precision, nonfinite_message
-
-from .block import Block
-from .block_regularisers import AugmentedBound, Regularisation, TrajectoryRegularisers
-from .collected_terms import report
-from .compile_boundary import eager_under_compile
-from .fields.base import Field
-from .fields.bound import BoundField
-from .gathering import gathered
-from .nonfinite import Found, Watch, check_result, nonfinite_parameter
-from .per_sample_block import solve_per_sample
-from .pieces import piece_modules, set_views
-from .solution import Solution
-from .stop import Stop, as_stop
 
 __all__ = ["ODEBlock"]
 
@@ -93,7 +92,7 @@ def _segment_plan(grid: torch.Tensor | None, T: float, est: dict, per_segment: i
 
 
 def _norm_event(field: Callable[..., torch.Tensor], eps: float) -> Callable[..., torch.Tensor]:
-    """The stopping event ``g = ‖F(t, y)‖ − eps`` per row (:class:`~cde_nets.stop.Stop`)."""
+    """The stopping event ``g = ‖F(t, y)‖ − eps`` per row (:class:`~cde_nets.blocks.stop.Stop`)."""
 
     def event(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         f = field(t, y, idx)
@@ -167,21 +166,21 @@ class ODEBlock(Block):
             :class:`~cde_nets.solvers.controllers.Controller` object (the shared step's rule), or ``"per_sample"``:
             every sample on its own steps (``dopri5``/``bosh3``), with per-sample ``t`` (``(batch, n)``) and
             ``t_end``; the field then sees one time per running row (``docs/guides/per_sample.md``).
-        stop: a :class:`~cde_nets.stop.Stop` (``Stop(eps)``): pattern-dependent stopping time — each sample
+        stop: a :class:`~cde_nets.blocks.stop.Stop` (``Stop(eps)``): pattern-dependent stopping time — each sample
             stops at the first time ``‖F(t, y)‖ = eps`` (at 0 if it starts below), an event ``g = ‖F‖ − eps``
             located on the interpolant like any other (:meth:`solve`), its time differentiable; finished
             samples leave the batch. Calling the block still returns a tensor; :meth:`solve` also gives
             ``stop_times``.
-        regularisation: a :class:`~cde_nets.block_regularisers.Regularisation`: integrated regularisers
+        regularisation: a :class:`~cde_nets.blocks.regularisers.Regularisation`: integrated regularisers
             (``"kinetic"``, ``"jacobian"``, ``"taylor2"``: RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et
-            al. 2020, eq. 3), integrated with the state in the same solve (:mod:`~cde_nets.block_regularisers`),
+            al. 2020, eq. 3), integrated with the state in the same solve (:mod:`~cde_nets.blocks.regularisers`),
             and STEER's random end time (Ghosh et al. 2020, §3). Each call's ``Solution.regularisation`` maps
             each integral to its batch mean, and every call reports its solution into the open
-            :func:`~cde_nets.integrated_terms` collection, which the :class:`~cde_nets.training.Trainer`'s
+            :func:`~cde_nets.integrated_terms` collection, which the :class:`~cde_nets.train.trainer.Trainer`'s
             ``kinetic_energy(λ)``, ... terms read. The adaptive steps stay those of the unregularised block; in
             evaluation mode the end time is ``T``.
 
-    Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.solution.Solution` (states at
+    Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.blocks.solution.Solution` (states at
     requested times, statistics, stopping times); its ``stats`` hold the call's counts: ``nfe_forward``,
     ``nfe_backward`` (filled in by ``backward()``), accepted (``steps_*``) and rejected (``rejected_*``) steps of
     the forward and backward solves. The block keeps nothing between calls.
@@ -404,7 +403,7 @@ class ODEBlock(Block):
         stats: SolverStats,
         gradient: GradientMethod,
     ) -> Solution:
-        """Every sample on its own steps (``controller="per_sample"``, :mod:`cde_nets.per_sample_block`)."""
+        """Every sample on its own steps (``controller="per_sample"``, :mod:`cde_nets.blocks.per_sample`)."""
         if event is not None or self.stop is not None or dense:
             raise ValueError(
                 "controller='per_sample' serves `t` ((n,) or (batch, n)) and `t_end`; `event`, `stop` and "

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from .fields.base import Field
-from .gathering import gathered
-from .pieces import piece_modules
+from cde_nets.blocks.gathering import gathered
+from cde_nets.fields.base import Field
+from cde_nets.fields.pieces import piece_modules
 
 __all__ = ["memory_free", "reconstruction_error"]
 
@@ -131,7 +131,7 @@ def _zeros(grads: tuple, like: tuple) -> tuple:
 
 
 def memory_free(net: Any, f: Any, y0: torch.Tensor) -> torch.Tensor:
-    """The output of a :class:`~cde_nets.discrete.DiscreteNet` with an invertible scheme run on ``f`` (the field
+    """The output of a :class:`~cde_nets.blocks.discrete.DiscreteNet` with an invertible scheme run on ``f`` (the field
     bound to this call's input), differentiable with memory constant in depth."""
     params = tuple(p for p in net.parameters() if p.requires_grad)
     return _MemoryFree.apply(net, f, y0, f.u, *params)

@@ -24,17 +24,16 @@ import torch
 import torch.nn.functional as nnf
 from torch import nn
 
+from cde_nets.blocks.base import Block
+from cde_nets.blocks.collected_terms import report
+from cde_nets.blocks.compile_boundary import eager_under_compile
+from cde_nets.blocks.nonfinite import check_result, nonfinite_parameter
+from cde_nets.blocks.solution import Solution
+from cde_nets.fields.bound import BoundField
 from cde_nets.solvers.counting import SolverStats, count_evaluation
 from cde_nets.solvers.errors import check_positive, check_positive_int
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.grids import aligned_grid
-
-from .block import Block
-from .collected_terms import report
-from .compile_boundary import eager_under_compile
-from .fields.bound import BoundField
-from .nonfinite import check_result, nonfinite_parameter
-from .solution import Solution
 
 __all__ = ["SDEBlock", "SDESettings", "SDE_METHODS", "NOISES"]
 
@@ -174,7 +173,7 @@ class SDEBlock(Block):
         settings: the rarely changed settings, one :class:`SDESettings` (SDE type, the adjoint's method,
             noise in evaluation, paths per sample, noise channels).
 
-    Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.solution.Solution` with the
+    Calling the block returns ``y(T)``; :meth:`solve` returns a :class:`~cde_nets.blocks.solution.Solution` with the
     states at requested grid times too. After each call, :attr:`stats` holds ``nfe_forward`` (drift plus
     diffusion evaluations), ``nfe_backward``
     (evaluations of the adjoint solve, or vector-Jacobian products through recorded evaluations for

@@ -3,14 +3,14 @@ r"""What the blocks integrated during a forward pass, collected for the loss wit
 A block with ``regularisers=`` returns its terms with its result (``Solution.regularisation``), but a user's model
 returns whatever it likes — a tensor, logits — so a loss can rarely reach the terms of the blocks nested inside
 it. Inside ``with integrated_terms() as terms:`` every block (and :class:`~cde_nets.flows.ContinuousFlow`)
-called reports its :class:`~cde_nets.solution.Solution`; ``terms["kinetic"]`` is then the sum, over every block
+called reports its :class:`~cde_nets.blocks.solution.Solution`; ``terms["kinetic"]`` is then the sum, over every block
 that integrated it, of its batch mean (RNODE, Finlay et al. 2020, eqs. 4-5; TayNODE, Kelly et al. 2020, eq. 3)::
 
     with integrated_terms() as terms:
         out = model(x)
     loss = task_loss(out) + 0.01 * terms["kinetic"] + 0.01 * terms["jacobian"]
 
-The :class:`~cde_nets.training.Trainer` opens one collection per optimisation step, so its ``kinetic_energy(λ)``,
+The :class:`~cde_nets.train.trainer.Trainer` opens one collection per optimisation step, so its ``kinetic_energy(λ)``,
 ``jacobian_frobenius(λ)`` and ``taylor(λ)`` terms read it. Collections nest: each open one sees every call made
 inside it. The list of open collections is a plain module-level stack (``torch.compile`` traces it; a
 ``contextvars`` lookup would break the graph); collect in the thread that calls the model.
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .solution import Solution
+from cde_nets.blocks.solution import Solution
 
 __all__ = ["IntegratedTerms", "integrated_terms", "report", "current_terms"]
 

@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from .fields.base import Field
-from .pieces import Pieces, set_views
+from cde_nets.fields.base import Field
+from cde_nets.fields.pieces import Pieces, set_views
 
 __all__ = ["gathered"]
 

@@ -1,0 +1,1 @@
+"""Training: the loop, its atomic snapshots and its progress lines."""
