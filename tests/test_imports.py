@@ -168,3 +168,19 @@ def test_no_import_cycles():
     imports it back: a cycle hides which one is the lower layer, and an import moved to the top breaks it."""
     cycles = [c for c in _cycles(_import_graph()) if c not in KNOWN_CYCLES]
     assert cycles == [], f"import cycles: {[sorted(c) for c in cycles]}"
+
+
+def test_the_doors_go_down_to_the_engine_and_never_back_up():
+    """``solvers/`` (the engine, steppers, controllers, gradients) imports nothing of ``cde_nets/`` above it: the
+    blocks and ``odeint`` call down into it, never the other way (docs/guides/engine.md)."""
+    graph = _import_graph()
+    up = {
+        (name, dep)
+        for name, deps in graph.items()
+        if name.startswith("cde_nets.solvers")
+        for dep in deps
+        if not dep.startswith(("cde_nets.solvers", "cde_nets.experiments", "cde_nets.benchmarks")) and dep != "cde_nets"
+    }
+    assert up == set(), sorted(up)
+    assert "cde_nets.solvers.adapter" in graph["cde_nets.blocks.ode"]  # the block's way down
+    assert "cde_nets.solvers.dropin" in graph["cde_nets.functional"]  # odeint's

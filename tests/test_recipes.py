@@ -164,3 +164,16 @@ def test_a_shared_step_controller_is_refused_where_it_would_be_ignored():
         odeint(field, y0, t, controller="pid")
     with pytest.raises(ValueError, match=r"Integral.safety"):
         Integral(safety=-1.0)
+
+
+def test_the_per_sample_controller_object_carries_its_constants_to_both_doors():
+    from cde_nets.solvers.controllers import PerSample
+
+    field, y0, t = _field(), _y0(), torch.tensor([0.0, 1.0], dtype=F64)
+    with torch.no_grad():
+        by_options = odeint(field, y0, t, controller="per_sample", options={"safety": 0.7}, rtol=1e-6, atol=1e-9)
+        by_object = odeint(field, y0, t, controller=PerSample(safety=0.7), rtol=1e-6, atol=1e-9)
+        default = odeint(field, y0, t, controller="per_sample", rtol=1e-6, atol=1e-9)
+        block = ODEBlock(field, 1.0, rtol=1e-6, atol=1e-9, controller=PerSample(safety=0.7)).solve(y0, t=t).ys
+    assert torch.equal(by_object, by_options) and torch.equal(block, by_options)
+    assert not torch.equal(by_options, default)  # the constant is honoured, not ignored
