@@ -3,7 +3,7 @@
 Runs every module of :data:`BENCHMARKS` (each writes ``benchmarks/results/<name>.json``; ``--tiny`` runs write
 to a temporary folder), then prints one summary
 table: each benchmark's headline ratios against its goal. A new benchmark module is added to the table below;
-``tests/test_benchmarks.py`` fails while one is missing.
+``tests/experiments/test_benchmarks.py`` fails while one is missing.
 """
 
 from __future__ import annotations

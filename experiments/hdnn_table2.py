@@ -37,7 +37,7 @@ FULL = [[1] * M for _ in range(M)]
 EYE = [[int(i == j) for j in range(M)] for i in range(M)]
 # The input's x in q of node 1, y in p of node 5 (features 8 and 4 of (p, q)): with our p-first step this is the
 # reference code's net step for step (its H2_sparse puts x at feature 0, y at feature 12 and steps the half holding
-# y first; tests/test_hdnn_reference_order.py). The paper's order with x in p₁, y in q₅ is another net.
+# y first; tests/experiments/test_hdnn_reference_order.py). The paper's order with x in p₁, y in q₅ is another net.
 INPUT_CHANNELS = (8, 4)
 # the communication graph S: what eq. H32 needs for ring K (two hops, H Fig. 2's first- and second-order edges)
 S_RING = [[1 if min((i - j) % M, (j - i) % M) <= 2 else 0 for j in range(M)] for i in range(M)]

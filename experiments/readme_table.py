@@ -6,7 +6,7 @@
 - the scheme ↔ architecture table of ``docs/guides/discrete_continuous.md`` (between ``<!-- architectures:start -->``
   and ``<!-- architectures:end -->``), from :data:`cde_nets.solvers.architectures.ARCHITECTURES`.
 
-``tests/test_readme_table.py`` fails while a committed page differs from the generated one.
+``tests/experiments/test_readme_table.py`` fails while a committed page differs from the generated one.
 """
 
 from __future__ import annotations

@@ -33,14 +33,14 @@ SIGN_TEST_SEEDS = 4
 _SAME_LOOP = (
     "Our training is the reference's loop step for step: from the same data, initial weights and batches the "
     "block ends within 1e-12 of a hand-written copy of that loop after 3 float64 epochs "
-    "(tests/test_hdnn_reference_loop.py), once Adam's bias correction counts epochs inside Adam as the "
+    "(tests/experiments/test_hdnn_reference_loop.py), once Adam's bias correction counts epochs inside Adam as the "
     "reference's does (our earlier LR-schedule form moved eps and drifted by 2e-7; the rows are recorded with "
     "the fixed form)."
 )
 _TABLE2_FIX = (
     "Cause found and fixed before this recording: the reference's H2_sparse steps the half holding the input's y "
     "first, ours stepped p (holding x) first, so the nets were not the reference's; Table II now puts x in q₁ "
-    "and y in p₅, which is the reference's net step for step (tests/test_hdnn_reference_order.py). "
+    "and y in p₅, which is the reference's net step for step (tests/experiments/test_hdnn_reference_order.py). "
 )
 FOOTNOTES: dict[tuple[str, str], str] = {
     ("hdnn_table1", "swiss roll, H1, 4 layers (test)"): (
@@ -119,7 +119,7 @@ _MS_FIX = (
     "two parameters only, so MS3's biases keep Adam's own bias correction; its R_K is taken on the whole K, which "
     "holds MS1's K0 and MS2's S twice. Ours now trains the same nets: from the same weights and batches they end "
     "within 1e-12 of a hand-written copy of its layers and loop after 2 float64 epochs "
-    "(tests/test_hdnn_reference_ms.py). All nine baseline rows were re-recorded; "
+    "(tests/experiments/test_hdnn_reference_ms.py). All nine baseline rows were re-recorded; "
 )
 FOOTNOTES |= {
     ("hdnn_table1", "swiss roll, MS2 baseline, 4 layers (test)"): _MS_FIX

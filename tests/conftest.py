@@ -82,13 +82,13 @@ def nais_digits_tiny(tmp_path_factory):
 
 # Parametrized cases over about 2 s whose siblings are fast: marked slow by id (the rest carry @pytest.mark.slow).
 SLOW_CASES = {
-    "tests/test_block_registry.py::test_every_question_on_a_closed_form[adaptive_heun-forward]",
-    "tests/test_block_registry.py::test_every_question_on_a_closed_form[adaptive_heun-adjoint]",
+    "tests/blocks/test_block_registry.py::test_every_question_on_a_closed_form[adaptive_heun-forward]",
+    "tests/blocks/test_block_registry.py::test_every_question_on_a_closed_form[adaptive_heun-adjoint]",
     "tests/test_api.py::test_gradient_reaches_the_block_input_in_every_continuous_mode[stopping-adjoint]",
     "tests/test_api.py::test_gradient_reaches_the_block_input_in_every_continuous_mode[adjoint]",
-    "tests/test_compile_continuous.py::test_compiled_nais_and_sde_blocks_equal_eager[adjoint]",
-    "tests/test_per_sample_grads.py::test_replayed_gradients_equal_backprop[symplectic-bosh3]",
-    "tests/test_per_sample_grads.py::test_replayed_gradients_equal_backprop[checkpoint-bosh3]",
+    "tests/blocks/test_compile_continuous.py::test_compiled_nais_and_sde_blocks_equal_eager[adjoint]",
+    "tests/solvers/per_sample/test_per_sample_grads.py::test_replayed_gradients_equal_backprop[symplectic-bosh3]",
+    "tests/solvers/per_sample/test_per_sample_grads.py::test_replayed_gradients_equal_backprop[checkpoint-bosh3]",
 }
 
 

@@ -1,7 +1,7 @@
 """A step-size controller written as a user would add one: this file, plus one registry line (see
-tests/test_recipes.py). The elementary controller with the exponent ``1/(p+1)`` of error per step (Hairer, Nørsett &
-Wanner, "Solving Ordinary Differential Equations I", §II.4, eq. 4.12 with ``q = p``): ``φ(r) = safety ·
-r^(−1/(p+1))``."""
+tests/solvers/test_recipes.py). The elementary controller with the exponent ``1/(p+1)`` of error per step
+(Hairer, Nørsett & Wanner, "Solving Ordinary Differential Equations I", §II.4, eq. 4.12 with ``q = p``):
+``φ(r) = safety · r^(−1/(p+1))``."""
 
 from __future__ import annotations
 

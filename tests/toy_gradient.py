@@ -1,6 +1,6 @@
 """A gradient method written as a user would add one: this file, plus one registry line (see
-tests/test_gradient_objects.py). Backpropagation with recomputation between output times: each interval
-``[t_i, t_{i+1}]`` is solved under ``torch.utils.checkpoint``, so only the states at the output times stay in
+tests/solvers/gradients/test_gradient_objects.py). Backpropagation with recomputation between output times: each
+interval ``[t_i, t_{i+1}]`` is solved under ``torch.utils.checkpoint``, so only the states at the output times stay in
 memory and the backward pass re-runs one interval at a time. Its gradient is that of torchdiffeq's backprop
 (``Backprop(steps="torchdiffeq")``: the step sizes after each interval's first held fixed), operation for
 operation."""

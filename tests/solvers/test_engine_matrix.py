@@ -98,7 +98,7 @@ def test_both_doors_serve_the_same_per_sample_cells(method: str) -> None:
 
 
 def test_the_capability_page_is_generated_from_the_classes() -> None:
-    page = Path(__file__).resolve().parents[1] / "docs" / "guides" / "capabilities.md"
+    page = Path(__file__).resolve().parents[2] / "docs" / "guides" / "capabilities.md"
     assert page.read_text(encoding="utf-8") == markdown(), "run `python -m cde_nets.solvers.capabilities`"
 
 

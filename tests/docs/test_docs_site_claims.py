@@ -12,7 +12,7 @@ import pytest
 import tomllib
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 WORDS = {"six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11}
 
@@ -90,11 +90,11 @@ def test_the_layout_names_only_what_exists_and_every_solvers_subpackage():
 
 @pytest.mark.parametrize("page", ["README.md", "docs/install.md"])
 def test_the_devices_section_describes_the_cuda_tests_and_the_recorded_gpu_run(page):
-    from test_cuda import RUNS
+    from blocks.test_cuda import RUNS
 
     devices = _flat(_section((ROOT / page).read_text(), "Devices"))
     assert "untested" not in devices and "CPU only" not in devices
-    assert f"`tests/test_cuda.py` runs {len(RUNS)} models on a CUDA device" in devices
+    assert f"`tests/blocks/test_cuda.py` runs {len(RUNS)} models on a CUDA device" in devices
     recorded = ROOT / "benchmarks" / "results" / "per_sample_device.json"
     assert f"`{recorded.relative_to(ROOT)}`" in devices
     assert f"the {json.loads(recorded.read_text())['setting']['device']} " in devices

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cde_nets.experiments.readme_table import main
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def test_generated_docs_pages_are_current():

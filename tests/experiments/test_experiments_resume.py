@@ -13,7 +13,7 @@ import pytest
 from cde_nets.experiments.__main__ import main
 from cde_nets.train.trainer import SnapshotError, Trainer, load_snapshot, snapshotting
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAME = "nais_digits"  # four trainings of several epochs in its tiny setting: a kill lands mid-run
 
 

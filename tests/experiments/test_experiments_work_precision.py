@@ -40,7 +40,7 @@ def test_the_guide_shows_the_recorded_tables():
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     guide = (root / "docs" / "guides" / "conservation.md").read_text()
     recorded = json.loads((root / "experiments" / "recorded_results" / "work_precision.json").read_text())
     assert work_precision.cheapest_table(recorded) in guide

@@ -192,7 +192,7 @@ def test_the_docs_extra_installs_a_signature_formatter():
     assert any(re.match(r"(ruff|black)\b", requirement) for requirement in extra), extra
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 

@@ -86,7 +86,7 @@ def test_table2_tiny_distributed_forward_equals_centralised(tmp_path):
     res = json.loads((tmp_path / "hdnn_table2.json").read_text())
     rows = {r["setting"]: r for r in res["rows"]}
     diff = next(r for s, r in rows.items() if "8-process vs centralised" in s)
-    assert diff["ours"] < 1e-5  # float32; the float64 equality to 1e-10 is tests/test_distributed_h2.py
+    assert diff["ours"] < 1e-5  # float32; the float64 equality to 1e-10 is tests/distributed/test_distributed_h2.py
     assert next(r for s, r in rows.items() if "ring neighbours" in s)["ours"] == "yes"
     for p in res["traffic"].values():
         for r, partners in p["partners"].items():

@@ -3,7 +3,7 @@
 gradients (parameters, ``y0``, a field that reads ``t``, the first step size's dependence on ``y0``, every later
 step size held fixed, as torchdiffeq's controller runs under no-grad), in float32 and float64, and so a float32
 training run's losses, which RMSprop would drive apart from a one-ulp difference. (The default,
-``steps="differentiated"``, differentiates every step size: tests/test_step_sizes.py.)"""
+``steps="differentiated"``, differentiates every step size: tests/solvers/gradients/test_step_sizes.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The engine's recipes: a new explicit Runge-Kutta method is one tableau plus one line of ``TABLEAUX``, a new
 step-size controller one class plus one line of ``CONTROLLERS``; each is then served by both doors (``ODEBlock``
 and ``cde_nets.odeint``), by every gradient method that serves its kind, and listed in the capability table. (The
-gradient recipe: tests/test_gradient_objects.py.)"""
+gradient recipe: tests/solvers/gradients/test_gradient_objects.py.)"""
 
 from __future__ import annotations
 

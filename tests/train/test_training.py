@@ -177,7 +177,7 @@ def _demo_module():
 
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     full_out, ckpt, out = tmp_path / "full.pt", tmp_path / "b.snapshot", tmp_path / "resumed.pt"
     victim = subprocess.Popen([sys.executable, DEMO, str(ckpt), str(out), "--hang-at", "3"], env=env)
     try:

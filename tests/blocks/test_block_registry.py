@@ -36,7 +36,7 @@ def _accepted(method: str, gradient: str) -> bool:
 _METHODS = [(m, False) for m in ADAPTIVE_METHODS] + [(m, True) for m in FIXED_METHODS]
 _METHODS += [(m, fixed) for m in REVERSIBLE_METHODS for fixed in (False, True)]
 # the implicit methods run on a fixed grid; the symplectic compositions need a separable field (not this one:
-# tests/test_symplectic_layers.py covers them)
+# tests/solvers/schemes/test_symplectic_layers.py covers them)
 _METHODS += [(m, True) for m in IMPLICIT_METHODS]
 CASES = [(m, fixed, g) for m, fixed in _METHODS for g in ODE_GRADIENTS if _accepted(m, g)]
 

@@ -1,6 +1,6 @@
 """Every running time the listing states is measured by experiments/timings.py and stored with its date, the
 machine's facts and the load; the ``all`` row is the sum of its column. (The README's main-job time is checked
-against the stored one in tests/test_docs_site_claims.py.)"""
+against the stored one in tests/docs/test_docs_site_claims.py.)"""
 
 from __future__ import annotations
 

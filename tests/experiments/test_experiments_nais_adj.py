@@ -61,8 +61,8 @@ def test_conservation_tiny(tmp_path):
 def test_adjoint_study_tiny(tmp_path):
     """Tightening the tolerance by 10^2 cuts the error of every gradient (reference: rtol 1e-8 on the steps'
     mesh). At rtol 1e-6 the Hamiltonian field's controller rings (94 accepted and 226 rejected steps), where the
-    default's gradient, the derivative of the computed loss, is 38 % from the ODE's: tests/test_step_sizes.py pins
-    that case; this setting stays clear of it."""
+    default's gradient, the derivative of the computed loss, is 38 % from the ODE's:
+    tests/solvers/gradients/test_step_sizes.py pins that case; this setting stays clear of it."""
     res = adjoint_study.run("tiny", 0, tmp_path)
     for model in adjoint_study.MODELS:
         err = {(r["mode"], r["rtol"]): r["ours"] for r in res["rows"] if r.get("model") == model}
