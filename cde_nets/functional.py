@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from cde_nets.nonfinite import Watch, check_result
+from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.dropin import (
     ADAPTIVE,
     CALLBACKS,
@@ -45,17 +46,19 @@ from cde_nets.solvers.dropin import (
     tolerances,
     unflatten,
 )
-from cde_nets.solvers.engine import check_cell
+from cde_nets.solvers.engine import check_cell, check_events
 from cde_nets.solvers.errors import Reason, SolverError
+from cde_nets.solvers.events import HermiteDense, per_sample_events
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
-from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS
+from cde_nets.solvers.grids import aligned_grid
+from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS, SolverOptions, is_adaptive
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample.solve import odeint_per_sample
 from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.steppers.rk_events import odeint_event_rk
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
-__all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
+__all__ = ["odeint", "odeint_adjoint", "odeint_dense", "odeint_event", "METHODS"]
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
 # the event search's step limit when `options` set no `max_num_steps` (torchdiffeq's search has none, so an event
@@ -258,6 +261,7 @@ def odeint(
     gradient: str | GradientMethod = "backprop",
     adjoint_params: Sequence[torch.Tensor] | None = None,
     controller: str = "batch",
+    event_mode: str = "first",
 ) -> Any:
     """Solve ``dy/dt = func(t, y)``, ``y(t[0]) = y0`` at the times ``t``: torchdiffeq's ``odeint``.
 
@@ -280,6 +284,10 @@ def odeint(
             (default: to rounding).
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
+            With ``event_mode="per_sample"``, each sample (``y0``'s first axis) stops at its own first sign change
+            of ``g(t, y) -> (n,)`` (``t``: ``(n,)``, one per running row) within ``[t[0], t[1]]`` (or at ``t[1]``),
+            located on the Hermite interpolant as ``ODEBlock.solve(y0, event=g)`` does, by the same loop
+            (:func:`~cde_nets.solvers.events.per_sample_events`): ``event_t`` is then ``(batch,)``.
         gradient: this library's addition: ``"backprop"`` (default, torchdiffeq's), ``"adjoint"`` (the
             backsolve: the continuous adjoint, or for the fixed-grid implicit methods and compositions each
             step's start rebuilt by the step with −h), ``"checkpoint"`` or ``"symplectic"`` (exact gradients of
@@ -294,12 +302,18 @@ def odeint(
             torchdiffeq's steps) or ``"per_sample"``: every sample of the batch (``y0``'s first axis) on its own
             step size, ``func`` called with ``t`` of shape ``(batch,)``, ``t`` of shape ``(n,)`` or ``(batch, n)``
             (:func:`~cde_nets.solvers.per_sample.solve.odeint_per_sample`; ``dopri5``/``bosh3``).
+        event_mode: with ``event_fn``: ``"first"`` (default, torchdiffeq's: the whole state stops at the first
+            event) or ``"per_sample"`` (each sample at its own).
 
     Returns:
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
     if controller != "batch":
         return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, adjoint_params)
+    if event_fn is not None and event_mode != "first":
+        return _events_per_sample(
+            func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode
+        )
     if isinstance(gradient, Adjoint) or gradient == "adjoint":
         return _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoint_params)
     if event_fn is not None:
@@ -330,12 +344,12 @@ def _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoi
 def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, params) -> torch.Tensor:
     if controller != "per_sample":
         raise ValueError(f"`controller` must be 'batch' (one step for the batch) or 'per_sample'; got {controller!r}.")
-    if event_fn is not None:
-        raise ValueError("`event_fn` runs on the shared step; use controller='batch' with it.")
     if not isinstance(y0, torch.Tensor):
         raise ValueError("controller='per_sample' needs a tensor `y0` of shape (batch, *state), not a tuple.")
     check_state(y0, method or "dopri5", (method or "dopri5") in ADAPTIVE)
     check_cell(as_gradient(gradient), method or "dopri5", controller)
+    if event_fn is not None:
+        check_events(method or "dopri5", "per_sample", controller)
     kw = dict(rtol=rtol, atol=atol, method=method or "dopri5", options=options, gradient=gradient, params=params)
     return odeint_per_sample(func, y0, t, **kw)
 
@@ -355,6 +369,7 @@ def odeint_adjoint(
     adjoint_method: str | None = None,
     adjoint_options: dict | None = None,
     adjoint_params: Sequence[torch.Tensor] | None = None,
+    event_mode: str = "first",
 ) -> Any:
     """:func:`odeint` whose gradient is the continuous adjoint (Chen et al. 2018, eqs. 4-5): torchdiffeq's
     ``odeint_adjoint``, memory constant in the number of steps.
@@ -363,7 +378,8 @@ def odeint_adjoint(
     forward ``options`` less ``norm`` (as torchdiffeq: a different ``adjoint_method`` with ``options`` needs
     ``adjoint_options``). Only ``adjoint_params`` (default: ``func``'s parameters; required when ``func`` is not
     an ``nn.Module``) receive gradients. The backward solve's error norm is the seminorm (Kidger et al. 2021)
-    unless ``adjoint_options["norm"]`` is a callable.
+    unless ``adjoint_options["norm"]`` is a callable. ``event_mode``: as :func:`odeint`'s; per-sample events
+    take the backward solve's tolerances and method from ``adjoint_rtol``/``adjoint_atol``/``adjoint_method``.
     """
     method = _check_method(method)
     adj_method = method if adjoint_method is None else _check_method(adjoint_method, "adjoint_method")
@@ -391,6 +407,9 @@ def odeint_adjoint(
         method=adj_method,
         options=adj_options,
     )
+    if event_fn is not None and event_mode != "first":
+        grad = Adjoint(rtol=adjoint_rtol, atol=adjoint_atol, method=adjoint_method)
+        return _events_per_sample(func, y0, t, event_fn, rtol, atol, method, options, grad, adjoint_params, event_mode)
     if event_fn is not None:
         return _until_event(func, y0, t, event_fn, rtol, atol, method, options, "adjoint", adjoint_params, adjoint)
     return _solve(
@@ -407,6 +426,85 @@ def odeint_adjoint(
     )
 
 
+def _events_per_sample(
+    func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode: str = "per_sample"
+) -> Any:
+    """``(event_t, solution)`` with every sample on its own clock: the per-sample event loop
+    (:func:`~cde_nets.solvers.events.per_sample_events`) that ``ODEBlock.solve(y0, event=g)`` runs, over
+    ``[t[0], t[1]]``; ``event_t`` ``(batch,)`` (``t[1]`` where a sample had no event), ``solution`` ``y0`` and each
+    sample's state at its own event."""
+    if not callable(event_fn):
+        raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
+    res, y0 = _run_per_sample(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode)
+    return res.times, torch.stack([y0, res.y])
+
+
+def odeint_dense(
+    func: Callable,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    *,
+    rtol: Any = 1e-7,
+    atol: Any = 1e-9,
+    method: str | None = None,
+    options: dict | None = None,
+    gradient: str | GradientMethod = "backprop",
+    adjoint_params: Sequence[torch.Tensor] | None = None,
+) -> HermiteDense:
+    """The trajectory from ``t[0]`` to ``t[-1]`` (increasing) as a dense output: ``odeint_dense(...).evaluate(s)``
+    gives the states at any times ``s`` in the span, ``(len(s), *y0.shape)``, differentiable. It is the piecewise
+    cubic Hermite interpolant through the solver's states and fields about one step apart (Hairer, Nørsett &
+    Wanner, "Solving Ordinary Differential Equations I", §II.6), built by the same loop as
+    ``ODEBlock.solve(y0, dense=True)`` (:func:`~cde_nets.solvers.events.per_sample_events`): the same values and
+    gradients. ``y0``: a tensor ``(batch, ...)``; the other arguments are :func:`odeint`'s."""
+    res, _ = _run_per_sample(func, y0, t, None, rtol, atol, method, options, gradient, adjoint_params, "per_sample")
+    assert res.knots is not None
+    return HermiteDense(*res.knots)
+
+
+def _run_per_sample(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode):
+    """The per-sample loop of both doors on ``odeint``'s arguments: the block's solver settings built from them
+    (:class:`~cde_nets.solvers.options.SolverOptions`), each segment solved by the adapter the block calls too."""
+    if not callable(func):
+        raise TypeError(f"`func` must be callable as func(t, y), got {type(func).__name__}.")
+    method = _check_method(method)
+    grad = as_gradient(gradient)
+    check_cell(grad, method)  # the order of ODEBlock's checks: the gradient's (on construction), then the events'
+    check_events(method, event_mode)
+    if not isinstance(y0, torch.Tensor) or y0.dim() < 1:
+        raise ValueError("per-sample events and dense output need a tensor `y0` of shape (batch, *state), not a tuple.")
+    check_state(y0, method, method in ADAPTIVE)
+    t = check_output_times(t, y0.device)
+    if len(t) < 2 or bool(t[0] > t[-1]) or t.requires_grad:
+        raise ValueError(
+            "per-sample events and dense output integrate forwards over [t[0], t[-1]]: pass increasing, detached `t`."
+        )
+    opts = _check_options(method, options)
+    step = opts.pop("step_size", None)
+    adaptive = is_adaptive(method, step)
+    tol = dict(rtol=rtol, atol=atol) if adaptive else {}
+    solver = SolverOptions(method, step_size=step, options=opts, **tol)
+    t0, t1 = float(t[0]), float(t[-1])
+    grid = None if adaptive else aligned_grid([t0, t1], step)
+    if gradient == "backprop" or isinstance(gradient, GradientMethod) and gradient.name == "backprop":
+        params = tuple(p for p in func.parameters() if p.requires_grad) if isinstance(func, nn.Module) else ()
+    else:
+        params = _params(func, adjoint_params, grad.name)
+
+    def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor, g, first_step):
+        s = solver if first_step is None else solver.replace(options={**solver.options, "first_step": first_step})
+        ys, stats = integrate(func, y, times, solver=s, gradient=grad, params=params, grid=g)
+        return ys, stats.steps_forward
+
+    def field(s: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return func(s, y)
+
+    event = None if event_fn is None else (lambda s, y, idx: event_fn(s, y))
+    kw: dict[str, Any] = dict(t0=t0, t1=t1, grid=grid, event=event, dense=event_fn is None)
+    kw.update(steps_to_points=method in REVERSIBLE_METHODS, free_first_step="first_step" not in opts)
+    return per_sample_events(solve, field, y0, **kw), y0
+
+
 def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint):
     """``(event_t, solution)`` from ``t[0]`` until ``event_fn(t, y) = 0``.
 
@@ -420,12 +518,8 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     if not callable(event_fn):
         raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
     method = _check_method(method)
-    if method in REVERSIBLE_METHODS or method in SPLIT_METHODS:
-        raise ValueError(
-            f"`event_fn` with method={method!r}: odeint's event search runs the Runge-Kutta methods (explicit and "
-            "implicit); for the library's reversible and composition methods use "
-            "ODEBlock(field, method=...).solve(y0, event=...), which locates events on their steps."
-        )
+    check_cell(as_gradient(gradient), method)  # the order of ODEBlock's checks: the gradient's, then the events'
+    check_events(method, "first")
     opts = _check_options(method, options)
     flat, shapes = check_state(y0, method, method in ADAPTIVE)
     t = check_output_times(t, flat.device)
