@@ -642,7 +642,9 @@ def _event_state(
     times = torch.stack([t[0], t_star])
     kwargs: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options)
     if gradient == "adjoint":
-        sol = odeint_adjoint(func, y0, times, adjoint_params=adjoint_params, **_adjoint_kwargs(adjoint), **kwargs)
+        # the implicit methods' adjoint is the backsolve of their own steps, whose settings are the forward ones
+        backward = {} if method in IMPLICIT else _adjoint_kwargs(adjoint)
+        sol = odeint_adjoint(func, y0, times, adjoint_params=adjoint_params, **backward, **kwargs)
     else:
         sol = odeint(func, y0, times, gradient=gradient, adjoint_params=adjoint_params, **kwargs)
     y_sol = sol if shapes is None else torch.cat([s.reshape(2, -1) for s in sol], dim=1)

@@ -139,3 +139,19 @@ def test_fixed_step_event_search_that_never_changes_sign_is_named():
             options={"step_size": 1.0},
         )
     assert info.value.reason is Reason.NO_EVENT
+
+
+@pytest.mark.parametrize("method", ["gl4", "implicit_euler"])
+def test_adjoint_event_on_an_implicit_method_is_served(method: str) -> None:
+    """The implicit methods' adjoint is the backsolve of their own steps; the event's re-solve asked it with the
+    forward tolerances spelled out as backward ones, which that adjoint refuses. ``y' = −1`` from 2: the level 1 at
+    ``t* = 1`` exactly (every Runge-Kutta method is exact on it), ``dt*/dy_0 = 1``."""
+    y = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    t0 = torch.tensor(0.0, dtype=F64)
+    event_t, sol = odeint_event(
+        Fall(), y, t0, event_fn=lambda t, y: y - 1.0, method=method, options={"step_size": 0.25}, atol=1e-10,
+        odeint_interface=cde_nets.odeint_adjoint,
+    )  # fmt: skip
+    (grad,) = torch.autograd.grad(event_t, y)
+    assert abs(float(event_t.detach()) - 1.0) < 1e-9
+    assert abs(float(grad) - 1.0) < 1e-12
