@@ -7,7 +7,7 @@ from .block_regularisers import Regularisation
 from .collected_terms import IntegratedTerms, integrated_terms
 from .discrete import DiscreteNet, discretize
 from .flows import ContinuousFlow
-from .functional import odeint, odeint_adjoint, odeint_event
+from .functional import odeint, odeint_adjoint, odeint_dense, odeint_event
 from .ode_block import ODEBlock
 from .pieces import Pieces, TimeGrid, smoothness
 from .projected_solve import solve_projected
@@ -49,6 +49,7 @@ __all__ = [
     "Reversible",
     "odeint",
     "odeint_adjoint",
+    "odeint_dense",
     "odeint_event",
     "odeint_per_sample",
     "solve_second_order",

@@ -14,7 +14,10 @@ of any shape or a tuple of them, at times ``t`` increasing or decreasing from an
   (:mod:`solvers.steppers.implicit_grid`);
 - gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
 - events are located by torchdiffeq's search (bisection on the step's dense output) run on the library's stepper
-  (:mod:`solvers.steppers.rk_events`) and differentiated by the implicit function theorem here.
+  (:mod:`solvers.steppers.rk_events`) and differentiated by the implicit function theorem here, the whole state
+  stopping at the first event; with ``event_mode="per_sample"`` each sample stops at its own, by the loop
+  ``ODEBlock.solve(y0, event=g)`` runs (:func:`~solvers.events.per_sample_events`), which also gives
+  :func:`odeint_dense`.
 
 Every explicit Runge-Kutta method runs on the library's stepper, complex states included; only the methods the
 engine lacks (the Adams methods, ``scipy_solver``) go to torchdiffeq's public ``odeint``. Deliberate differences from
@@ -450,27 +453,32 @@ def odeint_dense(
     options: dict | None = None,
     gradient: str | GradientMethod = "backprop",
     adjoint_params: Sequence[torch.Tensor] | None = None,
+    controller: str = "batch",
 ) -> HermiteDense:
     """The trajectory from ``t[0]`` to ``t[-1]`` (increasing) as a dense output: ``odeint_dense(...).evaluate(s)``
     gives the states at any times ``s`` in the span, ``(len(s), *y0.shape)``, differentiable. It is the piecewise
     cubic Hermite interpolant through the solver's states and fields about one step apart (Hairer, Nørsett &
     Wanner, "Solving Ordinary Differential Equations I", §II.6), built by the same loop as
     ``ODEBlock.solve(y0, dense=True)`` (:func:`~cde_nets.solvers.events.per_sample_events`): the same values and
-    gradients. ``y0``: a tensor ``(batch, ...)``; the other arguments are :func:`odeint`'s."""
-    res, _ = _run_per_sample(func, y0, t, None, rtol, atol, method, options, gradient, adjoint_params, "per_sample")
+    gradients. ``y0``: a tensor ``(batch, ...)``; the other arguments are :func:`odeint`'s (``controller="batch"``
+    only: the loop runs on the shared step)."""
+    args = (func, y0, t, None, rtol, atol, method, options, gradient, adjoint_params, "per_sample", controller)
+    res, _ = _run_per_sample(*args)
     assert res.knots is not None
     return HermiteDense(*res.knots)
 
 
-def _run_per_sample(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode):
+def _run_per_sample(
+    func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode, controller="batch"
+):
     """The per-sample loop of both doors on ``odeint``'s arguments: the block's solver settings built from them
     (:class:`~cde_nets.solvers.options.SolverOptions`), each segment solved by the adapter the block calls too."""
     if not callable(func):
         raise TypeError(f"`func` must be callable as func(t, y), got {type(func).__name__}.")
     method = _check_method(method)
     grad = as_gradient(gradient)
-    check_cell(grad, method)  # the order of ODEBlock's checks: the gradient's (on construction), then the events'
-    check_events(method, event_mode)
+    check_cell(grad, method, controller)  # ODEBlock's order: the gradient's (on construction), then the events'
+    check_events(method, event_mode, controller)
     if not isinstance(y0, torch.Tensor) or y0.dim() < 1:
         raise ValueError("per-sample events and dense output need a tensor `y0` of shape (batch, *state), not a tuple.")
     check_state(y0, method, method in ADAPTIVE)
@@ -698,6 +706,11 @@ def odeint_event(
     end time: torchdiffeq's ``odeint_event``. Returns ``(event_t, solution)``, ``solution`` holding ``y0`` and the
     state at the event; gradients reach both through ``t0``, ``y0``, the parameters and ``event_fn``'s own.
     ``odeint_interface``: :func:`odeint` or :func:`odeint_adjoint`; ``kwargs`` go to it."""
+    if kwargs.get("event_mode", "first") != "first":
+        raise ValueError(
+            "odeint_event searches without an end time, torchdiffeq's whole-state semantics; per-sample events end "
+            "at a time of their own: odeint(func, y0, t=[t0, t1], event_fn=g, event_mode='per_sample')."
+        )
     t0 = torch.as_tensor(t0)
     step = -1.0 if reverse_time else 1.0
     t = torch.cat([t0.reshape(-1), t0.detach().reshape(-1) + step])
