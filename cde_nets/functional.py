@@ -494,10 +494,11 @@ def _run_per_sample(
     solver = SolverOptions(method, step_size=step, options=opts, **tol)
     t0, t1 = float(t[0]), float(t[-1])
     grid = None if adaptive else aligned_grid([t0, t1], step)
-    if gradient == "backprop" or isinstance(gradient, GradientMethod) and gradient.name == "backprop":
-        params = tuple(p for p in func.parameters() if p.requires_grad) if isinstance(func, nn.Module) else ()
-    else:
+    params: tuple[torch.Tensor, ...] = ()
+    if grad.name != "backprop":
         params = _params(func, adjoint_params, grad.name)
+    elif isinstance(func, nn.Module):  # as ODEBlock hands them over
+        params = tuple(p for p in func.parameters() if p.requires_grad)
 
     def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor, g, first_step):
         s = solver if first_step is None else solver.replace(options={**solver.options, "first_step": first_step})

@@ -357,10 +357,9 @@ class ODEBlock(Block):
         self._check_events(event, t, t_end, dense)
         if event is not None or dense:
             check_events(self.method, event_mode if event is not None else "per_sample")
-        if event is not None and event_mode == "first":
-            if t_end is not None:
-                raise ValueError("`t_end` stops each sample at its own time: use it with event_mode='per_sample'.")
-            return self._first_event(bound, y0, event, stats, gradient)
+        first = event is not None and event_mode == "first"
+        if first and t_end is not None:
+            raise ValueError("`t_end` stops each sample at its own time: use it with event_mode='per_sample'.")
         if self.regularisers and (per_sample or dense or (isinstance(t, torch.Tensor) and t.requires_grad)):
             raise ValueError(
                 "a block with `regularisers` integrates them over the whole batch's solve: drop `event`, "
@@ -375,6 +374,8 @@ class ODEBlock(Block):
         check_positive("event_tol", event_tol, "It is the width in t to which event times are located.")
         if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to solve, but every parameter in the graph
             return _empty(bound, y0, self.T, t, stats, per_sample)
+        if first:
+            return self._first_event(bound, y0, event, stats, gradient)
         if per_sample or dense:
             g = None if event is None else (lambda s, y, idx: event(s, y))
             with self._gathered():
@@ -654,7 +655,8 @@ class ODEBlock(Block):
             )  # fmt: skip
         n = y0.shape[0]
         times = t_star.to(torch.float64).expand(n)
-        return Solution(y=sol[-1], stats=stats, stop_times=times, fired=torch.ones(n, dtype=torch.bool))
+        fired = torch.ones(n, dtype=torch.bool, device=y0.device)
+        return Solution(y=sol[-1], stats=stats, stop_times=times, fired=fired)
 
     def _solve(
         self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, stats: SolverStats, gradient: GradientMethod
