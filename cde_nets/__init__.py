@@ -14,7 +14,7 @@ from cde_nets.blocks.solution import Solution
 from cde_nets.blocks.stop import Stop
 from cde_nets.fields.pieces import Pieces, TimeGrid, smoothness
 from cde_nets.flows import ContinuousFlow
-from cde_nets.functional import odeint, odeint_adjoint, odeint_event
+from cde_nets.functional import odeint, odeint_adjoint, odeint_dense, odeint_event
 
 from .solvers.gradients import Adjoint, Backprop, Checkpoint, Forward, GradientMethod, Reversible, Symplectic
 from .solvers.options import SolverOptions
@@ -50,6 +50,7 @@ __all__ = [
     "Reversible",
     "odeint",
     "odeint_adjoint",
+    "odeint_dense",
     "odeint_event",
     "odeint_per_sample",
     "solve_second_order",

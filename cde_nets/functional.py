@@ -14,7 +14,10 @@ of any shape or a tuple of them, at times ``t`` increasing or decreasing from an
   (:mod:`solvers.steppers.implicit_grid`);
 - gradients with respect to ``t`` come from :mod:`solvers.output_times` in every gradient mode;
 - events are located by torchdiffeq's search (bisection on the step's dense output) run on the library's stepper
-  (:mod:`solvers.steppers.rk_events`) and differentiated by the implicit function theorem here.
+  (:mod:`solvers.steppers.rk_events`) and differentiated by the implicit function theorem here, the whole state
+  stopping at the first event; with ``event_mode="per_sample"`` each sample stops at its own, by the loop
+  ``ODEBlock.solve(y0, event=g)`` runs (:func:`~solvers.events.per_sample_events`), which also gives
+  :func:`odeint_dense`.
 
 Every explicit Runge-Kutta method runs on the library's stepper, complex states included; only the methods the
 engine lacks (the Adams methods, ``scipy_solver``) go to torchdiffeq's public ``odeint``. Deliberate differences from
@@ -32,6 +35,7 @@ import torch
 from torch import nn
 
 from cde_nets.blocks.nonfinite import Watch, check_result
+from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.controllers import Controller, as_controller, is_per_sample
 from cde_nets.solvers.dropin import (
     ADAPTIVE,
@@ -46,10 +50,19 @@ from cde_nets.solvers.dropin import (
     tolerances,
     unflatten,
 )
-from cde_nets.solvers.engine import check_cell
+from cde_nets.solvers.engine import check_cell, check_events
 from cde_nets.solvers.errors import Reason, SolverError
+from cde_nets.solvers.events import HermiteDense, per_sample_events
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient, gradient_names
-from cde_nets.solvers.options import IMPLICIT_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS, check_shared_controller
+from cde_nets.solvers.grids import aligned_grid
+from cde_nets.solvers.options import (
+    IMPLICIT_METHODS,
+    REVERSIBLE_METHODS,
+    SPLIT_METHODS,
+    SolverOptions,
+    check_shared_controller,
+    is_adaptive,
+)
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample.solve import odeint_per_sample
 from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
@@ -57,7 +70,7 @@ from cde_nets.solvers.steppers.methods import RK_METHODS
 from cde_nets.solvers.steppers.rk_events import odeint_event_rk
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
-__all__ = ["odeint", "odeint_adjoint", "odeint_event", "METHODS"]
+__all__ = ["odeint", "odeint_adjoint", "odeint_dense", "odeint_event", "METHODS"]
 
 State = torch.Tensor | tuple[torch.Tensor, ...]
 # the event search's step limit when `options` set no `max_num_steps` (torchdiffeq's search has none, so an event
@@ -271,6 +284,7 @@ def odeint(
     gradient: str | GradientMethod = "backprop",
     adjoint_params: Sequence[torch.Tensor] | None = None,
     controller: str | Controller = "batch",
+    event_mode: str = "first",
 ) -> Any:
     """Solve ``dy/dt = func(t, y)``, ``y(t[0]) = y0`` at the times ``t``: torchdiffeq's ``odeint``.
 
@@ -293,6 +307,10 @@ def odeint(
             (default: to rounding).
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
+            With ``event_mode="per_sample"``, each sample (``y0``'s first axis) stops at its own first sign change
+            of ``g(t, y) -> (n,)`` (``t``: ``(n,)``, one per running row) within ``[t[0], t[1]]`` (or at ``t[1]``),
+            located on the Hermite interpolant as ``ODEBlock.solve(y0, event=g)`` does, by the same loop
+            (:func:`~cde_nets.solvers.events.per_sample_events`): ``event_t`` is then ``(batch,)``.
         gradient: this library's addition: ``"backprop"`` (default, torchdiffeq's), ``"adjoint"`` (the
             backsolve: the continuous adjoint, or for the fixed-grid implicit methods and compositions each
             step's start rebuilt by the step with −h), ``"checkpoint"`` or ``"symplectic"`` (exact gradients of
@@ -309,25 +327,38 @@ def odeint(
             (``y0``'s first axis) on its own step size, ``func`` called with ``t`` of shape ``(batch,)``, ``t`` of
             shape ``(n,)`` or ``(batch, n)``
             (:func:`~cde_nets.solvers.per_sample.solve.odeint_per_sample`; ``dopri5``/``bosh3``).
+        event_mode: with ``event_fn``: ``"first"`` (default, torchdiffeq's: the whole state stops at the first
+            event) or ``"per_sample"`` (each sample at its own).
 
     Returns:
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
-    rule = as_controller(controller, options if is_per_sample(controller) else None)
+    rule, options = _controller(controller, method, options)
     if rule.per_sample:
-        if isinstance(controller, Controller):  # the per-sample loop reads its constants from the options
-            options = {**(options or {}), **{k: getattr(rule, k) for k in rule.OPTIONS}}
         return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, rule.name, adjoint_params)
-    if controller != "batch":  # another shared-step rule: it rides in the stepper's options
-        check_shared_controller(controller, _check_method(method))
-        rule.check_options(options or {})
-        options = {**_check_options(_check_method(method), options), "controller": rule}
+    if event_fn is not None and event_mode != "first":
+        return _events_per_sample(
+            func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode
+        )
     if isinstance(gradient, Adjoint) or gradient == "adjoint":
         return _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoint_params)
     if event_fn is not None:
         return _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, None)
     kw = dict(rtol=rtol, atol=atol, method=method, options=options, adjoint=None)
     return _solve(func, y0, t, gradient=gradient, adjoint_params=adjoint_params, **kw)
+
+
+def _controller(controller: str | Controller, method: str | None, options: dict | None) -> tuple[Controller, Any]:
+    """The controller ``controller`` names, and the options that carry it: a per-sample object's constants go
+    where the per-sample loop reads them; a shared-step rule other than torchdiffeq's rides to the stepper."""
+    rule = as_controller(controller, options if is_per_sample(controller) else None)
+    if rule.per_sample and isinstance(controller, Controller):
+        options = {**(options or {}), **{k: getattr(rule, k) for k in rule.OPTIONS}}
+    elif not rule.per_sample and controller != "batch":
+        check_shared_controller(controller, _check_method(method))
+        rule.check_options(options or {})
+        options = {**_check_options(_check_method(method), options), "controller": rule}
+    return rule, options
 
 
 def _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoint_params) -> Any:
@@ -350,12 +381,12 @@ def _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoi
 
 
 def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, params) -> torch.Tensor:
-    if event_fn is not None:
-        raise ValueError("`event_fn` runs on the shared step; use controller='batch' with it.")
     if not isinstance(y0, torch.Tensor):
         raise ValueError("controller='per_sample' needs a tensor `y0` of shape (batch, *state), not a tuple.")
     check_state(y0, method or "dopri5", (method or "dopri5") in ADAPTIVE)
     check_cell(as_gradient(gradient), method or "dopri5", controller)
+    if event_fn is not None:
+        check_events(method or "dopri5", "per_sample", controller)
     kw = dict(rtol=rtol, atol=atol, method=method or "dopri5", options=options, gradient=gradient, params=params)
     return odeint_per_sample(func, y0, t, **kw)
 
@@ -383,7 +414,8 @@ def odeint_adjoint(
     forward ``options`` less ``norm`` (as torchdiffeq: a different ``adjoint_method`` with ``options`` needs
     ``adjoint_options``). Only ``adjoint_params`` (default: ``func``'s parameters; required when ``func`` is not
     an ``nn.Module``) receive gradients. The backward solve's error norm is the seminorm (Kidger et al. 2021)
-    unless ``adjoint_options["norm"]`` is a callable.
+    unless ``adjoint_options["norm"]`` is a callable. (torchdiffeq's signature, unchanged: per-sample events with
+    the adjoint are ``odeint(..., event_fn=g, event_mode="per_sample", gradient=Adjoint(...))``.)
     """
     method = _check_method(method)
     adj_method = method if adjoint_method is None else _check_method(adjoint_method, "adjoint_method")
@@ -427,6 +459,91 @@ def odeint_adjoint(
     )
 
 
+def _events_per_sample(
+    func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode: str = "per_sample"
+) -> Any:
+    """``(event_t, solution)`` with every sample on its own clock: the per-sample event loop
+    (:func:`~cde_nets.solvers.events.per_sample_events`) that ``ODEBlock.solve(y0, event=g)`` runs, over
+    ``[t[0], t[1]]``; ``event_t`` ``(batch,)`` (``t[1]`` where a sample had no event), ``solution`` ``y0`` and each
+    sample's state at its own event."""
+    if not callable(event_fn):
+        raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
+    res, y0 = _run_per_sample(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode)
+    return res.times, torch.stack([y0, res.y])
+
+
+def odeint_dense(
+    func: Callable,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    *,
+    rtol: Any = 1e-7,
+    atol: Any = 1e-9,
+    method: str | None = None,
+    options: dict | None = None,
+    gradient: str | GradientMethod = "backprop",
+    adjoint_params: Sequence[torch.Tensor] | None = None,
+    controller: str = "batch",
+) -> HermiteDense:
+    """The trajectory from ``t[0]`` to ``t[-1]`` (increasing) as a dense output: ``odeint_dense(...).evaluate(s)``
+    gives the states at any times ``s`` in the span, ``(len(s), *y0.shape)``, differentiable. It is the piecewise
+    cubic Hermite interpolant through the solver's states and fields about one step apart (Hairer, Nørsett &
+    Wanner, "Solving Ordinary Differential Equations I", §II.6), built by the same loop as
+    ``ODEBlock.solve(y0, dense=True)`` (:func:`~cde_nets.solvers.events.per_sample_events`): the same values and
+    gradients. ``y0``: a tensor ``(batch, ...)``; the other arguments are :func:`odeint`'s (``controller="batch"``
+    only: the loop runs on the shared step)."""
+    args = (func, y0, t, None, rtol, atol, method, options, gradient, adjoint_params, "per_sample", controller)
+    res, _ = _run_per_sample(*args)
+    assert res.knots is not None
+    return HermiteDense(*res.knots)
+
+
+def _run_per_sample(
+    func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode, controller="batch"
+):
+    """The per-sample loop of both doors on ``odeint``'s arguments: the block's solver settings built from them
+    (:class:`~cde_nets.solvers.options.SolverOptions`), each segment solved by the adapter the block calls too."""
+    if not callable(func):
+        raise TypeError(f"`func` must be callable as func(t, y), got {type(func).__name__}.")
+    method = _check_method(method)
+    grad = as_gradient(gradient)
+    check_cell(grad, method, controller)  # ODEBlock's order: the gradient's (on construction), then the events'
+    check_events(method, event_mode, controller)
+    if not isinstance(y0, torch.Tensor) or y0.dim() < 1:
+        raise ValueError("per-sample events and dense output need a tensor `y0` of shape (batch, *state), not a tuple.")
+    check_state(y0, method, method in ADAPTIVE)
+    t = check_output_times(t, y0.device)
+    if len(t) < 2 or bool(t[0] > t[-1]) or t.requires_grad:
+        raise ValueError(
+            "per-sample events and dense output integrate forwards over [t[0], t[-1]]: pass increasing, detached `t`."
+        )
+    opts = _check_options(method, options)
+    step = opts.pop("step_size", None)
+    adaptive = is_adaptive(method, step)
+    tol = dict(rtol=rtol, atol=atol) if adaptive else {}
+    solver = SolverOptions(method, step_size=step, options=opts, **tol)
+    t0, t1 = float(t[0]), float(t[-1])
+    grid = None if adaptive else aligned_grid([t0, t1], step)
+    params: tuple[torch.Tensor, ...] = ()
+    if grad.name != "backprop":
+        params = _params(func, adjoint_params, grad.name)
+    elif isinstance(func, nn.Module):  # as ODEBlock hands them over
+        params = tuple(p for p in func.parameters() if p.requires_grad)
+
+    def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor, g, first_step):
+        s = solver if first_step is None else solver.replace(options={**solver.options, "first_step": first_step})
+        ys, stats = integrate(func, y, times, solver=s, gradient=grad, params=params, grid=g)
+        return ys, stats.steps_forward
+
+    def field(s: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return func(s, y)
+
+    event = None if event_fn is None else (lambda s, y, idx: event_fn(s, y))
+    kw: dict[str, Any] = dict(t0=t0, t1=t1, grid=grid, event=event, dense=event_fn is None)
+    kw.update(steps_to_points=method in REVERSIBLE_METHODS, free_first_step="first_step" not in opts)
+    return per_sample_events(solve, field, y0, **kw), y0
+
+
 def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, adjoint):
     """``(event_t, solution)`` from ``t[0]`` until ``event_fn(t, y) = 0``.
 
@@ -440,12 +557,8 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     if not callable(event_fn):
         raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
     method = _check_method(method)
-    if method in REVERSIBLE_METHODS or method in SPLIT_METHODS:
-        raise ValueError(
-            f"`event_fn` with method={method!r}: odeint's event search runs the Runge-Kutta methods (explicit and "
-            "implicit); for the library's reversible and composition methods use "
-            "ODEBlock(field, method=...).solve(y0, event=...), which locates events on their steps."
-        )
+    check_cell(as_gradient(gradient), method)  # the order of ODEBlock's checks: the gradient's, then the events'
+    check_events(method, "first")
     opts = _check_options(method, options)
     flat, shapes = check_state(y0, method, method in ADAPTIVE)
     t = check_output_times(t, flat.device)
@@ -568,7 +681,9 @@ def _event_state(
     times = torch.stack([t[0], t_star])
     kwargs: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options)
     if gradient == "adjoint":
-        sol = odeint_adjoint(func, y0, times, adjoint_params=adjoint_params, **_adjoint_kwargs(adjoint), **kwargs)
+        # the implicit methods' adjoint is the backsolve of their own steps, whose settings are the forward ones
+        backward = {} if method in IMPLICIT else _adjoint_kwargs(adjoint)
+        sol = odeint_adjoint(func, y0, times, adjoint_params=adjoint_params, **backward, **kwargs)
     else:
         sol = odeint(func, y0, times, gradient=gradient, adjoint_params=adjoint_params, **kwargs)
     y_sol = sol if shapes is None else torch.cat([s.reshape(2, -1) for s in sol], dim=1)
@@ -622,6 +737,11 @@ def odeint_event(
     end time: torchdiffeq's ``odeint_event``. Returns ``(event_t, solution)``, ``solution`` holding ``y0`` and the
     state at the event; gradients reach both through ``t0``, ``y0``, the parameters and ``event_fn``'s own.
     ``odeint_interface``: :func:`odeint` or :func:`odeint_adjoint`; ``kwargs`` go to it."""
+    if kwargs.get("event_mode", "first") != "first":
+        raise ValueError(
+            "odeint_event searches without an end time, torchdiffeq's whole-state semantics; per-sample events end "
+            "at a time of their own: odeint(func, y0, t=[t0, t1], event_fn=g, event_mode='per_sample')."
+        )
     t0 = torch.as_tensor(t0)
     step = -1.0 if reverse_time else 1.0
     t = torch.cat([t0.reshape(-1), t0.detach().reshape(-1) + step])

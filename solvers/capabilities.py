@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .controllers import is_per_sample
-from .engine import check_cell
+from .engine import check_cell, check_events
 from .gradients import GRADIENTS
 from .options import (
     ADAPTIVE_METHODS,
@@ -26,7 +26,12 @@ from .options import (
 )
 from .steppers.implicit_tableaux import IMPLICIT_TABLEAUX
 
-__all__ = ["FAMILIES", "markdown", "served"]
+__all__ = ["FAMILIES", "OUTPUTS", "markdown", "served"]
+
+#: what a solve outputs: states at times ``t``, the whole state at its first event (``event_mode="first"``), each
+#: sample at its own event (``event_mode="per_sample"``), a dense output (``ODEBlock.solve(dense=True)``,
+#: ``cde_nets.odeint_dense``: the per-sample loop without events)
+OUTPUTS = ("times", "first", "per_sample", "dense")
 
 # family name -> {method: order}, in the order the table lists them
 FAMILIES: dict[str, Mapping[str, int]] = {
@@ -38,15 +43,24 @@ FAMILIES: dict[str, Mapping[str, int]] = {
 }
 
 
-def served(method: str, gradient: str, controller: str = "batch") -> bool:
-    """Whether ``gradient`` (a registered short name) serves ``method`` under ``controller``."""
+def served(method: str, gradient: str, controller: str = "batch", output: str = "times") -> bool:
+    """Whether ``gradient`` (a registered short name) serves ``method`` under ``controller`` for ``output``
+    (one of :data:`OUTPUTS`)."""
     if is_per_sample(controller) and method not in PER_SAMPLE_METHODS:
         return False
     try:
         check_cell(GRADIENTS[gradient](), method, controller)
+        if output != "times":
+            check_events(method, "first" if output == "first" else "per_sample", controller)
     except ValueError:
         return False
     return True
+
+
+def _events(method: str) -> str:
+    """The event semantics the method serves (with the shared step, with every gradient it serves)."""
+    modes = [m for m in ("first", "per_sample") if served(method, "backprop", output=m)]
+    return " ".join(f"`{m}`" for m in modes)
 
 
 def _properties(method: str) -> str:
@@ -67,13 +81,18 @@ def markdown() -> str:
         "Which gradient method serves which method, generated from the classes (`python -m "
         "cde_nets.solvers.capabilities`). Both doors, `ODEBlock` and `cde_nets.odeint`, serve exactly these cells "
         "through one engine, and refuse the others with the same message. `✓`: served with the shared step "
-        '(`controller="batch"`); `✓ ps`: also with per-sample steps (`controller="per_sample"`).',
+        '(`controller="batch"`); `✓ ps`: also with per-sample steps (`controller="per_sample"`). *events*: the '
+        "event semantics served, with the shared step and every gradient the row serves: `first` (the whole state "
+        'stops at the first event: `odeint(..., event_fn=g)`, `ODEBlock.solve(y0, event=g, event_mode="first")`), '
+        "`per_sample` (each sample at its own: `ODEBlock.solve(y0, event=g)`, `odeint(..., event_fn=g, "
+        'event_mode="per_sample")`); dense output (`ODEBlock.solve(y0, dense=True)`, `cde_nets.odeint_dense`) is '
+        "served wherever `per_sample` is.",
         "",
     ]
     for family, methods in FAMILIES.items():
         lines += [f"## {family[0].upper()}{family[1:]}", ""]
-        lines.append("| method | order | properties | " + " | ".join(f"`{n}`" for n in names) + " |")
-        lines.append("|---" * (3 + len(names)) + "|")
+        lines.append("| method | order | properties | " + " | ".join(f"`{n}`" for n in names) + " | events |")
+        lines.append("|---" * (4 + len(names)) + "|")
         for method, order in methods.items():
             cells = []
             for n in names:
@@ -81,7 +100,8 @@ def markdown() -> str:
                 if mark and all(served(method, n, c) for c in ("batch", "per_sample")):
                     mark = "✓ ps"
                 cells.append(mark)
-            lines.append(f"| `{method}` | {order} | {_properties(method)} | " + " | ".join(cells) + " |")
+            row = f"| `{method}` | {order} | {_properties(method)} | " + " | ".join(cells)
+            lines.append(row + f" | {_events(method)} |")
         lines.append("")
     lines += [
         "The methods torchdiffeq alone has (`explicit_adams`, `implicit_adams`, `fixed_adams`, `scipy_solver`) run "

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from .controllers import Controller
+from .controllers import Controller, is_per_sample
 from .gradients.base import GradientMethod
 from .grids import stepper_options
-from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, SPLIT_METHODS
+from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
 from .per_sample.solve import check_per_sample_gradient
 from .run import Run
 from .steppers.fast_rk import fast_applies, odeint_fast
@@ -32,7 +32,11 @@ from .steppers.implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
 from .steppers.implicit_ode import integrate_implicit
 from .steppers.split_ode import integrate_split
 
-__all__ = ["check_cell", "solve"]
+__all__ = ["EVENT_MODES", "check_cell", "check_events", "solve"]
+
+#: the two event semantics: the whole state stops at the first event (torchdiffeq's ``odeint_event``: the search of
+#: :mod:`solvers.steppers.rk_events`), or each sample at its own (the loop of :mod:`solvers.events`)
+EVENT_MODES = ("first", "per_sample")
 
 
 def check_cell(gradient: GradientMethod, method: str, controller: str | Controller = "batch") -> None:
@@ -40,6 +44,28 @@ def check_cell(gradient: GradientMethod, method: str, controller: str | Controll
     both doors make, in one order (the controller's refusal is the more specific)."""
     check_per_sample_gradient(controller, gradient, method)
     gradient.check(method)
+
+
+def check_events(method: str, event_mode: str = "per_sample", controller: str | Controller = "batch") -> None:
+    """Refuse, naming the fix, events or dense output (``event_mode="per_sample"``: the same loop) that no door
+    serves for ``method`` under ``controller``: the one check of ``ODEBlock.solve(event=, dense=)`` and of
+    ``cde_nets.odeint(event_fn=)``/``odeint_dense``, so both refuse with the same message."""
+    if event_mode not in EVENT_MODES:
+        raise ValueError(
+            f"`event_mode` must be 'first' (the whole state stops at the first event, torchdiffeq's odeint_event) "
+            f"or 'per_sample' (each sample of the batch stops at its own event); got {event_mode!r}."
+        )
+    if is_per_sample(controller):
+        raise ValueError(
+            "controller='per_sample' serves outputs at times `t` (and per-sample `t_end`); events (`event`, "
+            "`event_fn`, `stop`) and dense output run on the shared step: use controller='batch' for them."
+        )
+    if event_mode == "first" and (method in REVERSIBLE_METHODS or method in SPLIT_METHODS):
+        raise ValueError(
+            f"event_mode='first' runs torchdiffeq's event search, on the Runge-Kutta methods (explicit and "
+            f"implicit), not on method={method!r}: use event_mode='per_sample', which locates each sample's "
+            "events on the steps of any method."
+        )
 
 
 def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:

@@ -42,10 +42,26 @@ import torch
 
 from .validation import check_event_output
 
-__all__ = ["EventResult", "HermiteDense", "event_time", "hermite", "integrate_events", "locate_roots"]
+__all__ = [
+    "EventResult",
+    "HermiteDense",
+    "SEGMENT_STEPS",
+    "SUBPOINTS",
+    "event_time",
+    "hermite",
+    "integrate_events",
+    "locate_roots",
+    "per_sample_events",
+    "segment_plan",
+]
 
 Solve = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 RowFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: :func:`per_sample_events` solves segments of about this many solver steps, each asked for its state at
+#: ``SUBPOINTS`` times: g's sign is checked about twice per step, and a finished sample waits at most one segment.
+SEGMENT_STEPS = 4
+SUBPOINTS = 8
 
 #: Illinois iterations at most; with a bracket of one step and tol 1e-10 a handful suffice.
 _MAX_ITER = 60
@@ -192,6 +208,87 @@ def integrate_events(
     while loop.idx.numel() and loop.sign * (t1 - loop.t) > 0:
         loop.segment(plan, dense)
     return loop.result(dense)
+
+
+SegmentSolve = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", "float | None"], tuple]
+
+
+def segment_plan(
+    grid: torch.Tensor | None, t0: float, t1: float, est: dict, per_segment: int
+) -> Callable[[float], list[float]]:
+    """Where the event loop's next solve from ``t`` ends, and the sub-points at which it checks the sign
+    (forwards, ``t0 < t1``).
+
+    Fixed steps: the next :data:`SEGMENT_STEPS` grid points, the sign checked at every step. Adaptive: a segment
+    of ``per_segment`` times the last segment's mean step ``est["dt"]`` (``(t1 − t0) / 16`` before the first), in
+    :data:`SUBPOINTS` equal parts."""
+    if grid is not None:
+        pts = grid.tolist()
+
+        def plan(t: float) -> list[float]:
+            nxt = [p for p in pts if p > t]
+            return nxt[:SEGMENT_STEPS] or [t1]
+
+        return plan
+
+    def plan_adaptive(t: float) -> list[float]:
+        seg = min(per_segment * est["dt"], t1 - t) if "dt" in est else (t1 - t0) / 16
+        return [t + seg * k / SUBPOINTS for k in range(1, SUBPOINTS)] + [min(t + seg, t1)]
+
+    return plan_adaptive
+
+
+def per_sample_events(
+    solve: SegmentSolve,
+    field: RowFn,
+    y0: torch.Tensor,
+    *,
+    t0: float,
+    t1: float,
+    grid: torch.Tensor | None,
+    steps_to_points: bool = False,
+    free_first_step: bool = True,
+    event: RowFn | None = None,
+    t_end: torch.Tensor | None = None,
+    stop_below: bool = False,
+    tol: float = 1e-10,
+    dense: bool = False,
+) -> EventResult:
+    """The per-sample event loop (:func:`integrate_events`) over ``[t0, t1]`` with its segments planned: the one
+    loop both doors run (``ODEBlock.solve(y0, event=g)`` and ``cde_nets.odeint(..., event_fn=g,
+    event_mode="per_sample")``), and the dense output of both.
+
+    ``solve(y, times, idx, grid, first_step) -> (ys, steps)``: the rows ``idx`` through ``times`` on the engine,
+    with the fixed steps' ``grid`` cut to the segment (``None`` for adaptive methods) and, after the first segment,
+    the last segment's mean step as ``first_step`` (``None`` where ``free_first_step`` is false: the caller set
+    one), returning the states and the accepted steps. ``steps_to_points``: the method has no dense output and
+    steps *to* every sub-point (``alf``): its sub-points are spaced about one step apart, and a segment in which no
+    sub-interval needed a second step grows the next one twofold (a mean step of segment / steps would shrink the
+    next segment every time until the sub-points coincide). The other arguments are :func:`integrate_events`'."""
+    est: dict = {}
+    plan = segment_plan(grid, t0, t1, est, SUBPOINTS if steps_to_points else SEGMENT_STEPS)
+
+    def solve_segment(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        g = None if grid is None else grid[(grid >= times[0]) & (grid <= times[-1])]
+        first = est["dt"] if grid is None and "dt" in est and free_first_step else None  # no fresh search per segment
+        ys, steps = solve(y, times, idx, g, first)
+        span, intervals = float(times[-1] - times[0]), len(times) - 1
+        est["dt"] = 2 * span / intervals if steps_to_points and steps <= intervals else span / max(1, steps)
+        return ys
+
+    return integrate_events(
+        solve_segment,
+        field,
+        y0,
+        t0=t0,
+        t1=t1,
+        plan=plan,
+        event=event,
+        t_end=t_end,
+        stop_below=stop_below,
+        tol=tol,
+        dense=dense,
+    )
 
 
 class _EventLoop:

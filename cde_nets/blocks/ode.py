@@ -21,12 +21,13 @@ from cde_nets.blocks.stop import Stop, as_stop
 from cde_nets.fields.base import Field
 from cde_nets.fields.bound import BoundField
 from cde_nets.fields.pieces import piece_modules, set_views
+from cde_nets.functional import odeint
 from cde_nets.solvers.adapter import integrate
 from cde_nets.solvers.controllers import Controller
 from cde_nets.solvers.counting import SolverStats
-from cde_nets.solvers.engine import check_cell
+from cde_nets.solvers.engine import check_cell, check_events
 from cde_nets.solvers.errors import Reason, SolverError, check_positive
-from cde_nets.solvers.events import HermiteDense, integrate_events
+from cde_nets.solvers.events import HermiteDense, per_sample_events
 from cde_nets.solvers.gradients import Adjoint, Backprop, GradientMethod, as_gradient, default_gradient
 from cde_nets.solvers.gradients.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.grids import aligned_grid
@@ -37,11 +38,6 @@ from cde_nets.solvers.times import check_times
 from cde_nets.solvers.validation import check_half_precision, nonfinite_message
 
 __all__ = ["ODEBlock"]
-
-# The event loop (solvers.events) solves segments of about this many solver steps, each asked for its state at
-# _SUBPOINTS times: g's sign is checked about twice per step, and a finished sample waits at most one segment.
-_SEGMENT_STEPS = 4
-_SUBPOINTS = 8
 
 EventFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -67,28 +63,6 @@ def _empty(bound: BoundField, y0: torch.Tensor, T: float, t, stats: SolverStats,
 def _check_times(t, T: float, device: torch.device | None) -> torch.Tensor:
     """Output times: strictly increasing (``y0`` at 0) or strictly decreasing (``y0`` at ``T``) within [0, T]."""
     return check_times(t, T, device, backwards=True)
-
-
-def _segment_plan(grid: torch.Tensor | None, T: float, est: dict, per_segment: int) -> Callable[[float], list[float]]:
-    """Where the event loop's next solve from ``t`` ends, and the sub-points at which it checks the sign.
-
-    Fixed steps: the next :data:`_SEGMENT_STEPS` grid points, the sign checked at every step. Adaptive: a segment
-    of ``per_segment`` times the last segment's mean step ``est["dt"]`` (``T / 16`` before the first), in
-    :data:`_SUBPOINTS` equal parts."""
-    if grid is not None:
-        pts = grid.tolist()
-
-        def plan(t: float) -> list[float]:
-            nxt = [p for p in pts if p > t]
-            return nxt[:_SEGMENT_STEPS] or [T]
-
-        return plan
-
-    def plan_adaptive(t: float) -> list[float]:
-        seg = min(per_segment * est["dt"], T - t) if "dt" in est else T / 16
-        return [t + seg * k / _SUBPOINTS for k in range(1, _SUBPOINTS)] + [min(t + seg, T)]
-
-    return plan_adaptive
 
 
 def _norm_event(field: Callable[..., torch.Tensor], eps: float) -> Callable[..., torch.Tensor]:
@@ -286,6 +260,7 @@ class ODEBlock(Block):
         t_end: torch.Tensor | None = None,
         dense: bool = False,
         event_tol: float = 1e-10,
+        event_mode: str = "per_sample",
     ) -> Solution:
         """Solve from ``y0`` (``(batch, *state_shape)``; ``u``: the block input of a field with ``needs_input``).
 
@@ -305,6 +280,12 @@ class ODEBlock(Block):
           time (``T`` where none), ``solution.y`` its state there, ``solution.fired`` which samples had one.
           Both are differentiable (implicit function theorem, :mod:`cde_nets.solvers.events`) in every gradient
           mode, also with respect to parameters ``g`` closes over — add those to your optimiser yourself.
+        - ``event_mode="first"``: torchdiffeq's semantics instead: ``g(t, y)`` sees the whole batch ``y`` (one
+          value, or several: the first of them to change sign) and the *whole* batch stops at the first event,
+          searched without an end time (``T`` does not bound it) by bisection on the step's dense output. This is
+          ``cde_nets.odeint_event(field, y0, 0, event_fn=g, ...)`` with the block's method, tolerances (or
+          ``step_size``) and gradient, run by the same code: the same values and gradients. ``stop_times`` holds
+          the event time for every sample; ``stats`` stay empty.
         - ``t_end``: ``(batch,)`` end times in ``[0, T]``: sample ``i`` stops exactly at ``t_end[i]`` (with
           ``event``, at whichever comes first). Differentiable too: ``dy/dt_end = F``.
         - ``dense=True``: keep the trajectory; ``solution.evaluate(t)`` gives states at any times in ``[0, T]``
@@ -315,7 +296,8 @@ class ODEBlock(Block):
         rule is the event ``‖F(t, y)‖ − eps``.
         """
         gradient = self.gradient_for(y0, t)  # the call's own: the block keeps no state between or during calls
-        return report(self._solve_call(y0, u, t, event, t_end, dense, event_tol, SolverStats(), gradient))
+        call = (y0, u, t, event, t_end, dense, event_tol, SolverStats(), gradient, event_mode)
+        return report(self._solve_call(*call))
 
     def gradient_for(self, y0: torch.Tensor, t=None) -> GradientMethod:
         """The gradient method a call from ``y0`` (through the times ``t``) uses: the block's ``gradient``, or,
@@ -356,14 +338,29 @@ class ODEBlock(Block):
         return fast_applies(self.method, True, y0, times, None, self.solver.options)
 
     def _solve_call(
-        self, y0, u, t, event, t_end, dense: bool, event_tol: float, stats: SolverStats, gradient: GradientMethod
+        self,
+        y0,
+        u,
+        t,
+        event,
+        t_end,
+        dense: bool,
+        event_tol: float,
+        stats: SolverStats,
+        gradient: GradientMethod,
+        event_mode: str = "per_sample",
     ) -> Solution:
         bound = self.bind(y0, u)
         self._check_resolution(y0, gradient)
         if self.solver.per_sample:
-            return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats, gradient)
+            return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats, gradient, event_mode)
         per_sample = self.stop is not None or event is not None or t_end is not None
         self._check_events(event, t, t_end, dense)
+        if event is not None or dense:
+            check_events(self.method, event_mode if event is not None else "per_sample")
+        first = event is not None and event_mode == "first"
+        if first and t_end is not None:
+            raise ValueError("`t_end` stops each sample at its own time: use it with event_mode='per_sample'.")
         if self.regularisers and (per_sample or dense or (isinstance(t, torch.Tensor) and t.requires_grad)):
             raise ValueError(
                 "a block with `regularisers` integrates them over the whole batch's solve: drop `event`, "
@@ -378,6 +375,8 @@ class ODEBlock(Block):
         check_positive("event_tol", event_tol, "It is the width in t to which event times are located.")
         if y0.shape[0] == 0:  # an empty shard (data-parallel): nothing to solve, but every parameter in the graph
             return _empty(bound, y0, self.T, t, stats, per_sample)
+        if first:
+            return self._first_event(bound, y0, event, stats, gradient)
         if per_sample or dense:
             g = None if event is None else (lambda s, y, idx: event(s, y))
             with self._gathered():
@@ -402,13 +401,11 @@ class ODEBlock(Block):
         dense: bool,
         stats: SolverStats,
         gradient: GradientMethod,
+        event_mode: str = "per_sample",
     ) -> Solution:
         """Every sample on its own steps (``controller="per_sample"``, :mod:`cde_nets.blocks.per_sample`)."""
         if event is not None or self.stop is not None or dense:
-            raise ValueError(
-                "controller='per_sample' serves `t` ((n,) or (batch, n)) and `t_end`; `event`, `stop` and "
-                "`dense=True` run on the shared step: use controller='batch' for them."
-            )
+            check_events(self.method, event_mode, "per_sample")  # the one refusal, odeint's too
         if y0.shape[0] == 0:
             return _empty(bound, y0, self.T, t, stats, False)
         with self._gathered():
@@ -594,12 +591,10 @@ class ODEBlock(Block):
         stats: SolverStats,
         gradient: GradientMethod,
     ):
-        """The per-sample event loop of :func:`~cde_nets.solvers.events.integrate_events` over ``[0, T]``: solves
-        of a few steps on the rows still running (``u`` restricted to them), the state asked at sub-points."""
+        """The per-sample event loop (:func:`~cde_nets.solvers.events.per_sample_events`, the one both doors run)
+        over ``[0, T]``: solves of a few steps on the rows still running (``u`` restricted to them)."""
         jump_t, grid = self._grids(self.field)
         rows: dict = {}
-        T = self.T
-        est: dict = {}
 
         def bound_rows(idx: torch.Tensor) -> BoundField:
             # the loop passes the same idx tensor until the batch shrinks: gather u once per compaction (with its
@@ -609,28 +604,13 @@ class ODEBlock(Block):
                     rows.update(idx=idx, bound=bound.rows(idx))
             return rows["bound"]
 
-        # alf has no dense output: it steps *to* every sub-point, so a segment takes at least _SUBPOINTS steps
-        # however long the controller would step, and the mean step (segment / steps) would shrink the next
-        # segment every time until the sub-points coincide. Its sub-points are spaced about one step apart
-        # instead, and a segment in which no sub-interval needed a second step grows the next one twofold.
-        steps_to_points = self.method in REVERSIBLE_METHODS
-        per_segment = _SUBPOINTS if steps_to_points else _SEGMENT_STEPS
-        plan = _segment_plan(grid, T, est, per_segment)
-
-        def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-            g = None if grid is None else grid[(grid >= times[0]) & (grid <= times[-1])]
-            solver = None
-            if grid is None and "dt" in est and "first_step" not in self.options:
-                # no fresh initial-step search per segment
-                solver = self.solver.replace(options={**self.options, "first_step": est["dt"]})
+        def solve(y: torch.Tensor, times: torch.Tensor, idx: torch.Tensor, g, first_step):
+            solver = (
+                None if first_step is None else self.solver.replace(options={**self.options, "first_step": first_step})
+            )
             before = stats.steps_forward
             ys = self._integrate(bound_rows(idx), y, times, jump_t, g, stats, gradient, solver)
-            span, steps, intervals = float(times[-1] - times[0]), stats.steps_forward - before, len(times) - 1
-            if steps_to_points and steps <= intervals:
-                est["dt"] = 2 * span / intervals
-            else:
-                est["dt"] = span / max(1, steps)
-            return ys
+            return ys, stats.steps_forward - before
 
         def field(t: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             return _field_at(bound_rows(idx), t, y)
@@ -638,19 +618,46 @@ class ODEBlock(Block):
         stop_below = self.stop is not None
         if self.stop is not None:
             event = _norm_event(field, self.stop.eps)
-        return integrate_events(
+        return per_sample_events(
             solve,
             field,
             y0,
             t0=0.0,
-            t1=T,
-            plan=plan,
+            t1=self.T,
+            grid=grid,
+            steps_to_points=self.method in REVERSIBLE_METHODS,
+            free_first_step="first_step" not in self.options,
             event=event,
             t_end=t_end,
             stop_below=stop_below,
             tol=tol,
             dense=dense,
         )
+
+    def _first_event(
+        self, bound: BoundField, y0: torch.Tensor, event, stats: SolverStats, gradient: GradientMethod
+    ) -> Solution:
+        """The whole batch until the first event: ``cde_nets.odeint``'s whole-state event search and its
+        implicit-function-theorem gradients (one implementation), on the block's field and settings."""
+        s = self.solver
+        options: dict = {**s.options, "max_num_steps": s.max_steps}
+        kw: dict = dict(rtol=s.rtol, atol=s.atol) if s.adaptive else {}
+        if s.adaptive:
+            jump_t, _ = self._grids(self.field)
+            if jump_t is not None:
+                options["jump_t"] = jump_t
+        else:  # the search steps from 0 by the block's largest step (its default: one step per piece)
+            options["step_size"] = s.step_size or max(b - a for a, b in self._pieces())
+        t = torch.tensor([0.0, self.T], dtype=torch.float64, device=y0.device)
+        with self._gathered():
+            t_star, sol = odeint(
+                bound, y0, t, event_fn=event, method=s.method, options=options, gradient=gradient,
+                adjoint_params=self._params(bound), **kw,
+            )  # fmt: skip
+        n = y0.shape[0]
+        times = t_star.to(torch.float64).expand(n)
+        fired = torch.ones(n, dtype=torch.bool, device=y0.device)
+        return Solution(y=sol[-1], stats=stats, stop_times=times, fired=fired)
 
     def _solve(
         self, bound: BoundField, y0: torch.Tensor, t: torch.Tensor, stats: SolverStats, gradient: GradientMethod

@@ -1,6 +1,8 @@
-"""Both doors on one engine: every method the library steps itself x every gradient method, through ``ODEBlock``
-and through ``cde_nets.odeint``, either served by both with the same values and gradients or refused by both with
-the same message (:func:`cde_nets.solvers.engine.solve`)."""
+"""Both doors on one engine: every method the library steps itself x every gradient method x both step-size
+controllers x every output (states at times, the whole state at its first event, each sample at its own event, a
+dense output), through ``ODEBlock`` and through ``cde_nets.odeint``, either served by both with the same values and
+gradients or refused by both with the same message (:func:`cde_nets.solvers.engine.solve`,
+:func:`~cde_nets.solvers.engine.check_events`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cde_nets import ODEBlock, odeint
+from cde_nets import ODEBlock, odeint, odeint_dense
 from cde_nets.fields import Hamiltonian
 from cde_nets.solvers.capabilities import markdown, served
 from cde_nets.solvers.gradients import GRADIENTS
@@ -97,16 +99,106 @@ def test_both_doors_serve_the_same_per_sample_cells(method: str) -> None:
         assert isinstance(a, str) != served(method, gradient, "per_sample")
 
 
+# the event cells end early and the dense ones span a quarter of the block's time, to keep the loops short
+def _first_event(t, y):
+    """One value for the whole batch: the two momenta's sum reaches 0.29 near t = 0.2."""
+    return y[..., 1].sum() - 0.29
+
+
+def _own_event(t, y):
+    """One value per row: sample 0's momentum reaches -0.15 near t = 0.07, sample 1's 0.43 near t = 0.13."""
+    return (y[:, 1] + 0.15) * (y[:, 1] - 0.43)
+
+
+T_DENSE = torch.tensor([0.1, 0.2], dtype=F64)  # between the steps: read off the interpolant
+SPAN = {"first": 1.0, "per_sample": 1.0, "dense": 0.25}
+
+
+def _block_output(method: str, gradient: str, output: str, controller: str = "batch"):
+    block_kw, _ = _settings(method)
+
+    def door(f, y0):
+        block = ODEBlock(f, SPAN[output], method=method, gradient=gradient, controller=controller, **block_kw)
+        if output == "dense":
+            return block.solve(y0, dense=True).evaluate(T_DENSE)
+        event = _first_event if output == "first" else _own_event
+        sol = block.solve(y0, event=event, event_mode=output)
+        times = sol.stop_times[:1] if output == "first" else sol.stop_times
+        return torch.cat([times, sol.y.reshape(-1)])
+
+    return door
+
+
+def _odeint_output(method: str, gradient: str, output: str, controller: str = "batch"):
+    _, kw = _settings(method)
+    span = torch.tensor([0.0, SPAN[output]], dtype=F64)
+
+    def door(f, y0):
+        if output == "dense":
+            dense = odeint_dense(f, y0, span, method=method, gradient=gradient, controller=controller, **kw)
+            return dense.evaluate(T_DENSE)
+        event = _first_event if output == "first" else _own_event
+        kw_all = dict(method=method, gradient=gradient, controller=controller, event_fn=event, event_mode=output)
+        t, sol = odeint(f, y0, span, **kw_all, **kw)
+        return torch.cat([t.reshape(-1), sol[-1].reshape(-1)])
+
+    return door
+
+
+def _weighted_outcome(door, field: Hamiltonian):
+    """``_outcome`` for an output of any shape (a flat vector, or states at ``T_DENSE``)."""
+    y0 = torch.tensor([[0.3, -0.2], [0.1, 0.4]], dtype=F64, requires_grad=True)
+    try:
+        out = door(field, y0)
+    except ValueError as exc:
+        return str(exc)
+    w = torch.linspace(-1.0, 1.0, out.numel(), dtype=F64).reshape(out.shape)
+    return out.detach(), torch.autograd.grad((out * w).sum(), [y0, *field.parameters()])
+
+
+OUTPUTS = ("first", "per_sample", "dense")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_both_doors_serve_or_refuse_the_same_event_and_dense_cells(method: str) -> None:
+    counts = dict.fromkeys(OUTPUTS, 0)
+    for gradient in GRADIENTS:
+        for output in OUTPUTS:
+            a = _weighted_outcome(_block_output(method, gradient, output), _field())
+            b = _weighted_outcome(_odeint_output(method, gradient, output), _field())
+            _same(a, b)
+            assert isinstance(a, str) != served(method, gradient, output=output), (gradient, output, a)
+            counts[output] += not isinstance(a, str)
+    assert counts["per_sample"] == counts["dense"] >= 2  # backprop and at least one low-memory gradient
+    assert counts["first"] in (0, counts["per_sample"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", PER_SAMPLE_METHODS)
+def test_per_sample_steps_refuse_events_and_dense_output_in_both_doors(method: str) -> None:
+    for gradient in GRADIENTS:
+        for output in OUTPUTS:
+            a = _weighted_outcome(_block_output(method, gradient, output, "per_sample"), _field())
+            b = _weighted_outcome(_odeint_output(method, gradient, output, "per_sample"), _field())
+            _same(a, b)
+            assert isinstance(a, str) and not served(method, gradient, "per_sample", output)
+
+
 def test_the_capability_page_is_generated_from_the_classes() -> None:
     page = Path(__file__).resolve().parents[2] / "docs" / "guides" / "capabilities.md"
     assert page.read_text(encoding="utf-8") == markdown(), "run `python -m cde_nets.solvers.capabilities`"
 
 
 @pytest.mark.parametrize("method", ["alf", "yoshida4"])
-def test_odeint_events_name_the_door_that_serves_the_library_s_own_methods(method: str) -> None:
+def test_first_events_on_the_library_s_own_methods_name_the_per_sample_semantics(method: str) -> None:
     y0 = torch.tensor([[0.3, -0.2]], dtype=F64)
-    with pytest.raises(ValueError, match=f"`event_fn` with method='{method}'.*solve\\(y0, event=...\\)"):
-        odeint(_field(), y0, T_OUT[:2], method=method, event_fn=lambda t, y: y[..., 1].sum(), **_settings(method)[1])
+    block_kw, kw = _settings(method)
+    match = f"event_mode='first' .* not on method='{method}': use event_mode='per_sample'"
+    with pytest.raises(ValueError, match=match):
+        odeint(_field(), y0, T_OUT[:2], method=method, event_fn=lambda t, y: y[..., 1].sum(), **kw)
+    with pytest.raises(ValueError, match=match):
+        ODEBlock(_field(), 1.0, method=method, **block_kw).solve(y0, event=_first_event, event_mode="first")
 
 
 class _VanDerPol(torch.nn.Module):

@@ -238,3 +238,24 @@ def test_discrete_events_on_the_layer_index(f64):
     assert torch.equal(alone.y, sol.y[1:2]) and alone.depths.tolist() == [want[1]]
     with pytest.raises(ValueError, match="one value per sample"):
         net.solve(x0, event=lambda l, y: y - c)
+
+
+def test_first_event_mode_stops_the_whole_batch_at_the_first_root():
+    """``x' = −k x`` from ``x_0 = (2, 4)``, ``g = min_i x_i − 1``: the first sample reaches 1 at
+    ``t* = ln(2)/k`` and the whole batch stops there (``x = x_0 e^{−k t*} = (1, 2)``), ``dt*/dk = −ln(2)/k²``."""
+    field = Decay(1.5)
+    x0 = torch.tensor([[2.0], [4.0]], dtype=torch.float64)
+    block = ODEBlock(field, T=2.0, **TIGHT)
+    sol = block.solve(x0, event=lambda t, y: y.min() - 1.0, event_mode="first")
+    t_star = math.log(2.0) / 1.5
+    torch.testing.assert_close(
+        sol.stop_times.detach(), torch.full((2,), t_star, dtype=torch.float64), atol=1e-9, rtol=0
+    )
+    torch.testing.assert_close(sol.y.detach(), torch.tensor([[1.0], [2.0]], dtype=torch.float64), atol=1e-8, rtol=0)
+    assert bool(sol.fired.all())
+    (dk,) = torch.autograd.grad(sol.stop_times[0], field.k)
+    assert abs(float(dk) + math.log(2.0) / 1.5**2) < 1e-7
+    with pytest.raises(ValueError, match="`t_end` stops each sample.*event_mode='per_sample'"):
+        block.solve(x0, event=lambda t, y: y.min() - 1.0, event_mode="first", t_end=torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="`event_mode` must be 'first'.*or 'per_sample'"):
+        block.solve(x0, event=lambda t, y: y.min() - 1.0, event_mode="last")

@@ -139,3 +139,44 @@ def test_fixed_step_event_search_that_never_changes_sign_is_named():
             options={"step_size": 1.0},
         )
     assert info.value.reason is Reason.NO_EVENT
+
+
+@pytest.mark.parametrize("method", ["gl4", "implicit_euler"])
+def test_adjoint_event_on_an_implicit_method_is_served(method: str) -> None:
+    """The implicit methods' adjoint is the backsolve of their own steps; the event's re-solve asked it with the
+    forward tolerances spelled out as backward ones, which that adjoint refuses. ``y' = −1`` from 2: the level 1 at
+    ``t* = 1`` exactly (every Runge-Kutta method is exact on it), ``dt*/dy_0 = 1``."""
+    y = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    t0 = torch.tensor(0.0, dtype=F64)
+    event_t, sol = odeint_event(
+        Fall(), y, t0, event_fn=lambda t, y: y - 1.0, method=method, options={"step_size": 0.25}, atol=1e-10,
+        odeint_interface=cde_nets.odeint_adjoint,
+    )  # fmt: skip
+    (grad,) = torch.autograd.grad(event_t, y)
+    assert abs(float(event_t.detach()) - 1.0) < 1e-9
+    assert abs(float(grad) - 1.0) < 1e-12
+
+
+def test_per_sample_events_stop_each_sample_at_its_own_root() -> None:
+    """``y' = −1`` from ``y_0 = (2, 3.5)``: the level 1 at ``t* = y_0 − 1 = (1, 2.5)``, ``dt*_i/dy_{0,i} = 1``; a
+    sample with no root in the span stops at its end (``y_0 = 5``: at ``t = 3``, ``y = 2``)."""
+    y0 = torch.tensor([[2.0], [3.5], [5.0]], dtype=F64, requires_grad=True)
+    t = torch.tensor([0.0, 3.0], dtype=F64)
+    event_t, sol = cde_nets.odeint(Fall(), y0, t, event_fn=lambda t, y: y[:, 0] - 1.0, event_mode="per_sample", **TOL)
+    torch.testing.assert_close(event_t, torch.tensor([1.0, 2.5, 3.0], dtype=F64), rtol=0, atol=1e-9)
+    torch.testing.assert_close(sol[-1, :, 0], torch.tensor([1.0, 1.0, 2.0], dtype=F64), rtol=0, atol=1e-9)
+    (grad,) = torch.autograd.grad(event_t[:2].sum(), y0)
+    torch.testing.assert_close(grad[:, 0], torch.tensor([1.0, 1.0, 0.0], dtype=F64), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="odeint_event searches without an end time.*event_mode='per_sample'"):
+        odeint_event(Fall(), y0, t[0], event_fn=lambda t, y: y[:, 0] - 1.0, event_mode="per_sample")
+
+
+def test_odeint_dense_reads_the_trajectory_anywhere() -> None:
+    """``y' = −1``: ``y(s) = y_0 − s`` at any ``s`` of the span, ``∂y(s)/∂y_0 = 1`` (the Hermite interpolant is
+    exact on a line)."""
+    y0 = torch.tensor([[2.0], [3.0]], dtype=F64, requires_grad=True)
+    dense = cde_nets.odeint_dense(Fall(), y0, torch.tensor([0.0, 2.0], dtype=F64), **TOL)
+    ys = dense.evaluate([0.3, 1.7])
+    torch.testing.assert_close(ys[:, :, 0], torch.tensor([[1.7, 2.7], [0.3, 1.3]], dtype=F64), rtol=0, atol=1e-12)
+    (grad,) = torch.autograd.grad(ys.sum(), y0)
+    torch.testing.assert_close(grad, torch.full_like(y0, 2.0), rtol=0, atol=1e-12)
