@@ -47,7 +47,7 @@ from cde_nets.solvers.dropin import (
 )
 from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError
-from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
+from cde_nets.solvers.gradients import GRADIENTS, Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample.solve import odeint_per_sample
@@ -150,8 +150,9 @@ def _solve(
         raise TypeError(f"`func` must be callable as func(t, y), got {type(func).__name__}.")
     method_object = gradient if isinstance(gradient, GradientMethod) else None
     gradient = gradient.name if isinstance(gradient, GradientMethod) else gradient
-    if gradient not in _GRADIENTS:
-        raise ValueError(f"`gradient` must be one of {_GRADIENTS}, got {gradient!r}.")
+    names = (*_GRADIENTS, *(n for n in GRADIENTS if n not in _GRADIENTS))  # and the registry's later methods
+    if gradient not in names:
+        raise ValueError(f"`gradient` must be one of {names}, got {gradient!r}.")
     method = _check_method(method)
     options = _check_options(method, options)
     flat, shapes = check_state(y0, method, method in ADAPTIVE)
