@@ -10,7 +10,7 @@ The backsolve adjoint (:class:`~solvers.gradients.Adjoint`) also integrates ``y`
 forward solution attracts (a stiff field: Van der Pol at large ``μ``) the reversed flow repels, and that solve
 blows up or its step size underflows. Here ``y(t)`` is never solved backwards: it is read off the forward solve's
 dense output, as SciMLSensitivity's ``InterpolatingAdjoint`` does (Rackauckas et al. 2020, "Universal
-differential equations for scientific machine learning", §B; Kim et al. 2021, "Stiff neural ordinary differential
+differential equations for scientific machine learning"; Kim et al. 2021, "Stiff neural ordinary differential
 equations", on why the backsolve fails on stiff problems). The backward solve is of ``(a, g)`` alone, linear and
 as stable backwards as the forward solve is forwards.
 
