@@ -45,7 +45,7 @@ def _vdp_grads(gradient, times):
     return torch.cat([field.mu.grad, y0.grad.flatten()])
 
 
-@pytest.mark.slow  # the backsolve adjoint takes 2-5 s to underflow
+@pytest.mark.slow  # about 2 s, most of it the backsolve adjoint's steps before it underflows
 def test_stiff_van_der_pol_where_the_backsolve_adjoint_underflows():
     """A batch of 8 with μ from 1 to 25 over [0, 2], dopri5 at 1e-5: the backsolve adjoint's time-reversed solve
     (the state integrated backwards beside the adjoint) underflows; the interpolating adjoint, which reads the
@@ -105,6 +105,8 @@ def test_linear_system_matches_expm_and_central_differences_through_both_doors(c
     block = ODEBlock(field, T=1.0, gradient=gradient, **kw)
     _loss(block.solve(y, t=times).ys, w).backward()
     assert torch.allclose(torch.cat([field.A.grad.flatten(), y.grad.flatten()]), got, rtol=1e-12, atol=1e-14)
+    if checkpoints:  # on rk4's steps both variants read the same interpolant (the test below)
+        return
     # central differences of rk4's solve (step 0.05) in A[0, 1] and y0[2, 0]
     kw = dict(method="rk4", options=dict(step_size=0.05))
     got = _odeint_grads(A, y0, w, times, gradient, **kw)
@@ -149,5 +151,35 @@ def test_refusals_and_arguments_name_the_fix():
         Interpolating(checkpoints=0)
     with pytest.raises(ValueError, match="backward solve runs on the library's explicit Runge-Kutta stepper"):
         Interpolating(method="gl4")
+    with pytest.raises(ValueError, match="replays the steps of a real state.*Use Interpolating\\(\\)"):
+        y0 = torch.ones(2, dtype=torch.complex128, requires_grad=True)
+        odeint(
+            lambda t, y: -y, y0, torch.tensor([0.0, 1.0]), gradient=Interpolating(checkpoints=True), adjoint_params=()
+        )
     assert as_gradient("interpolating") == Interpolating()
     assert Interpolating(checkpoints=4).describe() == "interpolating (checkpoints every 4)"
+
+
+def test_memory_kept_is_four_states_a_step_plain_one_checkpointed_one_per_k_with_k():
+    """rk4 on ``y' = A y``: the bytes saved for backward grow by the cubic Hermite's 4 coefficients a step (plain),
+    by one state a step (``checkpoints=True``), by one state every ``k`` steps (``checkpoints=k``)."""
+    from cde_nets.diagnostics import SavedTensorMemory
+
+    A, y0, _ = _linear_problem()
+    state = y0.numel() * y0.element_size()
+    times = torch.tensor([0.0, 1.0], dtype=F64)
+
+    def saved(gradient, steps: int) -> int:
+        field, y = Linear(A.clone()), y0.clone().requires_grad_()
+        mem = SavedTensorMemory(exclude=[*field.parameters(), y])
+        with mem:
+            ys = odeint(field, y, times, method="rk4", options=dict(step_size=1 / steps), gradient=gradient)
+        ys[-1].sum().backward()
+        return mem.peak_bytes
+
+    for gradient, per_10_steps in (
+        (Interpolating(), 40),
+        (Interpolating(checkpoints=True), 10),
+        (Interpolating(checkpoints=5), 2),
+    ):
+        assert saved(gradient, 20) - saved(gradient, 10) == per_10_steps * state, gradient

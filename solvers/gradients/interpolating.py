@@ -117,6 +117,11 @@ class Interpolating(GradientMethod):
     def solve(self, run: Run) -> torch.Tensor:
         if run.t.requires_grad:
             raise ValueError("gradient='interpolating' does not differentiate the output times `t`; detach them.")
+        if self.every and run.y0.is_complex():
+            raise ValueError(
+                f"Interpolating(checkpoints={self.checkpoints!r}) replays the steps of a real state; this state is "
+                "complex. Use Interpolating() (checkpoints=False), or integrate torch.view_as_real(y0)."
+            )
         if len(run.t) > 1 and float(run.t[0]) > float(run.t[-1]):
             run = backwards_in_time(run)
         s = run.solver
