@@ -124,7 +124,7 @@ def test_linear_system_matches_expm_and_central_differences_through_both_doors(c
 @pytest.mark.parametrize("method", ["dopri5", "tsit5", "bosh3", "fehlberg2", "dopri8", "rk4", "midpoint"])
 def test_plain_and_checkpointed_read_the_same_dense_output(method):
     """With the backward solve on the forward's step grid (rk4), both variants take the same backward steps on
-    the same interpolant: the plain one's caught stages and the checkpointed replays' rebuilt ones agree to
+    the same interpolant (and with dopri5's adaptive backward solve, which reads it the same way): the plain one's caught stages and the checkpointed replays' rebuilt ones agree to
     rounding (every tableau kind: FSAL, own extension, carried slope, dense stages, fixed steps)."""
     A, y0, w = _linear_problem()
     times = torch.tensor([0.0, 0.4, 0.7, 1.0], dtype=F64)
@@ -140,6 +140,10 @@ def test_plain_and_checkpointed_read_the_same_dense_output(method):
     for k in (True, 3):
         rebuilt = _odeint_grads(A, y0, w, times, Interpolating(checkpoints=k, method="rk4"), **kw)
         assert torch.allclose(plain, rebuilt, rtol=1e-11, atol=1e-13), (method, k)
+    if method == "dopri5":  # and with the adaptive backward solve: the same steps on the same interpolant
+        ours = _odeint_grads(A, y0, w, times, Interpolating(), **kw)
+        rebuilt = _odeint_grads(A, y0, w, times, Interpolating(checkpoints=True), **kw)
+        assert torch.allclose(ours, rebuilt, rtol=1e-11, atol=1e-13)
     exact = _exact(A, y0, w, times)
     assert (plain - exact).norm() / exact.norm() < 1e-3  # the ODE's gradient, to the steps' error (4e-4 at most)
 

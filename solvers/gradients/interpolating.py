@@ -24,9 +24,11 @@ extensions), or for the fixed-step methods the cubic Hermite interpolant of ``y_
   as it evaluates them; no extra evaluation but dopri8's dense stages and, for fixed steps, one at the end):
   memory ``(d + 1) N`` states for ``N`` steps and degree ``d``.
 - ``checkpoints=True`` (or ``k``): only the start state of every (``k``-th) accepted step is kept, and the step
-  times; the backward pass re-solves each saved interval forwards, replaying its recorded steps with the
-  tableau (:mod:`solvers.gradients.replay`), to rebuild its dense output, then solves the adjoint across it:
-  memory ``N / k`` states plus ``(d + 1) k`` while one interval is rebuilt, one more forward solve in time.
+  times. The backward solve is the plain variant's; when it first reads a time in a saved interval, that
+  interval's recorded steps are replayed forwards from its saved start with the tableau
+  (:mod:`solvers.gradients.replay`) to rebuild its dense output (the plain variant's, to rounding); a few
+  rebuilt intervals are kept (:class:`_Rebuilt`). Memory ``N / k`` states plus ``(d + 1) max(16, 2k)`` while
+  rebuilt; time, one more forward solve.
 
 The gradient is that of the ODE up to the forward solve's error (through the interpolant) and the backward
 solve's; unlike the replays it is not the exact derivative of the solver's steps.
@@ -245,11 +247,33 @@ class _Dense:
         return y
 
 
+class _Rebuilt:
+    """The dense output of the checkpointed variant: each saved interval's rebuilt when the backward solve first
+    reads a time in it, a few kept (the backward solve moves down in time; a rejected step reads again up to where
+    it stands), the highest dropped first."""
+
+    KEEP_STEPS = 16  # the rebuilt steps kept, at least two intervals
+
+    def __init__(self, build: Callable[[int], _Dense], starts: list[float], every: int):
+        self.build, self.starts = build, starts
+        self.cache: dict[int, _Dense] = {}
+        self.keep = max(2, self.KEEP_STEPS // every)
+
+    def __call__(self, t: float) -> torch.Tensor:
+        j = min(max(bisect.bisect_right(self.starts, t) - 1, 0), len(self.starts) - 1)
+        dense = self.cache.get(j)
+        if dense is None:
+            dense = self.cache[j] = self.build(j)
+            while len(self.cache) > self.keep:
+                del self.cache[max(k for k in self.cache if k != j)]
+        return dense(t)
+
+
 class _AdjointField:
     """``(a, g)' = (−aᵀ ∂F/∂y, −aᵀ ∂F/∂θ)`` at ``y = dense(t)``; the field's adjoint callbacks as its own (steps
     counted as the backward solve's, ``max_steps`` enforced)."""
 
-    def __init__(self, func, params: tuple[torch.Tensor, ...], dense: _Dense):
+    def __init__(self, func, params: tuple[torch.Tensor, ...], dense: Callable[[float], torch.Tensor]):
         self.func, self.params, self.dense = func, params, dense
         for name in ("callback_step", "callback_accept_step", "callback_reject_step"):
             callback = getattr(func, f"{name}_adjoint", None)
@@ -328,25 +352,17 @@ class _Interpolating(torch.autograd.Function):
         wanted = tuple(p for p, need in zip(params, ctx.needs_input_grad[3:]) if need)
         tl = t.tolist()
         grid = [*t0s, t1s[-1]]
+        dense: Callable[[float], torch.Tensor]
         if every == 0:
-            segments = [(0, n_steps)]
+            dense = _Dense(t0s, t1s, kept)
         else:
             segments = [(a, min(a + every, n_steps)) for a in range(0, n_steps, every)]
-        # where the backward solve restarts: the output times, and (checkpointed) the saved points
-        stops = sorted({*tl, *(t0s[a] for a, _ in segments[1:])}, reverse=True)
+            starts = [t0s[a] for a, _ in segments]
+            dense = _Rebuilt(lambda j: _rebuild(run, tab, ctx.meta, kept, segments, j), starts, every)
         state = [grad_ys[-1].clone(), *(torch.zeros_like(p) for p in wanted)]
-        out_index = {v: j for j, v in enumerate(tl)}
-        seg = len(segments) - 1
-        dense = _Dense(t0s, t1s, kept) if every == 0 else _rebuild(run, tab, ctx.meta, kept, segments, seg, tl)
-        for hi, lo in zip(stops[:-1], stops[1:]):
-            if every and lo < t0s[segments[seg][0]]:
-                while lo < t0s[segments[seg][0]]:
-                    seg -= 1
-                dense = _rebuild(run, tab, ctx.meta, kept, segments, seg, tl)
-            state = _solve_back(run, cfg, wanted, dense, state, hi, lo, grid)
-            j = out_index.get(lo)
-            if j is not None:
-                state[0] = state[0] + grad_ys[j]
+        for i in range(len(tl) - 1, 0, -1):
+            state = _solve_back(run, cfg, wanted, dense, state, tl[i], tl[i - 1], grid)
+            state[0] = state[0] + grad_ys[i - 1]
         grads = iter(state[1:])
         return (None, state[0], None, *(next(grads) if need else None for need in ctx.needs_input_grad[3:]))
 
@@ -372,7 +388,7 @@ def _dense_extra(func, tab: MethodTableau, steps: Steps, n: int, ks: list[torch.
     return ks
 
 
-def _rebuild(run: Run, tab: MethodTableau, meta, kept, segments, seg: int, tl: list[float]) -> _Dense:
+def _rebuild(run: Run, tab: MethodTableau, meta, kept, segments, seg: int) -> _Dense:
     """The dense output of saved interval ``seg``: its recorded steps replayed (no graph) from its saved start."""
     t0s, t1s, dts, first, adaptive, flags, n_steps = meta
     lo, hi = segments[seg]
@@ -407,7 +423,9 @@ def _rebuild(run: Run, tab: MethodTableau, meta, kept, segments, seg: int, tl: l
     return _Dense(t0s[lo:hi], t1s[lo:hi], coeffs, lo)
 
 
-def _solve_back(run: Run, cfg: dict, wanted, dense: _Dense, state, hi: float, lo: float, grid: list[float]):
+def _solve_back(
+    run: Run, cfg: dict, wanted, dense: Callable[[float], torch.Tensor], state, hi: float, lo: float, grid: list[float]
+):
     """``(a, g)`` carried from ``hi`` down to ``lo``."""
     method = cfg["back_method"]
     field = _AdjointField(run.func, wanted, dense)
