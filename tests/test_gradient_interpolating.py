@@ -124,8 +124,9 @@ def test_linear_system_matches_expm_and_central_differences_through_both_doors(c
 @pytest.mark.parametrize("method", ["dopri5", "tsit5", "bosh3", "fehlberg2", "dopri8", "rk4", "midpoint"])
 def test_plain_and_checkpointed_read_the_same_dense_output(method):
     """With the backward solve on the forward's step grid (rk4), both variants take the same backward steps on
-    the same interpolant (and with dopri5's adaptive backward solve, which reads it the same way): the plain one's caught stages and the checkpointed replays' rebuilt ones agree to
-    rounding (every tableau kind: FSAL, own extension, carried slope, dense stages, fixed steps)."""
+    the same interpolant (with dopri5's adaptive backward solve too): the plain one's caught stages and the
+    checkpointed replays' rebuilt ones agree to rounding (every tableau kind: FSAL, own extension, carried
+    slope, dense stages, fixed steps)."""
     A, y0, w = _linear_problem()
     times = torch.tensor([0.0, 0.4, 0.7, 1.0], dtype=F64)
     kw: dict = dict(rtol=1e-4, atol=1e-6, method=method)
