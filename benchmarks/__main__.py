@@ -299,6 +299,24 @@ def _default_gradient(res: dict) -> Headline:
     ]
 
 
+def _interpolating(res: dict) -> Headline:
+    vdp = {r["gradient"]: r for r in res["van_der_pol"]}
+    slopes = res["slopes"]
+    over = {r["gradient"]: r["over_backprop"] for r in res["timing"]}
+    return [
+        at_most(
+            "interpolating / backprop gradient, stiff Van der Pol",
+            vdp["interpolating"].get("rel_error_from_backprop"),
+            1e-4,
+            ".1e",
+        ),
+        info("adjoint on stiff Van der Pol", vdp.get("adjoint", {}).get("reason", "not run"), "s"),
+        info("interpolating states kept per step (rk4)", slopes["interpolating"]["states_per_step"], ".2f"),
+        info("checkpoints=10 states kept per step", slopes["interpolating_checkpoints_10"]["states_per_step"], ".2f"),
+        info("interpolating / backprop time, MLP", over["interpolating"], ".2f"),
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -324,6 +342,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("per_sample_device", _per_sample_device, "measured on a GPU (the CPU in --tiny)"),
     ("forward_sensitivity", _forward_sensitivity, "equal to backprop (1e-10); the crossover recorded"),
     ("default_gradient", _default_gradient, "the default within 1.05 of the faster exact gradient while small"),
+    ("interpolating_adjoint", _interpolating, "<= 1e-4 from backprop where the backsolve adjoint fails"),
 )
 
 
@@ -353,6 +372,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "per_sample_device": {"tiny": 6.0},
     "forward_sensitivity": {"tiny": 1.0},
     "default_gradient": {"tiny": 1.0},
+    "interpolating_adjoint": {"tiny": 2.0},
 }
 
 

@@ -13,6 +13,7 @@ from .backprop import Backprop
 from .base import GradientMethod, Run
 from .checkpoint import Checkpoint
 from .forward import Forward
+from .interpolating import Interpolating
 from .registry import GRADIENTS, as_gradient, default_gradient, gradient_names
 from .reversible import Reversible
 from .symplectic import Symplectic
@@ -24,6 +25,7 @@ __all__ = [
     "Checkpoint",
     "Forward",
     "GradientMethod",
+    "Interpolating",
     "Reversible",
     "Run",
     "Symplectic",

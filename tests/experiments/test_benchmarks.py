@@ -101,6 +101,11 @@ EXPECTED = {
         {"setting", "rows"},
         {"case", "solver", "default", "steps", "backprop_s", "checkpoint_over_backprop", "backprop_peak_bytes"},
     ),
+    "interpolating_adjoint": (
+        "interpolating_adjoint",
+        {"setting", "rows", "slopes", "timing", "van_der_pol"},
+        {"gradient", "steps", "saved_bytes"},
+    ),
 }
 
 
