@@ -47,7 +47,7 @@ from cde_nets.solvers.dropin import (
 )
 from cde_nets.solvers.engine import check_cell
 from cde_nets.solvers.errors import Reason, SolverError
-from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
+from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient, gradient_names
 from cde_nets.solvers.options import REVERSIBLE_METHODS, SPLIT_METHODS
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample.solve import odeint_per_sample
@@ -82,7 +82,6 @@ _SCIPY_OPTIONS = {"solver", "min_step", "max_step", "norm"}
 # the library's reversible integrator (adaptive, or fixed with `step_size`) and symplectic compositions
 _ALF_OPTIONS = {"eta", "first_step", "max_step", "safety", "ifactor", "dfactor", "step_size", "max_num_steps"}
 _SPLIT_OPTIONS = {"step_size", "max_num_steps"}
-_GRADIENTS = ("backprop", "adjoint", "checkpoint", "symplectic", "reversible", "forward")
 # the options the fast path reads (after step_size became a grid constructor)
 
 
@@ -150,8 +149,8 @@ def _solve(
         raise TypeError(f"`func` must be callable as func(t, y), got {type(func).__name__}.")
     method_object = gradient if isinstance(gradient, GradientMethod) else None
     gradient = gradient.name if isinstance(gradient, GradientMethod) else gradient
-    if gradient not in _GRADIENTS:
-        raise ValueError(f"`gradient` must be one of {_GRADIENTS}, got {gradient!r}.")
+    if gradient not in gradient_names():
+        raise ValueError(f"`gradient` must be one of {gradient_names()}, got {gradient!r}.")
     method = _check_method(method)
     options = _check_options(method, options)
     flat, shapes = check_state(y0, method, method in ADAPTIVE)

@@ -13,6 +13,7 @@ from .backprop import Backprop
 from .base import GradientMethod, Run
 from .checkpoint import Checkpoint
 from .forward import Forward
+from .quadrature import Gauss
 from .registry import GRADIENTS, as_gradient, default_gradient, gradient_names
 from .reversible import Reversible
 from .symplectic import Symplectic
@@ -23,6 +24,7 @@ __all__ = [
     "Backprop",
     "Checkpoint",
     "Forward",
+    "Gauss",
     "GradientMethod",
     "Reversible",
     "Run",

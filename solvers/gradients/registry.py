@@ -9,6 +9,7 @@ from .backprop import Backprop
 from .base import GradientMethod
 from .checkpoint import Checkpoint
 from .forward import Forward
+from .quadrature import Gauss
 from .reversible import Reversible
 from .symplectic import Symplectic
 
@@ -21,6 +22,7 @@ GRADIENTS: dict[str, type[GradientMethod]] = {
     "symplectic": Symplectic,
     "reversible": Reversible,
     "forward": Forward,
+    "gauss": Gauss,
 }
 
 
