@@ -101,6 +101,11 @@ EXPECTED = {
         {"setting", "rows"},
         {"case", "solver", "default", "steps", "backprop_s", "checkpoint_over_backprop", "backprop_peak_bytes"},
     ),
+    "gauss_adjoint": (
+        "gauss_adjoint",
+        {"setting", "rows", "crossover_params"},
+        {"params", "backprop_s", "adjoint_s", "gauss_s", "gauss_nfe_backward", "gauss_over_adjoint"},
+    ),
 }
 
 

@@ -48,7 +48,7 @@ from ..grids import stepper_options
 from ..norms import StateNorm
 from ..options import REVERSIBLE_METHODS
 from ..steppers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
-from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at, quartic
+from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at
 from .base import GradientMethod, Run
 from .checkpoint import backwards_in_time
 
@@ -195,6 +195,18 @@ def _combine(y0: torch.Tensor, weights: Sequence[float], ks: Sequence[torch.Tens
     return out
 
 
+def _quartic_coefficients(tab: MethodTableau, y0, y1, ks, h: float) -> tuple[torch.Tensor, ...]:
+    """``(a_4, b_3, c_2, d)`` of torchdiffeq's quartic ``y_0 + x(d + x(c_2 + x(b_3 + x a_4)))``
+    (:func:`~solvers.steppers.butcher.quartic`, whose fit this is): through ``y_0``, ``y_{1/2}``, ``y_1`` with the end
+    slopes ``h k_1``, ``h k_s``."""
+    ymid = _combine(y0, tab.mid or (), ks, h)
+    d, end = h * ks[0], h * ks[-1]
+    r1, r2, r3 = y1 - y0 - d, end - d, ymid - y0 - 0.5 * d
+    a4 = 2 * r2 - 8 * r1 + 16 * r3
+    b3 = r2 - 2 * r1 - 2 * a4
+    return a4, b3, r1 - b3 - a4, d
+
+
 class _Dense:
     """The dense output of a logged solve: each step's interpolant from its start state and stages.
 
@@ -233,9 +245,9 @@ class _Dense:
         if tab.dense is not None:  # the method's own continuous extension (tsit5; dopri8 with its extra stages)
             return _combine(y0, dense_at(tab, x), [*ks, *self._extra(n)], h)
         y1 = self.end(n)
-        if tab.mid is not None:  # torchdiffeq's quartic through the midpoint
-            ymid = self._memo(n, "mid", lambda: _combine(y0, tab.mid or (), ks, h))
-            return quartic(y0, y1, ymid, h * ks[0], h * ks[-1], x)
+        if tab.mid is not None:  # torchdiffeq's quartic through the midpoint, its coefficients fitted once a step
+            a4, b3, c2, d = self._memo(n, "quartic", lambda: _quartic_coefficients(tab, y0, y1, ks, h))
+            return y0 + x * (d + x * (c2 + x * (b3 + x * a4)))
         # a fixed-step method: the cubic Hermite interpolant of both ends and their slopes
         f1 = self.log.ks[n + 1][0] if n + 1 < self._n else self._memo(n, "f1", lambda: self.slope(self.t1[n], y1))
         x1 = 1 - x
