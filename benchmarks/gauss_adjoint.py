@@ -26,6 +26,9 @@ from .common import interleaved_medians, write
 
 MODES = ("backprop", "adjoint", "gauss")
 WIDTHS = (2, 8, 32, 128, 512, 2048, 8192, 20000)  # p = 5w + 2: 12 ... 100002 parameters
+# the field's cost against the parameters': the batch grows at a fixed width (the parameter-gradient arithmetic of the
+# augmented solve does not grow with it, the field's evaluations do)
+BATCH_WIDTH, BATCHES = 4096, (8, 64, 512, 2048)
 
 
 class MLP(nn.Module):
@@ -72,43 +75,51 @@ def _flat(gs: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([g.reshape(-1) for g in gs])
 
 
+def _row(func: MLP, y0: torch.Tensor, tiny: bool) -> dict:
+    """One size: each mode's gradient, counts and CPU time (interleaved medians)."""
+    params = sum(p.numel() for p in func.parameters())
+    got = {m: _gradient(func, y0, m) for m in MODES}
+    ref = _flat(got["backprop"][0])
+    repeat = 1 if tiny else (11 if params * len(y0) < 100_000 else 5)
+    times = interleaved_medians(
+        [lambda m=m: _gradient(func, y0, m) for m in MODES],
+        repeat=repeat,
+        warmup=0 if tiny else 1,
+        clock=time.process_time,
+    )
+    row: dict = {"width": func.l1.out_features, "params": params}
+    row.update({f"{m}_s": s for m, s in zip(MODES, times)})
+    for m in MODES:
+        stats = got[m][1]
+        row[f"{m}_nfe_forward"] = stats["nfe_forward"]
+        row[f"{m}_nfe_backward"] = stats["nfe_backward"]
+        row[f"{m}_steps_backward"] = stats["steps_backward"]
+    for m in ("adjoint", "gauss"):
+        row[f"{m}_rel_diff_from_backprop"] = float((_flat(got[m][0]) - ref).norm() / ref.norm())
+    row["gauss_over_adjoint"] = row["gauss_s"] / row["adjoint_s"]
+    row["gauss_over_backprop"] = row["gauss_s"] / row["backprop_s"]
+    return row
+
+
 def run(tiny: bool = False, out_dir=None) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     start = time.perf_counter()
     try:
         y0 = torch.randn(8, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-        rows = []
-        for w in (2, 64) if tiny else WIDTHS:
-            func = MLP(w)
-            params = sum(p.numel() for p in func.parameters())
-            got = {m: _gradient(func, y0, m) for m in MODES}
-            ref = _flat(got["backprop"][0])
-            repeat = 1 if tiny else (11 if params < 10_000 else 5)
-            times = interleaved_medians(
-                [lambda m=m, func=func: _gradient(func, y0, m) for m in MODES],
-                repeat=repeat,
-                warmup=0 if tiny else 1,
-                clock=time.process_time,
-            )
-            row: dict = {"width": w, "params": params}
-            row.update({f"{m}_s": s for m, s in zip(MODES, times)})
-            for m in MODES:
-                stats = got[m][1]
-                row[f"{m}_nfe_forward"] = stats["nfe_forward"]
-                row[f"{m}_nfe_backward"] = stats["nfe_backward"]
-                row[f"{m}_steps_backward"] = stats["steps_backward"]
-            for m in ("adjoint", "gauss"):
-                row[f"{m}_rel_diff_from_backprop"] = float((_flat(got[m][0]) - ref).norm() / ref.norm())
-            row["gauss_over_adjoint"] = row["gauss_s"] / row["adjoint_s"]
-            row["gauss_over_backprop"] = row["gauss_s"] / row["backprop_s"]
-            rows.append(row)
+        rows = [_row(MLP(w), y0, tiny) for w in ((2, 16) if tiny else WIDTHS)]
+        batch_rows = []
+        for b in (4, 16) if tiny else BATCHES:
+            yb = torch.randn(b, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+            batch_rows.append({"batch": b, **_row(MLP(16 if tiny else BATCH_WIDTH), yb, tiny)})
         payload = {
             "setting": "MLP field 2 -> w -> 2 (tanh), p = 5w + 2 parameters; dopri5 rtol 1e-6 atol 1e-8 over [0, 1], "
             "batch 8, float64; one gradient of sum y(1)^2 with respect to the parameters (y0 not differentiated); "
             "gauss with its default 3-point rule; one thread, CPU-time medians of interleaved runs",
             "rows": rows,
             "crossover_params": _crossover(rows),
+            "batch_setting": f"the same at width {BATCH_WIDTH} ({5 * BATCH_WIDTH + 2} parameters), the batch growing",
+            "batch_rows": batch_rows,
             "time_s": time.perf_counter() - start,
         }
         write("gauss_adjoint", payload, out_dir)
@@ -129,6 +140,10 @@ def main() -> None:
             f"| {r['gauss_over_adjoint']:.2f} | {r['adjoint_nfe_backward']} | {r['gauss_nfe_backward']} |"
         )
     print(f"crossover: {res['crossover_params']} parameters")
+    print(res["batch_setting"])
+    for r in res["batch_rows"]:
+        ratios = f"gauss / adjoint {r['gauss_over_adjoint']:.2f}, gauss / backprop {r['gauss_over_backprop']:.2f}"
+        print(f"batch {r['batch']}: {ratios}")
 
 
 if __name__ == "__main__":

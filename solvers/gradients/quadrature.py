@@ -110,8 +110,12 @@ class Gauss(GradientMethod):
         return gauss_legendre(m)
 
     def solve(self, run: Run) -> torch.Tensor:
+        # where the field may jump (declared jumps, piece boundaries), in the solve's own time
+        breaks = {float(j) for j in ([] if run.jump_t is None else run.jump_t.reshape(-1).tolist())}
+        breaks |= {float(b) for p in run.pieces for b in p.boundaries}
         if len(run.t) > 1 and float(run.t[0]) > float(run.t[-1]):
             run = backwards_in_time(run)
+            breaks = {-b for b in breaks}
         s = run.solver
         options = stepper_options(run.options)
         if run.y0.is_complex() or not fast_applies(s.method, True, run.y0, run.t.detach(), (), options):
@@ -128,6 +132,7 @@ class Gauss(GradientMethod):
             rtol=s.rtol if self.rtol is None else self.rtol,
             atol=s.atol if self.atol is None else self.atol,
             rule=self.rule(s.method),
+            breaks=None if options.get("perturb") else tuple(sorted(breaks)),
         )
         return _GaussAdjoint.apply(cfg, run.y0, *params)
 
@@ -211,11 +216,16 @@ class _Dense:
     """The dense output of a logged solve: each step's interpolant from its start state and stages.
 
     ``slope(τ, z)``: the solve's vector field, for the stages a continuous extension adds (dopri8's) and for the
-    end slope of a fixed-step method's Hermite interpolant where no later step holds it. ``t_end``: where the last
-    step ends (a fixed grid's last point), else ``t_0 + dt``."""
+    end slope of a fixed-step method's Hermite interpolant where no later step holds it: after the last step, and
+    at ``breaks``, the times where the field may jump (the next step's first slope is read on the far side; ``None``:
+    at every step's end, as with ``options["perturb"]``). ``t_end``: where the last step ends (a fixed grid's last
+    point), else ``t_0 + dt``."""
 
-    def __init__(self, tab: MethodTableau, log: _Log, slope: Callable, t_end: float | None = None):
+    def __init__(
+        self, tab: MethodTableau, log: _Log, slope: Callable, t_end: float | None = None, breaks: Any = ()
+    ) -> None:
         self.tab, self.log, self.slope = tab, log, slope
+        self.breaks = breaks
         n = len(log.t0)
         last = log.t0[-1] + log.dt[-1] if t_end is None else t_end
         self.t1 = [*log.t0[1:], last]
@@ -249,9 +259,15 @@ class _Dense:
             a4, b3, c2, d = self._memo(n, "quartic", lambda: _quartic_coefficients(tab, y0, y1, ks, h))
             return y0 + x * (d + x * (c2 + x * (b3 + x * a4)))
         # a fixed-step method: the cubic Hermite interpolant of both ends and their slopes
-        f1 = self.log.ks[n + 1][0] if n + 1 < self._n else self._memo(n, "f1", lambda: self.slope(self.t1[n], y1))
+        if n + 1 < self._n and not self._jumps_at(self.t1[n]):
+            f1 = self.log.ks[n + 1][0]
+        else:  # read just inside the step
+            f1 = self._memo(n, "f1", lambda: self.slope(math.nextafter(self.t1[n], -math.inf), y1))
         x1 = 1 - x
         return (1 + 2 * x) * x1 * x1 * y0 + x * x1 * x1 * h * ks[0] + x * x * (3 - 2 * x) * y1 - x * x * x1 * h * f1
+
+    def _jumps_at(self, t: float) -> bool:
+        return self.breaks is None or any(abs(t - b) <= 1e-12 * (1 + abs(b)) for b in self.breaks)
 
     def _extra(self, n: int) -> list[torch.Tensor]:
         if not self.tab.dense_stages:
@@ -384,7 +400,8 @@ class _GaussAdjoint(torch.autograd.Function):
             with torch.no_grad():
                 return func(torch.tensor(tau, dtype=y.dtype, device=y.device), y)
 
-        forward = _Dense(tab, log, field, None if tab.adaptive else t[-1])
+        breaks = cfg["breaks"]
+        forward = _Dense(tab, log, field, None if tab.adaptive else t[-1], breaks)
         grid = [*t0s, forward.t1[-1]]
         xs, ws = cfg["rule"]
         grads = [torch.zeros_like(p) for p in params]
@@ -409,7 +426,8 @@ def _interval(cfg, tab, forward: _Dense, grid, a, lo: float, hi: float, params, 
     out = odeint_fast(logged, a, span, method=run.method, rtol=cfg["rtol"], atol=cfg["atol"], options=opts, graph=False)
     if not params:
         return out[-1]
-    back = _Dense(tab, log, lambda s, z: adj.vjp(-s, z), None if tab.adaptive else -lo)
+    breaks = None if cfg["breaks"] is None else tuple(-b for b in cfg["breaks"])
+    back = _Dense(tab, log, lambda s, z: adj.vjp(-s, z), None if tab.adaptive else -lo, breaks)
     for n in range(len(back) - 1, -1, -1):
         # an adaptive solve's last step may pass the interval's end (the output is read off its dense output):
         # only the part up to the end is integrated
