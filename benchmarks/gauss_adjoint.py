@@ -109,7 +109,7 @@ def run(tiny: bool = False, out_dir=None) -> dict:
         y0 = torch.randn(8, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         rows = [_row(MLP(w), y0, tiny) for w in ((2, 16) if tiny else WIDTHS)]
         batch_rows = []
-        for b in (4, 16) if tiny else BATCHES:
+        for b in (4,) if tiny else BATCHES:
             yb = torch.randn(b, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
             batch_rows.append({"batch": b, **_row(MLP(16 if tiny else BATCH_WIDTH), yb, tiny)})
         payload = {
