@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import SolverError, check_positive, check_positive_int
+from ..errors import Reason, SolverError, check_positive, check_positive_int
 from ..grids import stepper_options
 from ..norms import StateNorm
 from ..options import REVERSIBLE_METHODS
@@ -411,7 +411,13 @@ class _GaussAdjoint(torch.autograd.Function):
                 a = _interval(cfg, tab, forward, grid, a, t[i - 1], t[i], params, grads, xs, ws)
             a = a + grad_ys[i - 1]
         if not bool(torch.isfinite(a).all()):
-            raise SolverError("the gradient became non-finite (NaN/inf) in gradient='gauss''s backward solve.")
+            nfe = run.stats.nfe_backward
+            raise SolverError(
+                f"the gradient became non-finite (NaN/inf) in gradient='gauss''s backward solve after {nfe} field "
+                "evaluations; lower the learning rate, check the loss, or tighten the backward tolerances.",
+                nfe=nfe,
+                reason=Reason.NONFINITE_GRADIENT,
+            )
         return (None, a, *grads)
 
 
