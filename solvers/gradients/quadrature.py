@@ -282,10 +282,11 @@ class _Dense:
         return self._memo(n, "extra", evaluate)
 
     def _memo(self, n: int, what: str, make: Callable[[], Any]) -> Any:
-        # the backward pass reads the steps from the last to the first: keep the latest few
+        # the backward pass reads the steps from the last to the first, a backward step's stages (not in order of
+        # time for dopri8) a few forward steps at a time: keep the latest few dozen
         key = (n, what)
         if key not in self._cache:
-            if len(self._cache) > 8:
+            if len(self._cache) >= 32:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = make()
         return self._cache[key]
