@@ -317,6 +317,20 @@ def _interpolating(res: dict) -> Headline:
     ]
 
 
+def _gauss_adjoint(res: dict) -> Headline:
+    rows = res["rows"]
+    worst = max(r["gauss_rel_diff_from_backprop"] for r in rows)
+    return [
+        at_most("gauss / backprop gradient, worst relative difference", worst, 1e-4, ".1e"),
+        info("gauss / adjoint crossover, parameters", res["crossover_params"], ".0f"),
+        info(f"gauss / adjoint time, {rows[-1]['params']} parameters", rows[-1]["gauss_over_adjoint"], ".2f"),
+        *(
+            info(f"gauss / adjoint time, {r['params']} parameters, batch {r['batch']}", r["gauss_over_adjoint"], ".2f")
+            for r in res["batch_rows"]
+        ),
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -343,6 +357,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("forward_sensitivity", _forward_sensitivity, "equal to backprop (1e-10); the crossover recorded"),
     ("default_gradient", _default_gradient, "the default within 1.05 of the faster exact gradient while small"),
     ("interpolating_adjoint", _interpolating, "<= 1e-4 from backprop where the backsolve adjoint fails"),
+    ("gauss_adjoint", _gauss_adjoint, "equal to backprop within 1e-4 (rtol 1e-6); the crossover recorded"),
 )
 
 
@@ -373,6 +388,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "forward_sensitivity": {"tiny": 1.0},
     "default_gradient": {"tiny": 1.0},
     "interpolating_adjoint": {"tiny": 2.0},
+    "gauss_adjoint": {"tiny": 1.0},
 }
 
 

@@ -14,6 +14,7 @@ from .base import GradientMethod, Run
 from .checkpoint import Checkpoint
 from .forward import Forward
 from .interpolating import Interpolating
+from .quadrature import Gauss
 from .registry import GRADIENTS, as_gradient, default_gradient, gradient_names
 from .reversible import Reversible
 from .symplectic import Symplectic
@@ -24,6 +25,7 @@ __all__ = [
     "Backprop",
     "Checkpoint",
     "Forward",
+    "Gauss",
     "GradientMethod",
     "Interpolating",
     "Reversible",

@@ -10,6 +10,7 @@ from .base import GradientMethod
 from .checkpoint import Checkpoint
 from .forward import Forward
 from .interpolating import Interpolating
+from .quadrature import Gauss
 from .reversible import Reversible
 from .symplectic import Symplectic
 
@@ -23,6 +24,7 @@ GRADIENTS: dict[str, type[GradientMethod]] = {
     "reversible": Reversible,
     "forward": Forward,
     "interpolating": Interpolating,
+    "gauss": Gauss,
 }
 
 

@@ -106,6 +106,11 @@ EXPECTED = {
         {"setting", "rows", "slopes", "timing", "van_der_pol"},
         {"gradient", "steps", "saved_bytes"},
     ),
+    "gauss_adjoint": (
+        "gauss_adjoint",
+        {"setting", "rows", "crossover_params"},
+        {"params", "backprop_s", "adjoint_s", "gauss_s", "gauss_nfe_backward", "gauss_over_adjoint"},
+    ),
 }
 
 
