@@ -300,6 +300,21 @@ def _default_gradient(res: dict) -> Headline:
 
 
 # (module, headline of its result, goal): every benchmark module of this package.
+def _binomial_checkpoint(res: dict) -> Headline:
+    rows = res["rows"]
+    kept = all(r["stored_states"] <= r["budget"] for r in rows if r["budget"] != "all")
+    ratios = [r["recomputed_steps"] / r["offline_optimum"] for r in rows if r["offline_optimum"]]
+    small, full = rows[0], rows[-1]
+    out = [
+        Row("states kept <= budget", kept, goal="True", met=kept),
+        at_most("recomputed / offline optimum, worst", max(ratios) if ratios else None, 1.05),
+        info(f"time, budget {small['budget']} / every state", small["time_over_all"], ".2f"),
+    ]
+    if "peak_over_all" in small:
+        out.append(info(f"peak memory, budget {small['budget']} / every state", small["peak_over_all"], ".3f"))
+    return out + [info("peak memory rise, every state, MiB", (full["peak_rss_rise_bytes"] or 0) / 2**20, ".1f")]
+
+
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
     ("continuous_overhead", _continuous, "<= 1.05, same NFE"),
@@ -324,6 +339,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("per_sample_device", _per_sample_device, "measured on a GPU (the CPU in --tiny)"),
     ("forward_sensitivity", _forward_sensitivity, "equal to backprop (1e-10); the crossover recorded"),
     ("default_gradient", _default_gradient, "the default within 1.05 of the faster exact gradient while small"),
+    ("binomial_checkpoint", _binomial_checkpoint, "states kept <= budget; recomputed <= 1.05 x offline optimum"),
 )
 
 
@@ -353,6 +369,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "per_sample_device": {"tiny": 6.0},
     "forward_sensitivity": {"tiny": 1.0},
     "default_gradient": {"tiny": 1.0},
+    "binomial_checkpoint": {"tiny": 0.5, "full": 60.0},
 }
 
 

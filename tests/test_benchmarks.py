@@ -101,6 +101,11 @@ EXPECTED = {
         {"setting", "rows"},
         {"case", "solver", "default", "steps", "backprop_s", "checkpoint_over_backprop", "backprop_peak_bytes"},
     ),
+    "binomial_checkpoint": (
+        "binomial_checkpoint",
+        {"setting", "rows"},
+        {"budget", "steps", "stored_states", "recomputed_steps", "offline_optimum", "peak_rss_rise_bytes", "time_s"},
+    ),
 }
 
 
