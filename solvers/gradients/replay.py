@@ -478,15 +478,14 @@ class _Replay(torch.autograd.Function):
         ctx.carried_at = [i for i, k in enumerate(carried) if k is not None]
         ctx.carrying = steps.carried is not None
         ctx.n_steps = len(steps)
-        stats = cfg["stats"]
         if schedule is not None:
             # held on the context, not saved through autograd, so that the backward pass can free each one
             # when the schedule drops it (saved tensors live until the backward pass ends)
             ctx.kept = {i: (y, steps.carried_at(i)) for i, y in enumerate(steps.y0) if y is not None}
-            stats.stored_states = max(stats.stored_states, schedule.peak)
+            ctx.held = schedule.peak
             ctx.save_for_backward(t, *params)
             return ys
-        stats.stored_states = max(stats.stored_states, len(steps) + len(ctx.carried_at))
+        ctx.held = len(steps)
         # saved through autograd so that memory accounting (saved-tensor hooks) sees the checkpoints
         ctx.save_for_backward(t, *steps.y0, *(carried[i] for i in ctx.carried_at), *params)
         return ys
@@ -495,6 +494,8 @@ class _Replay(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_ys: torch.Tensor):
         cfg = ctx.cfg
+        # reported here: a call that never runs its backward pass keeps no state for it
+        cfg["stats"].stored_states = max(cfg["stats"].stored_states, ctx.held)
         stats, func, tab = cfg["stats"], cfg["func"], cfg["tableau"]
         saved = ctx.saved_tensors
         n_steps, n_carried = ctx.n_steps, len(ctx.carried_at)

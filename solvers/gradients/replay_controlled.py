@@ -405,14 +405,13 @@ class _Controlled(torch.autograd.Function):
         ctx.cfg = cfg
         ctx.meta = [(a.t0, a.hp, a.h, a.accepted, a.clip, a.first, a.jumped) for a in tries]
         ctx.carries = [a.carries for a in tries]
-        stats = cfg["stats"]
         if schedule is not None:
             # held on the context, not saved through autograd, so that the backward pass can free each one
             # when the schedule drops it (saved tensors live until the backward pass ends)
             ctx.state_of = _state_index(tries)
             ctx.kept = {i: (a.y0, a.carried) for i, a in zip(ctx.state_of, tries) if a.y0 is not None}
             ctx.carried_of = []
-            stats.stored_states = max(stats.stored_states, schedule.peak)
+            ctx.held = schedule.peak
             ctx.save_for_backward(t, *params)
             ctx.n_kept = (0, 0)
             return ys
@@ -421,13 +420,15 @@ class _Controlled(torch.autograd.Function):
         # saved through autograd so that memory accounting (saved-tensor hooks) sees the checkpoints
         ctx.save_for_backward(t, *states, *carried, *params)
         ctx.n_kept = (len(states), len(carried))
-        stats.stored_states = max(stats.stored_states, len(states) + len(carried))
+        ctx.held = len(states)
         return ys
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_ys: torch.Tensor):
         cfg = ctx.cfg
+        # reported here: a call that never runs its backward pass keeps no state for it
+        cfg["stats"].stored_states = max(cfg["stats"].stored_states, ctx.held)
         saved = ctx.saved_tensors
         n_states, n_carried = ctx.n_kept
         t, states = saved[0], saved[1 : 1 + n_states]
