@@ -168,21 +168,48 @@ def test_budget_with_step_sizes_fixed_and_symplectic():
     assert stats["stored_states"] <= 2
 
 
+class _Counting(_Field):
+    calls = 0
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(t, y)
+
+
 def test_both_doors_take_a_budget():
-    field = _Field()
+    """The same gradient from ODEBlock and odeint, and odeint's extra evaluations are the block's recomputed
+    steps (six stages each: dopri5's last is its next step's first)."""
+    field = _Counting()
     t = torch.tensor([0.0, 0.7, 2.0], dtype=torch.float64)
-    grads = []
-    for door in ("block", "odeint"):
+    kw = dict(method="dopri5", rtol=1e-6, atol=1e-8)
+    grads, calls = [], []
+    for door, budget in (("block", 4), ("odeint", 4), ("odeint", None)):
         y0 = _Y0.clone().requires_grad_()
+        field.calls = 0
         if door == "block":
-            block = ODEBlock(field, T=2.0, method="dopri5", rtol=1e-5, atol=1e-7, gradient=Checkpoint(budget=4))
-            ys = block.solve(y0, t=t).ys
+            sol = ODEBlock(field, T=2.0, gradient=Checkpoint(budget=budget), **kw).solve(y0, t=t)
+            ys, stats = sol.ys, sol.stats
         else:
-            ys = cde_nets.odeint(field, y0, t, method="dopri5", rtol=1e-5, atol=1e-7, gradient=Checkpoint(budget=4))
+            ys = cde_nets.odeint(field, y0, t, gradient=Checkpoint(budget=budget), **kw)
         (ys**2).sum().backward()
+        calls.append(field.calls)
         grads.append(torch.cat([y0.grad.flatten(), *(p.grad.flatten() for p in field.parameters())]))
         field.zero_grad(set_to_none=True)
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(grads[1], grads[2], rtol=0, atol=1e-12)
+    assert stats["recomputed_steps"] > 0 and stats["stored_states"] <= 4
+    assert calls[1] - calls[2] == 6 * stats["recomputed_steps"]
+
+
+def test_second_backward_and_per_sample_are_refused():
+    field = _Field()
+    block = ODEBlock(field, T=1.0, method="rk4", step_size=0.25, gradient=Checkpoint(budget=2))
+    y = block(_Y0)
+    y.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="budget=None"):
+        y.sum().backward()
+    with pytest.raises(ValueError, match="per_sample.*budget"):
+        ODEBlock(field, T=1.0, controller="per_sample", gradient=Checkpoint(budget=2))
 
 
 @pytest.mark.parametrize("budget", [0, -3, 2.5, True, "4"])

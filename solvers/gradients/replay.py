@@ -64,7 +64,7 @@ from ..steppers.rk_odeint import odeint_rk
 from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at, quartic
 from .binomial import OnlineSchedule, walk_back
 from .piece_grads import Grads, LazyPieces, PiecewiseParam, piece_slots
-from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt
+from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt, taken
 
 __all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
 
@@ -544,8 +544,7 @@ class _Replay(torch.autograd.Function):
 def _recomputed(steps: Steps, func, tab: MethodTableau, ctx, stats) -> Iterator[int]:
     """The steps ``n − 1, …, 0``, each yielded with its start state (and carried slope) in ``steps``, rebuilt from
     the kept states ``ctx.kept`` by the binomial schedule (:func:`~solvers.gradients.binomial.walk_back`)."""
-    kept: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = ctx.kept
-    ctx.kept = None  # the schedule's from here: each state freed when it drops it
+    kept: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = taken(ctx)
 
     def carries(n: int) -> bool:
         return steps.carries is not None and steps.carries[n]

@@ -448,8 +448,9 @@ class _Controlled(torch.autograd.Function):
                 Attempt(t0, hp, h, acc, clip, None, first, jumped, None, c)  # type: ignore[arg-type]
                 for (t0, hp, h, acc, clip, first, jumped), c in zip(ctx.meta, ctx.carries)
             ]
-            y_start = ctx.kept[0][0]
-            order = _recomputed(tries, ctx, cfg["func"], cfg["spec"], cfg["stats"])
+            kept = taken(ctx)
+            y_start = kept[0][0]
+            order = _recomputed(tries, kept, ctx, cfg["func"], cfg["spec"], cfg["stats"])
         pieces: list[PiecewiseParam] = cfg["pieces"]
         slot = cfg["slot"]
         lazies = [LazyPieces(p) for p in pieces]
@@ -486,6 +487,18 @@ class _Controlled(torch.autograd.Function):
         return acc.result(lam_y, slot, cfg["gradient"], stats.nfe_backward)
 
 
+def taken(ctx) -> dict:
+    """The kept states of a solve with a budget, handed to its backward pass once: it frees each as its schedule
+    drops it, so a second backward pass through the same solve has nothing to start from."""
+    kept, ctx.kept = ctx.kept, None
+    if kept is None:
+        raise RuntimeError(
+            "Checkpoint(budget=...) frees its states during the backward pass, so it runs once per solve; "
+            "for a second backward pass through the same solve (retain_graph=True) use budget=None."
+        )
+    return kept
+
+
 def _state_index(tries: Sequence[Attempt]) -> list[int]:
     """Each attempt's start state, numbered by the accepted attempts before it."""
     out, i = [], 0
@@ -495,12 +508,10 @@ def _state_index(tries: Sequence[Attempt]) -> list[int]:
     return out
 
 
-def _recomputed(tries: list[Attempt], ctx, func, spec: _Spec, stats) -> Iterator[int]:
+def _recomputed(tries: list[Attempt], kept: dict, ctx, func, spec: _Spec, stats) -> Iterator[int]:
     """The attempts last to first, each yielded with its start state (and carried slope) in place, rebuilt from
-    the kept states ``ctx.kept`` by the binomial schedule (:func:`~solvers.gradients.binomial.walk_back`): a
+    the kept states ``kept`` by the binomial schedule (:func:`~solvers.gradients.binomial.walk_back`): a
     state is advanced by its accepted attempt."""
-    kept: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = ctx.kept
-    ctx.kept = None  # the schedule's from here: each state freed when it drops it
     state_of: list[int] = ctx.state_of
     group: dict[int, list[int]] = {}
     for n, i in enumerate(state_of):
