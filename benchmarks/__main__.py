@@ -332,6 +332,21 @@ def _gauss_adjoint(res: dict) -> Headline:
 
 
 # (module, headline of its result, goal): every benchmark module of this package.
+def _binomial_checkpoint(res: dict) -> Headline:
+    rows = res["rows"]
+    kept = all(r["stored_states"] <= r["budget"] for r in rows if r["budget"] != "all")
+    ratios = [r["recomputed_steps"] / r["offline_optimum"] for r in rows if r["offline_optimum"]]
+    small, full = rows[0], rows[-1]
+    out = [
+        Row("states kept <= budget", kept, goal="True", met=kept),
+        at_most("recomputed / offline optimum, worst", max(ratios) if ratios else None, 1.05),
+        info(f"time, budget {small['budget']} / every state", small["time_over_all"], ".2f"),
+    ]
+    if "peak_over_all" in small:
+        out.append(info(f"peak memory, budget {small['budget']} / every state", small["peak_over_all"], ".3f"))
+    return out + [info("peak memory rise, every state, MiB", (full["peak_rss_rise_bytes"] or 0) / 2**20, ".1f")]
+
+
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
     ("continuous_overhead", _continuous, "<= 1.05, same NFE"),
@@ -358,6 +373,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("default_gradient", _default_gradient, "the default within 1.05 of the faster exact gradient while small"),
     ("interpolating_adjoint", _interpolating, "<= 1e-4 from backprop where the backsolve adjoint fails"),
     ("gauss_adjoint", _gauss_adjoint, "equal to backprop within 1e-4 (rtol 1e-6); the crossover recorded"),
+    ("binomial_checkpoint", _binomial_checkpoint, "states kept <= budget; recomputed <= 1.05 x offline optimum"),
 )
 
 
@@ -389,6 +405,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "default_gradient": {"tiny": 1.0},
     "interpolating_adjoint": {"tiny": 2.0},
     "gauss_adjoint": {"tiny": 1.0},
+    "binomial_checkpoint": {"tiny": 0.5, "full": 60.0},
 }
 
 

@@ -29,7 +29,7 @@ from cde_nets.regularisers import AugmentedField, check_flow_settings, draw_prob
 
 from .solvers.counting import SolverStats
 from .solvers.errors import check_finite
-from .solvers.gradients import GradientMethod
+from .solvers.gradients import Backprop, GradientMethod, as_gradient
 
 __all__ = ["ContinuousFlow", "standard_normal_log_prob", "bits_per_dim"]
 
@@ -167,6 +167,6 @@ class ContinuousFlow(nn.Module):
         z = torch.randn((n, *shape), dtype=dtype, device=device, generator=generator)
         t = torch.tensor([self.T, 0.0], dtype=dtype, device=device)
         kw: dict = dict(rtol=self.rtol, atol=self.atol, method=self.method, options=self.options)
-        if self.gradient != "backprop":
+        if not isinstance(as_gradient(self.gradient), Backprop):
             kw.update(gradient=self.gradient, adjoint_params=self._params())
         return odeint(self.field, z, t, **kw)[-1]

@@ -53,7 +53,7 @@ from cde_nets.solvers.dropin import (
 from cde_nets.solvers.engine import check_cell, check_events
 from cde_nets.solvers.errors import Reason, SolverError
 from cde_nets.solvers.events import HermiteDense, per_sample_events
-from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient, gradient_names
+from cde_nets.solvers.gradients import GRADIENTS, Adjoint, Backprop, GradientMethod, as_gradient, gradient_names
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import (
     IMPLICIT_METHODS,
@@ -183,7 +183,8 @@ def _solve(
     flat, shapes = check_state(y0, method, method in ADAPTIVE)
     t = check_output_times(t, flat.device)
     _warn_callbacks(func, method)
-    params = _params(func, adjoint_params, gradient) if gradient != "backprop" else ()
+    chosen = method_object or as_gradient(gradient)
+    params = () if isinstance(chosen, Backprop) else _params(func, adjoint_params, gradient)
     rtol, atol = tolerances(rtol, atol, shapes)
     if flat.numel() == 0:  # an empty batch: nothing to integrate; one evaluation joins it to func's graph
         y = flat + 0 * Problem(func, shapes)(t[0], flat)
@@ -200,7 +201,7 @@ def _solve(
     else:
         opts = state_norm(flip_options(options, sign, shapes), shapes, method)
         adj = dict(adjoint or {})
-        if gradient == "adjoint":
+        if isinstance(chosen, Adjoint):
             adj["options"] = flip_options(adj["options"], sign, shapes, adjoint=True)
         try:
             ys = solve_flat(
@@ -340,7 +341,7 @@ def odeint(
         return _events_per_sample(
             func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, event_mode
         )
-    if isinstance(gradient, Adjoint) or gradient == "adjoint":
+    if isinstance(gradient, Adjoint) or GRADIENTS.get(str(gradient)) is Adjoint:
         return _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoint_params)
     if event_fn is not None:
         return _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, None)
@@ -680,7 +681,7 @@ def _event_state(
     # the state at the fixed time t*, differentiable in the chosen mode; its value is the search's own
     times = torch.stack([t[0], t_star])
     kwargs: dict[str, Any] = dict(rtol=rtol, atol=atol, method=method, options=options)
-    if gradient == "adjoint":
+    if GRADIENTS.get(str(gradient)) is Adjoint:
         # the implicit methods' adjoint is the backsolve of their own steps, whose settings are the forward ones
         backward = {} if method in IMPLICIT else _adjoint_kwargs(adjoint)
         sol = odeint_adjoint(func, y0, times, adjoint_params=adjoint_params, **backward, **kwargs)

@@ -27,7 +27,9 @@ __all__ = ["Counted", "CountedAdaptive", "CountedFixed", "SolverStats", "count_e
 @dataclass
 class SolverStats:
     """Counts of one call. ``nfe_backward`` counts field evaluations of the adjoint solve (``adjoint``) or the
-    vector-Jacobian products through recorded evaluations (``backprop``)."""
+    vector-Jacobian products through recorded evaluations (``backprop``). The checkpointed replay
+    (``Checkpoint``) reports the most states it kept at once (``stored_states``) and the steps its backward pass
+    recomputed from them (``recomputed_steps``, nonzero only with a ``budget``)."""
 
     nfe_forward: int = 0
     nfe_backward: int = 0
@@ -35,6 +37,8 @@ class SolverStats:
     rejected_forward: int = 0
     steps_backward: int = 0
     rejected_backward: int = 0
+    stored_states: int = 0
+    recomputed_steps: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -13,6 +13,7 @@ from ..grids import negated_time_options
 from ..options import OWN_FIXED_METHODS, REVERSIBLE_METHODS
 from ..steppers.tableaux import TABLEAUX
 from .base import GradientMethod, Run
+from .binomial import check_budget
 from .replay import StepBack, checkpoint_step, replay_gradient
 from .step_sizes import check_steps
 
@@ -27,9 +28,22 @@ class Checkpoint(GradientMethod):
 
     ``steps`` (:mod:`~solvers.gradients.step_sizes`): as :class:`~solvers.gradients.Backprop`'s; with
     ``"differentiated"`` (the default) the rejected attempts are kept too (their sizes, no states), since each shapes
-    the next step size."""
+    the next step size.
+
+    ``budget``: keep at most ``k`` step-start states (``None``, the default: every step's). The forward solve
+    decides online, without knowing how many steps it will take, which states to keep (Stumm & Walther 2010,
+    "New algorithms for optimal online checkpointing", SIAM J. Sci. Comput. 32(2)); the backward pass rebuilds
+    the others by advancing from a kept one, reusing the slots it frees along Griewank's binomial schedule
+    (Griewank 1992; Griewank & Walther 2000, "Algorithm 799: revolve", ACM TOMS 26). For ``n`` steps the fewest
+    recomputed steps are ``t(n + 1, k) − n``, ``t(l, s) = r l − β(s + 1, r − 1)``, ``β(s, r) = C(s + r, s)``,
+    ``r`` the least with ``l ≤ β(s, r)``: ``n(n − 1)/2`` for ``k = 1``, ``O(n log n)`` for ``k ~ log n``, none
+    for ``k ≥ n`` (:mod:`solvers.gradients.binomial`; the online placement reaches it for ``n ≤ β(k, 2)``). The
+    gradient is the same, up to rounding of the recomputed states; the solve's ``stats`` report the most states
+    kept at once (``stored_states``) and the steps recomputed (``recomputed_steps``). The fixed-step sweeps of
+    the implicit and composition methods keep every step's state and refuse a budget."""
 
     steps: str = "differentiated"
+    budget: int | None = None
 
     name = "checkpoint"
     sweep: ClassVar[str | None] = "checkpoint"
@@ -37,16 +51,25 @@ class Checkpoint(GradientMethod):
 
     def __post_init__(self) -> None:
         check_steps(self.steps)
+        if self.budget is not None:
+            check_budget(self.budget)
 
     def describe(self) -> str:
-        return self.name if self.steps == "differentiated" else f"{self.name} ({self.steps} steps)"
+        name = self.name if self.steps == "differentiated" else f"{self.name} ({self.steps} steps)"
+        return name if self.budget is None else f"{name}, budget {self.budget}"
 
     def supports(self, method: str) -> bool:
         if method in OWN_FIXED_METHODS:
-            return super().supports(method)
+            return self.budget is None and super().supports(method)
         return method in TABLEAUX and TABLEAUX[method].continuous
 
     def refusal(self, method: str) -> str:
+        if self.budget is not None and method in OWN_FIXED_METHODS and super().supports(method):
+            return (
+                f"gradient={type(self).__name__}(budget={self.budget}) recomputes the steps of the explicit "
+                f"Runge-Kutta methods; method={method!r} sweeps its fixed grid keeping every step's state. Use "
+                f"budget=None with {method!r}, or an explicit method (e.g. 'dopri5', 'rk4') with the budget."
+            )
         if method in REVERSIBLE_METHODS or method in OWN_FIXED_METHODS:
             return super().refusal(method)
         replayable = sorted(m for m, tab in TABLEAUX.items() if tab.continuous)
@@ -75,6 +98,7 @@ class Checkpoint(GradientMethod):
             options=run.options,
             stats=run.stats,
             steps=self.steps,
+            budget=self.budget,
         )
 
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +63,9 @@ from ..controllers import Integral
 from ..steppers.fast_rk import fast_applies, odeint_fast
 from ..steppers.rk_odeint import odeint_rk
 from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at, quartic
+from .binomial import OnlineSchedule, walk_back
 from .piece_grads import Grads, LazyPieces, PiecewiseParam, piece_slots
-from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt
+from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt, taken
 
 __all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
 
@@ -88,6 +89,7 @@ class Steps:
     first: list[tuple[float, int]]
     adaptive: bool
     carried: list[torch.Tensor | None] | None = None
+    carries: list[bool] | None = None  # whether step n takes a carried slope (kept or not, with a budget)
 
     def carried_at(self, n: int) -> torch.Tensor | None:
         return None if self.carried is None else self.carried[n]
@@ -99,12 +101,20 @@ class Steps:
 class Recorder:
     """Collects accepted steps from the counting wrapper's callbacks (see ``counting.Counted``); with
     ``attempts``, every attempted step too, as :func:`solvers.gradients.replay_controlled.attempts` reads them:
-    ``[t0, proposed size, size taken, accepted, y0, ended on a jump, carried slope]``. With ``carry`` (a method
-    that is not FSAL), the slope each step's first stage reuses: the last evaluation of the accepted step before
-    it (``None`` for the first step and after a jump, where the field is read afresh)."""
+    ``[t0, proposed size, size taken, accepted, y0, ended on a jump, carried slope, takes a carried slope]``. With
+    ``carry`` (a method that is not FSAL), the slope each step's first stage reuses: the last evaluation of the
+    accepted step before it (``None`` for the first step and after a jump, where the field is read afresh).
+    With ``schedule`` (:class:`~solvers.gradients.binomial.OnlineSchedule`), only the step starts it keeps hold
+    their state and carried slope (``None`` elsewhere); the most held at once goes to ``schedule.peak``."""
 
-    def __init__(self, jumps: Sequence[float] = (), attempts: bool = False, carry: bool = False) -> None:
-        self.rows: list[list[Any]] = []  # [t0, dt, y0, ended on a jump, carried slope]
+    def __init__(
+        self,
+        jumps: Sequence[float] = (),
+        attempts: bool = False,
+        carry: bool = False,
+        schedule: OnlineSchedule | None = None,
+    ) -> None:
+        self.rows: list[list[Any]] = []  # [t0, dt, y0, ended on a jump, carried slope, takes a carried slope]
         self.after_accept = False
         self.jumps = list(jumps)
         self.tries: list[list[Any]] | None = [] if attempts else None
@@ -114,18 +124,50 @@ class Recorder:
         self.last: torch.Tensor | None = None  # the latest evaluation (with ``carry``)
         self.carried: torch.Tensor | None = None  # the slope the next attempt's first stage takes
         self.start: torch.Tensor | None = None  # the one the current attempt took
+        self.schedule = schedule
+        self.admitted = 0  # the step starts the schedule has seen
+        self.keeping = True  # whether the current step start is kept
+        self.tries_of: list[list[int]] = []  # with a schedule: each step start's attempts (rows of ``tries``)
+        self.held = 0  # the states kept now
+
+    def _kept(self, y0: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The state and carried slope to record for the current step start (``None`` where not kept)."""
+        if self.schedule is None:
+            return y0, self.start
+        i = len(self.rows)
+        if i == self.admitted:  # the first attempt from this state
+            self.admitted += 1
+            self.tries_of.append([])
+            self.keeping, drop = self.schedule.admit(i)
+            if drop is not None:
+                self._forget(drop)
+            self.held += self.keeping
+            self.schedule.peak = max(self.schedule.peak, self.held)
+        if self.tries is not None:
+            self.tries_of[i].append(len(self.tries))
+        return (y0, self.start) if self.keeping else (None, None)
+
+    def _forget(self, i: int) -> None:
+        self.held -= 1
+        if i < len(self.rows):
+            self.rows[i][2] = self.rows[i][4] = None
+        if self.tries is not None:
+            for j in self.tries_of[i]:
+                self.tries[j][4] = self.tries[j][6] = None
 
     def accept(self, t0, y0, dt) -> None:
-        self.rows.append([float(t0), float(dt), y0, False, self.start])
+        y, start = self._kept(y0)
+        self.rows.append([float(t0), float(dt), y, False, start, self.start is not None])
         self.after_accept = True
         if self.tries is not None:
-            self.tries.append([float(t0), self.proposed, float(dt), True, y0, False, self.start])
+            self.tries.append([float(t0), self.proposed, float(dt), True, y, False, start, self.start is not None])
         if self.carry:
             self.carried = self.last
 
     def reject(self, t0, y0, dt) -> None:
         if self.tries is not None:
-            self.tries.append([float(t0), self.proposed, float(dt), False, y0, False, self.start])
+            y, start = self._kept(y0)
+            self.tries.append([float(t0), self.proposed, float(dt), False, y, False, start, self.start is not None])
 
     def step(self, t0=None, y0=None, dt=None) -> None:
         self.after_accept = False
@@ -160,7 +202,8 @@ class Recorder:
             t1.append(float(t[-1]))
             first = [(r[0], _NEXT) for r in rows]
         carried = [r[4] for r in rows] if self.carry else None
-        return Steps(t0, t1, [r[1] for r in rows], [r[2] for r in rows], first, adaptive, carried)
+        carries = [r[5] for r in rows] if self.carry else None
+        return Steps(t0, t1, [r[1] for r in rows], [r[2] for r in rows], first, adaptive, carried, carries)
 
     def _jump_end(self, row) -> float:
         end = row[0] + row[1]  # the clipped dt is jump - t0, so t0 + dt lies within an ulp of the jump
@@ -281,19 +324,28 @@ def _carries(method: str) -> bool:
 
 
 def record_steps(
-    func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol: float, atol: float, options: dict, adaptive: bool
+    func,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    *,
+    method: str,
+    rtol: float,
+    atol: float,
+    options: dict,
+    adaptive: bool,
+    schedule: OnlineSchedule | None = None,
 ) -> tuple[torch.Tensor, Steps]:
     """torchdiffeq's ``odeint`` without a graph, and its accepted steps. ``func`` is the adapter's counting
-    wrapper, whose ``recorder`` receives the callbacks."""
-    rec = Recorder(_times_of(options, "jump_t"), carry=_carries(method))
+    wrapper, whose ``recorder`` receives the callbacks. With ``schedule``, only the states it keeps are held."""
+    rec = Recorder(_times_of(options, "jump_t"), carry=_carries(method), schedule=schedule)
     ys = _solve_recorded(func, y0, t, rec, method, rtol, atol, options)
     return ys, rec.steps(t, adaptive)
 
 
-def record_attempts(func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol, atol, options: dict):
+def record_attempts(func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol, atol, options: dict, schedule=None):
     """As :func:`record_steps`, every attempted step of an adaptive solve
     (:class:`~solvers.gradients.replay_controlled.Attempt`)."""
-    rec = Recorder(_times_of(options, "jump_t"), attempts=True, carry=_carries(method))
+    rec = Recorder(_times_of(options, "jump_t"), attempts=True, carry=_carries(method), schedule=schedule)
     ys = _solve_recorded(func, y0, t, rec, method, rtol, atol, options)
     assert rec.tries is not None
     clips = sorted({*_times_of(options, "jump_t"), *_times_of(options, "step_t")})
@@ -408,6 +460,8 @@ def symplectic_step(func, tab, steps, n, lam: Cotangents, outs_in, grad_ys, t, a
 class _Replay(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        budget = cfg["budget"]
+        schedule = None if budget is None else OnlineSchedule(budget)
         ys, steps = record_steps(
             cfg["func"],
             y0,
@@ -417,33 +471,49 @@ class _Replay(torch.autograd.Function):
             atol=cfg["atol"],
             options=cfg["options"],
             adaptive=cfg["tableau"].adaptive,
+            schedule=schedule,
         )
         ctx.cfg = cfg
-        ctx.steps_meta = (steps.t0, steps.t1, steps.dt, steps.first, steps.adaptive)
+        ctx.steps_meta = (steps.t0, steps.t1, steps.dt, steps.first, steps.adaptive, steps.carries)
         carried = steps.carried or []
         ctx.carried_at = [i for i, k in enumerate(carried) if k is not None]
         ctx.carrying = steps.carried is not None
+        ctx.n_steps = len(steps)
+        if schedule is not None:
+            # held on the context, not saved through autograd, so that the backward pass can free each one
+            # when the schedule drops it (saved tensors live until the backward pass ends)
+            ctx.kept = {i: (y, steps.carried_at(i)) for i, y in enumerate(steps.y0) if y is not None}
+            ctx.held = schedule.peak
+            ctx.save_for_backward(t, *params)
+            return ys
+        ctx.held = len(steps)
         # saved through autograd so that memory accounting (saved-tensor hooks) sees the checkpoints
         ctx.save_for_backward(t, *steps.y0, *(carried[i] for i in ctx.carried_at), *params)
-        ctx.n_steps = len(steps)
         return ys
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_ys: torch.Tensor):
         cfg = ctx.cfg
+        # reported here: a call that never runs its backward pass keeps no state for it
+        cfg["stats"].stored_states = max(cfg["stats"].stored_states, ctx.held)
         stats, func, tab = cfg["stats"], cfg["func"], cfg["tableau"]
         saved = ctx.saved_tensors
         n_steps, n_carried = ctx.n_steps, len(ctx.carried_at)
+        budgeted = cfg["budget"] is not None
+        if budgeted:
+            n_steps = n_carried = 0  # the states are in ctx.kept
         t, ys0 = saved[0], list(saved[1 : 1 + n_steps])
         kept, params = saved[1 + n_steps : 1 + n_steps + n_carried], saved[1 + n_steps + n_carried :]
         carried: list[torch.Tensor | None] | None = None
         if ctx.carrying:
-            carried = [None] * n_steps
+            carried = [None] * ctx.n_steps
             for i, k in zip(ctx.carried_at, kept):
                 carried[i] = k
-        t0, t1, dt, first, adaptive = ctx.steps_meta
-        steps = Steps(t0, t1, dt, ys0, first, adaptive, carried)
+        t0, t1, dt, first, adaptive, carries = ctx.steps_meta
+        if budgeted:
+            ys0 = [None] * ctx.n_steps
+        steps = Steps(t0, t1, dt, ys0, first, adaptive, carried, carries)
         pieces: list[PiecewiseParam] = cfg["pieces"]
         slot = cfg["slot"]
         others = [p for p, j in zip(params, slot) if j is None]
@@ -456,7 +526,10 @@ class _Replay(torch.autograd.Function):
         try:
             for p, v in zip(pieces, lazies):
                 p.set_views(v)
-            for n in range(len(steps) - 1, -1, -1):
+            order: Iterator[int] = iter(range(len(steps) - 1, -1, -1))
+            if budgeted:
+                order = _recomputed(steps, func, tab, ctx, stats)
+            for n in order:
                 for j in at_end.get(n, ()):
                     lam = grad_ys[j] if lam is None else lam + grad_ys[j]
                 lam, owed = step_back(func, tab, steps, n, (lam, owed), inside.get(n, []), grad_ys, t, acc)
@@ -467,6 +540,35 @@ class _Replay(torch.autograd.Function):
         assert lam is not None
         lam = lam + grad_ys[0]
         return acc.result(lam, slot, cfg["gradient"], stats.nfe_backward)
+
+
+def _recomputed(steps: Steps, func, tab: MethodTableau, ctx, stats) -> Iterator[int]:
+    """The steps ``n − 1, …, 0``, each yielded with its start state (and carried slope) in ``steps``, rebuilt from
+    the kept states ``ctx.kept`` by the binomial schedule (:func:`~solvers.gradients.binomial.walk_back`)."""
+    kept: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = taken(ctx)
+
+    def carries(n: int) -> bool:
+        return steps.carries is not None and steps.carries[n]
+
+    def advance(n: int, state):
+        y, k = state
+        with torch.no_grad():
+            _, ks, y1 = _stages(func, tab, steps, n, y, dense=False, first=k if carries(n) else None)
+        return y1, (ks[tab.stages - 1] if carries(n + 1) else None)
+
+    counts: dict[str, int] = {}
+    try:
+        for n, (y, k) in walk_back(kept, len(steps), ctx.cfg["budget"], advance, counts):
+            steps.y0[n] = y
+            if steps.carried is not None:
+                steps.carried[n] = k
+            yield n
+            steps.y0[n] = None  # type: ignore[call-overload]  # freed: the schedule holds what it keeps
+            if steps.carried is not None:
+                steps.carried[n] = None
+    finally:
+        stats.recomputed_steps += counts.get("advances", 0)
+        stats.stored_states = max(stats.stored_states, counts.get("peak", 0))
 
 
 def replay_gradient(
@@ -485,12 +587,15 @@ def replay_gradient(
     options: dict,
     stats: Any,
     steps: str = "differentiated",
+    budget: int | None = None,
 ) -> torch.Tensor:
     """``odeint(func, y0, t)`` whose backward pass replays its accepted steps, one ``step_back`` per step
     (:func:`checkpoint_step` or :func:`symplectic_step`, see the module; ``gradient`` names it in messages).
     ``params``: the tensors to differentiate; those that are the ``data`` of an entry of ``pieces`` are
     differentiated piece by piece. ``steps`` (:mod:`solvers.gradients.step_sizes`): an adaptive method's step sizes held
-    fixed (``"fixed"``), or differentiated (every attempt replayed: :mod:`solvers.gradients.replay_controlled`)."""
+    fixed (``"fixed"``), or differentiated (every attempt replayed: :mod:`solvers.gradients.replay_controlled`).
+    ``budget``: keep at most that many states, recomputing the others by the online binomial schedule
+    (:mod:`solvers.gradients.binomial`); ``None``: every step's."""
     if t.requires_grad:
         raise ValueError(f"gradient={gradient!r} does not differentiate the output times `t`; detach them.")
     if len(t) > 1 and float(t[0]) > float(t[-1]):
@@ -498,7 +603,9 @@ def replay_gradient(
         # (gradients.checkpoint.backwards_in_time)
         raise ValueError(f"gradient={gradient!r} replays a forwards solve; negate decreasing times `t` first.")
     if tableau.adaptive and steps != "fixed":
-        return _controlled(func, y0, t, params, pieces, gradient, tableau, method, rtol, atol, options, stats, steps)
+        return _controlled(
+            func, y0, t, params, pieces, gradient, tableau, method, rtol, atol, options, stats, steps, budget
+        )
     params, used, slot = piece_slots(params, pieces)
     cfg = dict(
         func=func,
@@ -512,15 +619,16 @@ def replay_gradient(
         step_back=step_back,
         pieces=[pieces[j] for j in used],
         slot=slot,
+        budget=budget,
     )
     return _Replay.apply(cfg, y0, t, *params)
 
 
-def _controlled(func, y0, t, params, pieces, gradient, tableau, method, rtol, atol, options, stats, steps):
+def _controlled(func, y0, t, params, pieces, gradient, tableau, method, rtol, atol, options, stats, steps, budget):
     """:func:`replay_gradient` with the step sizes differentiated: every attempt replayed."""
 
-    def record(y0: torch.Tensor, t: torch.Tensor):
-        return record_attempts(func, y0, t, method=method, rtol=rtol, atol=atol, options=options)
+    def record(y0: torch.Tensor, t: torch.Tensor, schedule: OnlineSchedule | None = None):
+        return record_attempts(func, y0, t, method=method, rtol=rtol, atol=atol, options=options, schedule=schedule)
 
     spec = dict(
         tab=tableau,
@@ -546,4 +654,5 @@ def _controlled(func, y0, t, params, pieces, gradient, tableau, method, rtol, at
         step_back=step_back,
         first_step=None if first is None else float(first),
         stats=stats,
+        budget=budget,
     )

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ import torch
 
 from ..controllers import Controller
 from ..steppers.tableaux import MethodTableau, quartic
+from .binomial import OnlineSchedule, walk_back
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
 
@@ -64,24 +65,25 @@ class Attempt:
     h: float
     accepted: bool
     clip: float | None
-    y0: torch.Tensor
+    y0: torch.Tensor  # None in a record with a budget, where the start state is not kept
     first: tuple[float, int]
     jumped: bool = False
     carried: torch.Tensor | None = None
+    carries: bool = False  # whether it takes a carried slope (kept or not, with a budget)
 
 
 def attempts(rows: Sequence[list], t0: float, clips: Sequence[float]) -> list[Attempt]:
-    """The attempts from a recorder's rows ``[t0, proposed, used, accepted, y0, jumped, carried]``; ``clips``: the
-    times a step may be shortened to land on (``jump_t``, ``step_t``), increasing."""
+    """The attempts from a recorder's rows ``[t0, proposed, used, accepted, y0, jumped, carried, carries]``;
+    ``clips``: the times a step may be shortened to land on (``jump_t``, ``step_t``), increasing."""
     out: list[Attempt] = []
     first: tuple[float, int] = (t0, _NONE)
-    for start, hp, h, accepted, y0, jumped, carried in rows:
+    for start, hp, h, accepted, y0, jumped, carried, carries in rows:
         clip = None
         if h != hp and clips:  # shortened: it ends exactly on the clip time nearest its end
             end = start + h
             k = bisect.bisect_left(clips, end)
             clip = min(clips[max(k - 1, 0) : k + 1], key=lambda c: abs(c - end))
-        out.append(Attempt(start, hp, h, accepted, clip, y0, first, jumped, carried))
+        out.append(Attempt(start, hp, h, accepted, clip, y0, first, jumped, carried, carries))
         if accepted:
             first = (out[-1].clip if out[-1].clip is not None else start + h, _NEXT if jumped else _PREV)
     return out
@@ -389,28 +391,57 @@ StepBack = Callable[..., tuple]
 class _Controlled(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-        ys, tries = cfg["record"](y0, t)
+        schedule = None if cfg["budget"] is None else OnlineSchedule(cfg["budget"])
+        ys, tries = cfg["record"](y0, t, schedule)
         ctx.cfg = cfg
         ctx.meta = [(a.t0, a.hp, a.h, a.accepted, a.clip, a.first, a.jumped) for a in tries]
+        ctx.carries = [a.carries for a in tries]
+        if schedule is not None:
+            # held on the context, not saved through autograd, so that the backward pass can free each one
+            # when the schedule drops it (saved tensors live until the backward pass ends)
+            ctx.state_of = _state_index(tries)
+            ctx.kept = {i: (a.y0, a.carried) for i, a in zip(ctx.state_of, tries) if a.y0 is not None}
+            ctx.carried_of = []
+            ctx.held = schedule.peak
+            ctx.save_for_backward(t, *params)
+            ctx.n_kept = (0, 0)
+            return ys
         states, ctx.state_of = _kept([a.y0 for a in tries])
         carried, ctx.carried_of = _kept([a.carried for a in tries])
         # saved through autograd so that memory accounting (saved-tensor hooks) sees the checkpoints
         ctx.save_for_backward(t, *states, *carried, *params)
         ctx.n_kept = (len(states), len(carried))
+        ctx.held = len(states)
         return ys
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_ys: torch.Tensor):
         cfg = ctx.cfg
+        # reported here: a call that never runs its backward pass keeps no state for it
+        cfg["stats"].stored_states = max(cfg["stats"].stored_states, ctx.held)
         saved = ctx.saved_tensors
         n_states, n_carried = ctx.n_kept
         t, states = saved[0], saved[1 : 1 + n_states]
         carried, params = saved[1 + n_states : 1 + n_states + n_carried], saved[1 + n_states + n_carried :]
-        tries = [
-            Attempt(t0, hp, h, acc, clip, states[j], first, jumped, None if k < 0 else carried[k])
-            for (t0, hp, h, acc, clip, first, jumped), j, k in zip(ctx.meta, ctx.state_of, ctx.carried_of)
-        ]
+        budget = cfg["budget"]
+        if budget is None:
+            tries = [
+                Attempt(t0, hp, h, acc, clip, states[j], first, jumped, None if k < 0 else carried[k], c)
+                for (t0, hp, h, acc, clip, first, jumped), j, k, c in zip(
+                    ctx.meta, ctx.state_of, ctx.carried_of, ctx.carries
+                )
+            ]
+            order: Iterator[int] = iter(range(len(tries) - 1, -1, -1))
+            y_start = tries[0].y0
+        else:
+            tries = [
+                Attempt(t0, hp, h, acc, clip, None, first, jumped, None, c)  # type: ignore[arg-type]
+                for (t0, hp, h, acc, clip, first, jumped), c in zip(ctx.meta, ctx.carries)
+            ]
+            kept = taken(ctx)
+            y_start = kept[0][0]
+            order = _recomputed(tries, kept, ctx, cfg["func"], cfg["spec"], cfg["stats"])
         pieces: list[PiecewiseParam] = cfg["pieces"]
         slot = cfg["slot"]
         lazies = [LazyPieces(p) for p in pieces]
@@ -426,7 +457,7 @@ class _Controlled(torch.autograd.Function):
         try:
             for p, v in zip(pieces, lazies):
                 p.set_views(v)
-            for n in range(len(tries) - 1, -1, -1):
+            for n in order:
                 a = tries[n]
                 js = owed.get(n, [])
                 lam_y, lam_t, g_h, lam_f = step_back(
@@ -439,12 +470,73 @@ class _Controlled(torch.autograd.Function):
                     stats.rejected_backward += 1
             assert lam_y is not None
             if cfg["first_step"] is None and bool(lam_h.any()):
-                lam_y = lam_y + initial_size_back(func, spec, tries[0].y0, tl[0], lam_h, acc)
+                lam_y = lam_y + initial_size_back(func, spec, y_start, tl[0], lam_h, acc)
         finally:
             for p in pieces:
                 p.set_views(None)
         lam_y = lam_y + grad_ys[0]
         return acc.result(lam_y, slot, cfg["gradient"], stats.nfe_backward)
+
+
+def taken(ctx) -> dict:
+    """The kept states of a solve with a budget, handed to its backward pass once: it frees each as its schedule
+    drops it, so a second backward pass through the same solve has nothing to start from."""
+    kept, ctx.kept = ctx.kept, None
+    if kept is None:
+        raise RuntimeError(
+            "Checkpoint(budget=...) frees its states during the backward pass, so it runs once per solve; "
+            "for a second backward pass through the same solve (retain_graph=True) use budget=None."
+        )
+    return kept
+
+
+def _state_index(tries: Sequence[Attempt]) -> list[int]:
+    """Each attempt's start state, numbered by the accepted attempts before it."""
+    out, i = [], 0
+    for a in tries:
+        out.append(i)
+        i += a.accepted
+    return out
+
+
+def _recomputed(tries: list[Attempt], kept: dict, ctx, func, spec: _Spec, stats) -> Iterator[int]:
+    """The attempts last to first, each yielded with its start state (and carried slope) in place, rebuilt from
+    the kept states ``kept`` by the binomial schedule (:func:`~solvers.gradients.binomial.walk_back`): a
+    state is advanced by its accepted attempt."""
+    state_of: list[int] = ctx.state_of
+    group: dict[int, list[int]] = {}
+    for n, i in enumerate(state_of):
+        group.setdefault(i, []).append(n)
+    tab = spec.tab
+    n_stages = tab.stages - 1 if tab.fsal else tab.stages  # an FSAL method's last stage is not needed for y'
+
+    def advance(i: int, state):
+        y, k = state
+        a = tries[group[i][-1]]  # the accepted attempt from state i
+        with torch.no_grad():
+            t0 = torch.tensor(a.t0, dtype=torch.float64, device=y.device)
+            alg = _Algebra(spec, a, y, t0, torch.tensor(a.hp, dtype=torch.float64, device=y.device))
+            for s in range(n_stages):
+                if s == 0 and a.carries:
+                    alg.ks.append(k)
+                    continue
+                Y, T = alg.stage(s)
+                alg.ks.append(func(T, Y))
+            y1 = alg.end()
+        nxt = tries[group[i + 1][0]]
+        return y1, (alg.ks[tab.stages - 1] if nxt.carries else None)
+
+    counts: dict[str, int] = {}
+    try:
+        for i, (y, k) in walk_back(kept, state_of[-1] + 1, ctx.cfg["budget"], advance, counts):
+            ns = group[i]
+            for n in reversed(ns):
+                tries[n].y0, tries[n].carried = y, (k if tries[n].carries else None)
+                yield n
+                tries[n].y0, tries[n].carried = None, None  # type: ignore[assignment]
+    finally:
+        stats.recomputed_steps += counts.get("advances", 0)
+        stats.stored_states = max(stats.stored_states, counts.get("peak", 0))
 
 
 def _kept(values: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor], list[int]]:
@@ -480,15 +572,19 @@ def controlled_replay(
     params: Sequence[torch.Tensor],
     pieces: Sequence[PiecewiseParam],
     *,
-    record: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, list[Attempt]]],
+    record: Callable[[torch.Tensor, torch.Tensor, OnlineSchedule | None], tuple[torch.Tensor, list[Attempt]]],
     spec_kw: dict[str, Any],
     gradient: str,
     step_back: StepBack,
     first_step: float | None,
     stats: Any,
+    budget: int | None = None,
 ) -> torch.Tensor:
-    """The solve ``record(y0, t)`` makes (its outputs and its attempts, without a graph), with the backward
-    pass of ``step_back`` (:func:`checkpoint_attempt` or :func:`symplectic_attempt`) over every attempt."""
+    """The solve ``record(y0, t, schedule)`` makes (its outputs and its attempts, without a graph), with the
+    backward pass of ``step_back`` (:func:`checkpoint_attempt` or :func:`symplectic_attempt`) over every attempt.
+    ``budget``: keep at most that many start states, the others recomputed by the online binomial schedule
+    (:mod:`solvers.gradients.binomial`); ``schedule`` is then its :class:`~solvers.gradients.binomial.OnlineSchedule`,
+    else ``None``."""
     params, used, slot = piece_slots(params, pieces)
     cfg = dict(
         func=func,
@@ -500,5 +596,6 @@ def controlled_replay(
         stats=stats,
         pieces=[pieces[j] for j in used],
         slot=slot,
+        budget=budget,
     )
     return _Controlled.apply(cfg, y0, t, *params)

@@ -30,7 +30,7 @@ class Symplectic(Checkpoint):
         if method in SPLIT_METHODS:
             return False
         if method in IMPLICIT_METHODS:
-            return pairs_with_partner(get_tableau(method))
+            return self.budget is None and pairs_with_partner(get_tableau(method))
         return super().supports(method)
 
     def refusal(self, method: str) -> str:

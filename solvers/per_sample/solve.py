@@ -344,6 +344,11 @@ def _gradient_name(gradient: Any, method: str) -> str:
             f"gradient={name!r} does not serve per-sample steps; controller='per_sample' takes gradient "
             f"{list(PER_SAMPLE_GRADIENTS)}, or use the shared step (controller='batch') for {name!r}."
         )
+    if getattr(gradient, "budget", None) is not None:
+        raise ValueError(
+            f"controller='per_sample' keeps every sweep's inputs; {gradient!r} has a `budget` it would ignore: "
+            "drop budget=, or use the shared step (controller='batch') for the budget."
+        )
     if name == "adjoint" and not isinstance(gradient, str):
         backward_method = getattr(gradient, "method", None)
         if backward_method not in (None, method):

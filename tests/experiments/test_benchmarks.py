@@ -111,6 +111,11 @@ EXPECTED = {
         {"setting", "rows", "crossover_params"},
         {"params", "backprop_s", "adjoint_s", "gauss_s", "gauss_nfe_backward", "gauss_over_adjoint"},
     ),
+    "binomial_checkpoint": (
+        "binomial_checkpoint",
+        {"setting", "rows"},
+        {"budget", "steps", "stored_states", "recomputed_steps", "offline_optimum", "peak_rss_rise_bytes", "time_s"},
+    ),
 }
 
 
