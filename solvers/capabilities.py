@@ -31,7 +31,7 @@ __all__ = ["FAMILIES", "markdown", "served"]
 FAMILIES: dict[str, dict[str, int]] = {
     "explicit Runge-Kutta, adaptive": ADAPTIVE_METHODS,
     "explicit Runge-Kutta, fixed step": FIXED_METHODS,
-    "reversible (asynchronous leapfrog)": REVERSIBLE_METHODS,
+    "reversible (asynchronous leapfrog; reversible Runge-Kutta on a base)": REVERSIBLE_METHODS,
     "implicit Runge-Kutta, fixed step": IMPLICIT_METHODS,
     "symplectic compositions and splittings, fixed step (separable fields)": SPLIT_METHODS,
 }
