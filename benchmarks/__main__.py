@@ -299,6 +299,20 @@ def _default_gradient(res: dict) -> Headline:
     ]
 
 
+def _reversible_rk(res: dict) -> Headline:
+    s = res["summary"]
+    undamped = [r["rebuild_error"] for r in res["stability"] if r["damping"] == 0.0]
+    return [
+        at_most(
+            "reversible_rk4 saved bytes, most / fewest steps",
+            s["reversible_rk4 reversible"]["ratio_max_to_min_steps"],
+            1.0,
+        ),
+        info("checkpoint saved bytes per step", s["rk4 checkpoint"]["bytes_per_step"], ".0f"),
+        at_most("rebuild error, undamped oscillator, worst", max(undamped), 1e-9, ".1e"),
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -324,6 +338,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("per_sample_device", _per_sample_device, "measured on a GPU (the CPU in --tiny)"),
     ("forward_sensitivity", _forward_sensitivity, "equal to backprop (1e-10); the crossover recorded"),
     ("default_gradient", _default_gradient, "the default within 1.05 of the faster exact gradient while small"),
+    ("reversible_rk", _reversible_rk, "reversible memory flat (1.0); rebuild <= 1e-9"),
 )
 
 
@@ -353,6 +368,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "per_sample_device": {"tiny": 6.0},
     "forward_sensitivity": {"tiny": 1.0},
     "default_gradient": {"tiny": 1.0},
+    "reversible_rk": {"tiny": 2.0},
 }
 
 

@@ -101,6 +101,7 @@ EXPECTED = {
         {"setting", "rows"},
         {"case", "solver", "default", "steps", "backprop_s", "checkpoint_over_backprop", "backprop_peak_bytes"},
     ),
+    "reversible_rk": ("reversible_rk", {"setting", "goal", "rows", "summary", "stability"}, {"case", "steps"}),
 }
 
 
