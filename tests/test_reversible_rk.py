@@ -152,3 +152,22 @@ def test_piecewise_parameters_jump_between_steps() -> None:
         out.append(torch.autograd.grad(sol.y.square().sum(), [y0, *field.parameters()]))
     for a, b in zip(*out):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["reversible_rk4", "reversible_dopri5"])
+def test_the_linearised_step_has_determinant_lambda_and_the_predicted_trace(method: str) -> None:
+    """On ``y' = μ y`` a step maps ``(y, z)`` linearly: ``det = λ`` and ``trace = 1 + R − RS + λS``, with
+    ``R = R(hμ)``, ``S = R(−hμ)`` the base's stability function (so the eigenvalues are ``R`` and ``λS`` where
+    ``RS = 1``)."""
+    tab, lam, h, mu = base_of(method), 0.9, 0.3, complex(-0.4, 1.3)
+    f = lambda t, y: mu * y  # noqa: E731
+
+    def stability(w: float) -> complex:
+        one = torch.ones(1, dtype=torch.complex128)
+        return complex((rev_step(f, tab, 1.0, one, one, 0.0, w)[0])[0])  # λ = 1, y = z: y_1 = R(hμ) y_0
+
+    cols = [rev_step(f, tab, lam, *e, 0.0, h) for e in torch.eye(2, dtype=torch.complex128).reshape(2, 2, 1)]
+    m = torch.tensor([[complex(c[i][0]) for c in cols] for i in range(2)], dtype=torch.complex128)
+    r, s = stability(h), stability(-h)
+    assert abs(complex(torch.linalg.det(m)) - lam) < 1e-14
+    assert abs(complex(torch.trace(m)) - (1 + r - r * s + lam * s)) < 1e-14
