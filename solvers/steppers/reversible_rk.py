@@ -73,10 +73,11 @@ def _time(t: float, like: torch.Tensor) -> torch.Tensor:
 
 
 def _increment(
-    func, tab: MethodTableau, x: torch.Tensor, start: float, h: float, end: float
+    func, tab: MethodTableau, x: torch.Tensor, start: float, h: float, end: float, error: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(Ψ_h(start, x), error estimate)``: one step of the base from ``start``; stage times are clamped below
-    ``end = max(start, start + h)``, the step's end, so no stage reads the next piece of a piecewise field."""
+    """``(Ψ_h(start, x), error estimate)`` (the estimate ``None`` without ``error`` or embedded weights): one step
+    of the base from ``start``; stage times are clamped below ``end = max(start, start + h)``, the step's end, so
+    no stage reads the next piece of a piecewise field."""
     a, b, c = tab.tableau.a, tab.tableau.b, tab.tableau.c
     below = math.nextafter(end, -math.inf)
     ks: list[torch.Tensor] = []
@@ -87,16 +88,16 @@ def _increment(
                 xi = xi + (h * aij) * kj
         ks.append(func(_time(min(start + ci * h, below), x), xi))
     incr = sum((h * bi) * k for bi, k in zip(b, ks) if bi != 0.0)
-    err = None if tab.error is None else sum((h * ei) * k for ei, k in zip(tab.error, ks) if ei != 0.0)
+    err = None if tab.error is None or not error else sum((h * ei) * k for ei, k in zip(tab.error, ks) if ei != 0.0)
     return incr, err  # type: ignore[return-value]
 
 
-def _step(func, tab, lam: float, y, z, t0: float, t1: float):
-    """One reversible step: ``(y_1, z_1, error of Ψ_h, error of Ψ_{−h})``."""
+def _step(func, tab, lam: float, y, z, t0: float, t1: float, error: bool = False):
+    """One reversible step: ``(y_1, z_1, error of Ψ_h, error of Ψ_{−h})`` (the errors with ``error``)."""
     h = t1 - t0
-    dz, ez = _increment(func, tab, z, t0, h, t1)
+    dz, ez = _increment(func, tab, z, t0, h, t1, error)
     y1 = lam * y + (1.0 - lam) * z + dz if lam != 1.0 else y + dz
-    dy, ey = _increment(func, tab, y1, t1, -h, t1)
+    dy, ey = _increment(func, tab, y1, t1, -h, t1, error)
     return y1, z - dy, ez, ey
 
 
@@ -109,9 +110,9 @@ def rev_step(func, tab: MethodTableau, lam: float, y, z, t0: float, t1: float):
 def rev_inverse(func, tab: MethodTableau, lam: float, y1, z1, t0: float, t1: float):
     """The step's exact inverse: ``(y_0, z_0)`` from ``(y_1, z_1)``."""
     h = t1 - t0
-    dy, _ = _increment(func, tab, y1, t1, -h, t1)
+    dy, _ = _increment(func, tab, y1, t1, -h, t1, error=False)
     z = z1 + dy
-    dz, _ = _increment(func, tab, z, t0, h, t1)
+    dz, _ = _increment(func, tab, z, t0, h, t1, error=False)
     y = (y1 - (1.0 - lam) * z - dz) / lam if lam != 1.0 else y1 - dz
     return y, z
 
@@ -164,7 +165,7 @@ def _run(func, tab, y, t: Sequence[float], stops: Sequence[float], opts: dict, a
         lands = h_try >= target - tc or tc + h_try >= target
         t1 = target if lands else tc + h_try
         func.callback_step(tc, y, h_try)
-        y1, z1, ez, ey = _step(func, tab, lam, y, z, tc, t1)
+        y1, z1, ez, ey = _step(func, tab, lam, y, z, tc, t1, adaptive)
         if adaptive:
             with torch.no_grad():
                 scale = opts["atol"] + opts["rtol"] * torch.maximum(y.abs(), y1.abs())
@@ -216,12 +217,12 @@ def _step_back(func, tab, lam: float, y1, z1, t0: float, t1: float, ly1, lz1, wr
     h = t1 - t0
     with torch.enable_grad():
         yl = y1.detach().requires_grad_()
-        dy, _ = _increment(func, tab, yl, t1, -h, t1)
+        dy, _ = _increment(func, tab, yl, t1, -h, t1, error=False)
         ly = ly1 + _vjp(dy, yl, wrt, -lz1, acc)
     z = (z1 + dy).detach()
     with torch.enable_grad():
         zl = z.requires_grad_()
-        dz, _ = _increment(func, tab, zl, t0, h, t1)
+        dz, _ = _increment(func, tab, zl, t0, h, t1, error=False)
         gz = _vjp(dz, zl, wrt, ly, acc)
     dz = dz.detach()
     y = (y1 - (1.0 - lam) * z - dz) / lam if lam != 1.0 else y1 - dz
