@@ -331,7 +331,20 @@ def _gauss_adjoint(res: dict) -> Headline:
     ]
 
 
-# (module, headline of its result, goal): every benchmark module of this package.
+def _reversible_rk(res: dict) -> Headline:
+    s = res["summary"]
+    undamped = [r["rebuild_error"] for r in res["stability"] if r["damping"] == 0.0]
+    return [
+        at_most(
+            "reversible_rk4 saved bytes, most / fewest steps",
+            s["reversible_rk4 reversible"]["ratio_max_to_min_steps"],
+            1.0,
+        ),
+        info("checkpoint saved bytes per step", s["rk4 checkpoint"]["bytes_per_step"], ".0f"),
+        at_most("rebuild error, undamped oscillator, worst", max(undamped), 1e-9, ".1e"),
+    ]
+
+
 def _binomial_checkpoint(res: dict) -> Headline:
     rows = res["rows"]
     kept = all(r["stored_states"] <= r["budget"] for r in rows if r["budget"] != "all")
@@ -347,6 +360,7 @@ def _binomial_checkpoint(res: dict) -> Headline:
     return out + [info("peak memory rise, every state, MiB", (full["peak_rss_rise_bytes"] or 0) / 2**20, ".1f")]
 
 
+# (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
     ("continuous_overhead", _continuous, "<= 1.05, same NFE"),
@@ -374,6 +388,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("interpolating_adjoint", _interpolating, "<= 1e-4 from backprop where the backsolve adjoint fails"),
     ("gauss_adjoint", _gauss_adjoint, "equal to backprop within 1e-4 (rtol 1e-6); the crossover recorded"),
     ("binomial_checkpoint", _binomial_checkpoint, "states kept <= budget; recomputed <= 1.05 x offline optimum"),
+    ("reversible_rk", _reversible_rk, "reversible memory flat (1.0); rebuild <= 1e-9"),
 )
 
 
@@ -406,6 +421,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "interpolating_adjoint": {"tiny": 2.0},
     "gauss_adjoint": {"tiny": 1.0},
     "binomial_checkpoint": {"tiny": 0.5, "full": 60.0},
+    "reversible_rk": {"tiny": 2.0},
 }
 
 

@@ -58,6 +58,7 @@ from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import (
     IMPLICIT_METHODS,
     REVERSIBLE_METHODS,
+    REVERSIBLE_RK_METHODS,
     SPLIT_METHODS,
     SolverOptions,
     check_shared_controller,
@@ -67,6 +68,7 @@ from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample.solve import odeint_per_sample
 from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.steppers.methods import RK_METHODS
+from cde_nets.solvers.steppers.reversible_rk import OPTIONS as REVERSIBLE_RK_OPTIONS
 from cde_nets.solvers.steppers.rk_events import odeint_event_rk
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
@@ -117,6 +119,8 @@ def _valid_options(method: str) -> set[str]:
         return _ADAMS_OPTIONS
     if method in IMPLICIT:
         return set(IMPLICIT_GRID_OPTIONS)
+    if method in REVERSIBLE_RK_METHODS:
+        return REVERSIBLE_RK_OPTIONS | {"step_size", "max_num_steps"}
     if method in REVERSIBLE_METHODS:
         return _ALF_OPTIONS
     if method in SPLIT_METHODS:

@@ -37,7 +37,7 @@ OUTPUTS = ("times", "first", "per_sample", "dense")
 FAMILIES: dict[str, Mapping[str, int]] = {
     "explicit Runge-Kutta, adaptive": ADAPTIVE_METHODS,
     "explicit Runge-Kutta, fixed step": FIXED_METHODS,
-    "reversible (asynchronous leapfrog)": REVERSIBLE_METHODS,
+    "reversible (asynchronous leapfrog; reversible Runge-Kutta on a base)": REVERSIBLE_METHODS,
     "implicit Runge-Kutta, fixed step": IMPLICIT_METHODS,
     "symplectic compositions and splittings, fixed step (separable fields)": SPLIT_METHODS,
 }

@@ -12,6 +12,8 @@ one of its own. The engine picks the stepper family by what the method is:
   methods on that grid (:mod:`solvers.steppers.implicit_grid`);
 - every explicit Runge-Kutta method runs on the library's own stepper (:mod:`solvers.steppers.fast_rk`) wherever the
   gradient differentiates the forward operations, or none is needed;
+- the reversible Runge-Kutta methods (:mod:`solvers.steppers.reversible_rk`) step themselves, rebuilding their
+  states backwards for ``gradient="reversible"`` and differentiated directly for ``"backprop"``;
 - otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode).
 """
 
@@ -24,12 +26,13 @@ import torch
 from .controllers import Controller, is_per_sample
 from .gradients.base import GradientMethod
 from .grids import stepper_options
-from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, SPLIT_METHODS
+from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, REVERSIBLE_RK_METHODS, SPLIT_METHODS
 from .per_sample.solve import check_per_sample_gradient
 from .run import Run
 from .steppers.fast_rk import fast_applies, odeint_fast
 from .steppers.implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
 from .steppers.implicit_ode import integrate_implicit
+from .steppers.reversible_rk import integrate_reversible_rk
 from .steppers.split_ode import integrate_split
 
 __all__ = ["EVENT_MODES", "check_cell", "check_events", "solve"]
@@ -74,6 +77,17 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
     gradient.check(run.method)
     if run.method in OWN_FIXED_METHODS:
         return _own_fixed_step(run, gradient)
+    if run.method in REVERSIBLE_RK_METHODS:  # served by 'reversible' (the rebuild) and 'backprop' (sweep names which)
+        return integrate_reversible_rk(
+            run.func,
+            run.y0,
+            run.t,
+            solver=run.solver,
+            reversible=gradient.sweep == "reversible",
+            params=run.params,
+            jump_t=run.jump_t,
+            grid=run.grid,
+        )
     s, options = run.solver, stepper_options(run.options)
     scalar_tolerances = all(isinstance(tol, float | int | torch.Tensor) for tol in (s.rtol, s.atol))
     if scalar_tolerances and fast_applies(run.method, gradient.forward_graph, run.y0, run.t, run.params, options):

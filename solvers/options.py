@@ -15,7 +15,10 @@ from .controllers import Controller, as_controller, is_per_sample
 from .errors import check_positive, check_positive_int
 from .steppers.implicit_ode import IMPLICIT_METHODS, IMPLICIT_OPTIONS
 from .steppers.methods import ADAPTIVE_METHODS, FIXED_METHODS
+from .steppers.reversible_rk import BASES as REVERSIBLE_RK_BASES
+from .steppers.reversible_rk import OPTIONS as REVERSIBLE_RK_OPTIONS
 from .steppers.split_ode import SPLIT_METHODS
+from .steppers.tableaux import TABLEAUX
 from .validation import TOLERANCE_HINT
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "IMPLICIT_METHODS",
     "PER_SAMPLE_METHODS",
     "REVERSIBLE_METHODS",
+    "REVERSIBLE_RK_METHODS",
     "SPLIT_METHODS",
     "SolverOptions",
     "check_method",
@@ -35,8 +39,11 @@ __all__ = [
 # name -> order
 # the explicit Runge-Kutta methods are their checked tableaux (solvers.steppers.tableaux), read live
 # (solvers.steppers.methods): adaptive where an error estimate is embedded, fixed-step otherwise
-# the alf integrator is cde_nets' own (solvers.steppers.alf), adaptive or on a fixed grid
-REVERSIBLE_METHODS: dict[str, int] = {"alf": 2}
+# the alf integrator is cde_nets' own (solvers.steppers.alf), adaptive or on a fixed grid; so are the reversible
+# Runge-Kutta methods (solvers.steppers.reversible_rk), of their base's order, fixed-step only on a base without an
+# error estimate
+REVERSIBLE_RK_METHODS: dict[str, int] = {f"reversible_{b}": TABLEAUX[b].order for b in REVERSIBLE_RK_BASES}
+REVERSIBLE_METHODS: dict[str, int] = {"alf": 2, **REVERSIBLE_RK_METHODS}
 # also cde_nets' own, fixed-step: implicit Runge-Kutta (solvers.steppers.implicit_ode) and, for separable fields, the
 # symplectic compositions of Verlet (solvers.steppers.split_ode)
 OWN_FIXED_METHODS: dict[str, int] = {**IMPLICIT_METHODS, **SPLIT_METHODS}
@@ -69,7 +76,10 @@ def check_method(method: str, name: str = "method") -> str:
 
 
 def is_adaptive(method: str, step_size: float | None = None) -> bool:
-    """Whether ``method`` chooses its own steps (``alf`` does unless given a ``step_size``)."""
+    """Whether ``method`` chooses its own steps (``alf`` and the reversible Runge-Kutta methods on an adaptive base
+    do unless given a ``step_size``)."""
+    if method in REVERSIBLE_RK_METHODS:
+        return step_size is None and TABLEAUX[method.removeprefix("reversible_")].error is not None
     return method in ADAPTIVE_METHODS or (method in REVERSIBLE_METHODS and step_size is None)
 
 
@@ -80,7 +90,9 @@ def check_options(method: str, options: Mapping | None, controller: str = "batch
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(f"`options` must be a dict of torchdiffeq options, got {type(options).__name__}.")
     options = dict(options or {})
-    if method in REVERSIBLE_METHODS:
+    if method in REVERSIBLE_RK_METHODS:
+        valid = REVERSIBLE_RK_OPTIONS if is_adaptive(method) else {"coupling"}
+    elif method in REVERSIBLE_METHODS:
         valid = _ALF_OPTIONS
     elif method in IMPLICIT_METHODS:
         valid = IMPLICIT_OPTIONS

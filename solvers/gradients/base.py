@@ -49,8 +49,9 @@ class GradientMethod:
     def refusal(self, method: str) -> str:
         """Why ``method`` is refused, and what to use instead (the message of :meth:`check`)."""
         if method in REVERSIBLE_METHODS:
+            kind = "asynchronous leapfrog" if method == "alf" else "a reversible Runge-Kutta method"
             return (
-                f"method={method!r} (asynchronous leapfrog) takes gradient='reversible' (its exact "
+                f"method={method!r} ({kind}) takes gradient='reversible' (its exact "
                 f"inverse, constant memory) or 'backprop'; got {self.name!r}."
             )
         if method in IMPLICIT_METHODS:

@@ -21,6 +21,7 @@ from cde_nets.solvers.options import (
     IMPLICIT_METHODS,
     REVERSIBLE_METHODS,
     SolverOptions,
+    is_adaptive,
 )
 
 ODE_GRADIENTS = tuple(GRADIENTS)
@@ -34,7 +35,7 @@ def _accepted(method: str, gradient: str) -> bool:
 
 # (method, fixed): alf is adaptive by default and fixed-step with `step_size`
 _METHODS = [(m, False) for m in ADAPTIVE_METHODS] + [(m, True) for m in FIXED_METHODS]
-_METHODS += [(m, fixed) for m in REVERSIBLE_METHODS for fixed in (False, True)]
+_METHODS += [(m, fixed) for m in REVERSIBLE_METHODS for fixed in (False, True) if fixed or is_adaptive(m)]
 # the implicit methods run on a fixed grid; the symplectic compositions need a separable field (not this one:
 # tests/solvers/schemes/test_symplectic_layers.py covers them)
 _METHODS += [(m, True) for m in IMPLICIT_METHODS]
@@ -105,8 +106,10 @@ def test_every_question_on_a_closed_form(f64, method, fixed, gradient):
     for tj in (0.13, 0.9, 1.77):
         assert torch.allclose(dense.evaluate(tj), exact(tj), rtol=0, atol=tol), tj
     # segments of a few steps each cost at most a few times the plain solve (3x for dopri8, 1.6x for alf); the
-    # alf planner used to halve every segment until max_steps ran out
-    assert dense.stats["nfe_forward"] <= 4 * plain
+    # alf planner used to halve every segment until max_steps ran out. The reversible Runge-Kutta methods step to
+    # every sub-point too (no dense output), each forced step at 2s evaluations: 5.6x for reversible_dopri5
+    bound = 6 if method.startswith("reversible_") and not fixed else 4
+    assert dense.stats["nfe_forward"] <= bound * plain
 
 
 def test_alf_lands_on_an_output_time_its_step_rounds_onto(f64):

@@ -116,6 +116,7 @@ EXPECTED = {
         {"setting", "rows"},
         {"budget", "steps", "stored_states", "recomputed_steps", "offline_optimum", "peak_rss_rise_bytes", "time_s"},
     ),
+    "reversible_rk": ("reversible_rk", {"setting", "goal", "rows", "summary", "stability"}, {"case", "steps"}),
 }
 
 

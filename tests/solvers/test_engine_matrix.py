@@ -22,6 +22,7 @@ from cde_nets.solvers.options import (
     PER_SAMPLE_METHODS,
     REVERSIBLE_METHODS,
     SPLIT_METHODS,
+    is_adaptive,
 )
 
 F64 = torch.float64
@@ -37,7 +38,7 @@ def _field() -> Hamiltonian:
 
 def _settings(method: str) -> tuple[dict, dict]:
     """The same solve as the block's keywords and as odeint's."""
-    if method in ADAPTIVE_METHODS or method in REVERSIBLE_METHODS:
+    if method in ADAPTIVE_METHODS or (method in REVERSIBLE_METHODS and is_adaptive(method)):
         return dict(rtol=1e-4, atol=1e-6), dict(rtol=1e-4, atol=1e-6)
     return dict(step_size=STEP), dict(options={"step_size": STEP})
 
