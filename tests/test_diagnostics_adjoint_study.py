@@ -2,11 +2,12 @@
 gradient of the discrete net; the benchmark script runs in a tiny configuration."""
 
 import json
+import math
 
 import pytest
 import torch
 
-from cde_nets.diagnostics import adjoint_study, markdown_table, to_jsonable
+from cde_nets.diagnostics import adjoint_study, markdown_table, registered_gradients, to_jsonable
 from cde_nets.fields import Hamiltonian
 
 
@@ -30,6 +31,7 @@ def test_errors_fall_with_tolerance_and_discrete_row_is_autograd_of_the_net(f64)
         loss_fn,
         tolerances=[1e-3, 1e-5, 1e-7],
         methods=["dopri5"],
+        gradients=["adjoint", "backprop"],
         schemes=["symplectic_euler"],
         keep_gradients=True,
     )
@@ -116,3 +118,83 @@ def test_benchmark_script_runs_tiny(tiny_benchmark):
     assert (folder / "adjoint_study_tiny.json").exists()
     euler_bp = [r for r in study["rows"] if r["method"] == "euler"]
     assert all("rel_grad_error" in r for r in study["rows"]) and len(euler_bp) == 1
+
+
+class _Decay(torch.nn.Module):
+    """``y' = −k y``: ``y(T) = y0 e^{−kT}``, so ``d Σy(T)/dk = −T Σy0 e^{−kT}``."""
+
+    def __init__(self, k: float):
+        super().__init__()
+        self.k = torch.nn.Parameter(torch.tensor(k, dtype=torch.float64))
+
+    def forward(self, t, y):
+        return -self.k * y
+
+
+def test_the_study_enumerates_the_registry_refuses_by_message_and_errors_match_a_closed_form(monkeypatch, f64):
+    """A gradient method registered now is a row; a refused cell carries the refusal; on ``y' = −ky`` the reference
+    is the closed form to 1e-9, the solver-exact rows are the derivative of rk4's map ``y0 R(−kh)^n``, ``R`` the
+    degree-4 Taylor polynomial, and every row's error is its distance from the closed form."""
+    import sys
+    from pathlib import Path
+
+    from cde_nets import Backprop
+    from cde_nets.solvers.gradients import GRADIENTS
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from toy_gradient import Segmented
+
+    monkeypatch.setitem(GRADIENTS, "segmented", Segmented)
+    k, T, n = 0.7, 1.0, 4
+    y0 = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    study = adjoint_study(
+        _Decay(k),
+        y0,
+        lambda y: y.sum(),
+        tolerances=(),
+        steps=(n,),
+        methods=("rk4",),
+        keep_gradients=True,
+        gradients=registered_gradients([Backprop(steps="fixed")]),
+        solve={"T": T},
+    )
+    rows = {r["mode"]: r for r in study["rows"]}
+    assert list(rows) == [*(cls().describe() for cls in GRADIENTS.values()), "backprop (fixed steps)"]
+    refused = {m for m, r in rows.items() if r["status"] == "refused"}
+    assert "reversible" in refused and refused == {m for m in GRADIENTS if not GRADIENTS[m]().supports("rk4")}
+    assert rows["reversible"]["refused"] == GRADIENTS["reversible"]().refusal("rk4")
+    assert rows["reversible"]["rel_grad_error"] is None
+    assert f"refused: {rows['reversible']['refused']}" in markdown_table(study)
+
+    exact = -T * float(y0.sum()) * math.exp(-k * T)
+    assert float(study["reference"]["grad"]) == pytest.approx(exact, rel=1e-9)
+    z = -k * T / n
+    R, dR = 1 + z + z**2 / 2 + z**3 / 6 + z**4 / 24, 1 + z + z**2 / 2 + z**3 / 6
+    discrete = float(y0.sum()) * n * R ** (n - 1) * dR * (-T / n)
+    for mode in ("backprop", "checkpoint", "symplectic", "forward", "segmented", "backprop (fixed steps)"):
+        assert float(rows[mode]["grad"]) == pytest.approx(discrete, rel=1e-12)
+    for r in rows.values():
+        if r["status"] == "ok":
+            assert r["rel_grad_error"] == pytest.approx(abs(float(r["grad"]) - exact) / abs(exact), rel=1e-5)
+    assert rows["adjoint"]["rel_grad_error"] < 1e-3
+
+
+def test_gradient_growth_fits_the_exponential_rate():
+    """Norms ``e^{0.9T}`` give the rate 0.9 exactly; a refused cell keeps its message and no point."""
+    from cde_nets.diagnostics import gradient_growth
+
+    def study(T):
+        ok = {"mode": "backprop", "method": "dopri5", "status": "ok", "grad_norm": 3 * math.exp(0.9 * T)}
+        refused = {"mode": "reversible", "method": "dopri5", "status": "refused", "refused": "use alf"}
+        return {"reference": {"grad_norm": math.exp(0.9 * T)}, "rows": [{**ok, "rel_grad_error": 0.0}, refused]}
+
+    growth = gradient_growth({T: study(T) for T in (1.0, 2.0, 4.0)}, lyapunov=0.906)
+    assert growth["reference"]["rate"] == pytest.approx(0.9, rel=1e-12)
+    assert growth["modes"]["backprop dopri5"]["rate"] == pytest.approx(0.9, rel=1e-12)
+    assert growth["modes"]["reversible dopri5"] == {
+        "horizons": [],
+        "norms": [],
+        "errors": [],
+        "messages": {1.0: "use alf", 2.0: "use alf", 4.0: "use alf"},
+        "rate": None,
+    }
