@@ -23,10 +23,8 @@ from .common import write
 FULL = {**study.SETTINGS["quick"], "n": 32, "repeat": 3, "horizons": (1.0, 2.0, 4.0, 8.0)}
 TINY = {
     **study.SETTINGS["tiny"],
-    "steps": (8,),
-    "methods": ("dopri5", "alf"),
-    "tolerances": (1e-3,),
-    "horizons": (0.5,),
+    **dict(steps=(8,), methods=("dopri5", "alf"), tolerances=(1e-3,), models=("Hamiltonian H2 (16 pieces, T = 4)",)),
+    "per_input_on_seeds": True,
 }
 
 

@@ -9,6 +9,7 @@ import torch
 
 from cde_nets.diagnostics import adjoint_study, markdown_table, registered_gradients, to_jsonable
 from cde_nets.fields import Hamiltonian
+from cde_nets.solvers.gradients import GradientMethod
 
 
 def make_field():
@@ -110,14 +111,28 @@ def test_the_reference_holds_the_step_sizes_on_their_mesh(f64):
 
 @pytest.mark.slow
 def test_benchmark_script_runs_tiny(tiny_benchmark):
-    from cde_nets.benchmarks.adjoint_study import swiss_roll
+    """Every problem has a row for every registered gradient method; refused and failed cells carry a message."""
+    from cde_nets.solvers.gradients import GRADIENTS
 
-    x, y = swiss_roll(8)
-    assert x.shape == (8, 2) and float(y.sum()) == 4 and float(x[4].norm()) == pytest.approx(0.2)
     study, folder = tiny_benchmark("adjoint_study")
-    assert (folder / "adjoint_study_tiny.json").exists()
-    euler_bp = [r for r in study["rows"] if r["method"] == "euler"]
-    assert all("rel_grad_error" in r for r in study["rows"]) and len(euler_bp) == 1
+    data = json.loads((folder / "adjoint_study_tiny.json").read_text())
+    problems = set(data["reference"])
+    assert len(problems) == 3 and {r["problem"] for r in data["rows"]} == problems
+    for problem in problems:
+        modes = {r["mode"] for r in data["rows"] if r["problem"] == problem}
+        assert {cls().describe() for cls in GRADIENTS.values()} <= modes
+    assert all(r["status"] == "ok" or r.get("refused") or r.get("error") for r in data["rows"])
+    assert all("rel_grad_error" in r for r in data["rows"])
+    assert [r["method"] for r in data["rows"] if r["problem"].startswith("Van der Pol")] == ["radauIIA5"] * (
+        len(GRADIENTS) + 1
+    )
+
+
+class _Broken(GradientMethod):
+    name = "broken"
+
+    def solve(self, run):
+        raise RuntimeError("no gradient here")
 
 
 class _Decay(torch.nn.Module):
@@ -132,7 +147,8 @@ class _Decay(torch.nn.Module):
 
 
 def test_the_study_enumerates_the_registry_refuses_by_message_and_errors_match_a_closed_form(monkeypatch, f64):
-    """A gradient method registered now is a row; a refused cell carries the refusal; on ``y' = −ky`` the reference
+    """A gradient method registered now is a row; a refused cell carries the refusal, a method that raises on a
+    cell a failed row with the exception; on ``y' = −ky`` the reference
     is the closed form to 1e-9, the solver-exact rows are the derivative of rk4's map ``y0 R(−kh)^n``, ``R`` the
     degree-4 Taylor polynomial, and every row's error is its distance from the closed form."""
     import sys
@@ -145,6 +161,7 @@ def test_the_study_enumerates_the_registry_refuses_by_message_and_errors_match_a
     from toy_gradient import Segmented
 
     monkeypatch.setitem(GRADIENTS, "segmented", Segmented)
+    monkeypatch.setitem(GRADIENTS, "broken", _Broken)
     k, T, n = 0.7, 1.0, 4
     y0 = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
     study = adjoint_study(
@@ -160,11 +177,13 @@ def test_the_study_enumerates_the_registry_refuses_by_message_and_errors_match_a
     )
     rows = {r["mode"]: r for r in study["rows"]}
     assert list(rows) == [*(cls().describe() for cls in GRADIENTS.values()), "backprop (fixed steps)"]
+    assert "segmented" in rows and "broken" in rows
     refused = {m for m, r in rows.items() if r["status"] == "refused"}
     assert "reversible" in refused and refused == {m for m in GRADIENTS if not GRADIENTS[m]().supports("rk4")}
     assert rows["reversible"]["refused"] == GRADIENTS["reversible"]().refusal("rk4")
     assert rows["reversible"]["rel_grad_error"] is None
     assert f"refused: {rows['reversible']['refused']}" in markdown_table(study)
+    assert rows["broken"]["status"] == "failed" and rows["broken"]["error"] == "RuntimeError: no gradient here"
 
     exact = -T * float(y0.sum()) * math.exp(-k * T)
     assert float(study["reference"]["grad"]) == pytest.approx(exact, rel=1e-9)

@@ -175,7 +175,8 @@ def adjoint_study(
         ``{"reference": {...}, "rows": [...]}``; every row has ``mode``, ``method``, ``rtol``, ``steps``,
         ``status`` (``"ok"``, ``"refused"``, ``"failed"``), ``rel_grad_error``, ``grad_norm``, ``loss``,
         ``nfe_forward``, ``nfe_backward``, ``time_s``, ``peak_saved_bytes`` (``None`` unless ok), and
-        ``refused`` or ``error`` (the message) where the gradient method refused the cell or the solve failed.
+        ``refused`` or ``error`` (the message) where the gradient method refused the cell or the solve failed (a
+        ``SolverError``'s message; any other exception's type and message).
     """
     base = model_factory_or_field() if not isinstance(model_factory_or_field, nn.Module) else model_factory_or_field
     solve_cfg = _solve_settings(solve)
@@ -196,18 +197,7 @@ def adjoint_study(
     rows: list[dict] = []
 
     def record(row: dict, forward: Callable[[], torch.Tensor], stats: Callable[[], dict]) -> None:
-        try:
-            g, loss, peak = _gradient(field, forward, loss_fn, extra_d, yd)
-            st = stats()
-            t = _timed(field, forward, loss_fn, extra_d, repeat)
-        except SolverError as exc:
-            rows.append(_unmeasured(row, "failed", str(exc)))
-            return
-        err = float((g.to(torch.float64) - g_ref).norm() / g_ref.norm().clamp_min(1e-300))
-        measured = {"status": "ok", "rel_grad_error": err, "grad_norm": float(g.norm()), "loss": loss}
-        measured |= {"nfe_forward": st["nfe_forward"], "nfe_backward": st["nfe_backward"]}
-        measured |= {"time_s": t, "peak_saved_bytes": peak}
-        rows.append({**row, **measured, **({"grad": g} if keep_gradients else {})})
+        rows.append({**row, **_measure(field, forward, stats, loss_fn, extra_d, yd, g_ref, repeat, keep_gradients)})
 
     _continuous_rows(field, yd, methods, tolerances, steps, grads, record, rows, {**solve_cfg, "u": ud})
     _discrete_rows(field, yd, ud, schemes, record)
@@ -223,6 +213,24 @@ def _solve_settings(solve: dict | None) -> dict:
     if unknown:
         raise ValueError(f"`solve` has unknown keys {sorted(unknown)}; use T, u, options, dtype.")
     return cfg | (solve or {})
+
+
+def _measure(field, forward, stats, loss_fn, extra, y0, g_ref, repeat: int, keep_gradients: bool) -> dict:
+    """One cell's numbers, or its failure: a ``SolverError``'s message, any other exception's type and message
+    (a method that breaks on one cell is shown there, not fatal to the study)."""
+    try:
+        g, loss, peak = _gradient(field, forward, loss_fn, extra, y0)
+        st = stats()
+        t = _timed(field, forward, loss_fn, extra, repeat)
+    except SolverError as exc:
+        return _unmeasured({}, "failed", str(exc))
+    except Exception as exc:
+        return _unmeasured({}, "failed", f"{type(exc).__name__}: {exc}")
+    err = float((g.to(torch.float64) - g_ref).norm() / g_ref.norm().clamp_min(1e-300))
+    measured = {"status": "ok", "rel_grad_error": err, "grad_norm": float(g.norm()), "loss": loss}
+    measured |= {"nfe_forward": st["nfe_forward"], "nfe_backward": st["nfe_backward"]}
+    measured |= {"time_s": t, "peak_saved_bytes": peak}
+    return measured | ({"grad": g} if keep_gradients else {})
 
 
 _MEASURES = ("rel_grad_error", "grad_norm", "loss", "nfe_forward", "nfe_backward", "time_s", "peak_saved_bytes")
