@@ -20,7 +20,13 @@ from cde_nets.experiments import adjoint_study as study
 from .common import write
 
 # the benchmark's run: the reproduction's quick problems, timed over three runs per cell
-FULL = {**study.SETTINGS["quick"], "n": 32, "repeat": 3, "horizons": (1.0, 2.0, 4.0, 8.0)}
+FULL = {
+    **study.SETTINGS["quick"],
+    "n": 32,
+    "methods": ("dopri5", "rk4", "alf"),
+    "repeat": 3,
+    "horizons": (1.0, 2.0, 4.0, 8.0),
+}
 TINY = {
     **study.SETTINGS["tiny"],
     **dict(steps=(8,), methods=("dopri5", "alf"), tolerances=(1e-3,), models=("Hamiltonian H2 (16 pieces, T = 4)",)),
