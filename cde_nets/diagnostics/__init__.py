@@ -2,7 +2,7 @@
 bibliography)."""
 
 from .adjoint_state import adjoint_state, exact_trace, hutchinson_trace, log_density_change
-from .adjoint_study import adjoint_study, discrete_forward, markdown_table
+from .adjoint_study import adjoint_study, discrete_forward, gradient_growth, markdown_table, registered_gradients
 from .energy import discrete_energy, energy_trajectory, relative_drift
 from .long_run import energy_error_fit, long_run_energy, noether_drift, step_jacobians
 from .memory import SavedTensorMemory
@@ -23,6 +23,8 @@ __all__ = [
     "hutchinson_trace",
     "log_density_change",
     "adjoint_study",
+    "gradient_growth",
+    "registered_gradients",
     "discrete_forward",
     "markdown_table",
     "discrete_energy",

@@ -63,7 +63,7 @@ def plot_adjoint_study(study: dict, ax: Any = None):
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots()
     series: dict[tuple, list] = {}
     for r in study["rows"]:
-        if "error" not in r:
+        if r.get("rel_grad_error") is not None:  # refused and failed cells have no numbers
             series.setdefault((r["mode"], r["method"]), []).append(
                 (r["nfe_forward"] + r["nfe_backward"], r["rel_grad_error"])
             )

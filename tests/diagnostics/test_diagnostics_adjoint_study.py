@@ -2,12 +2,14 @@
 gradient of the discrete net; the benchmark script runs in a tiny configuration."""
 
 import json
+import math
 
 import pytest
 import torch
 
-from cde_nets.diagnostics import adjoint_study, markdown_table, to_jsonable
+from cde_nets.diagnostics import adjoint_study, markdown_table, registered_gradients, to_jsonable
 from cde_nets.fields import Hamiltonian
+from cde_nets.solvers.gradients import GradientMethod
 
 
 def make_field():
@@ -30,6 +32,7 @@ def test_errors_fall_with_tolerance_and_discrete_row_is_autograd_of_the_net(f64)
         loss_fn,
         tolerances=[1e-3, 1e-5, 1e-7],
         methods=["dopri5"],
+        gradients=["adjoint", "backprop"],
         schemes=["symplectic_euler"],
         keep_gradients=True,
     )
@@ -108,11 +111,109 @@ def test_the_reference_holds_the_step_sizes_on_their_mesh(f64):
 
 @pytest.mark.slow
 def test_benchmark_script_runs_tiny(tiny_benchmark):
-    from cde_nets.benchmarks.adjoint_study import swiss_roll
+    """Every problem has a row for every registered gradient method; refused and failed cells carry a message."""
+    from cde_nets.solvers.gradients import GRADIENTS
 
-    x, y = swiss_roll(8)
-    assert x.shape == (8, 2) and float(y.sum()) == 4 and float(x[4].norm()) == pytest.approx(0.2)
     study, folder = tiny_benchmark("adjoint_study")
-    assert (folder / "adjoint_study_tiny.json").exists()
-    euler_bp = [r for r in study["rows"] if r["method"] == "euler"]
-    assert all("rel_grad_error" in r for r in study["rows"]) and len(euler_bp) == 1
+    data = json.loads((folder / "adjoint_study_tiny.json").read_text())
+    problems = set(data["reference"])
+    assert len(problems) == 3 and {r["problem"] for r in data["rows"]} == problems
+    for problem in problems:
+        modes = {r["mode"] for r in data["rows"] if r["problem"] == problem}
+        assert {cls().describe() for cls in GRADIENTS.values()} <= modes
+    assert all(r["status"] == "ok" or r.get("refused") or r.get("error") for r in data["rows"])
+    assert all("rel_grad_error" in r for r in data["rows"])
+    assert [r["method"] for r in data["rows"] if r["problem"].startswith("Van der Pol")] == ["radauIIA5"] * (
+        len(GRADIENTS) + 1
+    )
+
+
+class _Broken(GradientMethod):
+    name = "broken"
+
+    def solve(self, run):
+        raise RuntimeError("no gradient here")
+
+
+class _Decay(torch.nn.Module):
+    """``y' = −k y``: ``y(T) = y0 e^{−kT}``, so ``d Σy(T)/dk = −T Σy0 e^{−kT}``."""
+
+    def __init__(self, k: float):
+        super().__init__()
+        self.k = torch.nn.Parameter(torch.tensor(k, dtype=torch.float64))
+
+    def forward(self, t, y):
+        return -self.k * y
+
+
+def test_the_study_enumerates_the_registry_refuses_by_message_and_errors_match_a_closed_form(monkeypatch, f64):
+    """A gradient method registered now is a row; a refused cell carries the refusal, a method that raises on a
+    cell a failed row with the exception; on ``y' = −ky`` the reference
+    is the closed form to 1e-9, the solver-exact rows are the derivative of rk4's map ``y0 R(−kh)^n``, ``R`` the
+    degree-4 Taylor polynomial, and every row's error is its distance from the closed form."""
+    import sys
+    from pathlib import Path
+
+    from cde_nets import Backprop
+    from cde_nets.solvers.gradients import GRADIENTS
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from toy_gradient import Segmented
+
+    monkeypatch.setitem(GRADIENTS, "segmented", Segmented)
+    monkeypatch.setitem(GRADIENTS, "broken", _Broken)
+    k, T, n = 0.7, 1.0, 4
+    y0 = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    study = adjoint_study(
+        _Decay(k),
+        y0,
+        lambda y: y.sum(),
+        tolerances=(),
+        steps=(n,),
+        methods=("rk4",),
+        keep_gradients=True,
+        gradients=registered_gradients([Backprop(steps="fixed")]),
+        solve={"T": T},
+    )
+    rows = {r["mode"]: r for r in study["rows"]}
+    assert list(rows) == [*(cls().describe() for cls in GRADIENTS.values()), "backprop (fixed steps)"]
+    assert "segmented" in rows and "broken" in rows
+    refused = {m for m, r in rows.items() if r["status"] == "refused"}
+    assert "reversible" in refused and refused == {m for m in GRADIENTS if not GRADIENTS[m]().supports("rk4")}
+    assert rows["reversible"]["refused"] == GRADIENTS["reversible"]().refusal("rk4")
+    assert rows["reversible"]["rel_grad_error"] is None
+    assert f"refused: {rows['reversible']['refused']}" in markdown_table(study)
+    assert rows["broken"]["status"] == "failed" and rows["broken"]["error"] == "RuntimeError: no gradient here"
+
+    exact = -T * float(y0.sum()) * math.exp(-k * T)
+    assert float(study["reference"]["grad"]) == pytest.approx(exact, rel=1e-9)
+    z = -k * T / n
+    R, dR = 1 + z + z**2 / 2 + z**3 / 6 + z**4 / 24, 1 + z + z**2 / 2 + z**3 / 6
+    discrete = float(y0.sum()) * n * R ** (n - 1) * dR * (-T / n)
+    for mode in ("backprop", "checkpoint", "symplectic", "forward", "segmented", "backprop (fixed steps)"):
+        assert float(rows[mode]["grad"]) == pytest.approx(discrete, rel=1e-12)
+    for r in rows.values():
+        if r["status"] == "ok":
+            assert r["rel_grad_error"] == pytest.approx(abs(float(r["grad"]) - exact) / abs(exact), rel=1e-5)
+    assert rows["adjoint"]["rel_grad_error"] < 1e-3
+
+
+def test_gradient_growth_fits_the_exponential_rate():
+    """Norms ``e^{0.9T}`` give the rate 0.9 exactly; a refused cell keeps its message and no point."""
+    from cde_nets.diagnostics import gradient_growth
+
+    def study(T):
+        ok = {"mode": "backprop", "method": "dopri5", "status": "ok", "grad_norm": 3 * math.exp(0.9 * T)}
+        refused = {"mode": "reversible", "method": "dopri5", "status": "refused", "refused": "use alf"}
+        return {"reference": {"grad_norm": math.exp(0.9 * T)}, "rows": [{**ok, "rel_grad_error": 0.0}, refused]}
+
+    growth = gradient_growth({T: study(T) for T in (1.0, 2.0, 4.0)}, lyapunov=0.906)
+    assert growth["reference"]["rate"] == pytest.approx(0.9, rel=1e-12)
+    assert growth["modes"]["backprop dopri5"]["rate"] == pytest.approx(0.9, rel=1e-12)
+    assert growth["modes"]["reversible dopri5"] == {
+        "horizons": [],
+        "norms": [],
+        "errors": [],
+        "messages": {1.0: "use alf", 2.0: "use alf", 4.0: "use alf"},
+        "rate": None,
+    }

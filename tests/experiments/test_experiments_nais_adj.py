@@ -64,7 +64,7 @@ def test_adjoint_study_tiny(tmp_path):
     default's gradient, the derivative of the computed loss, is 38 % from the ODE's:
     tests/solvers/gradients/test_step_sizes.py pins that case; this setting stays clear of it."""
     res = adjoint_study.run("tiny", 0, tmp_path)
-    for model in adjoint_study.MODELS:
+    for model in adjoint_study.SETTINGS["tiny"]["models"]:
         err = {(r["mode"], r["rtol"]): r["ours"] for r in res["rows"] if r.get("model") == model}
         for mode in ("adjoint", "backprop", "checkpoint", "symplectic", "backprop (fixed steps)"):
             assert err[(mode, 1e-5)] < err[(mode, 1e-3)] and err[(mode, 1e-5)] < 1e-3
