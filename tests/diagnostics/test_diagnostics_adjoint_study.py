@@ -194,7 +194,8 @@ def test_the_study_enumerates_the_registry_refuses_by_message_and_errors_match_a
         assert float(rows[mode]["grad"]) == pytest.approx(discrete, rel=1e-12)
     for r in rows.values():
         if r["status"] == "ok":
-            assert r["rel_grad_error"] == pytest.approx(abs(float(r["grad"]) - exact) / abs(exact), rel=1e-5)
+            # measured against the reference, itself within 1e-9 of the closed form (above)
+            assert r["rel_grad_error"] == pytest.approx(abs(float(r["grad"]) - exact) / abs(exact), abs=2e-9)
     assert rows["adjoint"]["rel_grad_error"] < 1e-3
 
 
