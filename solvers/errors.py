@@ -56,6 +56,16 @@ class SolverError(RuntimeError):
         self.reason = reason
 
 
+def nonfinite_forward(what: str, nfe: int) -> SolverError:
+    """The error of a forward solve (``what``: the method) whose state went NaN/inf, naming the fixes."""
+    return SolverError(
+        f"the state became non-finite (NaN/inf) in the forward solve ({what}) after {nfe} field evaluations; "
+        "lower `rtol`/`atol` or the learning rate.",
+        nfe=nfe,
+        reason=Reason.NONFINITE,
+    )
+
+
 def check_positive(name: str, value: float, fix: str = "") -> float:
     """Raise ``ValueError`` unless ``value`` is a finite number > 0."""
     if isinstance(value, (str, bytes, bool)):

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ from ..steppers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at
 from .base import GradientMethod, Run
 from .checkpoint import backwards_in_time
+from .replay import combine
 
 __all__ = ["Gauss", "gauss_legendre"]
 
@@ -192,19 +193,11 @@ def _f(x: Any) -> float:
     return float(x.detach()) if isinstance(x, torch.Tensor) else float(x)
 
 
-def _combine(y0: torch.Tensor, weights: Sequence[float], ks: Sequence[torch.Tensor], h: float) -> torch.Tensor:
-    out = y0
-    for w, k in zip(weights, ks):
-        if w != 0.0:
-            out = out + (w * h) * k
-    return out
-
-
 def _quartic_coefficients(tab: MethodTableau, y0, y1, ks, h: float) -> tuple[torch.Tensor, ...]:
     """``(a_4, b_3, c_2, d)`` of torchdiffeq's quartic ``y_0 + x(d + x(c_2 + x(b_3 + x a_4)))``
     (:func:`~solvers.steppers.butcher.quartic`, whose fit this is): through ``y_0``, ``y_{1/2}``, ``y_1`` with the end
     slopes ``h k_1``, ``h k_s``."""
-    ymid = _combine(y0, tab.mid or (), ks, h)
+    ymid = combine(y0, tab.mid or (), ks, h)
     d, end = h * ks[0], h * ks[-1]
     r1, r2, r3 = y1 - y0 - d, end - d, ymid - y0 - 0.5 * d
     a4 = 2 * r2 - 8 * r1 + 16 * r3
@@ -243,7 +236,7 @@ class _Dense:
         if n + 1 < self._n:
             return self.log.y0[n + 1]
         log = self.log
-        return self._memo(n, "end", lambda: _combine(log.y0[n], self.tab.tableau.b, log.ks[n], log.dt[n]))
+        return self._memo(n, "end", lambda: combine(log.y0[n], self.tab.tableau.b, log.ks[n], log.dt[n]))
 
     def at(self, t: float) -> torch.Tensor:
         n = self.index(t)
@@ -253,7 +246,7 @@ class _Dense:
         """The interpolant of step ``n`` at ``t_0 + x h``."""
         tab, y0, ks, h = self.tab, self.log.y0[n], self.log.ks[n], self.log.dt[n]
         if tab.dense is not None:  # the method's own continuous extension (tsit5; dopri8 with its extra stages)
-            return _combine(y0, dense_at(tab, x), [*ks, *self._extra(n)], h)
+            return combine(y0, dense_at(tab, x), [*ks, *self._extra(n)], h)
         y1 = self.end(n)
         if tab.mid is not None:  # torchdiffeq's quartic through the midpoint, its coefficients fitted once a step
             a4, b3, c2, d = self._memo(n, "quartic", lambda: _quartic_coefficients(tab, y0, y1, ks, h))
@@ -276,7 +269,7 @@ class _Dense:
         def evaluate() -> list[torch.Tensor]:
             t0, h, y0, ks = self.log.t0[n], self.log.dt[n], self.log.y0[n], list(self.log.ks[n])
             for c, row in self.tab.dense_stages:
-                ks.append(self.slope(t0 + c * h, _combine(y0, row, ks, h)))
+                ks.append(self.slope(t0 + c * h, combine(y0, row, ks, h)))
             return ks[self.tab.stages :]
 
         return self._memo(n, "extra", evaluate)

@@ -231,7 +231,7 @@ def _h(steps: Steps, n: int) -> float:
     return steps.dt[n] if steps.adaptive else steps.t1[n] - steps.t0[n]
 
 
-def _combine(y0: torch.Tensor, weights: Sequence[float], ks: Sequence[torch.Tensor], h: float) -> torch.Tensor:
+def combine(y0: torch.Tensor, weights: Sequence[float], ks: Sequence[torch.Tensor], h: float) -> torch.Tensor:
     out = y0
     for w, k in zip(weights, ks):
         if w != 0.0:
@@ -255,14 +255,14 @@ def _stages(func, tab: MethodTableau, steps: Steps, n: int, y0: torch.Tensor, de
     ks: list[torch.Tensor] = []
     all_a = tab.all_a
     for i in range(_n_stages(tab, dense)):
-        Y = _combine(y0, all_a[i], ks, h)
+        Y = combine(y0, all_a[i], ks, h)
         Ys.append(Y)
         if i == 0 and first is not None:
             ks.append(first)
             continue
         ti, p = _stage_time(tab, steps, n, i)
         ks.append(func(_time(ti, p, y0.dtype, y0.device), Y))
-    y1 = _combine(y0, tab.tableau.b, ks, h)
+    y1 = combine(y0, tab.tableau.b, ks, h)
     return Ys, ks, y1
 
 
@@ -273,9 +273,9 @@ def _dense(tab: MethodTableau, steps: Steps, n: int, y0, y1, ks, t: float) -> to
     h = _h(steps, n)
     x = float((torch.tensor(t, dtype=torch.float64) - steps.t0[n]) / (steps.t1[n] - steps.t0[n]))
     if tab.dense is not None:  # the method's own continuous extension (tsit5, dopri8)
-        return _combine(y0, dense_at(tab, x), ks, h)
+        return combine(y0, dense_at(tab, x), ks, h)
     assert tab.mid is not None
-    ymid = _combine(y0, tab.mid, ks, h)
+    ymid = combine(y0, tab.mid, ks, h)
     d = h * ks[0]
     return quartic(y0, y1, ymid, d, h * ks[-1], x)
 
@@ -428,7 +428,7 @@ def symplectic_step(func, tab, steps, n, lam: Cotangents, outs_in, grad_ys, t, a
         with torch.enable_grad():
             yl = y0.detach().requires_grad_()
             kl = [k.detach().requires_grad_() for k in ks]
-            y1l = _combine(yl, tab.tableau.b, kl, h)
+            y1l = combine(yl, tab.tableau.b, kl, h)
             ps = [_interpolate(tab, steps, n, yl, y1l, kl, float(t[j])) for j in outs_in]
             gs = torch.autograd.grad(ps, [yl, *kl], [grad_ys[j] for j in outs_in], allow_unused=True)
         if gs[0] is not None:

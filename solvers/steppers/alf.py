@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from ..counting import Counted
-from ..errors import Reason, SolverError, check_positive
+from ..errors import Reason, SolverError, check_positive, nonfinite_forward
 from ..gradients.piece_grads import Grads, LazyPieces, piece_slots
 from ..gradients.piecewise_adjoint import PiecewiseParam
 from ..run import Settings
@@ -150,12 +150,7 @@ def _run(
                 kept.append(v)
                 v = func(_time(target, z), z)
     if not all(bool(torch.isfinite(o).all()) for o in (z, v)):
-        raise SolverError(
-            f"the state became non-finite (NaN/inf) in the forward solve (alf) after "
-            f"{stats.nfe_forward} field evaluations; lower `rtol`/`atol` or the learning rate.",
-            nfe=stats.nfe_forward,
-            reason=Reason.NONFINITE,
-        )
+        raise nonfinite_forward("alf", stats.nfe_forward)
     return outs, z, v
 
 

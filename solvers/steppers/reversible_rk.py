@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..counting import Counted
-from ..errors import Reason, SolverError, check_positive
+from ..errors import Reason, SolverError, check_positive, nonfinite_forward
 from .butcher import MethodTableau
 from .tableaux import TABLEAUX
 
@@ -188,12 +188,7 @@ def _run(func, tab, y, t: Sequence[float], stops: Sequence[float], opts: dict, a
             if target in t:
                 outs.append(y)
     if not all(bool(torch.isfinite(o).all()) for o in (y, z)):
-        raise SolverError(
-            f"the state became non-finite (NaN/inf) in the forward solve (reversible {tab.name}) after "
-            f"{stats.nfe_forward} field evaluations; lower `rtol`/`atol` or the learning rate.",
-            nfe=stats.nfe_forward,
-            reason=Reason.NONFINITE,
-        )
+        raise nonfinite_forward(f"reversible {tab.name}", stats.nfe_forward)
     return outs, y, z
 
 
