@@ -16,7 +16,17 @@ from cde_nets.fields.pieces import Pieces, TimeGrid, smoothness
 from cde_nets.flows import ContinuousFlow
 from cde_nets.functional import odeint, odeint_adjoint, odeint_dense, odeint_event
 
-from .solvers.gradients import Adjoint, Backprop, Checkpoint, Forward, GradientMethod, Reversible, Symplectic
+from .solvers.gradients import (
+    Adjoint,
+    Backprop,
+    Checkpoint,
+    Forward,
+    Gauss,
+    GradientMethod,
+    Interpolating,
+    Reversible,
+    Symplectic,
+)
 from .solvers.options import SolverOptions
 from .solvers.per_sample.solve import odeint_per_sample
 from .solvers.steppers.projection import Projection
@@ -48,6 +58,8 @@ __all__ = [
     "Forward",
     "Symplectic",
     "Reversible",
+    "Interpolating",
+    "Gauss",
     "odeint",
     "odeint_adjoint",
     "odeint_dense",
