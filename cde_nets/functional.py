@@ -36,7 +36,7 @@ from torch import nn
 
 from cde_nets.blocks.nonfinite import Watch, check_result
 from cde_nets.solvers.adapter import integrate
-from cde_nets.solvers.controllers import Controller, as_controller, is_per_sample
+from cde_nets.solvers.controllers import Controller, Integral, as_controller, is_per_sample
 from cde_nets.solvers.dropin import (
     ADAPTIVE,
     CALLBACKS,
@@ -356,6 +356,8 @@ def odeint(
 def _controller(controller: str | Controller, method: str | None, options: dict | None) -> tuple[Controller, Any]:
     """The controller ``controller`` names, and the options that carry it: a per-sample object's constants go
     where the per-sample loop reads them; a shared-step rule other than torchdiffeq's rides to the stepper."""
+    if controller == "batch":  # torchdiffeq's shared step, its constants in `options` (the common call)
+        return Integral.from_options({}), options
     rule = as_controller(controller, options if is_per_sample(controller) else None)
     if rule.per_sample and isinstance(controller, Controller):
         options = {**(options or {}), **{k: getattr(rule, k) for k in rule.OPTIONS}}

@@ -24,6 +24,7 @@ from ..errors import check_positive
 __all__ = ["Controller"]
 
 Scalar = float | torch.Tensor
+_DEFAULTS: dict[type, Controller] = {}
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,15 @@ class Controller:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Controller:
-        """The controller with the constants set in ``options`` (torchdiffeq's ``safety``/``ifactor``/``dfactor``)."""
-        return cls(**{k: float(options[k]) for k in cls.OPTIONS if k in options})
+        """The controller with the constants set in ``options`` (torchdiffeq's ``safety``/``ifactor``/``dfactor``);
+        the defaults' instance is made once (every solve asks for it)."""
+        given = {k: float(options[k]) for k in cls.OPTIONS if k in options}
+        if given:
+            return cls(**given)
+        default = _DEFAULTS.get(cls)
+        if default is None:
+            default = _DEFAULTS[cls] = cls()
+        return default
 
     def proposal(self, ratio: Scalar, order: int) -> Scalar:
         """``φ(r)``, the factor proposed for an error ratio ``r > 0`` of a method of order ``order`` (a float, or a
