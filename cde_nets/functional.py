@@ -36,7 +36,7 @@ from torch import nn
 
 from cde_nets.blocks.nonfinite import Watch, check_result
 from cde_nets.solvers.adapter import integrate
-from cde_nets.solvers.controllers import Controller, Integral, as_controller, is_per_sample
+from cde_nets.solvers.controllers import Controller, Integral, as_controller
 from cde_nets.solvers.dropin import (
     ADAPTIVE,
     CALLBACKS,
@@ -216,7 +216,7 @@ def _solve(
                 atol=atol,
                 method=method,
                 options=opts,
-                gradient=method_object or as_gradient(gradient),
+                gradient=chosen,
                 params=params,
                 adjoint=adj,
             )
@@ -358,12 +358,12 @@ def _controller(controller: str | Controller, method: str | None, options: dict 
     where the per-sample loop reads them; a shared-step rule other than torchdiffeq's rides to the stepper."""
     if controller == "batch":  # torchdiffeq's shared step, its constants in `options` (the common call)
         return Integral.from_options({}), options
-    rule = as_controller(controller, options if is_per_sample(controller) else None)
+    # a name takes its constants from `options`; an object holds its own (as_controller refuses both)
+    rule = as_controller(controller, options)
     if rule.per_sample and isinstance(controller, Controller):
         options = {**(options or {}), **{k: getattr(rule, k) for k in rule.OPTIONS}}
-    elif not rule.per_sample and controller != "batch":
+    elif not rule.per_sample:
         check_shared_controller(controller, _check_method(method))
-        rule.check_options(options or {})
         options = {**_check_options(_check_method(method), options), "controller": rule}
     return rule, options
 

@@ -229,7 +229,7 @@ class SolverOptions:
         ``"batch"``, set by ``options``) is asked for."""
         if self.per_sample or self.controller == "batch":
             return None
-        return as_controller(self.controller)
+        return as_controller(self.controller, {} if isinstance(self.controller, Controller) else self.options)
 
     @property
     def adaptive(self) -> bool:

@@ -177,3 +177,18 @@ def test_the_per_sample_controller_object_carries_its_constants_to_both_doors():
         block = ODEBlock(field, 1.0, rtol=1e-6, atol=1e-9, controller=PerSample(safety=0.7)).solve(y0, t=t).ys
     assert torch.equal(by_object, by_options) and torch.equal(block, by_options)
     assert not torch.equal(by_options, default)  # the constant is honoured, not ignored
+
+
+def test_a_registered_controller_takes_its_constants_from_options_in_both_doors(monkeypatch):
+    """``controller="elementary", options={"safety": 0.7}`` is ``controller=Elementary(safety=0.7)``: the name's
+    constants come from torchdiffeq's options, in both doors (neither ignored nor refused)."""
+    monkeypatch.setitem(CONTROLLERS, "elementary", Elementary)
+    field, y0, t = _field(), _y0(), torch.tensor([0.0, 1.0], dtype=F64)
+    kw = dict(method="dopri5", rtol=1e-6, atol=1e-9)
+    with torch.no_grad():
+        by_object = odeint(field, y0, t, controller=Elementary(safety=0.7), **kw)
+        by_name = odeint(field, y0, t, controller="elementary", options={"safety": 0.7}, **kw)
+        block = ODEBlock(field, 1.0, controller="elementary", options={"safety": 0.7}, **kw).solve(y0, t=t).ys
+        default = odeint(field, y0, t, controller="elementary", **kw)
+    assert torch.equal(by_name, by_object) and torch.equal(block, by_object)
+    assert not torch.equal(default, by_object)
