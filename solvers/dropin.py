@@ -73,6 +73,18 @@ class Problem(nn.Module):
     ``kind``: ``"adaptive"``, ``"fixed"`` or ``None`` (scipy, or a plain evaluation): the forward callbacks are
     those the method calls, so that torchdiffeq, given this object, warns only about the user's own."""
 
+    shapes: list[torch.Size] | None
+    sign: float
+    kind: str | None
+    max_num_steps: int | None
+    n_steps: int
+    recorder: Any
+    stats: SolverStats
+    composed: Callable
+    checked: bool
+    all_rows: torch.Tensor | None
+    with_rows: bool
+
     def __init__(
         self,
         func: Callable,
@@ -82,26 +94,33 @@ class Problem(nn.Module):
         kind: str | None = None,
     ):
         super().__init__()
-        self.func, self.shapes, self.sign, self.kind = func, shapes, sign, kind
-        self.max_num_steps, self.n_steps = max_num_steps, 0
-        self.recorder: Any = None
-        self.stats = SolverStats()  # the engine's pieces count here; the functional API reports none
-        # what a symplectic composition calls the halves of: the user's separable module, on a forwards tensor state
-        self.composed = func if shapes is None and sign > 0 else self
-        self.checked = False  # the first evaluation's output is checked against the state, later ones are not
-        # forward(t, y, rows): a field with per-sample data reads it for the batch rows it is handed (all of them
-        # on the shared step)
-        self.all_rows: torch.Tensor | None = None
-        self.with_rows = shapes is None and wants_rows(func)
-        self.user = {n: getattr(func, n, None) for n in (*CALLBACKS, *_ADJOINT_CALLBACKS)}
+        self.func = func  # a module is registered: the problem's parameters are the field's
+        # plain values straight into the instance (nn.Module.__setattr__ costs a few microseconds each, per solve)
+        self.__dict__.update(
+            shapes=shapes,
+            sign=sign,
+            kind=kind,
+            max_num_steps=max_num_steps,
+            n_steps=0,
+            recorder=None,
+            stats=SolverStats(),  # the engine's pieces count here; the functional API reports none
+            # what a symplectic composition calls the halves of: the user's separable module, on a forwards
+            # tensor state
+            composed=func if shapes is None and sign > 0 else self,
+            checked=False,  # the first evaluation's output is checked against the state, later ones are not
+            # forward(t, y, rows): a field with per-sample data reads it for the batch rows it is handed (all of
+            # them on the shared step)
+            all_rows=None,
+            with_rows=shapes is None and wants_rows(func),
+        )
+        self.user: dict[str, Any] = {n: _attribute(func, n) for n in (*CALLBACKS, *_ADJOINT_CALLBACKS)}
         if kind is not None:
-            self.callback_step = self._step
+            self.__dict__["callback_step"] = self._step
         if kind == "adaptive":
-            self.callback_accept_step = self._accept
-            self.callback_reject_step = self._reject
+            self.__dict__.update(callback_accept_step=self._accept, callback_reject_step=self._reject)
         for name in _ADJOINT_CALLBACKS:
-            if self.user[name] is not None:
-                setattr(self, name, self.user[name])  # the adjoint's state is a tuple (y, a, ...): passed on as is
+            if self.user[name] is not None:  # the adjoint's state is a tuple (y, a, ...): passed on as is
+                self.__dict__[name] = self.user[name]
 
     def __call__(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # a private wrapper nobody hooks: straight to forward (nn.Module's hook dispatch costs per evaluation)
@@ -154,6 +173,15 @@ class Problem(nn.Module):
         if self.recorder is not None:
             self.recorder.evaluated(out)
         return out
+
+
+def _attribute(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)`` without a module's ``__getattr__`` raising and catching an ``AttributeError``
+    for each absent callback (a few microseconds each, on every solve)."""
+    if isinstance(obj, nn.Module) and not hasattr(type(obj), name) and name not in obj.__dict__:
+        found = [d[name] for d in (obj._parameters, obj._buffers, obj._modules) if name in d]
+        return found[0] if found else None
+    return getattr(obj, name, None)
 
 
 def kind(method: str) -> str | None:

@@ -151,15 +151,7 @@ class BoundField:
         return getattr(self.field, name)
 
 
-_ROWS: dict[type, bool] = {}
-
-
 def _wants_rows(field: nn.Module) -> bool:
-    """Whether a plain module's ``forward`` takes ``rows`` (read once per class): cde_nets' own fields take their
-    per-sample data as the block input ``u`` instead."""
-    if isinstance(field, Field):
-        return False
-    cls = type(field)
-    if cls not in _ROWS:
-        _ROWS[cls] = wants_rows(field)
-    return _ROWS[cls]
+    """Whether a plain module's ``forward`` takes ``rows``: cde_nets' own fields take their per-sample data as the
+    block input ``u`` instead."""
+    return not isinstance(field, Field) and wants_rows(field)

@@ -40,6 +40,7 @@ as such (:mod:`solvers.gradients.step_sizes`, :mod:`solvers.per_sample.steps`; `
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -322,8 +323,24 @@ def wants_rows(func: Callable) -> bool:
     """Whether ``func`` takes the batch indices of the rows it is handed: its ``forward`` (a module) or itself
     has a parameter named ``rows`` (the one way a field reads per-sample data, in every door: finished samples
     leave a per-sample or stopping batch, so a field holding a tensor of one entry per sample reads
-    ``data[rows]``)."""
-    fn = func.forward if isinstance(func, nn.Module) else func
+    ``data[rows]``). Asked on every solve, so read once per module class (a ``forward`` set on the instance is
+    read each time) and, for a plain function, off its code object rather than by ``inspect.signature``."""
+    if isinstance(func, nn.Module) and "forward" not in func.__dict__:
+        cls = type(func)
+        if cls not in _ROWS_BY_CLASS:
+            _ROWS_BY_CLASS[cls] = _takes_rows(func.forward)
+        return _ROWS_BY_CLASS[cls]
+    return _takes_rows(func.forward if isinstance(func, nn.Module) else func)
+
+
+_ROWS_BY_CLASS: dict[type, bool] = {}
+
+
+def _takes_rows(fn: Callable) -> bool:
+    code = getattr(fn, "__code__", None)
+    if isinstance(fn, types.FunctionType | types.MethodType) and code is not None and not hasattr(fn, "__wrapped__"):
+        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        return "rows" in names
     try:
         return "rows" in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin or C callable: no signature to read

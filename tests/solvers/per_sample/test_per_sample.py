@@ -364,3 +364,53 @@ def test_failed_backward_solve_names_the_exact_methods_that_do_not_integrate_bac
     out = odeint(field, y0, t, rtol=1e-5, atol=1e-7, gradient="checkpoint")
     out[-1].sum().backward()
     assert torch.isfinite(field.mu.grad)
+
+
+def test_wants_rows_reads_every_kind_of_field():
+    """``rows`` is found (or not) the same way ``inspect.signature`` finds it, whether the field is a function, a
+    keyword-only parameter, a decorated function, a ``partial``, a module's class ``forward`` (read once per class)
+    or a ``forward`` set on one instance."""
+    import functools
+
+    from cde_nets.solvers.per_sample.solve import wants_rows
+
+    def plain(t, y):
+        return y
+
+    def with_rows(t, y, rows):
+        return y
+
+    def keyword_rows(t, y, *, rows=None):
+        return y
+
+    def star(t, y, *args, **kwargs):
+        return y
+
+    @functools.wraps(with_rows)
+    def decorated(*args, **kwargs):
+        return with_rows(*args, **kwargs)
+
+    class Rows(torch.nn.Module):
+        def forward(self, t, y, rows):
+            return y
+
+    class NoRows(torch.nn.Module):
+        def forward(self, t, y):
+            return y
+
+    patched = NoRows()
+    patched.forward = with_rows  # type: ignore[method-assign]
+    cases = [
+        (plain, False),
+        (with_rows, True),
+        (keyword_rows, True),
+        (star, False),
+        (decorated, True),
+        (functools.partial(with_rows, 0.0), True),
+        (Rows(), True),
+        (NoRows(), False),
+        (NoRows(), False),
+        (patched, True),
+        (torch.sin, False),
+    ]
+    assert [wants_rows(f) for f, _ in cases] == [want for _, want in cases]
