@@ -34,6 +34,8 @@ from .steppers.implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
 from .steppers.implicit_ode import integrate_implicit
 from .steppers.reversible_rk import integrate_reversible_rk
 from .steppers.split_ode import integrate_split
+from .steppers.vmappable import solve_vmapped
+from .transforms import under_vmap
 
 __all__ = ["EVENT_MODES", "check_cell", "check_events", "solve"]
 
@@ -75,6 +77,10 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
     """The states at ``run.t``, ``(len(t), *y0.shape)``, with ``gradient``'s backward pass attached; a
     ``ValueError`` naming the fix where ``gradient`` cannot serve ``run.method``."""
     gradient.check(run.method)
+    if under_vmap():  # each instance on its own steps: the loop of tensor decisions (solvers.steppers.vmappable)
+        vmapped = solve_vmapped(run, gradient)
+        if vmapped is not None:
+            return vmapped
     if run.method in OWN_FIXED_METHODS:
         return _own_fixed_step(run, gradient)
     if run.method in REVERSIBLE_RK_METHODS:  # served by 'reversible' (the rebuild) and 'backprop' (sweep names which)
