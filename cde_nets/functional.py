@@ -70,7 +70,7 @@ from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, Impli
 from cde_nets.solvers.steppers.methods import RK_METHODS
 from cde_nets.solvers.steppers.reversible_rk import OPTIONS as REVERSIBLE_RK_OPTIONS
 from cde_nets.solvers.steppers.rk_events import odeint_event_rk
-from cde_nets.solvers.transforms import host_all
+from cde_nets.solvers.transforms import PER_SAMPLE_UNDER_VMAP, host_all, under_vmap
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_dense", "odeint_event", "METHODS"]
@@ -340,6 +340,8 @@ def odeint(
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
     rule, options = _controller(controller, method, options)
+    if rule.per_sample and under_vmap():
+        raise ValueError(PER_SAMPLE_UNDER_VMAP)
     if rule.per_sample:
         return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, rule.name, adjoint_params)
     if event_fn is not None and event_mode != "first":

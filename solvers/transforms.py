@@ -7,9 +7,14 @@ from __future__ import annotations
 import torch
 from torch._C._functorch import TransformType
 
-__all__ = ["host_all", "host_any", "physical", "under_vmap", "wrapped"]
+__all__ = ["PER_SAMPLE_UNDER_VMAP", "host_all", "host_any", "physical", "under_vmap", "wrapped"]
 
 _F = torch._C._functorch
+#: both doors' refusal of per-sample control under vmap, which itself gives every instance its own steps
+PER_SAMPLE_UNDER_VMAP = (
+    "controller='per_sample' under torch.vmap: vmap already solves every instance on its own steps (each as if "
+    "alone); use controller='batch' inside vmap, or per-sample control without vmap."
+)
 
 
 def under_vmap() -> bool:

@@ -170,7 +170,8 @@ def check_output_times(t: Any, device: torch.device) -> torch.Tensor:
         raise ValueError(f"`t` must be a 1-D floating-point tensor of at least one time, got {got}.")
     d = t.detach()
     if wrapped(d):  # per-instance times under torch.vmap: each condition in every instance
-        finite, up, down = (host_all(c) for c in (torch.isfinite(d).all(), (d[1:] > d[:-1]).all(), (d[1:] < d[:-1]).all()))
+        conditions = (torch.isfinite(d).all(), (d[1:] > d[:-1]).all(), (d[1:] < d[:-1]).all())
+        finite, up, down = (host_all(c) for c in conditions)
     elif len(d) <= 64:  # one read, the comparisons on the host
         v = d.tolist()
         finite = all(math.isfinite(x) for x in v)

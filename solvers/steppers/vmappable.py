@@ -58,6 +58,15 @@ def _rms_rows(rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: x.abs().pow(2).flatten(1).mean(1).sqrt()
 
 
+def _largest_part(sizes: tuple[int, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """:class:`~solvers.norms.StateNorm` of a tuple state (the largest part's RMS) without Python's ``max``."""
+
+    def norm(x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([part.abs().pow(2).mean().sqrt() for part in x.reshape(-1).split(sizes)]).amax()
+
+    return norm
+
+
 class _Loop:
     """One solve's constants and its per-instance state (a clock ``t0``, a step ``dt``, the state ``y``, the first
     stage ``k0`` and the last accepted step, all tensors)."""
@@ -69,7 +78,10 @@ class _Loop:
         self.min_step = float(options.get("min_step", 0.0))
         self.max_step = float(options.get("max_step", math.inf))
         self.rule: Controller = options.get("controller") or Integral.from_options(options)
-        self.norm = options.get("norm") or _rms_rows(rows)
+        norm = options.get("norm") or _rms_rows(rows)
+        if isinstance(norm, StateNorm) and norm.sizes is not None:  # a tuple state's: compared as tensors
+            norm = _largest_part(norm.sizes)
+        self.norm = norm
         self.dense = _dense_weights(tab) if (tab.dense is not None or tab.mid is not None) else None
         self.pad = (1,) * (y0.dim() - rows)
 
