@@ -14,7 +14,9 @@ one of its own. The engine picks the stepper family by what the method is:
   gradient differentiates the forward operations, or none is needed;
 - the reversible Runge-Kutta methods (:mod:`solvers.steppers.reversible_rk`) step themselves, rebuilding their
   states backwards for ``gradient="reversible"`` and differentiated directly for ``"backprop"``;
-- otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode).
+- otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode);
+- under ``torch.vmap`` the adaptive explicit Runge-Kutta methods run on a loop of tensor decisions instead
+  (:mod:`solvers.steppers.vmappable`: each vmapped instance on its own steps), differentiated by backprop.
 """
 
 from __future__ import annotations
