@@ -249,6 +249,13 @@ def _per_sample(res: dict) -> Headline:
     return out + [info(f"per-sample / shared time, {r['case']}, {r['mode']}", r["ratio"], ".2f") for r in rows]
 
 
+def _ensembles(res: dict) -> Headline:
+    rows = {r["members"]: r for r in res["rows"]}
+    mid = rows.get(256) or rows[max(rows)]
+    out = [at_most(f"vmap / hand-stacked field, {mid['members']} members", mid["vmap_over_stacked"], 1.2, ".2f")]
+    return out + [info(f"loop / vmap, {n} members", r["loop_over_vmap"], ".1f") for n, r in rows.items()]
+
+
 def _per_sample_device(res: dict) -> Headline:
     return [
         info(f"{k.removesuffix('_over_shared')} / shared, {r['case']} batch {r['batch']}, {r['mode']}", v, ".2f")
@@ -384,6 +391,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("implicit_tolerance", _implicit_tolerance, "drift <= 1e-3 of rk4's; the cost of each stage tolerance"),
     ("per_sample", _per_sample, "fewer batched calls on mixed μ; <= 1.1 on equal μ"),
     ("per_sample_device", _per_sample_device, "measured on a GPU (the CPU in --tiny)"),
+    ("ensembles", _ensembles, "vmap of 256 members <= 1.2x the hand-stacked field, far below the loop"),
     ("forward_sensitivity", _forward_sensitivity, "equal to backprop (1e-10); the crossover recorded"),
     ("default_gradient", _default_gradient, "the default within 1.05 of the faster exact gradient while small"),
     ("interpolating_adjoint", _interpolating, "<= 1e-4 from backprop where the backsolve adjoint fails"),
@@ -417,6 +425,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "implicit_tolerance": {"tiny": 1.0},
     "per_sample": {"tiny": 1.0},
     "per_sample_device": {"tiny": 6.0},
+    "ensembles": {"tiny": 6.0},
     "forward_sensitivity": {"tiny": 1.0},
     "default_gradient": {"tiny": 1.0},
     "interpolating_adjoint": {"tiny": 2.0},

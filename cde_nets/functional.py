@@ -70,6 +70,7 @@ from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, Impli
 from cde_nets.solvers.steppers.methods import RK_METHODS
 from cde_nets.solvers.steppers.reversible_rk import OPTIONS as REVERSIBLE_RK_OPTIONS
 from cde_nets.solvers.steppers.rk_events import odeint_event_rk
+from cde_nets.solvers.transforms import PER_SAMPLE_UNDER_VMAP, host_all, under_vmap
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_dense", "odeint_event", "METHODS"]
@@ -193,7 +194,7 @@ def _solve(
     if flat.numel() == 0:  # an empty batch: nothing to integrate; one evaluation joins it to func's graph
         y = flat + 0 * Problem(func, shapes)(t[0], flat)
         return unflatten(y.unsqueeze(0).expand(len(t), *y.shape), shapes, (len(t),))
-    sign = -1.0 if len(t) > 1 and bool(t[0] > t[1]) else 1.0
+    sign = -1.0 if len(t) > 1 and host_all(t[0] > t[1]) else 1.0  # under torch.vmap: every instance's order
     max_num_steps = options.pop("max_num_steps", None)
     problem = Problem(func, shapes, sign, max_num_steps, kind(method))
     t_grad = t.requires_grad and torch.is_grad_enabled()
@@ -339,6 +340,8 @@ def odeint(
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
     rule, options = _controller(controller, method, options)
+    if rule.per_sample and under_vmap():
+        raise ValueError(PER_SAMPLE_UNDER_VMAP)
     if rule.per_sample:
         return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, rule.name, adjoint_params)
     if event_fn is not None and event_mode != "first":

@@ -14,7 +14,9 @@ one of its own. The engine picks the stepper family by what the method is:
   gradient differentiates the forward operations, or none is needed;
 - the reversible Runge-Kutta methods (:mod:`solvers.steppers.reversible_rk`) step themselves, rebuilding their
   states backwards for ``gradient="reversible"`` and differentiated directly for ``"backprop"``;
-- otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode).
+- otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode);
+- under ``torch.vmap`` the adaptive explicit Runge-Kutta methods run on a loop of tensor decisions instead
+  (:mod:`solvers.steppers.vmappable`: each vmapped instance on its own steps), differentiated by backprop.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from .steppers.implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
 from .steppers.implicit_ode import integrate_implicit
 from .steppers.reversible_rk import integrate_reversible_rk
 from .steppers.split_ode import integrate_split
+from .steppers.vmappable import solve_vmapped
+from .transforms import under_vmap
 
 __all__ = ["EVENT_MODES", "check_cell", "check_events", "solve"]
 
@@ -75,6 +79,10 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
     """The states at ``run.t``, ``(len(t), *y0.shape)``, with ``gradient``'s backward pass attached; a
     ``ValueError`` naming the fix where ``gradient`` cannot serve ``run.method``."""
     gradient.check(run.method)
+    if under_vmap():  # each instance on its own steps: the loop of tensor decisions (solvers.steppers.vmappable)
+        vmapped = solve_vmapped(run, gradient)
+        if vmapped is not None:
+            return vmapped
     if run.method in OWN_FIXED_METHODS:
         return _own_fixed_step(run, gradient)
     if run.method in REVERSIBLE_RK_METHODS:  # served by 'reversible' (the rebuild) and 'backprop' (sweep names which)

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 import torch
 
+from .transforms import host_any, wrapped
+
 __all__ = [
     "Reason",
     "SolverError",
@@ -114,6 +116,13 @@ def check_finite(name: str, y: torch.Tensor) -> None:
     if torch.compiler.is_compiling():
         return
     bad = ~torch.isfinite(y)
+    if wrapped(y):  # under torch.vmap: read every instance, name none
+        if host_any(bad):
+            raise ValueError(
+                f"`{name}` holds non-finite value(s) (NaN or inf) in some instance of the vmapped batch; clean the "
+                "input or lower the learning rate if it came from training."
+            )
+        return
     if bad.any():
         n = int(bad.sum())
         first = int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0]) if y.dim() > 0 else 0

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .transforms import host_all, host_any, wrapped
+
 __all__ = [
     "check_event_output",
     "check_field_output",
@@ -129,8 +131,13 @@ def _check_finite_state(y0: State, flat: torch.Tensor, shapes: list[torch.Size] 
     host read)."""
     with torch.no_grad():
         bad = ~torch.isfinite(flat)
-        if not bool(bad.any()):
+        if not host_any(bad):  # under torch.vmap: in any instance
             return
+    if wrapped(flat):
+        raise ValueError(
+            "`y0` holds non-finite value(s) (NaN or inf) in some instance of the vmapped batch: the solve starts "
+            "from it. Clean the input (or lower the learning rate if it came from training)."
+        )
     parts: list[torch.Tensor] = [flat] if shapes is None else list(y0)
     for k, y in enumerate(parts):
         part_bad = ~torch.isfinite(y.detach())
@@ -162,7 +169,10 @@ def check_output_times(t: Any, device: torch.device) -> torch.Tensor:
         got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
         raise ValueError(f"`t` must be a 1-D floating-point tensor of at least one time, got {got}.")
     d = t.detach()
-    if len(d) <= 64:  # one read, the comparisons on the host
+    if wrapped(d):  # per-instance times under torch.vmap: each condition in every instance
+        conditions = (torch.isfinite(d).all(), (d[1:] > d[:-1]).all(), (d[1:] < d[:-1]).all())
+        finite, up, down = (host_all(c) for c in conditions)
+    elif len(d) <= 64:  # one read, the comparisons on the host
         v = d.tolist()
         finite = all(math.isfinite(x) for x in v)
         up, down = all(a < b for a, b in zip(v, v[1:])), all(a > b for a, b in zip(v, v[1:]))

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from cde_nets.solvers.transforms import host_all
+
 __all__ = ["Found", "nonfinite_parameter", "Watch", "check_result"]
 
 
@@ -64,6 +66,6 @@ def check_result(y: torch.Tensor, explain: Callable[[], str]) -> None:
     from cde_nets.solvers.errors import Reason, SolverError
 
     with torch.no_grad():  # isfinite is composite (|y| != inf): with grad on, it would save y for a backward
-        finite = bool(torch.isfinite(y).all())
+        finite = host_all(torch.isfinite(y))  # under torch.vmap: in every instance
     if not finite:
         raise SolverError(explain(), reason=Reason.NONFINITE)

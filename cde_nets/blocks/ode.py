@@ -35,6 +35,7 @@ from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.steppers.fast_rk import fast_applies
 from cde_nets.solvers.times import check_times
+from cde_nets.solvers.transforms import PER_SAMPLE_UNDER_VMAP, under_vmap
 from cde_nets.solvers.validation import check_half_precision, nonfinite_message
 
 __all__ = ["ODEBlock"]
@@ -308,6 +309,8 @@ class ODEBlock(Block):
         shapes and the order of ``t`` only, so every call of the same shapes and times makes the same choice."""
         if self.gradient is not None:
             return self.gradient
+        if under_vmap():  # the vmapped loop is differentiated by autograd (solvers.steppers.vmappable)
+            return Backprop()
         if not isinstance(y0, torch.Tensor):
             return default_gradient(self.method)
         steps = None
@@ -352,6 +355,8 @@ class ODEBlock(Block):
     ) -> Solution:
         bound = self.bind(y0, u)
         self._check_resolution(y0, gradient)
+        if self.solver.per_sample and under_vmap():
+            raise ValueError(PER_SAMPLE_UNDER_VMAP)
         if self.solver.per_sample:
             return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats, gradient, event_mode)
         per_sample = self.stop is not None or event is not None or t_end is not None

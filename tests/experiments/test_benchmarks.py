@@ -91,6 +91,11 @@ EXPECTED = {
         {"setting", "goal", "torchode", "rows"},
         {"case", "batch", "mode", "device", "calls", "shared_s", "per_sample_s", "per_sample_over_shared"},
     ),
+    "ensembles": (
+        "ensembles_tiny",
+        {"setting", "goal", "rows"},
+        {"members", "vmap_s", "stacked_s", "per_sample_s", "loop_s", "vmap_over_stacked", "loop_over_vmap"},
+    ),
     "forward_sensitivity": (
         "forward_sensitivity",
         {"setting", "rows", "crossover_params"},
@@ -131,6 +136,7 @@ SLOW = {
     "compiled",
     "continuous_overhead",
     "discrete_overhead",
+    "ensembles",
     "gradient_modes",
     "implicit_tolerance",
     "per_sample",

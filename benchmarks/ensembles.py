@@ -1,0 +1,161 @@
+"""An ensemble of neural ODEs in one call: ``torch.vmap`` over stacked parameters against the Python loop of single
+solves and against the ensemble stacked into one batched field by hand.
+
+Each member is an MLP field ``2 → 32 → 2`` (tanh) of its own parameters, solved from its own batch of 8 points over
+``[0, 1]`` by ``dopri5`` (``rtol = 1e-6``, ``atol = 1e-8``, float64, one thread), each member on its own steps
+(the shared step's controller over the member's batch, as its single solve). For ``E = 16, 256, 4096`` members:
+
+- ``vmap``: ``vmap(lambda p, y: cde_nets.odeint(field(p), y, t))`` with ``field(p)`` the module called by
+  ``torch.func.functional_call`` with the member's parameters (:mod:`solvers.steppers.vmappable`);
+- ``loop``: ``cde_nets.odeint`` member by member (for 4096 members a subset of 256 is timed and scaled by 16);
+- ``stacked``: one field over all members (``baddbmm`` with the stacked weights, state ``(E, 8, 2)``) solved by the
+  same tensor loop with a clock per member (``odeint_vmappable(rows=1)``: the same steps as ``vmap``'s);
+- ``per_sample``: that field under the library's per-sample controller (``odeint(controller="per_sample")``: its
+  PI controller, so other steps), finished members leaving the batch.
+
+Interleaved medians of CPU time (one thread), forward only, and forward + backward (gradients of the summed end
+states with respect to all parameters) for ``vmap`` and ``stacked``. Goal: ``vmap`` of 256 members at most 1.2x the
+hand-stacked field and far below the loop. ``python -m cde_nets.benchmarks.ensembles [--tiny]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from cde_nets.functional import odeint
+from cde_nets.solvers.steppers.vmappable import odeint_vmappable
+
+from .common import interleaved_medians, write
+
+TOL = dict(rtol=1e-6, atol=1e-8)
+POINTS, DIM, HIDDEN = 8, 2, 32
+LOOP_SUBSET = 256  # members timed in the loop beyond this count, the time scaled to the whole ensemble
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(DIM, HIDDEN), nn.Linear(HIDDEN, DIM)
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.tanh(self.l1(y)))
+
+
+class Stacked(nn.Module):
+    """All members as one field: ``y`` ``(E, points, 2)``; ``rows`` picks the running members' weights."""
+
+    def __init__(self, params: dict[str, torch.Tensor]):
+        super().__init__()
+        self.w1, self.b1 = params["l1.weight"].transpose(1, 2), params["l1.bias"].unsqueeze(1)
+        self.w2, self.b2 = params["l2.weight"].transpose(1, 2), params["l2.bias"].unsqueeze(1)
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        w1, b1, w2, b2 = self.w1, self.b1, self.w2, self.b2
+        if rows is not None and rows.shape[0] != w1.shape[0]:
+            w1, b1, w2, b2 = w1[rows], b1[rows], w2[rows], b2[rows]
+        return torch.baddbmm(b2, torch.tanh(torch.baddbmm(b1, y, w1)), w2)
+
+
+def _members(n: int) -> tuple[list[MLP], dict[str, torch.Tensor], torch.Tensor]:
+    torch.manual_seed(0)
+    members = [MLP().double() for _ in range(n)]
+    params, _ = stack_module_state(members)  # type: ignore[arg-type]
+    y0 = torch.randn(n, POINTS, DIM, dtype=torch.float64)
+    return members, params, y0
+
+
+def _case(n: int, repeat: int, warmup: int) -> dict:
+    members, params, y0 = _members(n)
+    t = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    base = MLP().double().to("meta")
+
+    def one(p: dict[str, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        return odeint(lambda s, x: functional_call(base, p, (s, x)), y, t, **TOL)[-1]
+
+    def by_vmap(p=params) -> torch.Tensor:
+        return vmap(one)(p, y0)
+
+    def stacked(p=params) -> torch.Tensor:
+        return odeint_vmappable(Stacked(p), y0, t, method="dopri5", rows=1, **TOL)[-1]
+
+    def per_sample() -> torch.Tensor:
+        return odeint(Stacked(params), y0, t, controller="per_sample", **TOL)[-1]
+
+    timed = min(n, LOOP_SUBSET)
+
+    def loop() -> torch.Tensor:
+        return torch.stack([odeint(m, y, t, **TOL)[-1] for m, y in zip(members[:timed], y0[:timed])])
+
+    with torch.no_grad():
+        ref = loop()
+        v, s = by_vmap(), stacked()
+        agree = float((v[:timed] - ref).abs().max() / ref.abs().max())
+        agree_stacked = float((s - v).abs().max() / v.abs().max())
+        times = interleaved_medians([by_vmap, stacked, per_sample, loop], repeat, warmup, clock=time.process_time)
+    vmap_s, stacked_s, per_sample_s, loop_s = times
+    loop_s *= n / timed
+
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+
+    def grad_of(fn) -> float:
+        def step():
+            out = fn(leaves).sum()
+            torch.autograd.grad(out, list(leaves.values()))
+
+        return step
+
+    vmap_b, stacked_b = interleaved_medians(
+        [grad_of(by_vmap), grad_of(stacked)], repeat, warmup, clock=time.process_time
+    )
+    return {
+        "members": n,
+        "vmap_s": vmap_s,
+        "stacked_s": stacked_s,
+        "per_sample_s": per_sample_s,
+        "loop_s": loop_s,
+        "loop_timed_members": timed,
+        "vmap_over_stacked": vmap_s / stacked_s,
+        "vmap_over_per_sample": vmap_s / per_sample_s,
+        "loop_over_vmap": loop_s / vmap_s,
+        "vmap_backward_s": vmap_b,
+        "stacked_backward_s": stacked_b,
+        "vmap_over_stacked_backward": vmap_b / stacked_b,
+        "max_rel_diff_vmap_loop": agree,
+        "max_rel_diff_vmap_stacked": agree_stacked,
+    }
+
+
+def run(tiny: bool = False, out_dir=None) -> dict:
+    sizes = (4, 16) if tiny else (16, 256, 4096)
+    repeat, warmup = (1, 0) if tiny else (5, 1)
+    torch.set_num_threads(1)
+    rows = [_case(n, repeat if n < 4096 else 3, warmup) for n in sizes]
+    res = {
+        "setting": {
+            "field": f"MLP {DIM}-{HIDDEN}-{DIM} (tanh) per member, {POINTS} points per member",
+            "method": "dopri5",
+            **TOL,
+            "T": 1.0,
+            "dtype": "float64",
+            "threads": 1,
+            "clock": "process_time (CPU seconds; interleaved medians)",
+            "loop": f"members beyond {LOOP_SUBSET}: {LOOP_SUBSET} timed, scaled to the ensemble",
+        },
+        "goal": "vmap of 256 members <= 1.2x the hand-stacked field (same steps), far below the loop",
+        "rows": rows,
+    }
+    write("ensembles_tiny" if tiny else "ensembles", res, out_dir)
+    return res
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args()
+    for r in run(args.tiny)["rows"]:
+        print(r)

@@ -1,0 +1,193 @@
+"""``torch.vmap`` through adaptive solves (solvers.steppers.vmappable): every vmapped instance is solved on its own
+steps, as if alone, so the vmapped solve equals the loop of single solves (float64, rtol 1e-9, to 1e-7 relative),
+nested and composed with ``jacrev``/``grad``, over ``y0``, over per-instance end times and inputs, and over
+stacked parameters (ensembles by ``functional_call``), in both doors; a linear field's solution and Jacobian are
+``expm``'s. What vmap cannot serve is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, jacrev, stack_module_state, vmap
+
+from cde_nets import ODEBlock, odeint
+from cde_nets.fields.nais import NAIS
+from cde_nets.solvers.errors import SolverError
+from cde_nets.solvers.steppers.tableaux import TABLEAUX
+from cde_nets.solvers.steppers.vmappable import odeint_vmappable, vmap_methods
+
+D = torch.float64
+TOL = dict(rtol=1e-9, atol=1e-10)
+T3 = torch.tensor([0.0, 0.3, 1.0], dtype=D)
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+A = torch.randn(3, 3, dtype=D, generator=_gen(1))
+Y = torch.randn(4, 3, dtype=D, generator=_gen(2))
+
+
+def field(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(y @ A.T) + 0.1 * torch.sin(t)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-7) -> None:
+    err, scale = float((a - b).detach().abs().max()), float(b.detach().abs().max())
+    assert err <= rel * scale, err / scale
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int = 2, h: int = 8):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(d, h), nn.Linear(h, d)
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.tanh(self.l1(y)))
+
+
+def test_the_loop_serves_every_adaptive_explicit_tableau():
+    assert set(vmap_methods()) == {"dopri8", "dopri5", "tsit5", "bosh3", "fehlberg2", "adaptive_heun"}
+
+
+@pytest.mark.parametrize("method", ["dopri8", "dopri5", "tsit5", "bosh3", "fehlberg2", "adaptive_heun"])
+def test_vmap_over_y0_equals_the_loop(method):
+    # the second-order pairs take ~10^5 steps at rtol 1e-9: checked at 1e-5, still far below the 1e-7 comparison's
+    # sensitivity to a different step sequence
+    tol = TOL if TABLEAUX[method].order > 2 else dict(rtol=1e-5, atol=1e-7)
+    got = vmap(lambda y: odeint(field, y, T3, method=method, **tol))(Y)
+    close(got, torch.stack([odeint(field, y, T3, method=method, **tol) for y in Y]))
+
+
+def test_nested_vmap_and_decreasing_times_and_tuple_states():
+    loop = torch.stack([odeint(field, y, T3, **TOL) for y in Y])
+    close(vmap(vmap(lambda y: odeint(field, y, T3, **TOL)))(Y.reshape(2, 2, 3)), loop.reshape(2, 2, 3, 3))
+    back = T3.flip(0)
+    close(vmap(lambda y: odeint(field, y, back, **TOL))(Y), torch.stack([odeint(field, y, back, **TOL) for y in Y]))
+
+    def pair(t, s):
+        return s[1], -torch.sin(s[0])
+
+    got = vmap(lambda a, b: odeint(pair, (a, b), T3, **TOL)[0])(Y, Y.flip(0))
+    close(got, torch.stack([odeint(pair, (a, b), T3, **TOL)[0] for a, b in zip(Y, Y.flip(0))]))
+
+
+def test_vmap_composed_with_jacrev_and_grad():
+    def end(y):
+        return odeint(field, y, T3, **TOL)[-1]
+
+    loop = torch.stack([torch.autograd.functional.jacobian(end, y) for y in Y])  # autograd through single solves
+    close(vmap(jacrev(end))(Y), loop)
+    close(jacrev(vmap(end))(Y).diagonal(dim1=0, dim2=2).permute(2, 0, 1), loop)
+    close(vmap(grad(lambda y: end(y).sum()))(Y), loop.sum(1))
+
+
+def test_a_linear_field_gives_expm_and_its_jacobian():
+    L = torch.randn(3, 3, dtype=D, generator=_gen(3))
+
+    def end(y):
+        return odeint(lambda t, x: L @ x, y, T3, rtol=1e-11, atol=1e-12)[-1]
+
+    E = torch.linalg.matrix_exp(L)
+    close(vmap(end)(Y), Y @ E.T)
+    close(vmap(jacrev(end))(Y), E.expand(4, 3, 3))
+
+
+def test_vmap_over_per_instance_end_times():
+    times = torch.tensor([[0.0, 0.5], [0.0, 1.0], [0.0, 2.0], [0.0, 0.1]], dtype=D)
+    got = vmap(lambda y, t: odeint(field, y, t, **TOL))(Y, times)
+    close(got, torch.stack([odeint(field, y, t, **TOL) for y, t in zip(Y, times)]))
+
+
+def test_an_ensemble_by_functional_call_equals_the_loop_in_values_and_gradients():
+    torch.manual_seed(0)
+    members = [MLP().double() for _ in range(3)]
+    params, _ = stack_module_state(members)
+    base = MLP().double().to("meta")
+    y0 = torch.tensor([0.5, -1.0], dtype=D)
+
+    def solve(p, y):
+        return odeint(lambda t, x: functional_call(base, p, (t, x)), y, T3, **TOL)[-1]
+
+    close(vmap(solve, in_dims=(0, None))(params, y0), torch.stack([odeint(m, y0, T3, **TOL)[-1] for m in members]))
+    got = vmap(grad(lambda p, y: solve(p, y).sum()), in_dims=(0, None))(params, y0)
+    for k, m in enumerate(members):
+        want = torch.autograd.grad(odeint(m, y0, T3, **TOL)[-1].sum(), (m.l1.weight, m.l2.bias))
+        close(got["l1.weight"][k], want[0])
+        close(got["l2.bias"][k], want[1])
+
+
+def test_odeblock_under_vmap_over_inputs_and_stacked_parameters():
+    nais = NAIS(3, 2, generator=_gen(4)).double()
+    block = ODEBlock(nais, T=1.0, **TOL)
+    x0 = torch.randn(2, 3, dtype=D, generator=_gen(5))
+    U = torch.randn(3, 2, 2, dtype=D, generator=_gen(6))
+    close(vmap(lambda u: block(x0, u=u))(U), torch.stack([block(x0, u=u) for u in U]))
+    close(
+        vmap(jacrev(lambda x: block(x, u=U[0, :1])))(x0[:, None]),
+        torch.stack([torch.autograd.functional.jacobian(lambda z: block(z, u=U[0, :1]), x) for x in x0[:, None]]),
+    )
+    torch.manual_seed(1)
+    blocks = [ODEBlock(MLP().double(), T=1.0, **TOL) for _ in range(3)]
+    params, _ = stack_module_state(blocks)
+    base = ODEBlock(MLP().double(), T=1.0, **TOL)
+    X = torch.randn(2, 2, dtype=D, generator=_gen(7))
+    got = vmap(lambda p: functional_call(base, p, (X,)))(params)
+    close(got, torch.stack([b(X) for b in blocks]))
+
+
+@pytest.mark.parametrize("method", ["euler", "rk4"])
+def test_fixed_step_methods_keep_working(method):
+    opts = dict(step_size=0.1)
+    got = vmap(lambda y: odeint(field, y, T3, method=method, options=opts))(Y)
+    close(got, torch.stack([odeint(field, y, T3, method=method, options=opts) for y in Y]), 1e-12)
+
+
+def test_rows_of_one_batch_on_their_own_clocks_equal_the_loop():
+    """The hand-stacked form (``rows=1``: per-row clocks, ``t`` of shape ``(batch,)``) is the same solve."""
+
+    def rows(t, y):  # t: (batch,), one time per row
+        return torch.tanh(y @ A.T) + 0.1 * torch.sin(t)[:, None]
+
+    got = odeint_vmappable(rows, Y, T3, method="dopri5", rows=1, **TOL)
+    close(got, torch.stack([odeint(field, y, T3, **TOL) for y in Y], 1))
+
+
+def test_a_forward_only_solve_serves_every_gradient_method():
+    with torch.no_grad():
+        got = vmap(lambda y: odeint(field, y, T3, gradient="adjoint", adjoint_params=(), **TOL))(Y)
+    close(got, torch.stack([odeint(field, y, T3, **TOL) for y in Y]))
+
+
+@pytest.mark.parametrize("gradient", ["adjoint", "checkpoint"])
+def test_gradients_read_on_the_host_are_refused_under_vmap(gradient):
+    def loss(y):
+        return odeint(field, y, T3, gradient=gradient, adjoint_params=(), **TOL)[-1].sum()
+
+    with pytest.raises(ValueError, match=f"gradient='{gradient}' under torch.vmap.*gradient='backprop'"):
+        vmap(grad(loss))(Y)
+
+
+def test_what_vmap_cannot_serve_is_refused_by_name():
+    with pytest.raises(ValueError, match="method='alf' under torch.vmap"):
+        vmap(lambda y: odeint(field, y, T3, method="alf"))(Y)
+    with pytest.raises(ValueError, match="controller='per_sample' under torch.vmap"):
+        vmap(lambda y: odeint(field, y[None], T3, controller="per_sample"))(Y)
+    block = ODEBlock(MLP().double(), T=1.0, controller="per_sample")
+    with pytest.raises(ValueError, match="controller='per_sample' under torch.vmap"):
+        vmap(block)(Y[:, None, :2])
+    with pytest.raises(ValueError, match=r"\['step_t'\] are not served under torch.vmap"):
+        vmap(lambda y: odeint(field, y, T3, options=dict(step_t=[0.5])))(Y)
+
+
+def test_failures_under_vmap_say_what_failed():
+    with pytest.raises(SolverError, match="max_steps=3 reached"):
+        vmap(lambda y: odeint(field, y, T3, options=dict(max_num_steps=3), **TOL))(Y)
+    with pytest.raises(SolverError, match="underflow"):
+        vmap(lambda y: odeint(lambda t, x: x / (x - x), y, T3))(Y)
+    bad = Y.clone()
+    bad[2, 1] = float("nan")
+    with pytest.raises(ValueError, match="non-finite value"):
+        vmap(lambda y: odeint(field, y, T3))(bad)
