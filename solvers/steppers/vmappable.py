@@ -307,14 +307,21 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
             "use one of them (or solve the instances in a loop)."
         )
     needed = torch.is_grad_enabled() and (run.y0.requires_grad or any(p.requires_grad for p in run.params))
-    if gradient.name != "backprop" and needed:
-        raise ValueError(
-            f"gradient={gradient.name!r} under torch.vmap: its backward pass reads the steps on the host, which vmap "
-            "cannot batch; use gradient='backprop' (autograd through the vmapped loop, every instance's own steps)."
-        )
     options = {k: v for k, v in run.options.items() if v is not None}
     if options.get("norm") == "seminorm":
         options.pop("norm")
+    if gradient.name == "adjoint" and torch.is_grad_enabled():
+        from ..gradients.vmap_adjoint import adjoint_vmapped  # the gradients import the steppers
+
+        solved = adjoint_vmapped(run, gradient, options)
+        if solved is not None:
+            return solved
+    if gradient.name != "backprop" and needed:
+        raise ValueError(
+            f"gradient={gradient.name!r} under torch.vmap: its backward pass reads the steps on the host, which vmap "
+            "cannot batch; use gradient='backprop' (autograd through the vmapped loop, every instance's own steps) "
+            "or gradient='adjoint' (the continuous adjoint, each instance's backward solve on its own steps)."
+        )
     # the counting wrapper of ODEBlock's solves registers hooks per evaluation: vmap calls the field itself
     func = run.func.field if isinstance(run.func, Counted) else run.func
     s = run.solver
