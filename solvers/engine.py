@@ -39,11 +39,18 @@ from .steppers.split_ode import integrate_split
 from .steppers.vmappable import solve_vmapped
 from .transforms import under_vmap
 
-__all__ = ["EVENT_MODES", "check_cell", "check_events", "solve"]
+__all__ = ["EVENTS_UNDER_VMAP", "EVENT_MODES", "check_cell", "check_events", "solve"]
 
 #: the two event semantics: the whole state stops at the first event (torchdiffeq's ``odeint_event``: the search of
 #: :mod:`solvers.steppers.rk_events`), or each sample at its own (the loop of :mod:`solvers.events`)
 EVENT_MODES = ("first", "per_sample")
+#: both doors' refusal of events and dense output inside torch.vmap
+EVENTS_UNDER_VMAP = (
+    "events (`event_fn`, `event`, `stop`) and dense output under torch.vmap: locating an event (and keeping a "
+    "trajectory) sizes and reads each instance's steps on the host, which vmap cannot batch. Solve the instances as "
+    "one batch outside vmap instead: odeint(func, Y0, t, event_fn=g, event_mode='per_sample') or "
+    "ODEBlock.solve(Y0, event=g) stop each sample at its own event (or loop over the instances)."
+)
 
 
 def check_cell(gradient: GradientMethod, method: str, controller: str | Controller = "batch") -> None:
@@ -55,8 +62,11 @@ def check_cell(gradient: GradientMethod, method: str, controller: str | Controll
 
 def check_events(method: str, event_mode: str = "per_sample", controller: str | Controller = "batch") -> None:
     """Refuse, naming the fix, events or dense output (``event_mode="per_sample"``: the same loop) that no door
-    serves for ``method`` under ``controller``: the one check of ``ODEBlock.solve(event=, dense=)`` and of
-    ``cde_nets.odeint(event_fn=)``/``odeint_dense``, so both refuse with the same message."""
+    serves for ``method`` under ``controller`` (none under ``torch.vmap``): the one check of
+    ``ODEBlock.solve(event=, dense=)`` and of ``cde_nets.odeint(event_fn=)``/``odeint_dense``, so both refuse with
+    the same message."""
+    if under_vmap():
+        raise ValueError(EVENTS_UNDER_VMAP)
     if event_mode not in EVENT_MODES:
         raise ValueError(
             f"`event_mode` must be 'first' (the whole state stops at the first event, torchdiffeq's odeint_event) "
