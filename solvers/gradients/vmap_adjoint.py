@@ -35,7 +35,7 @@ from ..norms import StateNorm
 from ..steppers.vmappable import VMAP_OPTIONS, _largest_part, odeint_vmappable, vmap_methods
 from ..transforms import tracked, wrapped
 
-__all__ = ["CLOSURE_REFUSAL", "adjoint_vmapped"]
+__all__ = ["CLOSURE_REFUSAL", "adjoint_vmapped", "closure_refusal", "field_inputs"]
 
 #: the refusal where the field reaches a tracked tensor the search of its slots does not find
 CLOSURE_REFUSAL = (
@@ -183,6 +183,36 @@ class _VmapAdjoint(torch.autograd.Function):
         return (a, None, None, *(x.reshape(p.shape).to(p.dtype) for x, p in zip(g, tensors)))
 
 
+def field_inputs(run: Any, name: str) -> tuple[Callable, list[list[_Slot]], list[torch.Tensor]]:
+    """The field of ``run`` and the tensors an ``autograd.Function`` under ``torch.func`` must take as inputs:
+    ``run.params`` and every tracked tensor the field reaches, each with the slots that hold it."""
+    func = run.func.field if isinstance(run.func, Counted) else run.func
+    slots = _slots(func)
+    groups: list[list[_Slot]] = []
+    tensors: list[torch.Tensor] = []
+    for p in run.params:
+        mine = [sl for sl in slots if sl.get() is p]
+        if not mine:
+            raise ValueError(
+                f"gradient={name!r} under torch.vmap: a tensor of `adjoint_params` is not one the field reaches "
+                "(a module's parameter, an attribute, a closure variable, a dict or list entry), so its "
+                "gradient cannot be taken; pass the field's own tensors, or use gradient='backprop'."
+            )
+        groups.append(mine)
+        tensors.append(p)
+    for sl in slots:  # tracked tensors beyond adjoint_params: inputs too (torch.func refuses them closed over)
+        value = sl.get()
+        if wrapped(value) and not any(value is p for p in tensors):
+            groups.append([x for x in slots if x.get() is value])
+            tensors.append(value)
+    return func, groups, tensors
+
+
+def closure_refusal(name: str) -> str:
+    """The refusal where the field reaches a tracked tensor that no slot holds."""
+    return CLOSURE_REFUSAL.replace("gradient='adjoint'", f"gradient={name!r}")
+
+
 def adjoint_vmapped(run: Any, gradient: Any, forward_options: dict) -> torch.Tensor | None:
     """The engine's solve of ``run`` under ``torch.vmap`` with the continuous adjoint (``gradient``, an
     :class:`~solvers.gradients.Adjoint`): the states at ``run.t``, gradients with respect to ``run.y0``,
@@ -205,25 +235,7 @@ def adjoint_vmapped(run: Any, gradient: Any, forward_options: dict) -> torch.Ten
             "(or, with Adjoint(seminorm=False), every part's); drop the norm."
         )
     back_options = {k: v for k, v in back_options.items() if k in VMAP_OPTIONS and v is not None}
-    func = run.func.field if isinstance(run.func, Counted) else run.func
-    slots = _slots(func)
-    groups: list[list[_Slot]] = []
-    tensors: list[torch.Tensor] = []
-    for p in run.params:
-        mine = [sl for sl in slots if sl.get() is p]
-        if not mine:
-            raise ValueError(
-                "gradient='adjoint' under torch.vmap: a tensor of `adjoint_params` is not one the field reaches "
-                "(a module's parameter, an attribute, a closure variable, a dict or list entry), so its "
-                "gradient cannot be taken; pass the field's own tensors, or use gradient='backprop'."
-            )
-        groups.append(mine)
-        tensors.append(p)
-    for sl in slots:  # tracked tensors beyond adjoint_params: inputs too (torch.func refuses them closed over)
-        value = sl.get()
-        if wrapped(value) and not any(value is p for p in tensors):
-            groups.append([x for x in slots if x.get() is value])
-            tensors.append(value)
+    func, groups, tensors = field_inputs(run, "adjoint")
     if not (tracked(run.y0) or any(tracked(p) for p in tensors)):
         return None
     state_norm = forward_options.get("norm")
@@ -244,5 +256,5 @@ def adjoint_vmapped(run: Any, gradient: Any, forward_options: dict) -> torch.Ten
         return _VmapAdjoint.apply(run.y0, run.t, cfg, *tensors)
     except RuntimeError as exc:
         if "wrapper" in str(exc) or "functorch" in str(exc).lower():
-            raise ValueError(CLOSURE_REFUSAL) from exc
+            raise ValueError(closure_refusal("adjoint")) from exc
         raise
