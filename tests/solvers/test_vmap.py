@@ -14,6 +14,7 @@ from torch.func import functional_call, grad, jacrev, stack_module_state, vmap
 from cde_nets import ODEBlock, Stop, odeint, odeint_dense
 from cde_nets.fields.nais import NAIS
 from cde_nets.solvers.errors import SolverError
+from cde_nets.solvers.gradients import Checkpoint
 from cde_nets.solvers.steppers.tableaux import TABLEAUX
 from cde_nets.solvers.steppers.vmappable import odeint_vmappable, vmap_methods
 
@@ -221,7 +222,35 @@ def test_the_adjoint_under_vmap_refuses_what_it_cannot_differentiate():
         vmap(grad(lambda w, y: unused(w, y)[-1].sum()))(W, Y)
 
 
-@pytest.mark.parametrize("gradient", ["checkpoint", "forward"])
+def test_the_checkpointed_replay_under_vmap_is_backprop_to_rounding():
+    """Each instance's attempts replayed one at a time (an autograd.Function vmapped by torch): the same operations
+    as backprop through the loop, so the same gradient to rounding, over y0, every output time, stacked
+    parameters and per-instance end times."""
+
+    def ends(y, gradient, t=T3):
+        return odeint(field, y, t, gradient=gradient, adjoint_params=(), **TOL)
+
+    times = torch.tensor([[0.0, 0.5], [0.0, 1.0], [0.0, 2.0], [0.0, 0.1]], dtype=D)
+    torch.manual_seed(0)
+    params, _ = stack_module_state([MLP().double() for _ in range(2)])
+    base = MLP().double().to("meta")
+
+    def loss(p, gradient):
+        func = lambda t, x: functional_call(base, p, (t, x))  # noqa: E731
+        return odeint(func, Y[0, :2], T3, gradient=gradient, adjoint_params=tuple(p.values()), **TOL)[-1].sum()
+
+    for make in (
+        lambda g: vmap(grad(lambda y: ends(y, g)[-1].sum()))(Y),
+        lambda g: grad(lambda x: vmap(lambda y: ends(y, g))(x).pow(2).sum())(Y),
+        lambda g: vmap(grad(lambda y, t: ends(y, g, t)[-1].sum()))(Y, times),
+        lambda g: vmap(grad(loss), in_dims=(0, None))(params, g)["l1.weight"],
+    ):
+        close(make("checkpoint"), make("backprop"), 1e-13)
+    with pytest.raises(ValueError, match="Checkpoint\\(budget=3\\) under torch.vmap.*drop `budget`"):
+        vmap(grad(lambda y: ends(y, Checkpoint(budget=3))[-1].sum()))(Y)
+
+
+@pytest.mark.parametrize("gradient", ["symplectic", "forward", "interpolating", "gauss"])
 def test_gradients_read_on_the_host_are_refused_under_vmap(gradient):
     def loss(y):
         return odeint(field, y, T3, gradient=gradient, adjoint_params=(), **TOL)[-1].sum()
