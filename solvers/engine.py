@@ -16,7 +16,9 @@ one of its own. The engine picks the stepper family by what the method is:
   states backwards for ``gradient="reversible"`` and differentiated directly for ``"backprop"``;
 - otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode);
 - under ``torch.vmap`` the adaptive explicit Runge-Kutta methods run on a loop of tensor decisions instead
-  (:mod:`solvers.steppers.vmappable`: each vmapped instance on its own steps), differentiated by backprop.
+  (:mod:`solvers.steppers.vmappable`: each vmapped instance on its own steps), differentiated by backprop, by the
+  continuous adjoint (:mod:`solvers.gradients.vmap_adjoint`) or by the replay of each instance's attempts
+  (:mod:`solvers.gradients.vmap_checkpoint`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import torch
 
 from .controllers import Controller, is_per_sample
 from .gradients.base import GradientMethod
+from .gradients.vmap_adjoint import adjoint_vmapped
+from .gradients.vmap_checkpoint import checkpoint_vmapped
 from .grids import stepper_options
 from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, REVERSIBLE_RK_METHODS, SPLIT_METHODS
 from .per_sample.solve import check_per_sample_gradient
@@ -36,11 +40,13 @@ from .steppers.implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
 from .steppers.implicit_ode import integrate_implicit
 from .steppers.reversible_rk import integrate_reversible_rk
 from .steppers.split_ode import integrate_split
-from .steppers.vmappable import solve_vmapped
+from .steppers.vmappable import solve_vmapped, vmap_methods, vmap_options
 from .transforms import under_vmap
 
 __all__ = ["EVENTS_UNDER_VMAP", "EVENT_MODES", "check_cell", "check_events", "solve"]
 
+#: the gradient methods with a backward pass of their own under torch.vmap (each instance's on its own steps)
+_VMAP_GRADIENTS = {"adjoint": adjoint_vmapped, "checkpoint": checkpoint_vmapped}
 #: the two event semantics: the whole state stops at the first event (torchdiffeq's ``odeint_event``: the search of
 #: :mod:`solvers.steppers.rk_events`), or each sample at its own (the loop of :mod:`solvers.events`)
 EVENT_MODES = ("first", "per_sample")
@@ -90,6 +96,11 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
     ``ValueError`` naming the fix where ``gradient`` cannot serve ``run.method``."""
     gradient.check(run.method)
     if under_vmap():  # each instance on its own steps: the loop of tensor decisions (solvers.steppers.vmappable)
+        own = _VMAP_GRADIENTS.get(gradient.name)
+        if own is not None and torch.is_grad_enabled() and run.method in vmap_methods():
+            vmapped = own(run, gradient, vmap_options(run))
+            if vmapped is not None:
+                return vmapped
         vmapped = solve_vmapped(run, gradient)
         if vmapped is not None:
             return vmapped

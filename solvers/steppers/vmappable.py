@@ -40,7 +40,7 @@ from .fast_rk import _dense_weights
 from .methods import ADAPTIVE_METHODS, FIXED_METHODS
 from .tableaux import TABLEAUX
 
-__all__ = ["VMAP_OPTIONS", "odeint_vmappable", "solve_vmapped", "vmap_methods"]
+__all__ = ["VMAP_OPTIONS", "odeint_vmappable", "solve_vmapped", "vmap_methods", "vmap_options"]
 
 # the options the tensor loop implements (jump_t and step_t need per-instance clipping: not served)
 VMAP_OPTIONS = frozenset({"first_step", "min_step", "max_step", "safety", "ifactor", "dfactor", "controller", "norm"})
@@ -310,10 +310,20 @@ def _select(ok: torch.Tensor, okb: torch.Tensor, new: Any, old: Any) -> Any:
     return torch.where(okb if new.dim() > ok.dim() else ok, new, old)
 
 
+def vmap_options(run: Any) -> dict[str, Any]:
+    """The loop's options from a :class:`~solvers.run.Run`'s: unset ones dropped, the seminorm (a backward
+    solve's) read as the default norm."""
+    options = {k: v for k, v in run.options.items() if v is not None}
+    if options.get("norm") == "seminorm":
+        options.pop("norm")
+    return options
+
+
 def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
     """The engine's solve of ``run`` (:class:`~solvers.run.Run`) under ``torch.vmap``: the adaptive explicit
-    Runge-Kutta methods on this loop, differentiated by autograd (``gradient="backprop"``); ``None`` for the
-    fixed-step explicit methods, whose host-side grid ``vmap`` already runs. Anything else is refused by name."""
+    Runge-Kutta methods on this loop, differentiated by autograd (``gradient="backprop"``; the engine serves the
+    adjoint and the checkpoint by their own functions first); ``None`` for the fixed-step explicit methods, whose
+    host-side grid ``vmap`` already runs. Anything else is refused by name."""
     method = run.method
     if method not in vmap_methods():
         if method in FIXED_METHODS:
@@ -324,21 +334,6 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
             "use one of them (or solve the instances in a loop)."
         )
     needed = torch.is_grad_enabled() and (run.y0.requires_grad or any(p.requires_grad for p in run.params))
-    options = {k: v for k, v in run.options.items() if v is not None}
-    if options.get("norm") == "seminorm":
-        options.pop("norm")
-    if gradient.name == "adjoint" and torch.is_grad_enabled():
-        from ..gradients.vmap_adjoint import adjoint_vmapped  # the gradients import the steppers
-
-        solved = adjoint_vmapped(run, gradient, options)
-        if solved is not None:
-            return solved
-    if gradient.name == "checkpoint" and torch.is_grad_enabled():
-        from ..gradients.vmap_checkpoint import checkpoint_vmapped
-
-        solved = checkpoint_vmapped(run, gradient, options)
-        if solved is not None:
-            return solved
     if gradient.name != "backprop" and needed:
         raise ValueError(
             f"gradient={gradient.name!r} under torch.vmap: its backward pass reads the steps on the host, which vmap "
@@ -346,6 +341,7 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
             "gradient='checkpoint' (the replay of each instance's own steps) or gradient='adjoint' (the continuous "
             "adjoint, each instance's backward solve on its own steps)."
         )
+    options = vmap_options(run)
     # the counting wrapper of ODEBlock's solves registers hooks per evaluation: vmap calls the field itself
     func = run.func.field if isinstance(run.func, Counted) else run.func
     s = run.solver
