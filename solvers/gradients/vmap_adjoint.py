@@ -25,6 +25,7 @@ otherwise (through a global, say) is refused by name.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -73,7 +74,7 @@ def _slots(func: Any) -> list[_Slot]:
     seen: set[int] = set()
 
     def visit(obj: Any, depth: int) -> None:
-        if depth > _DEPTH or id(obj) in seen or isinstance(obj, torch.Tensor | str | int | float | type):
+        if depth > _DEPTH or id(obj) in seen or isinstance(obj, torch.Tensor | str | int | float | type | ModuleType):
             return
         seen.add(id(obj))
         if isinstance(obj, dict):

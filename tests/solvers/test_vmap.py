@@ -185,13 +185,16 @@ def test_the_adjoint_under_vmap_differentiates_stacked_parameters_in_both_doors(
     base = MLP().double().to("meta")
     y0 = torch.tensor([0.5, -1.0], dtype=D)
 
-    def loss(p, gradient):
+    def loss(p, gradient, named=True):
         func = lambda t, x: functional_call(base, p, (t, x))  # noqa: E731
-        return odeint(func, y0, T3, gradient=gradient, adjoint_params=tuple(p.values()), **TOL)[-1].sum()
+        given = tuple(p.values()) if named else ()
+        return odeint(func, y0, T3, gradient=gradient, adjoint_params=given, **TOL)[-1].sum()
 
-    got, want = (vmap(grad(loss), in_dims=(0, None))(params, g) for g in ("adjoint", "backprop"))
-    for k in want:
-        close(got[k], want[k], 1e-6)
+    want = vmap(grad(loss), in_dims=(0, None))(params, "backprop")
+    for named in (True, False):  # closed over but not in adjoint_params: tracked, so taken as inputs too
+        got = vmap(grad(loss), in_dims=(0, None, None))(params, "adjoint", named)
+        for k in want:
+            close(got[k], want[k], 1e-6)
     blocks = [ODEBlock(MLP().double(), T=1.0, gradient="adjoint", **TOL) for _ in range(2)]
     stacked, _ = stack_module_state(blocks)
     X = torch.randn(2, 2, dtype=D, generator=_gen(7))
