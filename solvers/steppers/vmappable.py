@@ -220,6 +220,19 @@ def _combine(y: torch.Tensor, hy: torch.Tensor, weights, ks: list[torch.Tensor])
     return out
 
 
+def _check_call(options: Mapping[str, Any], method: str, y0: torch.Tensor) -> None:
+    unknown = set(options) - VMAP_OPTIONS
+    if unknown:
+        raise ValueError(
+            f"option(s) {sorted(unknown)} are not served under torch.vmap (the adaptive loop there takes "
+            f"{sorted(VMAP_OPTIONS)}); drop them, or solve each instance in a loop."
+        )
+    if method not in vmap_methods():
+        raise ValueError(f"`method`={method!r}: under torch.vmap the adaptive methods are {vmap_methods()}.")
+    if y0.is_complex():
+        raise ValueError("a complex state under torch.vmap: solve torch.view_as_real(y0) with a real field instead.")
+
+
 def odeint_vmappable(
     func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     y0: torch.Tensor,
@@ -246,16 +259,7 @@ def odeint_vmappable(
     per output time the last accepted steps (the checkpoints of :mod:`solvers.gradients.vmap_checkpoint`).
     """
     options = dict(options or {})
-    unknown = set(options) - VMAP_OPTIONS
-    if unknown:
-        raise ValueError(
-            f"option(s) {sorted(unknown)} are not served under torch.vmap (the adaptive loop there takes "
-            f"{sorted(VMAP_OPTIONS)}); drop them, or solve each instance in a loop."
-        )
-    if method not in vmap_methods():
-        raise ValueError(f"`method`={method!r}: under torch.vmap the adaptive methods are {vmap_methods()}.")
-    if y0.is_complex():
-        raise ValueError("a complex state under torch.vmap: solve torch.view_as_real(y0) with a real field instead.")
+    _check_call(options, method, y0)
     tab = TABLEAUX[method]
     loop = _Loop(func, y0, tab, rtol, atol, options, rows, steps)
     t = t.to(torch.float64)
