@@ -16,7 +16,9 @@ one of its own. The engine picks the stepper family by what the method is:
   states backwards for ``gradient="reversible"`` and differentiated directly for ``"backprop"``;
 - otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode);
 - under ``torch.vmap`` the adaptive explicit Runge-Kutta methods run on a loop of tensor decisions instead
-  (:mod:`solvers.steppers.vmappable`: each vmapped instance on its own steps), differentiated by backprop.
+  (:mod:`solvers.steppers.vmappable`: each vmapped instance on its own steps), differentiated by backprop, by the
+  continuous adjoint (:mod:`solvers.gradients.vmap_adjoint`) or by the replay of each instance's attempts
+  (:mod:`solvers.gradients.vmap_checkpoint`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import torch
 
 from .controllers import Controller, is_per_sample
 from .gradients.base import GradientMethod
+from .gradients.vmap_adjoint import adjoint_vmapped
+from .gradients.vmap_checkpoint import checkpoint_vmapped
 from .grids import stepper_options
 from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, REVERSIBLE_RK_METHODS, SPLIT_METHODS
 from .per_sample.solve import check_per_sample_gradient
@@ -36,14 +40,23 @@ from .steppers.implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
 from .steppers.implicit_ode import integrate_implicit
 from .steppers.reversible_rk import integrate_reversible_rk
 from .steppers.split_ode import integrate_split
-from .steppers.vmappable import solve_vmapped
+from .steppers.vmappable import solve_vmapped, vmap_methods, vmap_options
 from .transforms import under_vmap
 
-__all__ = ["EVENT_MODES", "check_cell", "check_events", "solve"]
+__all__ = ["EVENTS_UNDER_VMAP", "EVENT_MODES", "check_cell", "check_events", "solve"]
 
+#: the gradient methods with a backward pass of their own under torch.vmap (each instance's on its own steps)
+_VMAP_GRADIENTS = {"adjoint": adjoint_vmapped, "checkpoint": checkpoint_vmapped}
 #: the two event semantics: the whole state stops at the first event (torchdiffeq's ``odeint_event``: the search of
 #: :mod:`solvers.steppers.rk_events`), or each sample at its own (the loop of :mod:`solvers.events`)
 EVENT_MODES = ("first", "per_sample")
+#: both doors' refusal of events and dense output inside torch.vmap
+EVENTS_UNDER_VMAP = (
+    "events (`event_fn`, `event`, `stop`) and dense output under torch.vmap: locating an event (and keeping a "
+    "trajectory) sizes and reads each instance's steps on the host, which vmap cannot batch. Solve the instances as "
+    "one batch outside vmap instead: odeint(func, Y0, t, event_fn=g, event_mode='per_sample') or "
+    "ODEBlock.solve(Y0, event=g) stop each sample at its own event (or loop over the instances)."
+)
 
 
 def check_cell(gradient: GradientMethod, method: str, controller: str | Controller = "batch") -> None:
@@ -55,8 +68,11 @@ def check_cell(gradient: GradientMethod, method: str, controller: str | Controll
 
 def check_events(method: str, event_mode: str = "per_sample", controller: str | Controller = "batch") -> None:
     """Refuse, naming the fix, events or dense output (``event_mode="per_sample"``: the same loop) that no door
-    serves for ``method`` under ``controller``: the one check of ``ODEBlock.solve(event=, dense=)`` and of
-    ``cde_nets.odeint(event_fn=)``/``odeint_dense``, so both refuse with the same message."""
+    serves for ``method`` under ``controller`` (none under ``torch.vmap``): the one check of
+    ``ODEBlock.solve(event=, dense=)`` and of ``cde_nets.odeint(event_fn=)``/``odeint_dense``, so both refuse with
+    the same message."""
+    if under_vmap():
+        raise ValueError(EVENTS_UNDER_VMAP)
     if event_mode not in EVENT_MODES:
         raise ValueError(
             f"`event_mode` must be 'first' (the whole state stops at the first event, torchdiffeq's odeint_event) "
@@ -80,6 +96,11 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
     ``ValueError`` naming the fix where ``gradient`` cannot serve ``run.method``."""
     gradient.check(run.method)
     if under_vmap():  # each instance on its own steps: the loop of tensor decisions (solvers.steppers.vmappable)
+        own = _VMAP_GRADIENTS.get(gradient.name)
+        if own is not None and torch.is_grad_enabled() and run.method in vmap_methods():
+            vmapped = own(run, gradient, vmap_options(run))
+            if vmapped is not None:
+                return vmapped
         vmapped = solve_vmapped(run, gradient)
         if vmapped is not None:
             return vmapped

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch._C._functorch import TransformType
 
-__all__ = ["PER_SAMPLE_UNDER_VMAP", "host_all", "host_any", "physical", "under_vmap", "wrapped"]
+__all__ = ["PER_SAMPLE_UNDER_VMAP", "host_all", "host_any", "physical", "tracked", "under_vmap", "wrapped"]
 
 _F = torch._C._functorch
 #: both doors' refusal of per-sample control under vmap, which itself gives every instance its own steps
@@ -26,6 +26,16 @@ def under_vmap() -> bool:
 def wrapped(x: torch.Tensor) -> bool:
     """Whether ``x`` is a ``functorch`` wrapper (batched by ``vmap``, or tracked by ``grad``/``jacrev``)."""
     return bool(_F.is_functorch_wrapped_tensor(x))
+
+
+def tracked(x: torch.Tensor) -> bool:
+    """Whether ``x`` is differentiated at some level: by a ``grad``/``jacrev`` wrapper or by autograd beneath
+    them (a ``vmap`` wrapper's own ``requires_grad`` hides both)."""
+    while _F.is_functorch_wrapped_tensor(x):
+        if x.requires_grad:
+            return True
+        x = _F.get_unwrapped(x)
+    return x.requires_grad
 
 
 def physical(x: torch.Tensor) -> torch.Tensor:

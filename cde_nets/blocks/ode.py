@@ -361,7 +361,7 @@ class ODEBlock(Block):
             return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats, gradient, event_mode)
         per_sample = self.stop is not None or event is not None or t_end is not None
         self._check_events(event, t, t_end, dense)
-        if event is not None or dense:
+        if event is not None or dense or self.stop is not None:
             check_events(self.method, event_mode if event is not None else "per_sample")
         first = event is not None and event_mode == "first"
         if first and t_end is not None:

@@ -40,7 +40,7 @@ from .fast_rk import _dense_weights
 from .methods import ADAPTIVE_METHODS, FIXED_METHODS
 from .tableaux import TABLEAUX
 
-__all__ = ["VMAP_OPTIONS", "odeint_vmappable", "solve_vmapped", "vmap_methods"]
+__all__ = ["VMAP_OPTIONS", "odeint_vmappable", "solve_vmapped", "vmap_methods", "vmap_options"]
 
 # the options the tensor loop implements (jump_t and step_t need per-instance clipping: not served)
 VMAP_OPTIONS = frozenset({"first_step", "min_step", "max_step", "safety", "ifactor", "dfactor", "controller", "norm"})
@@ -127,6 +127,45 @@ class _Loop:
         factor = torch.clamp(torch.maximum(proposal, low), max=rule.ifactor)
         return torch.where(zero, torch.full_like(factor, rule.ifactor), factor)
 
+    def start(self, t: torch.Tensor, y0: torch.Tensor, first: Any) -> tuple[torch.Tensor, ...]:
+        """Each instance's clock, first stage and first step size."""
+        t0 = t[..., 0]
+        t0 = (t0.expand(y0.shape[: self.rows]) if self.rows else t0).clone()
+        k0 = self.func(self.at(t0), y0)
+        if first is None:
+            dt = self.initial_step(t0, y0, k0)
+            if self.steps == "fixed":
+                dt = dt.detach()
+        else:
+            dt = torch.full_like(t0, float(first))
+        return t0, k0, dt
+
+    def advance(self, tj: torch.Tensor, t0, y, k0, dt) -> tuple[tuple[torch.Tensor, ...], dict, torch.Tensor, Any]:
+        """One attempted step of every instance still short of ``tj``: the next ``(t0, y, k0, dt)``, the attempt
+        (kept as the last step where accepted), the acceptance and the instances whose clock did not move."""
+        run = tj > t0
+        dt = torch.where(torch.isfinite(dt), dt, torch.full_like(dt, self.min_step))
+        dt = dt.clamp(self.min_step, self.max_step)
+        t1 = t0 + dt
+        stuck = run & ~(t1 > t0)
+        Y, ks = self.stages(t0, t1, dt, y, k0)
+        err = _combine(torch.zeros_like(y), self.b(dt.to(y.dtype)), self.tab.error, ks)
+        tol = self.atol + self.rtol * torch.maximum(y.abs(), Y.abs())
+        ratio = self.norm(err / tol).to(torch.float64)
+        ok = run & (((ratio <= 1) & ~(dt > self.max_step)) | (dt <= self.min_step))
+        nxt = dt * self.factor(ratio)
+        if self.steps != "differentiated":
+            nxt = nxt.detach()
+        okb = self.b(ok)
+        step = {"t0": t0, "t1": t1, "h": dt, "y0": y, "y1": Y, "ks": ks}
+        carry = (
+            torch.where(ok, t1, t0),
+            torch.where(okb, Y, y),
+            torch.where(okb, ks[-1], k0),
+            torch.where(run, nxt, dt),
+        )
+        return carry, step, ok, stuck
+
     def stages(self, t0, t1, dt, y, k0) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The attempted step's end and its stages (the last at ``t_1``'s neighbour below where ``c = 1``)."""
         tab, hy = self.tab, self.b(dt.to(self.dtype))
@@ -181,6 +220,19 @@ def _combine(y: torch.Tensor, hy: torch.Tensor, weights, ks: list[torch.Tensor])
     return out
 
 
+def _check_call(options: Mapping[str, Any], method: str, y0: torch.Tensor) -> None:
+    unknown = set(options) - VMAP_OPTIONS
+    if unknown:
+        raise ValueError(
+            f"option(s) {sorted(unknown)} are not served under torch.vmap (the adaptive loop there takes "
+            f"{sorted(VMAP_OPTIONS)}); drop them, or solve each instance in a loop."
+        )
+    if method not in vmap_methods():
+        raise ValueError(f"`method`={method!r}: under torch.vmap the adaptive methods are {vmap_methods()}.")
+    if y0.is_complex():
+        raise ValueError("a complex state under torch.vmap: solve torch.view_as_real(y0) with a real field instead.")
+
+
 def odeint_vmappable(
     func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     y0: torch.Tensor,
@@ -193,6 +245,7 @@ def odeint_vmappable(
     max_steps: int = 2**62,
     rows: int = 0,
     steps: str = "differentiated",
+    record: list | None = None,
 ) -> torch.Tensor:
     """The states at the times ``t`` of ``y' = func(t, y)``, ``y(t[0]) = y0``, ``(len(t), *y0.shape)``, by an
     adaptive explicit Runge-Kutta method (:func:`vmap_methods`), every step decision a tensor operation: callable
@@ -202,36 +255,18 @@ def odeint_vmappable(
     first axis are independent rows, each on its own clock (``func`` then gets ``t`` of shape ``(batch,)``).
     ``steps``: ``"differentiated"`` (every step size a function of the state, for backprop), ``"torchdiffeq"``
     (the first step size's dependence only) or ``"fixed"`` (none). ``max_steps``: attempted steps per instance.
+    ``record``: a list that receives, per attempt, ``(j, t0, y, k0, dt)`` before it and its acceptance after, and
+    per output time the last accepted steps (the checkpoints of :mod:`solvers.gradients.vmap_checkpoint`).
     """
     options = dict(options or {})
-    unknown = set(options) - VMAP_OPTIONS
-    if unknown:
-        raise ValueError(
-            f"option(s) {sorted(unknown)} are not served under torch.vmap (the adaptive loop there takes "
-            f"{sorted(VMAP_OPTIONS)}); drop them, or solve each instance in a loop."
-        )
-    if method not in vmap_methods():
-        raise ValueError(f"`method`={method!r}: under torch.vmap the adaptive methods are {vmap_methods()}.")
-    if y0.is_complex():
-        raise ValueError("a complex state under torch.vmap: solve torch.view_as_real(y0) with a real field instead.")
+    _check_call(options, method, y0)
     tab = TABLEAUX[method]
     loop = _Loop(func, y0, tab, rtol, atol, options, rows, steps)
     t = t.to(torch.float64)
     lead = y0.shape[:rows]
 
-    def clock(x: torch.Tensor) -> torch.Tensor:  # a time per instance (per row)
-        return x.expand(lead) if rows else x
-
-    t0 = clock(t[..., 0]).clone()
+    t0, k0, dt = loop.start(t, y0, options.get("first_step"))
     y = y0
-    k0 = func(loop.at(t0), y0)
-    first = options.get("first_step")
-    if first is None:
-        dt = loop.initial_step(t0, y0, k0)
-        if steps == "fixed":
-            dt = dt.detach()
-    else:
-        dt = torch.full_like(t0, float(first))
     n_steps = torch.zeros(lead, dtype=torch.int64, device=y0.device)
     stuck = torch.zeros(lead, dtype=torch.bool, device=y0.device)
     last: dict[str, Any] | None = None
@@ -259,30 +294,16 @@ def odeint_vmappable(
                     "(options={'max_num_steps': n}) or loosen `rtol`/`atol` (the field may be stiff).",
                     reason=Reason.MAX_STEPS,
                 )
-            dt = torch.where(torch.isfinite(dt), dt, torch.full_like(dt, loop.min_step))
-            dt = dt.clamp(loop.min_step, loop.max_step)
-            t1 = t0 + dt
-            stuck = run & ~(t1 > t0)
-            Y, ks = loop.stages(t0, t1, dt, y, k0)
-            err = _combine(torch.zeros_like(y), loop.b(dt.to(y.dtype)), tab.error, ks)
-            tol = loop.atol + loop.rtol * torch.maximum(y.abs(), Y.abs())
-            ratio = loop.norm(err / tol).to(torch.float64)
-            ok = run & (((ratio <= 1) & ~(dt > loop.max_step)) | (dt <= loop.min_step))
-            nxt = dt * loop.factor(ratio)
-            if steps != "differentiated":
-                nxt = nxt.detach()
-            okb = loop.b(ok)
-            step = {"t0": t0, "t1": t1, "h": dt, "y0": y, "y1": Y, "ks": ks}
-            if last is None:
-                last = step
-            else:
-                last = {k: _select(ok, okb, step[k], last[k]) for k in step}
-            t0 = torch.where(ok, t1, t0)
-            y = torch.where(okb, Y, y)
-            k0 = torch.where(okb, ks[-1], k0)
-            dt = torch.where(run, nxt, dt)
+            if record is not None:
+                record.append((j, t0, y, k0, dt))
+            (t0, y, k0, dt), step, ok, stuck = loop.advance(tj, t0, y, k0, dt)
+            if record is not None:
+                record.append(ok)
+            last = step if last is None else {k: _select(ok, loop.b(ok), step[k], last[k]) for k in step}
             n_steps = n_steps + run.to(torch.int64)
         assert last is not None
+        if record is not None:
+            record.append(last)
         out.append(loop.interpolate(last, tj))
     return torch.stack(out)
 
@@ -293,10 +314,20 @@ def _select(ok: torch.Tensor, okb: torch.Tensor, new: Any, old: Any) -> Any:
     return torch.where(okb if new.dim() > ok.dim() else ok, new, old)
 
 
+def vmap_options(run: Any) -> dict[str, Any]:
+    """The loop's options from a :class:`~solvers.run.Run`'s: unset ones dropped, the seminorm (a backward
+    solve's) read as the default norm."""
+    options = {k: v for k, v in run.options.items() if v is not None}
+    if options.get("norm") == "seminorm":
+        options.pop("norm")
+    return options
+
+
 def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
     """The engine's solve of ``run`` (:class:`~solvers.run.Run`) under ``torch.vmap``: the adaptive explicit
-    Runge-Kutta methods on this loop, differentiated by autograd (``gradient="backprop"``); ``None`` for the
-    fixed-step explicit methods, whose host-side grid ``vmap`` already runs. Anything else is refused by name."""
+    Runge-Kutta methods on this loop, differentiated by autograd (``gradient="backprop"``; the engine serves the
+    adjoint and the checkpoint by their own functions first); ``None`` for the fixed-step explicit methods, whose
+    host-side grid ``vmap`` already runs. Anything else is refused by name."""
     method = run.method
     if method not in vmap_methods():
         if method in FIXED_METHODS:
@@ -310,11 +341,11 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
     if gradient.name != "backprop" and needed:
         raise ValueError(
             f"gradient={gradient.name!r} under torch.vmap: its backward pass reads the steps on the host, which vmap "
-            "cannot batch; use gradient='backprop' (autograd through the vmapped loop, every instance's own steps)."
+            "cannot batch; use gradient='backprop' (autograd through the vmapped loop, every instance's own steps) "
+            "gradient='checkpoint' (the replay of each instance's own steps) or gradient='adjoint' (the continuous "
+            "adjoint, each instance's backward solve on its own steps)."
         )
-    options = {k: v for k, v in run.options.items() if v is not None}
-    if options.get("norm") == "seminorm":
-        options.pop("norm")
+    options = vmap_options(run)
     # the counting wrapper of ODEBlock's solves registers hooks per evaluation: vmap calls the field itself
     func = run.func.field if isinstance(run.func, Counted) else run.func
     s = run.solver

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, jacrev, stack_module_state, vmap
 
-from cde_nets import ODEBlock, odeint
+from cde_nets import ODEBlock, Stop, odeint, odeint_dense
 from cde_nets.fields.nais import NAIS
 from cde_nets.solvers.errors import SolverError
+from cde_nets.solvers.gradients import Checkpoint
 from cde_nets.solvers.steppers.tableaux import TABLEAUX
 from cde_nets.solvers.steppers.vmappable import odeint_vmappable, vmap_methods
 
@@ -161,7 +162,98 @@ def test_a_forward_only_solve_serves_every_gradient_method():
     close(got, torch.stack([odeint(field, y, T3, **TOL) for y in Y]))
 
 
-@pytest.mark.parametrize("gradient", ["adjoint", "checkpoint"])
+def test_the_adjoint_under_vmap_equals_backprop_to_its_tolerance():
+    """Each instance's adjoint solved backwards on its own steps (an autograd.Function vmapped by torch): the
+    gradient of vmap∘grad, grad∘vmap (every output time) and vmap∘jacrev equals backprop's to ~1e-7 relative."""
+
+    def ends(y, gradient):
+        return odeint(field, y, T3, gradient=gradient, adjoint_params=(), **TOL)
+
+    for make in (
+        lambda g: vmap(grad(lambda y: ends(y, g)[-1].sum()))(Y),
+        lambda g: grad(lambda x: vmap(lambda y: ends(y, g))(x).pow(2).sum())(Y),
+        lambda g: vmap(jacrev(lambda y: ends(y, g)[-1]))(Y[:2]),
+    ):
+        close(make("adjoint"), make("backprop"), 1e-6)
+
+
+def test_the_adjoint_under_vmap_differentiates_stacked_parameters_in_both_doors():
+    """Parameters the field closes over (a dict of stacked parameters, a block's own under functional_call) are
+    swapped for the adjoint's inputs: their gradients are the adjoint's, equal to backprop's to its tolerance."""
+    torch.manual_seed(0)
+    params, _ = stack_module_state([MLP().double() for _ in range(2)])
+    base = MLP().double().to("meta")
+    y0 = torch.tensor([0.5, -1.0], dtype=D)
+
+    def loss(p, gradient, named=True):
+        func = lambda t, x: functional_call(base, p, (t, x))  # noqa: E731
+        given = tuple(p.values()) if named else ()
+        return odeint(func, y0, T3, gradient=gradient, adjoint_params=given, **TOL)[-1].sum()
+
+    want = vmap(grad(loss), in_dims=(0, None))(params, "backprop")
+    for named in (True, False):  # closed over but not in adjoint_params: tracked, so taken as inputs too
+        got = vmap(grad(loss), in_dims=(0, None, None))(params, "adjoint", named)
+        for k in want:
+            close(got[k], want[k], 1e-6)
+    blocks = [ODEBlock(MLP().double(), T=1.0, gradient="adjoint", **TOL) for _ in range(2)]
+    stacked, _ = stack_module_state(blocks)
+    X = torch.randn(2, 2, dtype=D, generator=_gen(7))
+
+    def block_loss(p, block):
+        return functional_call(block, p, (X,)).sum()
+
+    backprop = ODEBlock(MLP().double(), T=1.0, gradient="backprop", **TOL)
+    got, want = (vmap(grad(block_loss), in_dims=(0, None))(stacked, b) for b in (blocks[0], backprop))
+    for k in want:
+        close(got[k], want[k], 1e-6)
+
+
+def test_the_adjoint_under_vmap_refuses_what_it_cannot_differentiate():
+    W = torch.randn(4, 3, 3, dtype=D, generator=_gen(8))
+
+    def hidden(w, y):  # a tuple's entry cannot be swapped for the adjoint's input
+        held = (w,)
+        return odeint(lambda t, x: torch.tanh(held[0] @ x), y, T3, gradient="adjoint", adjoint_params=(), **TOL)
+
+    with pytest.raises(ValueError, match="gradient='adjoint' under torch.vmap: the field reaches a tensor"):
+        vmap(grad(lambda w, y: hidden(w, y)[-1].sum(), argnums=(0, 1)))(W, Y)
+
+    def unused(w, y):
+        return odeint(field, y, T3, gradient="adjoint", adjoint_params=(w,), **TOL)
+
+    with pytest.raises(ValueError, match="a tensor of `adjoint_params` is not one the field reaches"):
+        vmap(grad(lambda w, y: unused(w, y)[-1].sum()))(W, Y)
+
+
+def test_the_checkpointed_replay_under_vmap_is_backprop_to_rounding():
+    """Each instance's attempts replayed one at a time (an autograd.Function vmapped by torch): the same operations
+    as backprop through the loop, so the same gradient to rounding, over y0, every output time, stacked
+    parameters and per-instance end times."""
+
+    def ends(y, gradient, t=T3):
+        return odeint(field, y, t, gradient=gradient, adjoint_params=(), **TOL)
+
+    times = torch.tensor([[0.0, 0.5], [0.0, 1.0], [0.0, 2.0], [0.0, 0.1]], dtype=D)
+    torch.manual_seed(0)
+    params, _ = stack_module_state([MLP().double() for _ in range(2)])
+    base = MLP().double().to("meta")
+
+    def loss(p, gradient):
+        func = lambda t, x: functional_call(base, p, (t, x))  # noqa: E731
+        return odeint(func, Y[0, :2], T3, gradient=gradient, adjoint_params=tuple(p.values()), **TOL)[-1].sum()
+
+    for make in (
+        lambda g: vmap(grad(lambda y: ends(y, g)[-1].sum()))(Y),
+        lambda g: grad(lambda x: vmap(lambda y: ends(y, g))(x).pow(2).sum())(Y),
+        lambda g: vmap(grad(lambda y, t: ends(y, g, t)[-1].sum()))(Y, times),
+        lambda g: vmap(grad(loss), in_dims=(0, None))(params, g)["l1.weight"],
+    ):
+        close(make("checkpoint"), make("backprop"), 1e-13)
+    with pytest.raises(ValueError, match="Checkpoint\\(budget=3\\) under torch.vmap.*drop `budget`"):
+        vmap(grad(lambda y: ends(y, Checkpoint(budget=3))[-1].sum()))(Y)
+
+
+@pytest.mark.parametrize("gradient", ["symplectic", "forward", "interpolating", "gauss"])
 def test_gradients_read_on_the_host_are_refused_under_vmap(gradient):
     def loss(y):
         return odeint(field, y, T3, gradient=gradient, adjoint_params=(), **TOL)[-1].sum()
@@ -180,6 +272,20 @@ def test_what_vmap_cannot_serve_is_refused_by_name():
         vmap(block)(Y[:, None, :2])
     with pytest.raises(ValueError, match=r"\['step_t'\] are not served under torch.vmap"):
         vmap(lambda y: odeint(field, y, T3, options=dict(step_t=[0.5])))(Y)
+
+
+def test_events_and_dense_output_are_refused_under_vmap_in_both_doors():
+    block, stopping = ODEBlock(MLP().double(), T=1.0), ODEBlock(MLP().double(), T=1.0, stop=Stop(1e-3))
+    calls = (
+        lambda y: odeint(field, y, T3, event_fn=lambda t, x: x[0]),
+        lambda y: odeint(field, y[None], T3, event_fn=lambda t, x: x[:, 0], event_mode="per_sample"),
+        lambda y: odeint_dense(field, y[None], T3),
+        lambda y: block.solve(y[None, :2], event=lambda t, x: x[:, 0]).y,
+        lambda y: stopping(y[None, :2]),
+    )
+    for call in calls:
+        with pytest.raises(ValueError, match=r"events \(`event_fn`, `event`, `stop`\) and dense output under"):
+            vmap(call)(Y)
 
 
 def test_failures_under_vmap_say_what_failed():

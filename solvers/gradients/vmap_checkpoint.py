@@ -1,0 +1,156 @@
+r"""Checkpointed replay under ``torch.vmap``: the forward solve keeps each attempt's start, the backward pass
+recomputes one attempt at a time and pulls the cotangent back through it (Zhuang et al. 2020, "Adaptive checkpoint
+adjoint method", on the loop of tensor decisions of :mod:`solvers.steppers.vmappable`).
+
+The loop's attempt is a map ``(t_0, y, k_0, h) ↦ (t_0', y', k_0', h')`` with the attempted step
+``s = (t_0, t_1, h, y_0, y_1, k_1, …, k_s)`` on the side, kept as the instance's last step where it is accepted
+(``last' = s`` where ``ok``, ``last`` elsewhere); each output is the dense output of the last step at its time.
+The forward solve keeps every attempt's ``(t_0, y, k_0, h)`` and acceptance and each output time's last step,
+without a graph; the backward pass walks the attempts in reverse, recomputes each with a graph and applies its
+vector-Jacobian product (the acceptance splits ``last``'s cotangent: to the attempt where it was accepted, on to
+the earlier last step elsewhere). The gradient is backprop's through the same loop, to rounding (the same
+operations, the same step-size dependence of ``steps``); the memory is the attempts' starts, not their stages.
+
+It runs as an ``autograd.Function`` written the way ``torch.func`` takes one (``setup_context``,
+``generate_vmap_rule``), so under ``vmap`` every instance replays its own attempts; the kept starts are extra
+outputs (stacked over the attempts, the same count for every instance: the loop runs as long as the longest),
+marked non-differentiable. Tensors the field closes over are taken as inputs as the adjoint's
+(:func:`solvers.gradients.vmap_adjoint.field_inputs`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.func import vjp
+
+from ..steppers.tableaux import TABLEAUX
+from ..steppers.vmappable import _Loop, odeint_vmappable
+from ..transforms import tracked
+from .vmap_adjoint import _Swapped, closure_refusal, field_inputs
+
+__all__ = ["checkpoint_vmapped"]
+
+_LAST = ("t0", "t1", "h", "y0", "y1")
+
+
+def _unpack_last(parts: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    return {**dict(zip(_LAST, parts[:5])), "ks": list(parts[5].unbind(0))}
+
+
+def _pack_last(last: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    return (*(last[k] for k in _LAST), torch.stack(last["ks"]))
+
+
+class _Intervals:
+    """Where the forward solve leaves its attempts' output intervals for the backward pass (an object, not a
+    container: ``torch.func`` rebuilds the containers among a Function's inputs)."""
+
+    of: list[int]
+
+
+class _VmapCheckpoint(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(y0: torch.Tensor, t: torch.Tensor, cfg: dict, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        record: list = []
+        with torch.no_grad():
+            ys = odeint_vmappable(_Swapped(cfg["func"], cfg["slots"], tensors), y0, t, record=record, **cfg["forward"])
+        starts = [r for r in record if isinstance(r, tuple)]
+        accepted = [r for r in record if isinstance(r, torch.Tensor)]
+        lasts = [_pack_last(r) for r in record if isinstance(r, dict)]
+        cfg["intervals"].of = [r[0] for r in starts]  # each attempt's output interval: the same in every instance
+        kept = tuple(torch.stack([r[i] for r in starts]) for i in range(1, 5))
+        last = tuple(torch.stack([r[i] for r in lasts]) for i in range(6))
+        return (ys, *kept, torch.stack(accepted), *last)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        y0, t, cfg, tensors = inputs[0], inputs[1], inputs[2], inputs[3:]
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.cfg, ctx.n = cfg, len(tensors)
+        ctx.save_for_backward(y0, t, *tensors, *output[1:])
+
+    @staticmethod
+    def backward(ctx: Any, grad_ys: torch.Tensor, *_: Any) -> tuple:
+        cfg = ctx.cfg
+        y0, t, *rest = ctx.saved_tensors
+        tensors, (T0, Y, K0, H, OK, *L) = rest[: ctx.n], rest[ctx.n :]
+        field, fw = _Swapped(cfg["func"], cfg["slots"], tensors), cfg["forward"]
+        tab, m = TABLEAUX[fw["method"]], len(tensors)
+
+        def loop(p: tuple) -> _Loop:
+            return _Loop(field.with_tensors(p), y0, tab, fw["rtol"], fw["atol"], fw["options"], 0, fw["steps"])
+
+        def add(acc: list, new: tuple) -> list:
+            return [a + b for a, b in zip(acc, new)]
+
+        g = [torch.zeros_like(p) for p in tensors]
+        cot = [torch.zeros_like(x[0]) for x in (T0, Y, K0, H)]  # of the carry after the last attempt: unused
+        cot_last = [torch.zeros_like(x[0]) for x in L]
+        intervals = cfg["intervals"].of
+        k = len(intervals) - 1
+        for j in range(t.shape[-1] - 1, 0, -1):
+            tj = t[..., j]
+
+            def output(*a: torch.Tensor, tj: torch.Tensor = tj) -> torch.Tensor:
+                return loop(a[6:]).interpolate(_unpack_last(a[:6]), tj)
+
+            pulled = vjp(output, *(x[j - 1] for x in L), *tensors)[1](grad_ys[j])
+            cot_last, g = add(cot_last, pulled[:6]), add(g, pulled[6:])
+            while k >= 0 and intervals[k] == j:
+                ok = OK[k]
+                if k == 0:  # the first attempt is the last step whatever its acceptance
+                    cot_step, cot_last = cot_last, [torch.zeros_like(c) for c in cot_last]
+                else:
+                    cot_step = [torch.where(ok, c, torch.zeros_like(c)) for c in cot_last]
+                    cot_last = [torch.where(ok, torch.zeros_like(c), c) for c in cot_last]
+
+                def attempt(*a: torch.Tensor, tj: torch.Tensor = tj) -> tuple[torch.Tensor, ...]:
+                    carry, step, _, _ = loop(a[4:]).advance(tj, *a[:4])
+                    return (*carry, *_pack_last(step))
+
+                pulled = vjp(attempt, T0[k], Y[k], K0[k], H[k], *tensors)[1]((*cot, *cot_step))
+                cot, g = list(pulled[:4]), add(g, pulled[4:])
+                k -= 1
+
+        def start(y: torch.Tensor, *p: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            t0, k0, h = loop(p).start(t, y, fw["options"].get("first_step"))
+            return t0, y, k0, h
+
+        pulled = vjp(start, y0, *tensors)[1](tuple(cot))
+        g = add(g, pulled[1 : 1 + m])
+        return (pulled[0] + grad_ys[0], None, None, *g)
+
+
+def checkpoint_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor | None:
+    """The engine's solve of ``run`` under ``torch.vmap`` with ``gradient="checkpoint"`` (a
+    :class:`~solvers.gradients.Checkpoint` without a budget): the states at ``run.t``, gradients by the replay of
+    each instance's attempts; ``None`` where nothing the solve reads is differentiated (the plain loop serves)."""
+    if getattr(gradient, "budget", None) is not None:
+        raise ValueError(
+            f"{gradient!r} under torch.vmap: the vmapped replay keeps every attempt's start (each instance's steps "
+            "fall at different times, so a binomial schedule has no common placement); drop `budget`, or use "
+            "gradient='adjoint' for memory flat in the steps."
+        )
+    func, groups, tensors = field_inputs(run, "checkpoint")
+    if not (tracked(run.y0) or any(tracked(p) for p in tensors)):
+        return None
+    s = run.solver
+    forward = dict(
+        method=s.method,
+        rtol=s.rtol,
+        atol=s.atol,
+        options=options,
+        max_steps=s.max_steps,
+        steps=getattr(gradient, "steps", "differentiated"),
+    )
+    cfg = dict(func=func, slots=groups, forward=forward, intervals=_Intervals())
+    try:
+        return _VmapCheckpoint.apply(run.y0, run.t, cfg, *tensors)[0]
+    except RuntimeError as exc:
+        if "wrapper" in str(exc) or "functorch" in str(exc).lower():
+            raise ValueError(closure_refusal("checkpoint")) from exc
+        raise
