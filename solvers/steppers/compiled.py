@@ -1,0 +1,398 @@
+r"""One explicit Runge-Kutta step as one compiled graph, the user's field inside (opt-in: ``compile=True``).
+
+On small problems an eager solver spends its time in Python and per-operation overhead, not arithmetic: every
+step is ``s`` field calls of a few small kernels each, ``s`` stage combinations, the error norm and the
+controller, each a separate eager operation. Here one step
+
+    ``Y_i = y_0 + h Σ_{j<i} a_ij k_j``,  ``k_i = F(t_0 + c_i h, Y_i)``,  ``y_1 = y_0 + h Σ_i b_i k_i``,
+    ``r = ‖h Σ_i e_i k_i / (atol + rtol max(|y_0|, |y_1|))‖_RMS``,
+    ``h' = clamp(h · min(ifactor, max(safety · r^(−1/p), low)), min_step, max_step)``
+
+(Butcher 2016, "Numerical methods for ordinary differential equations", §23; the controller of Hairer, Nørsett &
+Wanner, "Solving Ordinary Differential Equations I", §II.4, eq. 4.13, ``low = 1`` after an accepted step and
+``dfactor`` after a rejected one) is traced by ``torch.compile`` into one graph, so that inductor fuses the field's
+elementwise work with the stage combinations and the norm. ``t_0`` and ``h`` enter as 0-d float64 tensors (a Python
+float would be specialised on: a recompile per step) and the controller runs in float64, so the step sequence is
+the eager stepper's (:mod:`solvers.steppers.fast_rk`) to rounding. The host reads one small vector per step (the
+error ratio, the finiteness of ``y_1`` and ``h'``) to decide acceptance and the end; a fixed-step grid reads
+nothing. Outputs come from the method's dense output (tsit5's own extension; the quartic through the midpoint of
+dopri5 and bosh3, the cubic Hermite one of the others), itself compiled, evaluated only for steps that hold an
+output time.
+
+Gradients: backpropagation through the compiled steps (AOTAutograd traces each step's backward), the step sizes
+differentiated as the eager stepper differentiates them (:mod:`solvers.gradients.step_sizes`: through the error
+ratio and the controller, or held fixed, or torchdiffeq's first only). The compiled functions are cached per
+(field, method, dtype, device, shapes, tolerances, controller constants), each with a code object of its own, so
+that a second solve with the same shapes reuses the graphs and distinct fields do not share dynamo's recompile
+limit. Shapes are static (``dynamic=False``): a training loop has one shape, and a static graph is the faster
+one; a new batch size compiles once more (up to dynamo's recompile limit per field).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..controllers import Controller, Integral
+from ..norms import StateNorm
+from .fast_rk import _Adaptive, _dense_weights
+from .tableaux import TABLEAUX, MethodTableau
+
+__all__ = ["BACKEND", "COMPILED_METHODS", "check_compiled", "odeint_compiled"]
+
+#: the methods the compiled step serves: every registered explicit Runge-Kutta tableau of continuous mode whose
+#: dense output needs no extra stages (dopri8's does)
+COMPILED_METHODS = tuple(name for name, tab in TABLEAUX.items() if tab.continuous and not tab.dense_stages)
+#: torch.compile's backend: inductor; the tests run the same graphs on "aot_eager" (AOTAutograd without code
+#: generation), whose compiles take a fraction of the time
+BACKEND = "inductor"
+_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "controller", "norm"}
+_FIXED_OPTIONS = {"grid_constructor", "perturb"}
+_DTYPES = (torch.float32, torch.float64)
+
+
+def check_compiled(method: str, gradient: Any = None, controller: Any = "batch") -> None:
+    """Refuse, naming the fix, what the compiled step does not serve: ``method`` outside
+    :data:`COMPILED_METHODS`, a gradient method other than backprop, a per-sample controller or one other than
+    the integral rule."""
+    if method not in COMPILED_METHODS:
+        raise ValueError(
+            f"compile=True compiles the steps of the explicit Runge-Kutta methods {list(COMPILED_METHODS)}, not "
+            f"method={method!r} (implicit, composition, reversible and dopri8's extra-stage dense output are not "
+            "served): drop compile, or use one of those methods."
+        )
+    if gradient is not None and getattr(gradient, "name", gradient) != "backprop":
+        name = getattr(gradient, "name", gradient)
+        raise ValueError(
+            f"compile=True differentiates the compiled steps by backprop (AOTAutograd); gradient={name!r} is not "
+            "served: use gradient='backprop', or drop compile."
+        )
+    if isinstance(controller, Controller):
+        if controller.per_sample or type(controller) is not Integral:
+            raise ValueError(
+                f"compile=True runs the shared-step integral controller; controller={controller!r} is not served: "
+                "use controller='batch', or drop compile."
+            )
+    elif controller != "batch":
+        raise ValueError(
+            f"compile=True runs the shared-step integral controller; controller={controller!r} is not served: use "
+            "controller='batch', or drop compile."
+        )
+
+
+def _check_problem(y0: torch.Tensor, options: dict, rtol: Any, atol: Any, adaptive: bool) -> None:
+    if y0.dtype not in _DTYPES:
+        raise ValueError(
+            f"compile=True steps float32/float64 states; `y0` is {y0.dtype}: cast it, or drop compile."
+        )
+    allowed = _OPTIONS if adaptive else _FIXED_OPTIONS
+    extra = sorted(set(options) - allowed)
+    if extra:
+        raise ValueError(
+            f"compile=True does not serve the option(s) {extra} (jump and step times, cubic "
+            "interpolation and a user's norm stay on the eager stepper): drop them, or drop compile."
+        )
+    norm = options.get("norm")
+    if norm is not None and not isinstance(norm, StateNorm):
+        raise ValueError("compile=True measures the error by the RMS norm; drop options['norm'], or drop compile.")
+    if isinstance(rtol, torch.Tensor) and rtol.numel() != 1 or isinstance(atol, torch.Tensor) and atol.numel() != 1:
+        raise ValueError("compile=True takes scalar `rtol`/`atol`: pass floats, or drop compile.")
+    controller = options.get("controller")
+    if controller is not None:
+        check_compiled(TABLEAUX["dopri5"].name, None, controller)
+
+
+@dataclass
+class _Graphs:
+    """The compiled step and dense output of one (field, method, dtype, ...)."""
+
+    step: Callable[..., Any]
+    dense: Callable[..., Any] | None
+
+
+# field -> key -> graphs; weak in the field, so that a discarded model frees its graphs
+_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple, _Graphs]] = weakref.WeakKeyDictionary()
+
+
+def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with a code object of its own: dynamo keeps its graphs (and counts its recompile limit) per code
+    object, so each cached entry must have one."""
+    code = fn.__code__.replace()
+    return type(fn)(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)  # type: ignore[call-arg]
+
+
+def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return torch.compile(_fresh(fn), backend=BACKEND, dynamic=False)
+
+
+def _rms(q: torch.Tensor, parts: Sequence[int] | None) -> torch.Tensor:
+    if parts is None:
+        return q.mean().sqrt()
+    return torch.stack([p.mean().sqrt() for p in q.reshape(-1).split(list(parts))]).amax()
+
+
+def _make_step(
+    tab: MethodTableau,
+    rtol: float,
+    atol: float,
+    rule: Integral,
+    min_step: float,
+    max_step: float,
+    parts: Sequence[int] | None,
+) -> Callable[..., Any]:
+    """The traced step ``(F, t_0, h, y_0, k_1) -> (y_1, t_1, h', control, k_1 … k_s)``; ``control`` holds the
+    error ratio, whether ``y_1`` is finite and ``h'`` (float64), read by the host in one transfer."""
+    a, b, c, e = tab.tableau.a, tab.tableau.b, tab.tableau.c, tab.error
+    s, order, fsal = tab.stages, float(tab.order), tab.fsal
+    safety, ifactor, dfactor = rule.safety, rule.ifactor, rule.dfactor
+
+    def step(field: Any, t0: torch.Tensor, h: torch.Tensor, y: torch.Tensor, k0: torch.Tensor):
+        dtype = y.dtype
+        hy, t0y = h.to(dtype), t0.to(dtype)
+        t1 = t0 + h
+        t1y = t1.to(dtype)
+        # torchdiffeq evaluates a stage with c = 1 just before t_1, so that a step ending on a jump never sees the
+        # next piece; the nudge is a constant (its derivative is t_1's)
+        t1_below = t1y + (torch.nextafter(t1y, torch.full_like(t1y, -math.inf)) - t1y).detach()
+        ks = [k0]
+        Y = y
+        for i in range(1, s):
+            Y = y
+            for aij, kj in zip(a[i], ks):
+                if aij != 0.0:
+                    Y = Y + (aij * hy) * kj
+            ti = t1_below if c[i] == 1.0 else t0y + c[i] * hy
+            ks.append(field(ti, Y))
+        if fsal:
+            y1 = Y
+        else:
+            y1 = y
+            for bi, ki in zip(b, ks):
+                if bi != 0.0:
+                    y1 = y1 + (bi * hy) * ki
+        assert e is not None
+        err = None
+        for ei, ki in zip(e, ks):
+            if ei != 0.0:
+                term = (ei * hy) * ki
+                err = term if err is None else err + term
+        assert err is not None
+        tol = torch.maximum(y.abs(), y1.abs()) * rtol + atol
+        ratio = _rms((err / tol).pow(2), parts).to(torch.float64)
+        positive = ratio > 0
+        raw = safety * torch.where(positive, ratio, torch.ones_like(ratio)) ** (-1.0 / order)
+        low = torch.where(ratio < 1, torch.ones_like(ratio), torch.full_like(ratio, dfactor))
+        factor = torch.minimum(torch.maximum(raw, low), torch.full_like(ratio, ifactor))
+        factor = torch.where(positive | ratio.isnan(), factor, torch.full_like(ratio, ifactor))
+        h_next = (h * factor).clamp(min_step, max_step)
+        finite = torch.isfinite(y1).all().to(torch.float64)
+        control = torch.stack([ratio.detach(), finite, h_next.detach()])
+        return (y1, t1, h_next, control, *ks)
+
+    return step
+
+
+def _make_fixed_step(tab: MethodTableau, method: str, perturb: bool) -> Callable[..., Any]:
+    """The traced fixed step ``(F, t_0, h, y_0) -> y_1`` at torchdiffeq's evaluation times (rk4's last stage at
+    ``t_1``; with ``perturb``, the first stage just after ``t_0`` and every stage with ``c = 1`` just before
+    ``t_1``, so that a step on a parameter jump's grid reads the piece it lies in)."""
+    a, b, c = tab.tableau.a, tab.tableau.b, tab.tableau.c
+    s = tab.stages
+
+    def nudge(x: torch.Tensor, towards: float) -> torch.Tensor:
+        return torch.nextafter(x, torch.full_like(x, towards)) if perturb else x
+
+    def step(field: Any, t0: torch.Tensor, h: torch.Tensor, y: torch.Tensor):
+        dtype = y.dtype
+        hy = h.to(dtype)
+        ks = [field(nudge(t0.to(dtype), math.inf), y)]
+        for i in range(1, s):
+            Y = y
+            for aij, kj in zip(a[i], ks):
+                if aij != 0.0:
+                    Y = Y + (aij * hy) * kj
+            if c[i] == 1.0:
+                ti = nudge(((t0 + h) if method == "rk4" else t0 + c[i] * h).to(dtype), -math.inf)
+            else:
+                ti = (t0 + c[i] * h).to(dtype)
+            ks.append(field(ti, Y))
+        y1 = y
+        for bi, ki in zip(b, ks):
+            if bi != 0.0:
+                y1 = y1 + (bi * hy) * ki
+        return y1
+
+    return step
+
+
+def _make_dense(tab: MethodTableau) -> Callable[..., Any]:
+    """The traced dense output ``(t_j, t_0, t_1, h, y_0, *k) -> y(t_j) = y_0 + h Σ_i β_i(x) k_i``,
+    ``x = (t_j − t_0)/(t_1 − t_0)``, ``β_i(x) = Σ_p P_pi x^(p+1)``: tsit5's continuous extension, the others' quartic
+    through the midpoint written over the stages (:func:`solvers.steppers.fast_rk._dense_weights`)."""
+    P = _dense_weights(tab)
+
+    def dense(tj: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, h: torch.Tensor, y0: torch.Tensor, *ks):
+        x = (tj - t0) / (t1 - t0)
+        powers = [x]
+        for _ in range(1, len(P)):
+            powers.append(powers[-1] * x)
+        out = y0
+        for i, k in enumerate(ks):
+            beta = None
+            for p, row in enumerate(P):
+                if row[i] != 0.0:
+                    term = row[i] * powers[p]
+                    beta = term if beta is None else beta + term
+            if beta is not None:
+                out = out + (beta * h).to(y0.dtype) * k
+        return out
+
+    return dense
+
+
+def _graphs(key_object: Any, key: tuple, make: Callable[[], _Graphs]) -> _Graphs:
+    try:
+        entries = _CACHE.setdefault(key_object, {})
+    except TypeError:  # an object without weak references: compiled per call
+        return make()
+    graphs = entries.get(key)
+    if graphs is None:
+        graphs = entries[key] = make()
+    return graphs
+
+
+def _ratio_parts(options: dict) -> tuple[int, ...] | None:
+    norm = options.get("norm")
+    return None if norm is None or norm.sizes is None else tuple(norm.sizes)
+
+
+def _traced(func: Any) -> tuple[Any, Any]:
+    """What the step traces, and what its graphs are cached under: ``ODEBlock``'s counting wrapper is left out
+    (its counts and hooks are the eager stepper's; the step counts here) and the block's bound field traced, cached
+    under the block's field; ``cde_nets.odeint``'s flat problem is traced as it is, cached under the user's
+    ``func``. The per-call object is an argument of the compiled function: dynamo guards on its attributes (the
+    same module, shapes and sign: no recompile), not on its identity."""
+    from ..counting import Counted
+
+    fn = func.field if isinstance(func, Counted) else func
+    key = getattr(fn, "field", None) if isinstance(func, Counted) else getattr(fn, "func", None)
+    return fn, fn if key is None else key
+
+
+def odeint_compiled(
+    func: Any,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    *,
+    method: str,
+    rtol: Any,
+    atol: Any,
+    options: dict,
+    steps: str = "differentiated",
+) -> torch.Tensor:
+    """The states at ``t`` (increasing, float64, no graph), ``(len(t), *y0.shape)``, each step one compiled call.
+
+    ``func``: the wrapper the eager stepper calls (its callbacks count the steps and enforce the step budget; the
+    first evaluation and the initial step's second run through it eagerly). ``steps``: how backprop
+    differentiates the step sizes (:mod:`solvers.gradients.step_sizes`)."""
+    tab = TABLEAUX[method]
+    options = {k: v for k, v in options.items() if k != "compile"}
+    _check_problem(y0, options, rtol, atol, tab.adaptive)
+    fn, key_object = _traced(func)
+    stats = getattr(func, "stats", None)
+    on_step = getattr(func, "callback_step", None) or (lambda *a: None)
+    rtol_f, atol_f = float(rtol), float(atol)
+    base = (method, y0.dtype, y0.device, tuple(y0.shape))
+    if not tab.adaptive:
+        perturb = bool(options.get("perturb", False))
+        graphs = _graphs(
+            key_object, (*base, perturb), lambda: _Graphs(_compile(_make_fixed_step(tab, method, perturb)), None)
+        )
+        construct = options.get("grid_constructor")
+        grid = (t if construct is None else construct(func, y0, t)).to(torch.float64)
+        return _fixed(graphs, fn, stats, on_step, grid, y0, t, tab)
+    rule = options.get("controller") or Integral.from_options(options)
+    min_step, max_step = float(options.get("min_step", 0.0)), float(options.get("max_step", math.inf))
+    parts = _ratio_parts(options)
+    key = (*base, rtol_f, atol_f, rule.safety, rule.ifactor, rule.dfactor, min_step, max_step, parts)
+
+    def make() -> _Graphs:
+        step = _make_step(tab, rtol_f, atol_f, rule, min_step, max_step, parts)
+        return _Graphs(_compile(step), _compile(_make_dense(tab)))
+
+    graphs = _graphs(key_object, key, make)
+    eager = _Adaptive(func, y0, t, tab, rtol_f, atol_f, {**options, "controller": rule}, steps)
+    return _adaptive(graphs, eager, fn, func, stats, y0, t, tab, steps, min_step, max_step)
+
+
+def _fixed(graphs: _Graphs, fn, stats, on_step, grid: torch.Tensor, y0, t, tab) -> torch.Tensor:
+    gl, tl = grid.tolist(), t.tolist()
+    if gl[0] != tl[0] or gl[-1] != tl[-1]:
+        raise AssertionError("the step grid must start and end on the output times")
+    starts, sizes = grid[:-1].unbind(), grid.diff().unbind()
+    out, j, y = [y0], 1, y0
+    for k in range(len(gl) - 1):
+        t0, t1 = gl[k], gl[k + 1]
+        on_step(t0, y, t1 - t0)
+        y1 = graphs.step(fn, starts[k], sizes[k], y)
+        if stats is not None:
+            stats.nfe_forward += tab.stages
+        while j < len(tl) and t1 >= tl[j]:
+            out.append(y1 if tl[j] == t1 else y + (tl[j] - t0) / (t1 - t0) * (y1 - y))
+            j += 1
+        y = y1
+    return torch.stack(out)
+
+
+def _adaptive(graphs: _Graphs, eager: _Adaptive, fn, func, stats, y0, t, tab, steps, min_step, max_step) -> torch.Tensor:
+    on_step = getattr(func, "callback_step", None) or (lambda *a: None)
+    on_accept = getattr(func, "callback_accept_step", None) or (lambda *a: None)
+    on_reject = getattr(func, "callback_reject_step", None) or (lambda *a: None)
+    differentiated = steps == "differentiated" and torch.is_grad_enabled()
+    t_first = t[0].to(torch.float64)
+    f0 = func(eager.clock.at(t_first), y0)
+    first = eager.first_step
+    h0 = eager._initial_step(t_first, f0) if first is None else float(first)
+    h = h0 if isinstance(h0, torch.Tensor) else torch.tensor(h0, dtype=torch.float64, device=y0.device)
+    h = h.clamp(min_step, max_step)
+    hf = float(h.detach())
+    if h.requires_grad:  # every step's t_0 then carries a graph: one compiled graph, not one for the first step
+        t_first = t_first + 0 * h
+    if not torch.is_grad_enabled():  # nor one for a first state that requires grad under no_grad
+        y0, f0 = y0.detach(), f0.detach()
+    t0, t0f, y, k0 = t_first, float(t_first.detach()), y0, f0
+    if not bool(torch.isfinite(y0).all()):
+        raise AssertionError("non-finite values in state `y`")
+    last: tuple | None = None
+    out = [y0.view(y0.shape) if torch.is_grad_enabled() else y0]
+    targets = t.unbind()
+    for j, tj in enumerate(t.tolist()[1:], start=1):
+        while tj > t0f:
+            on_step(t0f, y, hf)
+            if not t0f + hf > t0f:
+                raise AssertionError(f"underflow in dt {hf}")
+            y1, t1, h_next, control, *ks = graphs.step(fn, t0, h, y, k0)
+            if stats is not None:
+                stats.nfe_forward += tab.stages - 1
+            ratio, finite, h_next_f = control.tolist()
+            if (ratio <= 1 and not hf > max_step) or hf <= min_step:
+                on_accept(t0f, y, hf)
+                if not finite:
+                    raise AssertionError("non-finite values in state `y`")
+                last = (t0, t1, h, y, ks)
+                t0, t0f, y, k0 = t1, t0f + hf, y1, ks[-1]
+            else:
+                on_reject(t0f, y, hf)
+            if not math.isfinite(h_next_f):  # a NaN error: the eager stepper falls back to min_step, then fails
+                h_next, h_next_f = torch.tensor(min_step, dtype=torch.float64, device=y0.device), min_step
+            h, hf = (h_next if differentiated else h_next.detach()), h_next_f
+        assert last is not None
+        s0, s1, hs, ys, kss = last
+        assert graphs.dense is not None
+        out.append(graphs.dense(targets[j], s0, s1, hs, ys, *kss))
+    return torch.stack(out)
