@@ -122,7 +122,9 @@ def _compiled(run: Run, gradient: GradientMethod) -> torch.Tensor:
     options = stepper_options({k: v for k, v in run.options.items() if k != "compile"})
     s = run.solver
     steps = getattr(gradient, "steps", "differentiated")
-    return odeint_compiled(run.func, run.y0, run.t, method=s.method, rtol=s.rtol, atol=s.atol, options=options, steps=steps)
+    return odeint_compiled(
+        run.func, run.y0, run.t, method=s.method, rtol=s.rtol, atol=s.atol, options=options, steps=steps
+    )
 
 
 def _own_fixed_step(run: Run, gradient: GradientMethod) -> torch.Tensor:

@@ -189,7 +189,9 @@ class ODEBlock(Block):
         # None: chosen per call from the state's size (gradient_for) and handed down the call
         self.gradient: GradientMethod | None = None if gradient is None else as_gradient(gradient)
         check_cell(self.gradient or default_gradient(solver.method), solver.method, solver.controller)
-        if solver.compile:  # the compiled step (solvers.steppers.compiled) serves backprop, without stop or regularisers
+        if (
+            solver.compile
+        ):  # the compiled step (solvers.steppers.compiled) serves backprop, without stop or regularisers
             from cde_nets.solvers.steppers.compiled import check_compiled
 
             check_compiled(solver.method, self.gradient, solver.controller)

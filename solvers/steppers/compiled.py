@@ -31,6 +31,7 @@ one; a new batch size compiles once more (up to dynamo's recompile limit per fie
 from __future__ import annotations
 
 import math
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -87,9 +88,7 @@ def check_compiled(method: str, gradient: Any = None, controller: Any = "batch")
 
 def _check_problem(y0: torch.Tensor, options: dict, rtol: Any, atol: Any, adaptive: bool) -> None:
     if y0.dtype not in _DTYPES:
-        raise ValueError(
-            f"compile=True steps float32/float64 states; `y0` is {y0.dtype}: cast it, or drop compile."
-        )
+        raise ValueError(f"compile=True steps float32/float64 states; `y0` is {y0.dtype}: cast it, or drop compile.")
     allowed = _OPTIONS if adaptive else _FIXED_OPTIONS
     extra = sorted(set(options) - allowed)
     if extra:
@@ -119,14 +118,14 @@ class _Graphs:
 _CACHE: weakref.WeakKeyDictionary[Any, dict[tuple, _Graphs]] = weakref.WeakKeyDictionary()
 
 
-def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _fresh(fn: types.FunctionType) -> types.FunctionType:
     """``fn`` with a code object of its own: dynamo keeps its graphs (and counts its recompile limit) per code
     object, so each cached entry must have one."""
     code = fn.__code__.replace()
-    return type(fn)(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)  # type: ignore[call-arg]
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _compile(fn: Any) -> Callable[..., Any]:
     return torch.compile(_fresh(fn), backend=BACKEND, dynamic=False)
 
 
@@ -140,7 +139,7 @@ def _make_step(
     tab: MethodTableau,
     rtol: float,
     atol: float,
-    rule: Integral,
+    rule: Controller,
     min_step: float,
     max_step: float,
     parts: Sequence[int] | None,
@@ -349,7 +348,9 @@ def _fixed(graphs: _Graphs, fn, stats, on_step, grid: torch.Tensor, y0, t, tab) 
     return torch.stack(out)
 
 
-def _adaptive(graphs: _Graphs, eager: _Adaptive, fn, func, stats, y0, t, tab, steps, min_step, max_step) -> torch.Tensor:
+def _adaptive(
+    graphs: _Graphs, eager: _Adaptive, fn, func, stats, y0, t, tab, steps, min_step, max_step
+) -> torch.Tensor:
     on_step = getattr(func, "callback_step", None) or (lambda *a: None)
     on_accept = getattr(func, "callback_accept_step", None) or (lambda *a: None)
     on_reject = getattr(func, "callback_reject_step", None) or (lambda *a: None)
