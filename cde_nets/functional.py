@@ -145,6 +145,8 @@ def _check_options(method: str, options: dict | None, name: str = "options") -> 
     own = {"controller"} if isinstance(options.get("controller"), Controller) and method in ADAPTIVE else set()
     if not isinstance(options.get("compile", False), bool):
         raise TypeError(f"`{name}['compile']` must be True or False, got {options['compile']!r}.")
+    if options.get("compile") is False:  # the default, said explicitly: nothing for the solvers to read
+        options = {k: v for k, v in options.items() if k != "compile"}
     unknown = set(options) - _valid_options(method) - own
     if unknown:
         raise ValueError(

@@ -148,6 +148,11 @@ def test_odeint_refuses_what_it_does_not_serve_by_name(kwargs, match):
         odeint(_Field(), _Y0, _T, **kwargs)
 
 
+def test_compile_false_is_the_eager_path():
+    f = _Field()
+    assert torch.equal(odeint(f, _Y0, _T, options={"compile": False}), odeint(f, _Y0, _T))
+
+
 def test_block_door_refuses_what_it_does_not_serve_by_name():
     with pytest.raises(ValueError, match="method='gl4'"):
         SolverOptions("gl4", step_size=0.5, compile=True)
