@@ -81,8 +81,8 @@ def test_step_size_settings_are_those_of_the_eager_backprop():
     """Backprop(steps=...) holds the step sizes fixed (or all but the first) in both paths alike."""
     f = _Field()
     for steps in ("fixed", "torchdiffeq"):
-        _, g_e, _ = _solve_and_grad(f, "dopri5", {}, Backprop(steps=steps))
-        _, g_c, _ = _solve_and_grad(f, "dopri5", {"compile": True}, Backprop(steps=steps))
+        _, g_e, _ = _solve_and_grad(f, "bosh3", {}, Backprop(steps=steps))
+        _, g_c, _ = _solve_and_grad(f, "bosh3", {"compile": True}, Backprop(steps=steps))
         for a, b in zip(g_c, g_e):
             _close(a, b)
 
@@ -113,15 +113,14 @@ def test_a_second_call_with_the_same_shapes_does_not_recompile():
 
     f = _Field()
     y0 = torch.tensor([[0.5, -1.0]], dtype=torch.float64)
-    t = torch.tensor([0.0, 1.0], dtype=torch.float64)
-    first = odeint(f, y0, t, method="tsit5", options={"compile": True})
+    t = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
+    before = counters["stats"]["unique_graphs"]
+    first = odeint(f, y0, t, method="bosh3", options={"compile": True})
     graphs = counters["stats"]["unique_graphs"]
-    frames = counters["frames"]["ok"]
-    second = odeint(f, y0 + 0.25, t, method="tsit5", options={"compile": True})
-    assert counters["stats"]["unique_graphs"] == graphs and counters["frames"]["ok"] == frames
+    assert graphs > before  # the counter sees this field's compiles
+    second = odeint(f, y0 + 0.25, t, method="bosh3", options={"compile": True})
+    assert counters["stats"]["unique_graphs"] == graphs
     assert not torch.equal(first, second)  # the new state went through the cached graphs
-    odeint(f, y0.repeat(2, 1), t, method="tsit5", options={"compile": True})  # a new shape: compiled once more
-    assert counters["stats"]["unique_graphs"] > graphs
 
 
 _Y0 = torch.tensor([[0.5, -1.0]], dtype=torch.float64)
