@@ -122,8 +122,18 @@ def _compiled(run: Run, gradient: GradientMethod) -> torch.Tensor:
     options = stepper_options({k: v for k, v in run.options.items() if k != "compile"})
     s = run.solver
     steps = getattr(gradient, "steps", "differentiated")
+    checkpoint = gradient.name == "checkpoint"
     return odeint_compiled(
-        run.func, run.y0, run.t, method=s.method, rtol=s.rtol, atol=s.atol, options=options, steps=steps
+        run.func,
+        run.y0,
+        run.t,
+        method=s.method,
+        rtol=s.rtol,
+        atol=s.atol,
+        options=options,
+        steps=steps,
+        checkpoint=checkpoint,
+        params=run.params if checkpoint else (),
     )
 
 

@@ -19,9 +19,11 @@ nothing. Outputs come from the method's dense output (tsit5's own extension; the
 dopri5 and bosh3, the cubic Hermite one of the others), itself compiled, evaluated only for steps that hold an
 output time.
 
-Gradients: backpropagation through the compiled steps (AOTAutograd traces each step's backward), the step sizes
-differentiated as the eager stepper differentiates them (:mod:`solvers.gradients.step_sizes`: through the error
-ratio and the controller, or held fixed, or torchdiffeq's first only). The compiled functions are cached per
+Gradients: backpropagation through the compiled steps (AOTAutograd traces each step's backward), or the
+checkpointed replay (each step's inputs kept by a forward solve without a graph, each step replayed backwards
+through the same compiled graph), the step sizes differentiated as the eager stepper differentiates them
+(:mod:`solvers.gradients.step_sizes`: through the error ratio and the controller, or held fixed, or torchdiffeq's
+first only). The compiled functions are cached per
 (field, method, dtype, device, shapes, tolerances, controller constants), each with a code object of its own, so
 that a second solve with the same shapes reuses the graphs and distinct fields do not share dynamo's recompile
 limit. Shapes are static (``dynamic=False``): a training loop has one shape, and a static graph is the faster
@@ -59,19 +61,21 @@ _DTYPES = (torch.float32, torch.float64)
 
 def check_compiled(method: str, gradient: Any = None, controller: Any = "batch") -> None:
     """Refuse, naming the fix, what the compiled step does not serve: ``method`` outside
-    :data:`COMPILED_METHODS`, a gradient method other than backprop, a per-sample controller or one other than
-    the integral rule."""
+    :data:`COMPILED_METHODS`, a gradient method other than backprop and checkpoint (without a budget), a per-sample
+    controller or one other than the integral rule."""
     if method not in COMPILED_METHODS:
         raise ValueError(
             f"compile=True compiles the steps of the explicit Runge-Kutta methods {list(COMPILED_METHODS)}, not "
             f"method={method!r} (implicit, composition, reversible and dopri8's extra-stage dense output are not "
             "served): drop compile, or use one of those methods."
         )
-    if gradient is not None and getattr(gradient, "name", gradient) != "backprop":
-        name = getattr(gradient, "name", gradient)
+    name = getattr(gradient, "name", gradient)
+    if gradient is not None and (name not in ("backprop", "checkpoint") or getattr(gradient, "budget", None)):
+        what = f"gradient={name!r}" if name not in ("backprop", "checkpoint") else f"gradient={gradient!r}"
         raise ValueError(
-            f"compile=True differentiates the compiled steps by backprop (AOTAutograd); gradient={name!r} is not "
-            "served: use gradient='backprop', or drop compile."
+            f"compile=True differentiates the compiled steps by backprop (AOTAutograd) or by replaying them from "
+            f"every step's state (checkpoint, no budget); {what} is not served: use gradient='backprop' or "
+            "'checkpoint', or drop compile."
         )
     _check_controller(controller)
 
@@ -292,12 +296,17 @@ def odeint_compiled(
     atol: Any,
     options: dict,
     steps: str = "differentiated",
+    checkpoint: bool = False,
+    params: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
     """The states at ``t`` (increasing, float64, no graph), ``(len(t), *y0.shape)``, each step one compiled call.
 
     ``func``: the wrapper the eager stepper calls (its callbacks count the steps and enforce the step budget; the
-    first evaluation and the initial step's second run through it eagerly). ``steps``: how backprop
-    differentiates the step sizes (:mod:`solvers.gradients.step_sizes`)."""
+    first evaluation and the initial step's second run through it eagerly). ``steps``: how the gradient
+    differentiates the step sizes (:mod:`solvers.gradients.step_sizes`). ``checkpoint``: solve without a graph,
+    keeping each attempted step's inputs, and differentiate by replaying each step's compiled graph backwards
+    (Zhuang et al. 2020, "Adaptive checkpoint adjoint method"): the gradients of backprop, with respect to ``y0``
+    and ``params``, at the memory of one state per step."""
     tab = TABLEAUX[method]
     options = {k: v for k, v in options.items() if k != "compile"}
     _check_problem(y0, options, rtol, atol, tab.adaptive)
@@ -313,6 +322,10 @@ def odeint_compiled(
         )
         construct = options.get("grid_constructor")
         grid = (t if construct is None else construct(func, y0, t)).to(torch.float64)
+        if checkpoint:
+            args = (graphs, fn, stats, on_step, grid, y0, t, tab)
+            replay = _Replay(graphs, fn, stats, tab, params, lambda tape: _fixed(*args, tape=tape), None)
+            return _Checkpointed.apply(replay, y0, *params)
         return _fixed(graphs, fn, stats, on_step, grid, y0, t, tab)
     rule = options.get("controller") or Integral.from_options(options)
     min_step, max_step = float(options.get("min_step", 0.0)), float(options.get("max_step", math.inf))
@@ -325,10 +338,14 @@ def odeint_compiled(
 
     graphs = _graphs(key_object, key, make)
     eager = _Adaptive(func, y0, t, tab, rtol_f, atol_f, {**options, "controller": rule}, steps)
+    if checkpoint:
+        run = (graphs, eager, fn, func, stats, y0, t, tab, steps, min_step, max_step)
+        replay = _Replay(graphs, fn, stats, tab, params, lambda tape: _adaptive(*run, tape=tape), (eager, t, steps))
+        return _Checkpointed.apply(replay, y0, *params)
     return _adaptive(graphs, eager, fn, func, stats, y0, t, tab, steps, min_step, max_step)
 
 
-def _fixed(graphs: _Graphs, fn, stats, on_step, grid: torch.Tensor, y0, t, tab) -> torch.Tensor:
+def _fixed(graphs: _Graphs, fn, stats, on_step, grid: torch.Tensor, y0, t, tab, tape=None) -> torch.Tensor:
     gl, tl = grid.tolist(), t.tolist()
     if gl[0] != tl[0] or gl[-1] != tl[-1]:
         raise AssertionError("the step grid must start and end on the output times")
@@ -340,15 +357,20 @@ def _fixed(graphs: _Graphs, fn, stats, on_step, grid: torch.Tensor, y0, t, tab) 
         y1 = graphs.step(fn, starts[k], sizes[k], y)
         if stats is not None:
             stats.nfe_forward += tab.stages
+        reads: list[tuple[int, float | None]] = []
         while j < len(tl) and t1 >= tl[j]:
-            out.append(y1 if tl[j] == t1 else y + (tl[j] - t0) / (t1 - t0) * (y1 - y))
+            x = None if tl[j] == t1 else (tl[j] - t0) / (t1 - t0)
+            out.append(y1 if x is None else y + x * (y1 - y))
+            reads.append((j, x))
             j += 1
+        if tape is not None:
+            tape.append((starts[k], sizes[k], y, reads))
         y = y1
     return torch.stack(out)
 
 
 def _adaptive(
-    graphs: _Graphs, eager: _Adaptive, fn, func, stats, y0, t, tab, steps, min_step, max_step
+    graphs: _Graphs, eager: _Adaptive, fn, func, stats, y0, t, tab, steps, min_step, max_step, tape=None
 ) -> torch.Tensor:
     on_step = getattr(func, "callback_step", None) or (lambda *a: None)
     on_accept = getattr(func, "callback_accept_step", None) or (lambda *a: None)
@@ -376,6 +398,8 @@ def _adaptive(
             on_step(t0f, y, hf)
             if not t0f + hf > t0f:
                 raise AssertionError(f"underflow in dt {hf}")
+            if tape is not None:  # each attempt's inputs, whether it was accepted, the outputs read off it
+                tape.append([t0, h, y, k0, False, []])
             y1, t1, h_next, control, *ks = graphs.step(fn, t0, h, y, k0)
             if stats is not None:
                 stats.nfe_forward += tab.stages - 1
@@ -385,6 +409,8 @@ def _adaptive(
                 if not finite:
                     raise AssertionError("non-finite values in state `y`")
                 last = (t0, t1, h, y, ks)
+                if tape is not None:
+                    tape[-1][4], last_record = True, tape[-1]
                 t0, t0f, y, k0 = t1, t0f + hf, y1, ks[-1]
             else:
                 on_reject(t0f, y, hf)
@@ -395,4 +421,120 @@ def _adaptive(
         s0, s1, hs, ys, kss = last
         assert graphs.dense is not None
         out.append(graphs.dense(targets[j], s0, s1, hs, ys, *kss))
+        if tape is not None:
+            last_record[5].append(j)
     return torch.stack(out)
+
+
+def _add(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+    return y if x is None else (x if y is None else x + y)
+
+
+class _Replay:
+    """A checkpointed compiled solve: the forward without a graph records each step's inputs (the tape); the
+    backward replays the steps last to first, each through its compiled graph with autograd on, and pulls the
+    cotangents of the loop's state ``(t, h, y, k_1)`` back through it, with those of the outputs read off it."""
+
+    def __init__(self, graphs: _Graphs, fn, stats, tab: MethodTableau, params, solve, adaptive):
+        self.graphs, self.fn, self.stats, self.tab = graphs, fn, stats, tab
+        self.params = [p for p in params]
+        self.solve, self.adaptive = solve, adaptive
+        self.tape: list = []
+
+    def forward(self) -> torch.Tensor:
+        ys = self.solve(self.tape)
+        if self.stats is not None:  # a rejected attempt keeps the state of the step it retries: no new state
+            self.stats.stored_states = max(self.stats.stored_states, sum(1 for r in self.tape if self._accepted(r)))
+        return ys
+
+    def _accepted(self, record: Any) -> bool:
+        return self.adaptive is None or bool(record[4])
+
+    def _grad(self, outs: list, cots: list, inputs: list) -> list:
+        if not outs:
+            return [None] * len(inputs)
+        return list(torch.autograd.grad(outs, inputs, cots, allow_unused=True))
+
+    def backward(self, g: torch.Tensor) -> list:
+        n = len(self.tape)
+        if self.stats is not None:
+            accepted = sum(1 for r in self.tape if self._accepted(r))
+            self.stats.nfe_backward += n * (self.tab.stages - (1 if self.adaptive else 0))
+            self.stats.steps_backward += accepted
+            self.stats.rejected_backward += n - accepted
+        if self.adaptive is None:
+            a_y, pg = self._fixed_back(g)
+        else:
+            a_y, pg = self._adaptive_back(g)
+        self.tape = []
+        return [_add(g[0], a_y), *pg]
+
+    def _fixed_back(self, g: torch.Tensor) -> tuple:
+        a_y: torch.Tensor | None = None
+        pg: list = [None] * len(self.params)
+        for t0, h, y, reads in reversed(self.tape):
+            yr = y.detach().requires_grad_()
+            with torch.enable_grad():
+                y1 = self.graphs.step(self.fn, t0, h, yr)
+                outs, cots = ([y1], [a_y]) if a_y is not None else ([], [])
+                for j, x in reads:
+                    outs.append(y1 if x is None else yr + x * (y1 - yr))
+                    cots.append(g[j])
+                got = self._grad(outs, cots, [yr, *self.params])
+            a_y, pg = got[0], [_add(p, q) for p, q in zip(pg, got[1:])]
+        return a_y, pg
+
+    def _adaptive_back(self, g: torch.Tensor) -> tuple:
+        eager, t, steps = self.adaptive
+        graphs, params = self.graphs, self.params
+        differentiated = steps == "differentiated"
+        targets = t.unbind()
+        a: list[torch.Tensor | None] = [None] * 4  # cotangents of t, h, y, k_1 after the step
+        pg: list = [None] * len(params)
+        for t0, h, y, k0, accepted, reads in reversed(self.tape):
+            ins = [x.detach().requires_grad_() for x in (t0, h, y, k0)]
+            with torch.enable_grad():
+                y1, t1, h_next, _, *ks = graphs.step(self.fn, *ins)
+                outs, cots = [], []
+                nexts = [(h_next, a[1] if differentiated else None)]
+                if accepted:
+                    nexts += [(t1, a[0]), (y1, a[2]), (ks[-1], a[3])]
+                for o, c in nexts:
+                    if c is not None:
+                        outs.append(o)
+                        cots.append(c)
+                for j in reads:
+                    assert graphs.dense is not None
+                    outs.append(graphs.dense(targets[j], ins[0], t1, ins[1], ins[2], *ks))
+                    cots.append(g[j])
+                got = self._grad(outs, cots, [*ins, *params])
+            carried = [None] * 4 if accepted else [a[0], None, a[2], a[3]]
+            a = [_add(c, q) for c, q in zip(carried, got[:4])]
+            pg = [_add(p, q) for p, q in zip(pg, got[4:])]
+        # the first slope and the initial step (Hairer, Nørsett & Wanner's, §II.4), as the forward made them
+        y0 = eager.y0.detach().requires_grad_()
+        t_first = t[0].to(torch.float64)
+        with torch.enable_grad():
+            f0 = self.fn(eager.clock.at(t_first), y0)
+            outs, cots = ([f0], [a[3]]) if a[3] is not None else ([], [])
+            if a[1] is not None and steps != "fixed" and eager.first_step is None:
+                eager.y0 = y0
+                h0 = eager._initial_step(t_first, f0)
+                if isinstance(h0, torch.Tensor):
+                    outs.append(h0.clamp(eager.min_step, eager.max_step))
+                    cots.append(a[1])
+            got = self._grad(outs, cots, [y0, *params])
+        return _add(a[2], got[0]), [_add(p, q) for p, q in zip(pg, got[1:])]
+
+
+class _Checkpointed(torch.autograd.Function):
+    """The checkpointed compiled solve as one autograd node of ``y0`` and the parameters."""
+
+    @staticmethod
+    def forward(ctx: Any, replay: _Replay, y0: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ctx.replay = replay
+        return replay.forward()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        return (None, *ctx.replay.backward(g))

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from cde_nets import ODEBlock, odeint
-from cde_nets.solvers.gradients import Backprop
+from cde_nets.solvers.gradients import Backprop, Checkpoint
 from cde_nets.solvers.options import SolverOptions
 from cde_nets.solvers.steppers import compiled
 
@@ -65,30 +65,35 @@ def _solve_and_grad(f: _Field, method: str, options: dict, gradient="backprop"):
     [("dopri5", {}), ("tsit5", {}), ("bosh3", {}), ("rk4", {"step_size": 0.25}), ("euler", {"step_size": 0.25})],
 )
 def test_values_gradients_and_steps_equal_the_eager_stepper(method, options):
+    """Backprop through the compiled steps, and the checkpointed replay of them, against the eager stepper's."""
     f = _Field()
-    ys_e, g_e, steps_e = _solve_and_grad(f, method, options)
-    ys_c, g_c, steps_c = _solve_and_grad(f, method, {**options, "compile": True})
-    _close(ys_c, ys_e)
-    for a, b in zip(g_c, g_e):
-        _close(a, b)
-    assert steps_c == steps_e
-    if method in ("dopri5", "tsit5", "bosh3"):
-        assert steps_e[0] >= 3  # the step sizes (and their derivatives) are the controller's, not one step
+    for gradient in ("backprop", "checkpoint"):
+        ys_e, g_e, steps_e = _solve_and_grad(f, method, options, gradient)
+        ys_c, g_c, steps_c = _solve_and_grad(f, method, {**options, "compile": True}, gradient)
+        _close(ys_c, ys_e)
+        for a, b in zip(g_c, g_e):
+            _close(a, b)
+        assert steps_c == steps_e
+        if method in ("dopri5", "tsit5", "bosh3"):
+            assert steps_e[0] >= 3  # the step sizes (and their derivatives) are the controller's, not one step
 
 
 @pytest.mark.slow
 def test_step_size_settings_are_those_of_the_eager_backprop():
-    """Backprop(steps=...) holds the step sizes fixed (or all but the first) in both paths alike."""
+    """Backprop(steps=...) and Checkpoint(steps=...) hold the step sizes fixed (or all but the first) in both
+    paths alike."""
     f = _Field()
     for steps in ("fixed", "torchdiffeq"):
-        _, g_e, _ = _solve_and_grad(f, "bosh3", {}, Backprop(steps=steps))
-        _, g_c, _ = _solve_and_grad(f, "bosh3", {"compile": True}, Backprop(steps=steps))
-        for a, b in zip(g_c, g_e):
-            _close(a, b)
+        for gradient in (Backprop(steps=steps), Checkpoint(steps=steps)):
+            _, g_e, _ = _solve_and_grad(f, "bosh3", {}, gradient)
+            _, g_c, _ = _solve_and_grad(f, "bosh3", {"compile": True}, gradient)
+            for a, b in zip(g_c, g_e):
+                _close(a, b)
 
 
 @pytest.mark.slow
 def test_block_door_counts_and_gradients_equal_the_eager_stepper():
+    """Through ODEBlock, with the checkpointed replay (backprop is the matrix's)."""
     f = _Field()
     y0 = torch.tensor([[0.5, -1.0], [1.5, 0.2]], dtype=torch.float64, requires_grad=True)
     out = {}
@@ -96,14 +101,14 @@ def test_block_door_counts_and_gradients_equal_the_eager_stepper():
         ("eager", SolverOptions("dopri5", rtol=1e-7, atol=1e-9)),
         ("compiled", SolverOptions("dopri5", rtol=1e-7, atol=1e-9, compile=True)),
     ):
-        block = ODEBlock(f, T=1.0, solver=solver, gradient="backprop" if name == "eager" else None)
+        block = ODEBlock(f, T=1.0, solver=solver, gradient="checkpoint")
         sol = block.solve(y0)
         grads = torch.autograd.grad(sol.y.square().sum(), [y0, f.w1, f.w2])
         out[name] = (sol.y.detach(), grads, sol.stats)
     _close(out["compiled"][0], out["eager"][0])
     for a, b in zip(out["compiled"][1], out["eager"][1]):
         _close(a, b)
-    for key in ("nfe_forward", "steps_forward", "rejected_forward"):
+    for key in ("nfe_forward", "steps_forward", "rejected_forward", "stored_states"):
         assert out["compiled"][2][key] == out["eager"][2][key]
 
 
@@ -133,7 +138,8 @@ _T = torch.tensor([0.0, 1.0], dtype=torch.float64)
         (dict(method="gl4", options={"compile": True, "step_size": 0.5}), "method='gl4'"),
         (dict(method="alf", options={"compile": True}), "method='alf'"),
         (dict(method="dopri8", options={"compile": True}), "method='dopri8'"),
-        (dict(options={"compile": True}, gradient="checkpoint"), "gradient='checkpoint'"),
+        (dict(options={"compile": True}, gradient=Checkpoint(budget=2)), "budget=2"),
+        (dict(options={"compile": True}, gradient="symplectic"), "gradient='symplectic'"),
         (dict(options={"compile": True}, gradient="adjoint"), "gradient='adjoint'"),
         (dict(options={"compile": True}, controller="per_sample"), "controller='per_sample'"),
         (dict(options={"compile": True}, event_fn=lambda t, y: y[..., 0]), "event_fn"),
@@ -159,8 +165,8 @@ def test_block_door_refuses_what_it_does_not_serve_by_name():
         SolverOptions("dopri5", controller="per_sample", compile=True)
     with pytest.raises(TypeError, match="compile"):
         SolverOptions("dopri5", compile=1)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="gradient='checkpoint'"):
-        ODEBlock(_Field(), T=1.0, solver=SolverOptions(compile=True), gradient="checkpoint")
+    with pytest.raises(ValueError, match="gradient='adjoint'"):
+        ODEBlock(_Field(), T=1.0, solver=SolverOptions(compile=True), gradient="adjoint")
     block = ODEBlock(_Field(), T=1.0, solver=SolverOptions(compile=True))
     assert block.gradient_for(_Y0).name == "backprop"
     with pytest.raises(ValueError, match="event"):
