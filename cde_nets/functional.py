@@ -314,7 +314,9 @@ def odeint(
         options: torchdiffeq's method options; unknown keys raise ``ValueError``. The implicit methods take
             ``step_size``/``grid_constructor``, ``perturb``, ``interp`` and their Newton solve's ``max_iters``
             (default 50), ``newton`` (``"simplified"``, ``"full"``, ``"fixed_point"``) and ``newton_tol``
-            (default: to rounding).
+            (default: to rounding). This library's ``"compile": True`` runs each step of an explicit Runge-Kutta
+            method as one ``torch.compile`` graph with ``func`` inside (:mod:`~cde_nets.solvers.steppers.compiled`;
+            gradients ``"backprop"`` and ``"checkpoint"``; the graphs are cached per ``func`` object and shape).
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
             With ``event_mode="per_sample"``, each sample (``y0``'s first axis) stops at its own first sign change
