@@ -314,9 +314,8 @@ def odeint(
         options: torchdiffeq's method options; unknown keys raise ``ValueError``. The implicit methods take
             ``step_size``/``grid_constructor``, ``perturb``, ``interp`` and their Newton solve's ``max_iters``
             (default 50), ``newton`` (``"simplified"``, ``"full"``, ``"fixed_point"``) and ``newton_tol``
-            (default: to rounding). This library's ``"compile": True`` runs each step of an explicit Runge-Kutta
-            method as one ``torch.compile`` graph with ``func`` inside (:mod:`~cde_nets.solvers.steppers.compiled`;
-            gradients ``"backprop"`` and ``"checkpoint"``; the graphs are cached per ``func`` object and shape).
+            (default: to rounding). ``"compile": True``: each explicit Runge-Kutta step one ``torch.compile``
+            graph with ``func`` inside (:mod:`~cde_nets.solvers.steppers.compiled`).
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
             With ``event_mode="per_sample"``, each sample (``y0``'s first axis) stops at its own first sign change
@@ -345,11 +344,7 @@ def odeint(
     Returns:
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
-    if isinstance(options, dict) and options.get("compile") is True:
-        from cde_nets.solvers.steppers.compiled import check_compiled
-
-        check_compiled(_check_method(method), as_gradient(gradient), controller)
-        _no_compile(options, "event_fn" if event_fn is not None else None)
+    _check_compile(options, method, gradient, controller, event_fn)
     rule, options = _controller(controller, method, options)
     if rule.per_sample:
         return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, rule.name, adjoint_params)
@@ -363,6 +358,15 @@ def odeint(
         return _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, None)
     kw = dict(rtol=rtol, atol=atol, method=method, options=options, adjoint=None)
     return _solve(func, y0, t, gradient=gradient, adjoint_params=adjoint_params, **kw)
+
+
+def _check_compile(options, method, gradient, controller, event_fn) -> None:
+    """Refuse, naming the fix, ``options["compile"]`` where the compiled step cannot serve the call."""
+    if isinstance(options, dict) and options.get("compile") is True:
+        from cde_nets.solvers.steppers.compiled import check_compiled
+
+        check_compiled(_check_method(method), as_gradient(gradient), controller)
+        _no_compile(options, "event_fn" if event_fn is not None else None)
 
 
 def _no_compile(options: dict | None, what: str | None) -> None:
