@@ -148,6 +148,12 @@ def _compiled(res: dict) -> Headline:
     ] + [at_most("max relative difference from eager", max(r["max_rel_diff"] for r in rows), 1e-5, ".1e")]
 
 
+def _compiled_step(res: dict) -> Headline:
+    return [at_most(r["name"], r["ratio"], r["goal"], ".3f") for r in res["rows"] if r["ratio"] is not None] + [
+        info("compile, spiral's first iteration, s", res["spiral"]["compiled"]["compile_s"], ".1f")
+    ]
+
+
 def _forward_grid(res: dict) -> Headline:
     rows = res["rows"]
     wide = [r["ours_over_fe"] for r in rows if r["dim"] >= 64]
@@ -384,6 +390,11 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("events", _events, "<= 1.2"),
     ("forward_grid", _forward_grid, "<= 1.5 (dim >= 64), <= 2.5 (dim 4); torchode / ours > 1"),
     ("compiled", _compiled, "<= 1e-5 from eager"),
+    (
+        "compiled_step",
+        _compiled_step,
+        "spiral <= 0.25x; small <= 0.25x/0.3x torchdiffeq, <= 1x field loop; large <= 1.05x",
+    ),
     ("finiteness", _finiteness, "<= 3 %"),
     ("torchdiffeq_dropin", _dropin, "<= 0.8; losses with steps='torchdiffeq' equal to 1e-5"),
     ("torchdiffeq_suite", _suite, "every case but the unserved methods passes"),
@@ -418,6 +429,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "events": {"tiny": 3.0},
     "forward_grid": {"tiny": 2.0},
     "compiled": {"tiny": 14.0},
+    "compiled_step": {"tiny": 31.0},
     "finiteness": {"tiny": 1.0, "full": 60.0},
     "torchdiffeq_dropin": {"tiny": 1.0},
     "torchdiffeq_suite": {"tiny": 0.1, "full": 290.0},

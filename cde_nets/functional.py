@@ -103,8 +103,9 @@ _ADAPTIVE_OPTIONS = {
     "max_num_steps",
     "norm",
     "dtype",
+    "compile",  # this library's: each step one compiled graph (solvers.steppers.compiled)
 }
-_FIXED_OPTIONS = {"step_size", "grid_constructor", "perturb", "interp", "max_num_steps", "norm"}
+_FIXED_OPTIONS = {"step_size", "grid_constructor", "perturb", "interp", "max_num_steps", "norm", "compile"}
 _ADAMS_OPTIONS = _FIXED_OPTIONS | {"max_iters", "max_order"}
 _SCIPY_OPTIONS = {"solver", "min_step", "max_step", "norm"}
 # the library's reversible integrator (adaptive, or fixed with `step_size`) and symplectic compositions
@@ -143,6 +144,10 @@ def _check_options(method: str, options: dict | None, name: str = "options") -> 
         raise TypeError(f"`{name}` must be a dict, got {type(options).__name__}.")
     # the shared step's controller object, put there by `controller=` (an adaptive method's, checked there)
     own = {"controller"} if isinstance(options.get("controller"), Controller) and method in ADAPTIVE else set()
+    if not isinstance(options.get("compile", False), bool):
+        raise TypeError(f"`{name}['compile']` must be True or False, got {options['compile']!r}.")
+    if options.get("compile") is False:  # the default, said explicitly: nothing for the solvers to read
+        options = {k: v for k, v in options.items() if k != "compile"}
     unknown = set(options) - _valid_options(method) - own
     if unknown:
         raise ValueError(
@@ -310,7 +315,8 @@ def odeint(
         options: torchdiffeq's method options; unknown keys raise ``ValueError``. The implicit methods take
             ``step_size``/``grid_constructor``, ``perturb``, ``interp`` and their Newton solve's ``max_iters``
             (default 50), ``newton`` (``"simplified"``, ``"full"``, ``"fixed_point"``) and ``newton_tol``
-            (default: to rounding).
+            (default: to rounding). ``"compile": True``: each explicit Runge-Kutta step one ``torch.compile``
+            graph with ``func`` inside (:mod:`~cde_nets.solvers.steppers.compiled`).
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
             With ``event_mode="per_sample"``, each sample (``y0``'s first axis) stops at its own first sign change
@@ -339,6 +345,7 @@ def odeint(
     Returns:
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
+    _check_compile(options, method, gradient, controller, event_fn)
     rule, options = _controller(controller, method, options)
     if rule.per_sample and under_vmap():
         raise ValueError(PER_SAMPLE_UNDER_VMAP)
@@ -354,6 +361,24 @@ def odeint(
         return _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, adjoint_params, None)
     kw = dict(rtol=rtol, atol=atol, method=method, options=options, adjoint=None)
     return _solve(func, y0, t, gradient=gradient, adjoint_params=adjoint_params, **kw)
+
+
+def _check_compile(options, method, gradient, controller, event_fn) -> None:
+    """Refuse, naming the fix, ``options["compile"]`` where the compiled step cannot serve the call."""
+    if isinstance(options, dict) and options.get("compile") is True:
+        from cde_nets.solvers.steppers.compiled import check_compiled
+
+        check_compiled(_check_method(method), as_gradient(gradient), controller)
+        _no_compile(options, "event_fn" if event_fn is not None else None)
+
+
+def _no_compile(options: dict | None, what: str | None) -> None:
+    """Refuse ``options["compile"]`` where ``what`` (events, dense output) runs on the eager stepper."""
+    if what is not None and isinstance(options, dict) and options.get("compile"):
+        raise ValueError(
+            f"options={{'compile': True}} serves odeint's solve at the times `t`; {what} runs on the eager "
+            "stepper: drop 'compile' from `options` for this call."
+        )
 
 
 def _controller(controller: str | Controller, method: str | None, options: dict | None) -> tuple[Controller, Any]:
@@ -515,6 +540,7 @@ def _run_per_sample(
     (:class:`~cde_nets.solvers.options.SolverOptions`), each segment solved by the adapter the block calls too."""
     if not callable(func):
         raise TypeError(f"`func` must be callable as func(t, y), got {type(func).__name__}.")
+    _no_compile(options, "per-sample events and dense output")
     method = _check_method(method)
     grad = as_gradient(gradient)
     check_cell(grad, method, controller)  # ODEBlock's order: the gradient's (on construction), then the events'
@@ -566,6 +592,7 @@ def _until_event(func, y0, t, event_fn, rtol, atol, method, options, gradient, a
     """
     if not callable(event_fn):
         raise TypeError(f"`event_fn` must be callable as event_fn(t, y), got {type(event_fn).__name__}.")
+    _no_compile(options, "event_fn")
     method = _check_method(method)
     check_cell(as_gradient(gradient), method)  # the order of ODEBlock's checks: the gradient's, then the events'
     check_events(method, "first")

@@ -95,7 +95,13 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
     """The states at ``run.t``, ``(len(t), *y0.shape)``, with ``gradient``'s backward pass attached; a
     ``ValueError`` naming the fix where ``gradient`` cannot serve ``run.method``."""
     gradient.check(run.method)
+    compiled = getattr(run.solver, "compile", False) or run.options.get("compile", False)
     if under_vmap():  # each instance on its own steps: the loop of tensor decisions (solvers.steppers.vmappable)
+        if compiled:
+            raise ValueError(
+                "compile=True compiles a step that reads its error on the host, which torch.vmap refuses: drop "
+                "compile inside vmap (the vmapped loop serves every instance on its own steps)."
+            )
         own = _VMAP_GRADIENTS.get(gradient.name)
         if own is not None and torch.is_grad_enabled() and run.method in vmap_methods():
             vmapped = own(run, gradient, vmap_options(run))
@@ -104,6 +110,8 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
         vmapped = solve_vmapped(run, gradient)
         if vmapped is not None:
             return vmapped
+    if compiled:
+        return _compiled(run, gradient)
     if run.method in OWN_FIXED_METHODS:
         return _own_fixed_step(run, gradient)
     if run.method in REVERSIBLE_RK_METHODS:  # served by 'reversible' (the rebuild) and 'backprop' (sweep names which)
@@ -132,6 +140,36 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
             steps=getattr(gradient, "steps", "differentiated"),
         )
     return gradient.solve(run)
+
+
+def _compiled(run: Run, gradient: GradientMethod) -> torch.Tensor:
+    """A solve whose every step is one compiled graph with the field inside (:mod:`solvers.steppers.compiled`,
+    imported here: torch.compile's import is paid only by solves that ask for it)."""
+    from .steppers.compiled import check_compiled, odeint_compiled
+
+    check_compiled(run.method, gradient)
+    tl = run.t.tolist()
+    if not all(a < b for a, b in zip(tl, tl[1:])) or run.t.requires_grad:
+        raise ValueError(
+            "compile=True integrates forwards to times that need no gradient; `t` is decreasing or requires grad: "
+            "drop compile for this call."
+        )
+    options = stepper_options({k: v for k, v in run.options.items() if k != "compile"})
+    s = run.solver
+    steps = getattr(gradient, "steps", "differentiated")
+    checkpoint = gradient.name == "checkpoint"
+    return odeint_compiled(
+        run.func,
+        run.y0,
+        run.t,
+        method=s.method,
+        rtol=s.rtol,
+        atol=s.atol,
+        options=options,
+        steps=steps,
+        checkpoint=checkpoint,
+        params=run.params if checkpoint else (),
+    )
 
 
 def _own_fixed_step(run: Run, gradient: GradientMethod) -> torch.Tensor:

@@ -161,6 +161,8 @@ class SolverOptions:
     ``controller``: ``"batch"`` (one step size for the whole batch, torchdiffeq's steps), ``"per_sample"``
     (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample.solve`), another registered
     name, or a :class:`~solvers.controllers.Controller` object (its constants set on it, not in ``options``).
+    ``compile``: each step one ``torch.compile``d graph with the field inside (:mod:`solvers.steppers.compiled`:
+    explicit Runge-Kutta methods, the shared step, backprop; refused by name elsewhere). Off by default.
     """
 
     method: str
@@ -171,6 +173,7 @@ class SolverOptions:
     jumps: bool
     options: Mapping[str, Any]
     controller: str | Controller
+    compile: bool
 
     def __init__(
         self,
@@ -182,6 +185,7 @@ class SolverOptions:
         jumps: bool | None = None,
         options: Mapping[str, Any] | None = None,
         controller: str | Controller = "batch",
+        compile: bool = False,
     ):
         set_ = object.__setattr__  # frozen: every field is set once, here
         set_(self, "method", check_method(method))
@@ -217,6 +221,13 @@ class SolverOptions:
         set_(self, "jumps", True if jumps is None else bool(jumps))
         set_(self, "max_steps", check_positive_int("max_steps", max_steps))
         set_(self, "controller", _check_controller(controller, method, self.options))
+        if not isinstance(compile, bool):
+            raise TypeError(f"`compile` must be True or False, got {compile!r}.")
+        if compile:  # imported here: the compiled step is opt-in
+            from .steppers.compiled import check_compiled
+
+            check_compiled(method, None, controller)
+        set_(self, "compile", compile)
 
     @property
     def per_sample(self) -> bool:

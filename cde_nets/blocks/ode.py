@@ -190,6 +190,17 @@ class ODEBlock(Block):
         # None: chosen per call from the state's size (gradient_for) and handed down the call
         self.gradient: GradientMethod | None = None if gradient is None else as_gradient(gradient)
         check_cell(self.gradient or default_gradient(solver.method), solver.method, solver.controller)
+        if (
+            solver.compile
+        ):  # the compiled step (solvers.steppers.compiled) serves backprop, without stop or regularisers
+            from cde_nets.solvers.steppers.compiled import check_compiled
+
+            check_compiled(solver.method, self.gradient, solver.controller)
+            if stop is not None or regularisation is not None:
+                raise ValueError(
+                    "SolverOptions(compile=True) compiles plain solves; `stop` and `regularisation` run on the eager "
+                    "stepper: drop them, or drop compile."
+                )
         if solver.step_size is not None:
             n = solver.steps_over(self._pieces())
             if n > solver.max_steps:  # refuse before the grid is built: a tiny step would allocate gigabytes first
@@ -309,7 +320,7 @@ class ODEBlock(Block):
         shapes and the order of ``t`` only, so every call of the same shapes and times makes the same choice."""
         if self.gradient is not None:
             return self.gradient
-        if under_vmap():  # the vmapped loop is differentiated by autograd (solvers.steppers.vmappable)
+        if under_vmap() or self.solver.compile:  # the vmapped loop and the compiled step: backprop through them
             return Backprop()
         if not isinstance(y0, torch.Tensor):
             return default_gradient(self.method)
@@ -361,6 +372,11 @@ class ODEBlock(Block):
             return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats, gradient, event_mode)
         per_sample = self.stop is not None or event is not None or t_end is not None
         self._check_events(event, t, t_end, dense)
+        if self.solver.compile and (event is not None or t_end is not None or dense):
+            raise ValueError(
+                "SolverOptions(compile=True) compiles solves to the times `t`; `event`, `t_end` and `dense` run on "
+                "the eager stepper: drop compile for these calls."
+            )
         if event is not None or dense or self.stop is not None:
             check_events(self.method, event_mode if event is not None else "per_sample")
         first = event is not None and event_mode == "first"

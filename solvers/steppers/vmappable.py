@@ -43,7 +43,9 @@ from .tableaux import TABLEAUX
 __all__ = ["VMAP_OPTIONS", "odeint_vmappable", "solve_vmapped", "vmap_methods", "vmap_options"]
 
 # the options the tensor loop implements (jump_t and step_t need per-instance clipping: not served)
-VMAP_OPTIONS = frozenset({"first_step", "min_step", "max_step", "safety", "ifactor", "dfactor", "controller", "norm"})
+VMAP_OPTIONS = frozenset(
+    {"first_step", "min_step", "max_step", "safety", "ifactor", "dfactor", "controller", "norm", "compile"}
+)
 
 
 def vmap_methods() -> list[str]:

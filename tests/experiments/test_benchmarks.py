@@ -71,6 +71,11 @@ EXPECTED = {
         {"setting", "goal", "rows"},
         {"net", "mode", "eager_s", "compiled_s", "speedup", "max_rel_diff", "graphs"},
     ),
+    "compiled_step": (
+        "compiled_step_tiny",
+        {"setting", "goal", "rows", "spiral", "profile"},
+        {"name", "ratio", "goal", "met"},
+    ),
     "torchdiffeq_dropin": (
         "torchdiffeq_dropin_tiny",
         {"setting", "goal", "rows", "spiral"},
@@ -134,6 +139,7 @@ def test_every_benchmark_module_is_in_the_suite_table():
 SLOW = {
     "adjoint_study",
     "compiled",
+    "compiled_step",
     "continuous_overhead",
     "discrete_overhead",
     "ensembles",
