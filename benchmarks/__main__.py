@@ -361,6 +361,16 @@ def _binomial_checkpoint(res: dict) -> Headline:
     return out + [info("peak memory rise, every state, MiB", (full["peak_rss_rise_bytes"] or 0) / 2**20, ".1f")]
 
 
+def _mixed_precision(res: dict) -> Headline:
+    rows = {r["problem"]: r for r in res["rows"]}
+    worst = max(r["rel_loss_diff"] for r in rows.values())
+    return [
+        at_most("bfloat16 / float32 final loss, worst relative difference", worst, 0.1, ".3f"),
+        *(info(f"bfloat16 / float32 saved bytes, {p}", r["saved_ratio"], ".2f") for p, r in rows.items()),
+        *(info(f"bfloat16 / float32 step time, {p}", r["time_ratio"], ".2f") for p, r in rows.items()),
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -390,6 +400,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("gauss_adjoint", _gauss_adjoint, "equal to backprop within 1e-4 (rtol 1e-6); the crossover recorded"),
     ("binomial_checkpoint", _binomial_checkpoint, "states kept <= budget; recomputed <= 1.05 x offline optimum"),
     ("reversible_rk", _reversible_rk, "reversible memory flat (1.0); rebuild <= 1e-9"),
+    ("mixed_precision", _mixed_precision, "bfloat16 final loss within 2 sd of float32's seeds; memory, time"),
 )
 
 
