@@ -4,7 +4,8 @@ the step control in float32, in both doors and beneath every gradient method.
 bfloat16 keeps 8 significant bits: its unit roundoff is u = 2⁻⁸. The numbers below are fixed by it: a linear
 field rounded to bfloat16 differs from the float32 one by at most u·(2‖A‖₂ + ‖A‖_F)·‖y‖ per evaluation (the state,
 the weights and the product each rounded once), so on a norm-preserving flow the two solves differ by at most
-T times that at ‖y0‖; a replay of the same steps is the same computation, so its gradient is backprop's to the bit.
+T times that at ‖y0‖; a replay of the same steps is the same computation, so its gradient is backprop's up to the
+order of float32 sums.
 """
 
 from __future__ import annotations
@@ -106,22 +107,24 @@ def test_a_bfloat16_linear_field_stays_within_its_rounding_bound_of_float32():
     assert float(diff.max()) > 100 * torch.finfo(torch.float32).eps * float(y0.norm(dim=1).max())
 
 
-def test_replays_are_backprop_of_the_same_autocast_solve_to_the_bit():
+def test_replays_are_backprop_of_the_same_autocast_solve():
     """Checkpoint and Symplectic replay the recorded steps: on a fixed grid, and with the step sizes held fixed on
-    an adaptive one, they repeat backprop's operations and give its gradient exactly. With the step sizes
-    differentiated, the derivative of the error estimate (a cancellation of bfloat16 stages) is summed in another
-    order; the two then agree to within u."""
+    an adaptive one, they repeat backprop's operations, bfloat16 evaluations included, and differ from its gradient
+    only by the order in which float32 sums accumulate: to 1e-5 relative, u/390 (measured: 0 here, 2.9e-6 on an
+    8-32-8 MLP; 2.7e-7 in float32). With the step sizes differentiated, the derivative of the error estimate (a
+    cancellation of bfloat16 stages) enters each bfloat16 vector-Jacobian product rounded in another order: the
+    two then agree to within u."""
     f, opts = Probe(), {"autocast": BF16}
     rk4 = dict(method="rk4", options={**opts, "step_size": 0.1})
     ref = _grads(f, "backprop", **rk4)
     for g in ("checkpoint", "symplectic"):
-        assert torch.equal(_grads(f, g, **rk4), ref)
+        assert _rel(_grads(f, g, **rk4), ref) <= 1e-5
     dopri = dict(rtol=1e-2, atol=1e-4, options=opts)
     ref = _grads(f, Backprop(steps="fixed"), **dopri)
     for cls in (Checkpoint, Symplectic):
-        assert torch.equal(_grads(f, cls(steps="fixed"), **dopri), ref)
+        assert _rel(_grads(f, cls(steps="fixed"), **dopri), ref) <= 1e-5
     ref = _grads(f, Backprop(), **dopri)
-    assert 0 < _rel(_grads(f, Checkpoint(), **dopri), ref) <= U
+    assert 1e-5 < _rel(_grads(f, Checkpoint(), **dopri), ref) <= U
 
 
 @pytest.mark.parametrize("gradient", ["adjoint", "interpolating", "gauss", "forward"])
