@@ -224,15 +224,15 @@ def _compare(problem: str, runs: dict) -> dict:
     return row
 
 
-def _memory_by_width(tiny: bool) -> list[dict]:
+def _memory_by_width(tiny: bool, batch: int = 256) -> list[dict]:
     """One solve and its backward pass, rk4 (10 steps, 40 evaluations in both precisions), a 32-w-32 tanh field on
     a batch of 256: bytes saved for backward per evaluation and the time, float32 against bfloat16, as the
     field's share of the saved tensors grows with its width ``w``."""
     rows = []
     for width in (64,) if tiny else (64, 256, 1024):
         torch.manual_seed(0)
-        f, y0 = _MLP(32, width), torch.randn(256, 32)
-        row: dict = {"width": width, "batch": 256, "dim": 32}
+        f, y0 = _MLP(32, width), torch.randn(batch, 32)
+        row: dict = {"width": width, "batch": batch, "dim": 32}
         for name, dtype in (("float32", None), ("bfloat16", torch.bfloat16)):
             block = ODEBlock(f, T=1.0, method="rk4", step_size=0.1, gradient="backprop",
                              options=None if dtype is None else {"autocast": dtype})  # fmt: skip
@@ -294,10 +294,10 @@ def run(tiny: bool = False, out_dir=None) -> dict:
     torch.set_num_threads(1)
     precisions = (("float32", None), ("bfloat16", torch.bfloat16))
     try:
-        iters, log_every, epochs, n_train = (10, 10, 1, 128) if tiny else (1000, 50, 15, None)
+        iters, log_every, epochs, n_train = (5, 5, 1, 128) if tiny else (1000, 50, 15, None)
         seeds = (0,) if tiny else (0, 1, 2)
-        res: dict = {"rtol_sweep": _sweep(tiny), "memory_by_width": _memory_by_width(tiny)}
-        data = _spiral_data()
+        res: dict = {"rtol_sweep": _sweep(tiny), "memory_by_width": _memory_by_width(tiny, 32 if tiny else 256)}
+        data = _spiral_data(200 if tiny else 1000)
         res["spiral"] = {n: [_spiral(d, iters, log_every, data, s) for s in seeds] for n, d in precisions}
         res["digits"] = {n: [_digits(d, epochs, n_train, s) for s in seeds] for n, d in precisions}
         if not tiny:  # a learning rate too high for either precision: the late epochs oscillate
