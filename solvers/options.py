@@ -141,19 +141,13 @@ def _autocast_option(options: Mapping | None, autocast: Any) -> tuple[Mapping | 
 
 
 def check_autocast_method(autocast: Any, method: str) -> None:
-    """Refuse, naming the fix, a method whose field evaluations autocast does not serve: the implicit methods
-    (their Newton iteration converges to the state's rounding, which a low-precision field cannot reach) and the
-    symplectic compositions (they call the field's halves, not the field)."""
-    if autocast is not None and (method in IMPLICIT_METHODS or method in SPLIT_METHODS):
-        why = (
-            "an implicit method, whose Newton iteration converges to the state's rounding, which a field rounded "
-            "to low precision cannot reach"
-            if method in IMPLICIT_METHODS
-            else "a composition, which calls the field's halves, not the field autocast wraps"
-        )
+    """Refuse, naming the fix, a method whose field evaluations autocast does not serve: the symplectic
+    compositions, which call the field's halves, not the field the option wraps."""
+    if autocast is not None and method in SPLIT_METHODS:
         raise ValueError(
-            f"`autocast` serves the explicit Runge-Kutta methods and alf; method={method!r} is {why}. Use an "
-            "explicit method (e.g. 'dopri5', 'rk4') with `autocast`, or drop `autocast`."
+            f"`autocast` evaluates the field through its forward(t, y); method={method!r} is a composition, which "
+            "calls the field's halves instead. Use a Runge-Kutta method (e.g. 'rk4', 'gl4', 'dopri5') with "
+            "`autocast`, or drop `autocast`."
         )
 
 

@@ -9,9 +9,9 @@ inputs) and its output is cast back to the state's dtype before the stepper sees
 combinations ``y + h Σ a_ij k_j``, the embedded error estimate and the step-size controller stay in the state's
 dtype (float32). The wrapper sits beneath every gradient method, so the continuous adjoint's field evaluations and
 vector-Jacobian products ``aᵀ ∂f/∂y``, ``aᵀ ∂f/∂θ`` and the replays of checkpointing run under autocast too
-(autograd takes each product in the dtype its operation ran in). This is the scheme of rampde (Celledoni et al.
-2025, "Mixed precision training of neural ODEs", arXiv 2510.23498): low-precision fields, a float32 state and
-float32 step control.
+(autograd takes each product in the dtype its operation ran in). Celledoni, Owren, Ruthotto & Yang (2025, "Mixed
+precision training of neural ODEs", arXiv 2510.23498) evaluate the field in low precision as here, and also store
+the intermediate states in it, with a dynamic scaling of the adjoint; here the states stay in the state's dtype.
 
 What cannot work is refused by name (:func:`check_autocast`, :func:`check_autocast_state`): a dtype that
 ``torch.autocast`` does not run on the state's device; a float64 state (autocast leaves float64 tensors alone, so
