@@ -374,6 +374,16 @@ def _binomial_checkpoint(res: dict) -> Headline:
     return out + [info("peak memory rise, every state, MiB", (full["peak_rss_rise_bytes"] or 0) / 2**20, ".1f")]
 
 
+def _mixed_precision(res: dict) -> Headline:
+    rows = {r["problem"]: r for r in res["rows"]}
+    worst = max(rows[p]["diff_over_tolerance"] for p in ("spiral", "digits"))
+    return [
+        at_most("bfloat16 vs float32 mean final loss: difference / tolerance, worst", worst, 1.0, ".2f"),
+        *(info(f"bfloat16 / float32 saved bytes, {p}", r["saved_ratio"], ".2f") for p, r in rows.items()),
+        *(info(f"bfloat16 / float32 step time, {p}", r["time_ratio"], ".2f") for p, r in rows.items()),
+    ]
+
+
 # (module, headline of its result, goal): every benchmark module of this package.
 BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("discrete_overhead", _discrete, "<= 1.1"),
@@ -409,6 +419,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[dict], Headline], str], ...] = (
     ("gauss_adjoint", _gauss_adjoint, "equal to backprop within 1e-4 (rtol 1e-6); the crossover recorded"),
     ("binomial_checkpoint", _binomial_checkpoint, "states kept <= budget; recomputed <= 1.05 x offline optimum"),
     ("reversible_rk", _reversible_rk, "reversible memory flat (1.0); rebuild <= 1e-9"),
+    ("mixed_precision", _mixed_precision, "bfloat16 final loss within 2 sd of float32's seeds; memory, time"),
 )
 
 
@@ -444,6 +455,7 @@ MEASURED_S: dict[str, dict[str, float]] = {
     "gauss_adjoint": {"tiny": 1.0},
     "binomial_checkpoint": {"tiny": 0.5, "full": 60.0},
     "reversible_rk": {"tiny": 2.0},
+    "mixed_precision": {"tiny": 4.0, "full": 465.0},
 }
 
 

@@ -61,11 +61,13 @@ from cde_nets.solvers.options import (
     REVERSIBLE_RK_METHODS,
     SPLIT_METHODS,
     SolverOptions,
+    check_autocast_method,
     check_shared_controller,
     is_adaptive,
 )
 from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.per_sample.solve import odeint_per_sample
+from cde_nets.solvers.precision import autocast_field, check_autocast, check_autocast_state
 from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, ImplicitGrid, implicit_until_event
 from cde_nets.solvers.steppers.methods import RK_METHODS
 from cde_nets.solvers.steppers.reversible_rk import OPTIONS as REVERSIBLE_RK_OPTIONS
@@ -282,6 +284,26 @@ def _warn_callbacks(func: Callable, method: str) -> None:
         warnings.warn(f"method {method!r} never calls {sorted(unused)} of `func`.", stacklevel=3)
 
 
+def _autocast(
+    func: Callable, y0: State, method: str | None, options: dict | None, rtol: Any, adjoint_rtol: Any = None
+) -> tuple[Callable, dict | None]:
+    """``options["autocast"]`` (:mod:`~cde_nets.solvers.precision`): ``func`` evaluated under ``torch.autocast``
+    in that dtype, its output in the state's, and the options without it; refused, naming the fix, where it
+    cannot serve (a dtype, state, method or adaptive ``rtol`` it does not). Unchanged without it."""
+    if not isinstance(options, dict) or "autocast" not in options:
+        return func, options
+    options = dict(options)
+    dtype, method = options.pop("autocast"), _check_method(method)
+    adaptive = is_adaptive(method, options.get("step_size"))
+    check_autocast(dtype, rtol if adaptive else None, "options['autocast']")
+    if adjoint_rtol is not None and adaptive:
+        check_autocast(dtype, adjoint_rtol, "options['autocast']", "adjoint_rtol")
+    check_autocast_method(dtype, method)
+    if isinstance(y0, torch.Tensor) or (isinstance(y0, tuple) and y0 and isinstance(y0[0], torch.Tensor)):
+        check_autocast_state(dtype, y0 if isinstance(y0, torch.Tensor) else y0[0], "options['autocast']")
+    return autocast_field(func, dtype), options
+
+
 def odeint(
     func: Callable,
     y0: State,
@@ -312,7 +334,10 @@ def odeint(
             ``"sdirk2"``, ``"trbdf2"`` (:mod:`~cde_nets.solvers.steppers.implicit_grid`), this library's reversible
             ``"alf"`` (adaptive, or fixed with ``options={"step_size": h}``), or a symplectic composition for a
             separable field (``"yoshida4"``, ``"verlet"``, ...: Guides → Capabilities lists them).
-        options: torchdiffeq's method options; unknown keys raise ``ValueError``. The implicit methods take
+        options: torchdiffeq's method options; unknown keys raise ``ValueError``. This library's
+            ``"autocast": torch.bfloat16`` (or ``float16``) evaluates ``func`` under ``torch.autocast``, its output
+            cast back to the state's dtype (float32), every gradient method alike; an adaptive ``rtol`` below the
+            low precision's unit roundoff (bfloat16: 2⁻⁸) is refused. The implicit methods take
             ``step_size``/``grid_constructor``, ``perturb``, ``interp`` and their Newton solve's ``max_iters``
             (default 50), ``newton`` (``"simplified"``, ``"full"``, ``"fixed_point"``) and ``newton_tol``
             (default: to rounding). ``"compile": True``: each explicit Runge-Kutta step one ``torch.compile``
@@ -346,6 +371,7 @@ def odeint(
         ``(len(t), *y0.shape)`` (a tuple of them for a tuple ``y0``); with ``event_fn``, ``(event_t, solution)``.
     """
     _check_compile(options, method, gradient, controller, event_fn)
+    func, options = _autocast(func, y0, method, options, rtol, getattr(gradient, "rtol", None))
     rule, options = _controller(controller, method, options)
     if rule.per_sample and under_vmap():
         raise ValueError(PER_SAMPLE_UNDER_VMAP)
@@ -452,6 +478,7 @@ def odeint_adjoint(
     unless ``adjoint_options["norm"]`` is a callable. (torchdiffeq's signature, unchanged: per-sample events with
     the adjoint are ``odeint(..., event_fn=g, event_mode="per_sample", gradient=Adjoint(...))``.)
     """
+    func, options = _autocast(func, y0, method, options, rtol, rtol if adjoint_rtol is None else adjoint_rtol)
     method = _check_method(method)
     adj_method = method if adjoint_method is None else _check_method(adjoint_method, "adjoint_method")
     if adj_method != method and options is not None and adjoint_options is None:
@@ -527,6 +554,7 @@ def odeint_dense(
     ``ODEBlock.solve(y0, dense=True)`` (:func:`~cde_nets.solvers.events.per_sample_events`): the same values and
     gradients. ``y0``: a tensor ``(batch, ...)``; the other arguments are :func:`odeint`'s (``controller="batch"``
     only: the loop runs on the shared step)."""
+    func, options = _autocast(func, y0, method, options, rtol)
     args = (func, y0, t, None, rtol, atol, method, options, gradient, adjoint_params, "per_sample", controller)
     res, _ = _run_per_sample(*args)
     assert res.knots is not None

@@ -14,6 +14,7 @@ from .gradients import GradientMethod
 from .gradients.piecewise_adjoint import PiecewiseParam
 from .grids import jump_options
 from .options import ADAPTIVE_METHODS, REVERSIBLE_METHODS, SolverOptions
+from .precision import autocast_field
 from .run import Run
 
 __all__ = ["integrate"]
@@ -43,11 +44,12 @@ def integrate(
 
     Returns the solution at ``t``, ``(len(t), *y0.shape)``, and the call's :class:`SolverStats` (``stats`` if
     given: the backward pass adds its counts there later). ``norm`` (adaptive methods) replaces the RMS error norm
-    of the forward solve.
+    of the forward solve. ``solver.autocast`` evaluates the field in low precision (:mod:`solvers.precision`).
     """
     stats = SolverStats() if stats is None else stats
     # alf counts its own steps through the adaptive callbacks, on a fixed grid too
     adaptive = solver.method in ADAPTIVE_METHODS or solver.method in REVERSIBLE_METHODS
+    field = autocast_field(field, getattr(solver, "autocast", None))  # beneath the counting: every method sees it
     func = counted(field, stats, solver.max_steps, adaptive=adaptive, count_vjp=gradient.counts_vjp)
     options = {**solver.options, **jump_options(solver.method, jump_t, grid)}
     if norm is not None and adaptive:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .controllers import Controller, as_controller, is_per_sample
 from .errors import check_positive, check_positive_int
+from .precision import check_autocast
 from .steppers.implicit_ode import IMPLICIT_METHODS, IMPLICIT_OPTIONS
 from .steppers.methods import ADAPTIVE_METHODS, FIXED_METHODS
 from .steppers.reversible_rk import BASES as REVERSIBLE_RK_BASES
@@ -30,6 +31,7 @@ __all__ = [
     "REVERSIBLE_RK_METHODS",
     "SPLIT_METHODS",
     "SolverOptions",
+    "check_autocast_method",
     "check_method",
     "check_options",
     "is_adaptive",
@@ -125,6 +127,30 @@ def _max_num_steps(options: Mapping | None, max_steps: int | None) -> tuple[Mapp
     return {k: v for k, v in options.items() if k != "max_num_steps"}, n
 
 
+def _autocast_option(options: Mapping | None, autocast: Any) -> tuple[Mapping | None, Any]:
+    """``options["autocast"]`` (the functional door's spelling) is the field ``autocast``: ``(options without it,
+    the dtype)``; both given and different is refused."""
+    if not isinstance(options, Mapping) or "autocast" not in options:
+        return options, autocast
+    if autocast is not None and autocast != options["autocast"]:
+        raise ValueError(
+            f"`autocast`={autocast!r} and options['autocast']={options['autocast']!r} disagree: they are one "
+            "setting, the dtype the field is evaluated in; give one of them."
+        )
+    return {k: v for k, v in options.items() if k != "autocast"}, options["autocast"]
+
+
+def check_autocast_method(autocast: Any, method: str) -> None:
+    """Refuse, naming the fix, a method whose field evaluations autocast does not serve: the symplectic
+    compositions, which call the field's halves, not the field the option wraps."""
+    if autocast is not None and method in SPLIT_METHODS:
+        raise ValueError(
+            f"`autocast` evaluates the field through its forward(t, y); method={method!r} is a composition, which "
+            "calls the field's halves instead. Use a Runge-Kutta method (e.g. 'rk4', 'gl4', 'dopri5') with "
+            "`autocast`, or drop `autocast`."
+        )
+
+
 def validate_tolerances(rtol: float, atol: float) -> tuple[float, float]:
     """A block's tolerances: numbers > 0 (the functional API's :func:`~solvers.validation.check_tolerance`
     also takes tensors and, as torchdiffeq, 0; both say the same)."""
@@ -174,6 +200,7 @@ class SolverOptions:
     options: Mapping[str, Any]
     controller: str | Controller
     compile: bool
+    autocast: Any
 
     def __init__(
         self,
@@ -186,11 +213,13 @@ class SolverOptions:
         options: Mapping[str, Any] | None = None,
         controller: str | Controller = "batch",
         compile: bool = False,
+        autocast: Any = None,
     ):
         set_ = object.__setattr__  # frozen: every field is set once, here
         set_(self, "method", check_method(method))
         adaptive = is_adaptive(method, step_size)
         options, max_steps = _max_num_steps(options, max_steps)
+        options, autocast = _autocast_option(options, autocast)
         per_sample = is_per_sample(controller)
         options = check_options(method, options, "per_sample" if per_sample else "batch")
         if isinstance(controller, Controller) and per_sample:  # the per-sample loop reads its constants there
@@ -228,6 +257,8 @@ class SolverOptions:
 
             check_compiled(method, None, controller)
         set_(self, "compile", compile)
+        check_autocast_method(autocast, method)
+        set_(self, "autocast", check_autocast(autocast, rtol if adaptive else None))
 
     @property
     def per_sample(self) -> bool:

@@ -33,6 +33,7 @@ from cde_nets.solvers.gradients.piecewise_adjoint import PiecewiseParam
 from cde_nets.solvers.grids import aligned_grid
 from cde_nets.solvers.options import ADAPTIVE_METHODS, FIXED_METHODS, REVERSIBLE_METHODS, SolverOptions
 from cde_nets.solvers.output_times import with_output_times, with_start_time
+from cde_nets.solvers.precision import check_autocast, check_autocast_state
 from cde_nets.solvers.steppers.fast_rk import fast_applies
 from cde_nets.solvers.times import check_times
 from cde_nets.solvers.transforms import PER_SAMPLE_UNDER_VMAP, under_vmap
@@ -136,7 +137,8 @@ class ODEBlock(Block):
         solver: instead of ``method`` … ``options``, one :class:`~cde_nets.solvers.options.SolverOptions`
             (shared between blocks and diagnostics); it also holds the rarely changed settings: ``jumps``
             (adaptive methods, default True: tell the solver where time-varying parameters jump, torchdiffeq's
-            ``jump_t``) and ``max_steps``.
+            ``jump_t``), ``max_steps`` and ``autocast`` (the field evaluated in ``torch.bfloat16``/``float16``
+            under ``torch.autocast``, the state and step control in the state's dtype).
         controller: ``"batch"`` (default, or the ``solver``'s: one step size for the batch), a
             :class:`~cde_nets.solvers.controllers.Controller` object (the shared step's rule), or ``"per_sample"``:
             every sample on its own steps (``dopri5``/``bosh3``), with per-sample ``t`` (``(batch, n)``) and
@@ -495,8 +497,11 @@ class ODEBlock(Block):
         """Refuse half precision for adaptive methods, and a relative tolerance finer than the state's dtype
         resolves: no step is more accurate than a rounding of ``y``, so the controller would shrink the steps
         until they underflow (or overflow its norms), and the failure would surface far from its cause."""
+        check_autocast_state(self.solver.autocast, y0, "SolverOptions(autocast=)")
         if not self.solver.adaptive or not y0.is_floating_point():
             return
+        if isinstance(gradient, Adjoint) and gradient.rtol is not None:
+            check_autocast(self.solver.autocast, gradient.rtol, rtol_name="Adjoint(rtol=)")
         check_half_precision(self.method, y0.dtype, "state", "`step_size`")
         # the unit roundoff: torchdiffeq's default rtol = 1e-7 on a float32 state (u = 6e-8) stays allowed
         eps = torch.finfo(y0.dtype).eps / 2
@@ -662,6 +667,8 @@ class ODEBlock(Block):
         implicit-function-theorem gradients (one implementation), on the block's field and settings."""
         s = self.solver
         options: dict = {**s.options, "max_num_steps": s.max_steps}
+        if s.autocast is not None:
+            options["autocast"] = s.autocast
         kw: dict = dict(rtol=s.rtol, atol=s.atol) if s.adaptive else {}
         if s.adaptive:
             jump_t, _ = self._grids(self.field)

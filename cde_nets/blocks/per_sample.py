@@ -21,6 +21,7 @@ from cde_nets.fields.base import Field
 from cde_nets.fields.bound import BoundField
 from cde_nets.solvers.counting import SolverStats
 from cde_nets.solvers.per_sample.solve import TIME_SPAN, PerSampleInfo, odeint_per_sample
+from cde_nets.solvers.precision import autocast_field
 from cde_nets.solvers.times import HOST_TIME
 
 __all__ = ["solve_per_sample"]
@@ -112,7 +113,7 @@ def solve_per_sample(
         times = torch.cat((times.new_zeros(B, 1), times), 1)
     s = block.solver
     out, info = odeint_per_sample(
-        field,
+        autocast_field(field, s.autocast),
         y0,
         times,
         method=s.method,

@@ -127,6 +127,11 @@ EXPECTED = {
         {"budget", "steps", "stored_states", "recomputed_steps", "offline_optimum", "peak_rss_rise_bytes", "time_s"},
     ),
     "reversible_rk": ("reversible_rk", {"setting", "goal", "rows", "summary", "stability"}, {"case", "steps"}),
+    "mixed_precision": (
+        "mixed_precision",
+        {"setting", "goal", "rows", "rtol_sweep", "spiral", "digits"},
+        {"problem", "float32_loss", "bfloat16_loss", "rel_loss_diff", "saved_ratio", "time_ratio"},
+    ),
 }
 
 
@@ -145,6 +150,7 @@ SLOW = {
     "ensembles",
     "gradient_modes",
     "implicit_tolerance",
+    "mixed_precision",
     "per_sample",
     "per_sample_device",
     "torchdiffeq_dropin",
