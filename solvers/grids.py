@@ -43,7 +43,7 @@ def grid_constructor(grid: torch.Tensor):
 
     def construct(func, y0, t):
         lo, hi = (t[0], t[-1]) if t[0] <= t[-1] else (t[-1], t[0])
-        g = grid.to(t.dtype)
+        g = grid.to(device=t.device, dtype=t.dtype)
         pts = torch.unique(torch.cat([g[(g >= lo) & (g <= hi)], t]))
         return pts if t[0] <= t[-1] else pts.flip(0)
 

@@ -166,3 +166,21 @@ def test_float32_and_half_modules_follow_the_input_on_the_device():
     half = copy.deepcopy(net).half()(y.half())
     assert half.dtype == torch.float16 and half.device.type == CUDA.type
     torch.testing.assert_close(half.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_a_grid_constructor_serves_times_on_the_device():
+    """A grid made on the host (float64) and cut to device times: the fixed-step solve runs on the device and
+    equals the same solve on the CPU (the grid was compared with the device's times across devices)."""
+    from cde_nets.solvers.grids import grid_constructor
+
+    torch.manual_seed(0)
+    f = nn.Linear(2, 2).double()
+    y0 = torch.randn(4, 2, dtype=torch.float64)
+    grid = torch.linspace(0.0, 1.0, 11, dtype=torch.float64)
+    opts = {"grid_constructor": grid_constructor(grid)}
+    t = torch.tensor([0.0, 0.35, 1.0], dtype=torch.float64)
+    cpu = odeint(lambda s, y: f(y), y0, t, method="rk4", options=opts)
+    g = copy.deepcopy(f).to(CUDA)
+    dev = odeint(lambda s, y: g(y), y0.to(CUDA), t.to(CUDA), method="rk4", options=opts)
+    assert dev.device.type == "cuda"
+    torch.testing.assert_close(dev.cpu(), cpu, rtol=1e-12, atol=1e-14)
