@@ -334,14 +334,13 @@ def odeint(
             ``"sdirk2"``, ``"trbdf2"`` (:mod:`~cde_nets.solvers.steppers.implicit_grid`), this library's reversible
             ``"alf"`` (adaptive, or fixed with ``options={"step_size": h}``), or a symplectic composition for a
             separable field (``"yoshida4"``, ``"verlet"``, ...: Guides → Capabilities lists them).
-        options: torchdiffeq's method options; unknown keys raise ``ValueError``. This library's
-            ``"autocast": torch.bfloat16`` (or ``float16``) evaluates ``func`` under ``torch.autocast``, its output
-            cast back to the state's dtype (float32), every gradient method alike; an adaptive ``rtol`` below the
-            low precision's unit roundoff (bfloat16: 2⁻⁸) is refused. The implicit methods take
-            ``step_size``/``grid_constructor``, ``perturb``, ``interp`` and their Newton solve's ``max_iters``
-            (default 50), ``newton`` (``"simplified"``, ``"full"``, ``"fixed_point"``) and ``newton_tol``
-            (default: to rounding). ``"compile": True``: each explicit Runge-Kutta step one ``torch.compile``
-            graph with ``func`` inside (:mod:`~cde_nets.solvers.steppers.compiled`).
+        options: torchdiffeq's method options; unknown keys raise ``ValueError``. This library's ``"autocast":
+            torch.bfloat16`` (or ``float16``) evaluates ``func`` under ``torch.autocast``, its output cast back to
+            the state's float32, every gradient method alike (an adaptive ``rtol`` below the low precision's unit
+            roundoff, bfloat16's 2⁻⁸, is refused); ``"compile": True`` makes each explicit Runge-Kutta step one
+            ``torch.compile`` graph with ``func`` inside (:mod:`~cde_nets.solvers.steppers.compiled`). The implicit
+            methods take ``step_size``/``grid_constructor``, ``perturb``, ``interp`` and their Newton solve's
+            ``max_iters`` (50), ``newton`` (``"simplified"``, ``"full"``, ``"fixed_point"``), ``newton_tol``.
         event_fn: ``g(t, y)``: integrate from ``t[0]`` until ``g = 0`` instead (``t[1:]`` ignored); returns
             ``(event_t, solution)``, ``solution`` holding ``y0`` and the state at the event. Both differentiable.
             With ``event_mode="per_sample"``, each sample (``y0``'s first axis) stops at its own first sign change
@@ -373,8 +372,6 @@ def odeint(
     _check_compile(options, method, gradient, controller, event_fn)
     func, options = _autocast(func, y0, method, options, rtol, getattr(gradient, "rtol", None))
     rule, options = _controller(controller, method, options)
-    if rule.per_sample and under_vmap():
-        raise ValueError(PER_SAMPLE_UNDER_VMAP)
     if rule.per_sample:
         return _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, rule.name, adjoint_params)
     if event_fn is not None and event_mode != "first":
@@ -442,6 +439,8 @@ def _adjoint(func, y0, t, rtol, atol, method, options, event_fn, gradient, adjoi
 
 
 def _per_sample(func, y0, t, rtol, atol, method, options, event_fn, gradient, controller, params) -> torch.Tensor:
+    if under_vmap():
+        raise ValueError(PER_SAMPLE_UNDER_VMAP)
     if not isinstance(y0, torch.Tensor):
         raise ValueError("controller='per_sample' needs a tensor `y0` of shape (batch, *state), not a tuple.")
     check_state(y0, method or "dopri5", (method or "dopri5") in ADAPTIVE)
