@@ -362,7 +362,7 @@ def odeint(
             the shared step of the adaptive Runge-Kutta methods), or ``"per_sample"``: every sample of the batch
             (``y0``'s first axis) on its own step size, ``func`` called with ``t`` of shape ``(batch,)``, ``t`` of
             shape ``(n,)`` or ``(batch, n)``
-            (:func:`~cde_nets.solvers.per_sample.solve.odeint_per_sample`; ``dopri5``/``bosh3``).
+            (:func:`~cde_nets.solvers.per_sample.solve.odeint_per_sample`; ``dopri5``/``bosh3``/``tsit5``).
         event_mode: with ``event_fn``: ``"first"`` (default, torchdiffeq's: the whole state stops at the first
             event) or ``"per_sample"`` (each sample at its own).
 

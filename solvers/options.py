@@ -51,7 +51,7 @@ REVERSIBLE_METHODS: dict[str, int] = {"alf": 2, **REVERSIBLE_RK_METHODS}
 OWN_FIXED_METHODS: dict[str, int] = {**IMPLICIT_METHODS, **SPLIT_METHODS}
 
 # the adaptive methods whose steps per-sample control takes (solvers.per_sample.solve)
-PER_SAMPLE_METHODS = ("dopri5", "bosh3")
+PER_SAMPLE_METHODS = ("dopri5", "bosh3", "tsit5")
 
 _ALF_OPTIONS = {"eta", "first_step", "max_step", "safety", "ifactor", "dfactor"}
 _ADAPTIVE_OPTIONS = {"first_step", "max_step", "min_step", "safety", "ifactor", "dfactor", "step_t"}
@@ -185,7 +185,7 @@ class SolverOptions:
     the method's further torchdiffeq options (unknown keys raise; ``max_num_steps`` there is ``max_steps``, default
     100 000). ``rtol``/``atol`` default to 1e-6/1e-8.
     ``controller``: ``"batch"`` (one step size for the whole batch, torchdiffeq's steps), ``"per_sample"``
-    (every sample on its own steps: ``dopri5``/``bosh3``, :mod:`solvers.per_sample.solve`), another registered
+    (every sample on its own steps: ``dopri5``/``bosh3``/``tsit5``, :mod:`solvers.per_sample.solve`), another registered
     name, or a :class:`~solvers.controllers.Controller` object (its constants set on it, not in ``options``).
     ``compile``: each step one ``torch.compile``d graph with the field inside (:mod:`solvers.steppers.compiled`:
     explicit Runge-Kutta methods, the shared step, backprop; refused by name elsewhere). Off by default.

@@ -141,7 +141,7 @@ class ODEBlock(Block):
             under ``torch.autocast``, the state and step control in the state's dtype).
         controller: ``"batch"`` (default, or the ``solver``'s: one step size for the batch), a
             :class:`~cde_nets.solvers.controllers.Controller` object (the shared step's rule), or ``"per_sample"``:
-            every sample on its own steps (``dopri5``/``bosh3``), with per-sample ``t`` (``(batch, n)``) and
+            every sample on its own steps (``dopri5``/``bosh3``/``tsit5``), with per-sample ``t`` (``(batch, n)``) and
             ``t_end``; the field then sees one time per running row (``docs/guides/per_sample.md``).
         stop: a :class:`~cde_nets.blocks.stop.Stop` (``Stop(eps)``): pattern-dependent stopping time — each sample
             stops at the first time ``‖F(t, y)‖ = eps`` (at 0 if it starts below), an event ``g = ‖F‖ − eps``

@@ -14,7 +14,7 @@ class PerSample(Controller):
     r"""Each sample's step by a proportional-integral controller on its own error sequence (Gustafsson 1991,
     "Control theoretic techniques for stepsize selection in explicit Runge-Kutta methods"; the vectorised rule
     and its constants are :mod:`solvers.per_sample.control`'s), finished samples leaving the batch
-    (``controller="per_sample"``; ``dopri5`` and ``bosh3``)."""
+    (``controller="per_sample"``; ``dopri5``, ``bosh3`` and ``tsit5``)."""
 
     name = "per_sample"
     per_sample = True

@@ -23,8 +23,8 @@ passed), and one more per output time passed. So every sample takes the steps it
 is called ``max_b(nfe_b)`` times: the count of the sample that needs the most.
 
 Outputs are read off the accepted step that holds them, with the method's dense output
-(:mod:`solvers.steppers.fast_rk`): ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Methods: ``dopri5`` and ``bosh3``
-(:mod:`solvers.steppers.tableaux`).
+(:mod:`solvers.steppers.fast_rk`): ``y(t_0 + x h) = y_0 + h Σ_i β_i(x) k_i``. Methods: ``dopri5``, ``bosh3``
+and ``tsit5`` (its own continuous extension; :mod:`solvers.steppers.tableaux`).
 
 The field sees ``t`` of shape ``(m,)`` (one time per running row, in the state's dtype) and ``y`` of shape
 ``(m, *state)``, the rows in batch order; it must be row-wise (a row's derivative depends on that row alone).

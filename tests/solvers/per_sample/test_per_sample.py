@@ -125,7 +125,7 @@ def test_steps_equal_single_sample_solve_dopri5():
     assert max(calls) < sum(calls) / len(calls) * 1.6  # the spread the shared step would pay for on every row
 
 
-@pytest.mark.parametrize("method", ["dopri5", "bosh3"])
+@pytest.mark.parametrize("method", ["dopri5", "bosh3", "tsit5"])
 def test_batch_does_not_change_a_sample(method):
     """A sample's numbers do not depend on the batch it runs in: bit for bit those of its solve alone."""
     mu, y0 = _mixed(B=6, seed=1)
@@ -158,6 +158,19 @@ def test_per_sample_output_times_closed_form():
     for b in range(3):  # and the one-sample loop's dense output at that sample's times
         ref = _alone(lambda s, v: [math.cos(s)], y0[b].tolist(), t[b].tolist(), 1e-10, 1e-12)[0]
         torch.testing.assert_close(out[:, b], ref, rtol=0, atol=1e-13)
+
+
+def test_tsit5_per_sample_reads_its_own_continuous_extension():
+    """Tsitouras's method on per-sample steps: a damped rotation ``y' = A y`` against ``exp(A t) y_0`` at output
+    times between the steps (read off his continuous extension), every sample at its own times, to 1e-9."""
+    A = torch.tensor([[-0.1, 2.0], [-2.0, -0.1]], dtype=torch.float64)
+    y0 = torch.tensor([[1.0, 0.0], [0.3, -2.0], [-1.0, 0.5]], dtype=torch.float64)
+    t = torch.tensor([[0.0, 0.37, 1.9, 3.0], [0.5, 0.61, 2.2, 2.5], [-1.0, 0.1, 0.2, 4.0]], dtype=torch.float64)
+    out, info = odeint_per_sample(lambda s, y: y @ A.T, y0, t, method="tsit5", rtol=1e-10, atol=1e-12, return_info=True)
+    for b in range(3):
+        exact = torch.stack([torch.linalg.matrix_exp(A * (tj - t[b, 0])) @ y0[b] for tj in t[b]])
+        torch.testing.assert_close(out[:, b], exact, rtol=0, atol=1e-9)
+    assert int(info.steps.min()) >= 10  # the outputs fell between steps: the extension, not the step ends
 
 
 def test_t_end_and_compaction():

@@ -49,7 +49,7 @@ def _grads(gradient, method="dopri5", rtol=1e-6, atol=1e-8, **kw):
     return out.detach(), (y0.grad, field.mu.grad, field.c.grad), info
 
 
-@pytest.mark.parametrize("method", ["dopri5", "bosh3"])
+@pytest.mark.parametrize("method", ["dopri5", "bosh3", "tsit5"])
 @pytest.mark.parametrize("gradient", ["checkpoint", "symplectic"])
 def test_replayed_gradients_equal_backprop(method, gradient):
     """Checkpoint and symplectic replay the sweeps each sample took: the same values, and the gradients with
