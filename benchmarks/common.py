@@ -68,3 +68,15 @@ def write(name: str, payload: dict, out_dir: Path | None = None) -> Path:
     tmp.write_text(json.dumps({"machine": machine(), **payload}, indent=2))
     os.replace(tmp, path)
     return path
+
+
+class MLPField(torch.nn.Module):
+    """The benchmarks' small neural ODE field ``f(t, y) = W_2 tanh(W_1 y + b_1) + b_2`` (``dim → width → dim``),
+    the ``MLP 2-64-2`` of torchdiffeq's examples at the defaults."""
+
+    def __init__(self, dim: int = 2, width: int = 64):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(dim, width), torch.nn.Tanh(), torch.nn.Linear(width, dim))
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(y)

@@ -39,20 +39,11 @@ from torch import nn
 from cde_nets import ODEBlock
 from cde_nets.diagnostics import SavedTensorMemory
 
-from .common import interleaved_medians, write
+from .common import MLPField, interleaved_medians, write
 from .torchdiffeq_dropin import SpiralField
 
 GRADIENTS = ("backprop", "checkpoint", "adjoint")
 SOLVERS = {"dopri5": dict(method="dopri5", rtol=1e-6, atol=1e-6), "rk4": dict(method="rk4")}
-
-
-class _MLP(nn.Module):
-    def __init__(self, dim: int, width: int):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim, width), nn.Tanh(), nn.Linear(width, dim))
-
-    def forward(self, t, y):
-        return self.net(y)
 
 
 class _Conv(nn.Module):
@@ -84,7 +75,7 @@ def _cases(tiny: bool) -> dict[str, Callable[[], tuple[nn.Module, torch.Tensor, 
     def mlp(dim: int, width: int, batch: int) -> Callable[[], tuple[nn.Module, torch.Tensor, float]]:
         def make():
             torch.manual_seed(0)
-            return _MLP(dim, width), torch.randn(batch, dim), 1.0
+            return MLPField(dim, width), torch.randn(batch, dim), 1.0
 
         return make
 

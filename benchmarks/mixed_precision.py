@@ -41,22 +41,13 @@ from cde_nets.diagnostics import SavedTensorMemory
 from cde_nets.solvers.options import SolverOptions
 from cde_nets.solvers.precision import autocast_field
 
-from .common import interleaved_medians, write
+from .common import MLPField, interleaved_medians, write
 from .torchdiffeq_dropin import SpiralField
 
 U = 2.0**-8  # bfloat16's unit roundoff, the smallest rtol served under it
 #: the final losses of the two precisions agree to this relative difference
 LOSS_TOLERANCE = 0.1
 _A = torch.tensor([[-0.1, 2.0], [-2.0, -0.1]])
-
-
-class _MLP(nn.Module):
-    def __init__(self, dim: int, width: int):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim, width), nn.Tanh(), nn.Linear(width, dim))
-
-    def forward(self, t, y):
-        return self.net(y)
 
 
 class _Calls:
@@ -87,7 +78,7 @@ def _summary(curve: list[dict], times: list[float], saved_per_eval: list[float],
 
 def _sweep(tiny: bool) -> list[dict]:
     torch.manual_seed(0)
-    f, y0, t = _MLP(8, 64), torch.randn(16, 8), torch.tensor([0.0, 5.0])
+    f, y0, t = MLPField(8, 64), torch.randn(16, 8), torch.tensor([0.0, 5.0])
     with torch.no_grad():
         ref = odeint(copy.deepcopy(f).double(), y0.double(), t.double(), rtol=1e-12, atol=1e-12)[-1]
     rows = []
@@ -156,7 +147,7 @@ def _digits(autocast, epochs: int, n_train: int | None, seed: int = 0, lr: float
     x, y = split.x_train[:n_train], split.y_train[:n_train]
     torch.manual_seed(seed)
     solver = SolverOptions("dopri5", rtol=U, atol=1e-5, autocast=autocast)
-    model = nn.Sequential(nn.Linear(64, 32), ODEBlock(_MLP(32, 64), T=1.0, solver=solver, gradient="backprop"),
+    model = nn.Sequential(nn.Linear(64, 32), ODEBlock(MLPField(32, 64), T=1.0, solver=solver, gradient="backprop"),
                           nn.Linear(32, 10))  # fmt: skip
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
@@ -231,7 +222,7 @@ def _memory_by_width(tiny: bool, batch: int = 256) -> list[dict]:
     rows = []
     for width in (64,) if tiny else (64, 256, 1024):
         torch.manual_seed(0)
-        f, y0 = _MLP(32, width), torch.randn(batch, 32)
+        f, y0 = MLPField(32, width), torch.randn(batch, 32)
         row: dict = {"width": width, "batch": batch, "dim": 32}
         for name, dtype in (("float32", None), ("bfloat16", torch.bfloat16)):
             block = ODEBlock(f, T=1.0, method="rk4", step_size=0.1, gradient="backprop",
@@ -336,7 +327,7 @@ def run_device(device: str = "cuda", out_dir=None, widths=(256, 1024, 4096), bat
     cuda = dev.type == "cuda"
     for width in widths:
         torch.manual_seed(0)
-        f, y0 = _MLP(64, width).to(dev), torch.randn(batch, 64, device=dev)
+        f, y0 = MLPField(64, width).to(dev), torch.randn(batch, 64, device=dev)
         row: dict = {
             "width": width,
             "batch": batch,
@@ -373,7 +364,7 @@ def run_device(device: str = "cuda", out_dir=None, widths=(256, 1024, 4096), bat
         rows.append(row)
     # the CPU tests' checks on the device
     torch.manual_seed(0)
-    f, y0, t = _MLP(8, 32).to(dev), torch.randn(16, 8, device=dev), torch.tensor([0.0, 1.0], device=dev)
+    f, y0, t = MLPField(8, 32).to(dev), torch.randn(16, 8, device=dev), torch.tensor([0.0, 1.0], device=dev)
     seen: set = set()
     f.net[1].register_forward_hook(lambda m, i, o: seen.add(o.dtype))
     checks = {}

@@ -41,7 +41,7 @@ from cde_nets import ODEBlock, odeint
 from cde_nets.diagnostics import SavedTensorMemory
 from cde_nets.solvers.gradients import Backprop
 
-from .common import interleaved_medians, write
+from .common import MLPField, interleaved_medians, write
 
 Odeint = Callable[..., torch.Tensor]
 # the spiral race: ours at its default gradient, ours with torchdiffeq's backprop, torchdiffeq
@@ -50,15 +50,6 @@ IMPLS: dict[str, Odeint] = {
     "ours_torchdiffeq_steps": partial(odeint, gradient=Backprop(steps="torchdiffeq")),
     "torchdiffeq": torchdiffeq.odeint,
 }
-
-
-class _MLP(nn.Module):
-    def __init__(self, dim: int, width: int = 64):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim, width), nn.Tanh(), nn.Linear(width, dim))
-
-    def forward(self, t, y):
-        return self.net(y)
 
 
 def _fwd(impl: Odeint, f: nn.Module, y0: torch.Tensor, t: torch.Tensor) -> Callable[[], object]:
@@ -82,7 +73,7 @@ def _grid(tiny: bool) -> list[dict]:
     cases = [(2, 20)] if tiny else [(2, 20), (2, 512), (64, 20), (64, 512)]
     for dim, batch in cases:
         torch.manual_seed(0)
-        f = _MLP(dim)
+        f = MLPField(dim)
         y0 = torch.randn(batch, dim)
         t = torch.linspace(0.0, 1.0, 10)
 
