@@ -173,3 +173,16 @@ def test_block_door_refuses_what_it_does_not_serve_by_name():
     assert block.gradient_for(_Y0).name == "backprop"
     with pytest.raises(ValueError, match="event"):
         block.solve(_Y0, event=lambda t, y: y[:, 0])
+
+
+@pytest.mark.slow
+def test_inductor_code_equals_the_eager_stepper(monkeypatch):
+    """The backend users get: inductor's generated code (its decomposed ``tanh`` among it) gives the eager
+    stepper's values and backprop gradients to rounding over the same steps (float64, dopri5)."""
+    monkeypatch.setattr(compiled, "BACKEND", "inductor")
+    eager_ys, eager_grads, eager_steps = _solve_and_grad(_Field(), "dopri5", {})
+    ys, grads, steps = _solve_and_grad(_Field(), "dopri5", {"compile": True})
+    assert steps == eager_steps
+    _close(ys, eager_ys)
+    for g, e in zip(grads, eager_grads):
+        _close(g, e, 1e-11)
