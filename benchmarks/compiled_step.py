@@ -35,7 +35,7 @@ from cde_nets.solvers.gradients import Backprop
 from cde_nets.solvers.steppers import compiled
 
 from .common import interleaved_medians, write
-from .torchdiffeq_dropin import _A, SpiralField
+from .torchdiffeq_dropin import _A, spiral_iteration
 
 COMPILE = {"compile": True}
 
@@ -59,24 +59,6 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _spiral(impl: Callable[..., torch.Tensor], data: torch.Tensor, t: torch.Tensor, window: int, batch: int):
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    model = SpiralField()
-    opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
-
-    def iteration() -> float:
-        s = torch.from_numpy(rng.choice(np.arange(len(t) - window), batch, replace=False))
-        y0, ys = data[s], torch.stack([data[s + i] for i in range(window)])
-        opt.zero_grad()
-        loss = (impl(model, y0, t[:window]) - ys).abs().mean()
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return iteration
-
-
 def _spiral_race(iters: int, held_variant: bool = True) -> dict:
     """Compiled (every step size differentiated, the library's backprop), compiled with torchdiffeq's gradient
     (``Backprop(steps="torchdiffeq")``: only the first step size differentiated) and torchdiffeq, one iteration
@@ -89,11 +71,11 @@ def _spiral_race(iters: int, held_variant: bool = True) -> dict:
         data = odeint(lambda t, y: (y**3) @ _A, torch.tensor([[2.0, 0.0]]), t, method="dopri5")
     held = Backprop(steps="torchdiffeq")
     runs = {
-        "compiled": _spiral(lambda f, y0, t: odeint(f, y0, t, options=COMPILE), data, t, 10, 20),
-        "compiled_torchdiffeq_steps": _spiral(
+        "compiled": spiral_iteration(lambda f, y0, t: odeint(f, y0, t, options=COMPILE), data, t, 10, 20),
+        "compiled_torchdiffeq_steps": spiral_iteration(
             lambda f, y0, t: odeint(f, y0, t, options=COMPILE, gradient=held), data, t, 10, 20
         ),
-        "torchdiffeq": _spiral(torchdiffeq.odeint, data, t, 10, 20),
+        "torchdiffeq": spiral_iteration(torchdiffeq.odeint, data, t, 10, 20),
     }
     if not held_variant:
         del runs["compiled_torchdiffeq_steps"]

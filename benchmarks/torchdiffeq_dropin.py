@@ -121,13 +121,23 @@ def _spiral(impl: Odeint, dtype: torch.dtype, data_size: int = 1000, window: int
     t = torch.linspace(0.0, 25.0, data_size, dtype=dtype)
     with torch.no_grad():
         data = impl(lambda t, y: (y**3) @ _A.to(dtype), torch.tensor([[2.0, 0.0]], dtype=dtype), t, method="dopri5")
+    return spiral_iteration(impl, data, t, window, batch, dtype)
+
+
+def spiral_iteration(
+    impl: Odeint, data: torch.Tensor, t: torch.Tensor, window: int, batch: int, dtype: torch.dtype = torch.float32
+) -> Callable[[], float]:
+    """ode_demo's training iteration on ``data`` (the true trajectory at the times ``t``): a minibatch of
+    ``batch`` windows of ``window`` times, the mean absolute error of ``impl``'s solve from their starts, one
+    RMSprop step (lr 1e-3); model, optimiser and sampler from the same seeds for every ``impl``. Returns the
+    loss."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     model = SpiralField().to(dtype)
     opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
 
     def iteration() -> float:
-        s = torch.from_numpy(rng.choice(np.arange(data_size - window), batch, replace=False))
+        s = torch.from_numpy(rng.choice(np.arange(len(t) - window), batch, replace=False))
         y0, ys = data[s], torch.stack([data[s + i] for i in range(window)])
         opt.zero_grad()
         loss = (impl(model, y0, t[:window]) - ys).abs().mean()
