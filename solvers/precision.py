@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .transforms import under_vmap
+
 __all__ = ["MIN_RTOL", "autocast_field", "check_autocast", "check_autocast_state", "min_rtol"]
 
 #: the smallest relative tolerance served under autocast, in units of the low precision's unit roundoff
@@ -79,6 +81,12 @@ def check_autocast_state(dtype: Any, y0: torch.Tensor, name: str = "autocast") -
     not run ``dtype``."""
     if dtype is None:
         return
+    if under_vmap():
+        raise ValueError(
+            f"`{name}`={dtype} under torch.vmap: torch (2.13) does not apply autocast to a vmapped `nn.Linear` "
+            "(its batching rule runs below autocast), so the field would silently run in float32. Drop "
+            f"`{name}` inside vmap, or solve the instances as one batch (they share the field) with `{name}`."
+        )
     if y0.dtype == torch.float64 or y0.is_complex():
         raise ValueError(
             f"`{name}`={dtype} with a {str(y0.dtype).removeprefix('torch.')} state: torch.autocast casts only "

@@ -189,3 +189,16 @@ def test_what_autocast_cannot_serve_is_refused_by_name():
         check_autocast_state(BF16, torch.empty(2, device="meta"))
     # fixed-step methods have no tolerance to refuse
     assert SolverOptions("rk4", step_size=0.1, autocast=BF16).autocast is BF16
+
+
+def test_autocast_under_vmap_is_refused_in_both_doors():
+    """torch does not autocast a vmapped ``nn.Linear`` (its batching rule runs below autocast: the field would run
+    in float32 while the caller asked for bfloat16), so ``autocast`` under ``torch.vmap`` is refused by name."""
+    f = Probe()
+    Y = torch.stack([_y0(), -_y0()])
+    with pytest.raises(ValueError, match=r"options\['autocast'\].*torch.vmap"):
+        torch.func.vmap(lambda y: odeint(f, y, T01, rtol=U, atol=1e-4, options={"autocast": BF16}))(Y)
+    block = ODEBlock(Probe(), T=1.0, solver=SolverOptions(rtol=U, atol=1e-4, autocast=BF16))
+    with pytest.raises(ValueError, match=r"autocast=\).*torch.vmap"):
+        torch.func.vmap(block)(Y)
+    assert f.seen == set()  # refused before the field ran
