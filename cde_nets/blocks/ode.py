@@ -370,6 +370,12 @@ class ODEBlock(Block):
         self._check_resolution(y0, gradient)
         if self.solver.per_sample and under_vmap():
             raise ValueError(PER_SAMPLE_UNDER_VMAP)
+        if self.regularisers and under_vmap():
+            raise ValueError(
+                "a block with `regularisation` under torch.vmap: its integrals differentiate the field inside the "
+                "solve with torch.autograd, which torch.func refuses. Solve the instances as one batch with the "
+                "block, or build the block for vmap without `regularisation`."
+            )
         if self.solver.per_sample:
             return self._solve_per_sample(bound, y0, t, event, t_end, dense, stats, gradient, event_mode)
         per_sample = self.stop is not None or event is not None or t_end is not None

@@ -297,3 +297,21 @@ def test_failures_under_vmap_say_what_failed():
     bad[2, 1] = float("nan")
     with pytest.raises(ValueError, match="non-finite value"):
         vmap(lambda y: odeint(field, y, T3))(bad)
+
+
+def test_a_regularised_block_under_vmap_is_refused_by_name():
+    """A block's regularisers differentiate the field inside the solve by torch.autograd, which torch.func
+    refuses with an error of its own: the block says what to do instead."""
+    from cde_nets.blocks.regularisers import Regularisation
+
+    class Field(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.f = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+
+        def forward(self, t, y):
+            return self.f(y)
+
+    block = ODEBlock(Field(), 1.0, regularisation=Regularisation(("kinetic",)))
+    with pytest.raises(ValueError, match="regularisation.*torch.vmap"):
+        vmap(block)(torch.randn(3, 4, 2, dtype=torch.float64))
