@@ -30,6 +30,7 @@ from cde_nets.regularisers import AugmentedField, check_flow_settings, draw_prob
 from .solvers.counting import SolverStats
 from .solvers.errors import check_finite
 from .solvers.gradients import Backprop, GradientMethod, as_gradient
+from .solvers.transforms import under_vmap
 
 __all__ = ["ContinuousFlow", "standard_normal_log_prob", "bits_per_dim"]
 
@@ -117,6 +118,11 @@ class ContinuousFlow(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], int]:
         if not isinstance(x, torch.Tensor) or x.dim() < 2 or not x.is_floating_point():
             raise ValueError("`x` must be a floating-point tensor of shape (batch, dim).")
+        if under_vmap():
+            raise ValueError(
+                "ContinuousFlow under torch.vmap: its trace estimator differentiates the field inside the solve "
+                "with torch.autograd, which torch.func refuses. Pass the instances as one batch `(batch, dim)`."
+            )
         check_finite("x", x.detach())
         zero = x.new_zeros(x.shape[0])
         call = self.aug.bind(draw_probe(x, self.noise, generator) if self.aug.needs_probe else None)

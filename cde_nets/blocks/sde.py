@@ -34,6 +34,7 @@ from cde_nets.solvers.counting import SolverStats, count_evaluation
 from cde_nets.solvers.errors import check_positive, check_positive_int
 from cde_nets.solvers.gradients import Adjoint, GradientMethod, as_gradient
 from cde_nets.solvers.grids import aligned_grid
+from cde_nets.solvers.transforms import under_vmap
 
 __all__ = ["SDEBlock", "SDESettings", "SDE_METHODS", "NOISES"]
 
@@ -381,6 +382,11 @@ class SDEBlock(Block):
         return report(self._solve_call(y0, u, t, bm, SolverStats()))
 
     def _solve_call(self, y0: torch.Tensor, u: torch.Tensor | None, t, bm, stats: SolverStats) -> Solution:
+        if under_vmap():
+            raise ValueError(
+                "SDEBlock under torch.vmap: torchsde's solvers read their Brownian paths and steps on the host, "
+                "which torch.func refuses. Pass the instances as one batch (each sample draws its own path)."
+            )
         bound = self.bind(y0, u)
         if self.rho is not None and (y0.dim() < 2 or y0.shape[1] != self.rho.shape[0]):
             raise ValueError(

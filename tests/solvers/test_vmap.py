@@ -315,3 +315,16 @@ def test_a_regularised_block_under_vmap_is_refused_by_name():
     block = ODEBlock(Field(), 1.0, regularisation=Regularisation(("kinetic",)))
     with pytest.raises(ValueError, match="regularisation.*torch.vmap"):
         vmap(block)(torch.randn(3, 4, 2, dtype=torch.float64))
+
+
+def test_an_sde_block_and_a_continuous_flow_under_vmap_are_refused_by_name():
+    """torchsde reads its Brownian path and steps on the host and a flow's trace estimator calls torch.autograd
+    inside the solve, both refused by torch.func with errors of its own: each block says to pass one batch."""
+    from cde_nets import ContinuousFlow, SDEBlock
+    from cde_nets.fields import Hamiltonian
+
+    Y = torch.randn(3, 4, 4)
+    with pytest.raises(ValueError, match="SDEBlock under torch.vmap"):
+        vmap(SDEBlock(Hamiltonian(4, layers=3), "diagonal", T=1.0), randomness="different")(Y)
+    with pytest.raises(ValueError, match="ContinuousFlow under torch.vmap"):
+        vmap(ContinuousFlow(Hamiltonian(4, layers=3), T=1.0))(Y)
