@@ -442,6 +442,8 @@ def _solve_back(
         inner = [g for g in reversed(grid) if lo < g < hi]
         pts = torch.tensor([hi, *inner, lo], dtype=torch.float64, device=y.device)
         options["grid_constructor"] = lambda f, y0, s: pts
+        # a field that jumps on the grid (piecewise parameters) is read inside each step, as the forward read it
+        options["perturb"] = bool(run.options.get("perturb", False))
     out = odeint_rk(
         field,
         tuple(state),
