@@ -323,3 +323,37 @@ def test_where_the_controller_rings_the_default_is_the_computed_losss_derivative
     fd = (up - down) / (2 * eps)
     along = [sum(float((g * d).sum()) for g, d in zip(gs, v)) for gs in (g_default, g_held)]
     assert abs(along[0] - fd) < 1e-3 * abs(fd) and abs(along[1] - fd) > 0.5 * abs(fd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gradient", [Backprop(), Checkpoint()])
+def test_the_stiff_sample_through_tsit5_per_sample_steps(gradient):
+    """Tsitouras's method on per-sample steps (served since the per-sample controller took tsit5): the gradient
+    of the stiff sample is the central difference of the same solve to 1e-6, in both doors alike."""
+    block = ODEBlock(VdP(), T=10.0, method="tsit5", gradient=gradient, controller="per_sample", **TOL)
+    y0 = _y0().requires_grad_()
+    (g,) = torch.autograd.grad(_loss(block(y0)).sum(), y0)
+    fd = _fd(block, _y0())
+    assert abs(float(g[0, 0]) - fd) < 1e-6 * abs(fd)
+    x = _y0().requires_grad_()
+    out = odeint(VdP(), x, T10, method="tsit5", controller="per_sample", gradient=gradient, adjoint_params=(), **TOL)
+    (g2,) = torch.autograd.grad(_loss(out[-1]).sum(), x)
+    assert abs(float(g2[0, 0]) - fd) < 1e-6 * abs(fd)
+
+
+@pytest.mark.slow
+def test_the_stiff_sample_under_vmap_is_the_derivative_of_each_instance_solve():
+    """Under ``torch.vmap`` each instance takes its own steps, differentiated as a single solve's: the stiff
+    sample's gradient (and a mild one's beside it) is the central difference of that instance's solve to 1e-6."""
+    Y = torch.tensor([[2.0, 0.0, 20.88], [1.0, 0.5, 2.0]], dtype=F64)
+
+    def loss(y0: torch.Tensor) -> torch.Tensor:
+        return _loss(odeint(VdP(), y0, T10, **TOL)[-1])
+
+    g = torch.func.vmap(torch.func.grad(loss))(Y)
+    for b in range(2):
+        e = torch.zeros(3, dtype=F64)
+        e[0] = 1e-6
+        with torch.no_grad():
+            fd = float((loss(Y[b] + e) - loss(Y[b] - e)) / 2e-6)
+        assert abs(float(g[b, 0]) - fd) < 1e-6 * abs(fd)
