@@ -13,6 +13,7 @@ import torchdiffeq
 from torch import nn
 
 from cde_nets import odeint
+from cde_nets.benchmarks.torchdiffeq_dropin import SpiralField  # torchdiffeq's ode_demo model
 from cde_nets.solvers.gradients import Backprop
 from cde_nets.solvers.steppers import fast_rk
 
@@ -25,21 +26,6 @@ def odeint_td(*args, **kwargs):
 
 
 DTYPES = [torch.float32, torch.float64]
-
-
-class _Cubic(nn.Module):
-    """torchdiffeq's ode_demo model: an MLP on ``y³``."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(2, 50), nn.Tanh(), nn.Linear(50, 2))
-        for m in self.net:
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=0.1)
-                nn.init.zeros_(m.bias)
-
-    def forward(self, t, y):
-        return self.net(y**3)
 
 
 class _Timed(nn.Module):
@@ -87,7 +73,7 @@ def test_forward_values_are_torchdiffeqs_bit_for_bit(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("model", [_Cubic, _Timed])
+@pytest.mark.parametrize("model", [SpiralField, _Timed])
 def test_backprop_gradients_are_torchdiffeqs_bit_for_bit(dtype, model):
     """One training step's loss and gradients (parameters and ``y0``; the first step size depends on both)."""
     t, data = _spiral(dtype)
@@ -162,7 +148,7 @@ def test_float32_training_losses_are_torchdiffeqs():
     losses = {}
     for name, impl in (("ours", odeint_td), ("torchdiffeq", torchdiffeq.odeint)):
         torch.manual_seed(0)
-        field = _Cubic()
+        field = SpiralField()
         opt = torch.optim.RMSprop(field.parameters(), lr=1e-3)
         gen = torch.Generator().manual_seed(0)
         losses[name] = []
