@@ -41,7 +41,7 @@ from ..steppers.vmappable import _Loop, odeint_vmappable, vmap_methods
 from ..transforms import tracked
 from .vmap_adjoint import _Swapped, closure_refusal, field_inputs
 
-__all__ = ["Attempts", "DenseAttempts", "interpolating_vmapped", "record_dense"]
+__all__ = ["Attempts", "Caught", "DenseAttempts", "coefficients", "horner", "interpolating_vmapped", "record_dense"]
 
 
 class Caught:
