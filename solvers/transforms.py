@@ -84,10 +84,8 @@ class VmapLevel:
         return bool(_F.is_batchedtensor(x)) and _F.maybe_get_level(x) == self.level
 
     def stack(self, x: torch.Tensor) -> torch.Tensor:
-        if self.batched(x):
-            inner, dim = _F._unwrap_batched(x, self.level)
-            return inner.movedim(dim, 0)
-        return x.expand(self.size, *x.shape)
+        inner, dim = _F._unwrap_batched(x, self.level)
+        return x.expand(self.size, *x.shape) if dim is None else inner.movedim(dim, 0)
 
     def instance(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
         return _F._add_batch_dim(x, dim, self.level)
