@@ -102,6 +102,21 @@ def test_vmap_over_per_instance_end_times():
     close(got, torch.stack([odeint(field, y, t, **TOL) for y, t in zip(Y, times)]))
 
 
+def test_the_stacked_loop_is_the_vmapped_loop_to_rounding(monkeypatch):
+    import cde_nets.solvers.steppers.vmappable as vmappable
+
+    def solve_and_grad():
+        y = Y.clone().requires_grad_(True)
+        ys = vmap(lambda y0: odeint(field, y0, T3, **TOL))(y)
+        return ys, torch.autograd.grad(ys.square().sum(), y)[0]
+
+    stacked = solve_and_grad()
+    monkeypatch.setattr(vmappable, "_stackable", lambda *args: False)  # the loop under vmap's batching rules
+    under_vmap = solve_and_grad()
+    assert torch.equal(stacked[0], under_vmap[0])  # the same operations on the same numbers
+    close(stacked[1], under_vmap[1], rel=1e-13)  # autograd sums the broadcast step sizes' terms in its own order
+
+
 def test_instances_sharing_the_state_or_the_field_are_broadcast():
     times = torch.tensor([[0.0, 0.5], [0.0, 1.0], [0.0, 2.0]], dtype=D)
     y0 = Y[0]
