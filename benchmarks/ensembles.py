@@ -6,7 +6,9 @@ Each member is an MLP field ``2 → 32 → 2`` (tanh) of its own parameters, sol
 (the shared step's controller over the member's batch, as its single solve). For ``E = 16, 256, 4096`` members:
 
 - ``vmap``: ``vmap(lambda p, y: cde_nets.odeint(field(p), y, t))`` with ``field(p)`` the module called by
-  ``torch.func.functional_call`` with the member's parameters (:mod:`solvers.steppers.vmappable`);
+  ``torch.func.functional_call`` with the member's parameters at every evaluation (:mod:`solvers.steppers.vmappable`);
+- ``vmap_module``: ``vmap(lambda p, y: functional_call(solve, p, (y,)))`` with ``solve`` a module whose forward
+  solves its field: the member's parameters swapped in once per solve, the field's evaluations direct;
 - ``loop``: ``cde_nets.odeint`` member by member (for 4096 members a subset of 256 is timed and scaled by 16);
 - ``stacked``: one field over all members (``baddbmm`` with the stacked weights, state ``(E, 8, 2)``) solved by the
   same tensor loop with a clock per member (``odeint_vmappable(rows=1)``: the same steps as ``vmap``'s);
@@ -14,8 +16,9 @@ Each member is an MLP field ``2 → 32 → 2`` (tanh) of its own parameters, sol
   PI controller, so other steps), finished members leaving the batch.
 
 Interleaved medians of CPU time (one thread), forward only, and forward + backward (gradients of the summed end
-states with respect to all parameters) for ``vmap`` and ``stacked``. Goal: ``vmap`` of 256 members at most 1.2x the
-hand-stacked field and far below the loop. ``python -m cde_nets.benchmarks.ensembles [--tiny]``.
+states with respect to all parameters) for ``vmap``, ``vmap_module`` and ``stacked``. Goal: ``vmap`` of 256
+members at most 1.2x the hand-stacked field and far below the loop.
+``python -m cde_nets.benchmarks.ensembles [--tiny]``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,18 @@ class Stacked(nn.Module):
         return torch.baddbmm(b2, torch.tanh(torch.baddbmm(b1, y, w1)), w2)
 
 
+class Solve(nn.Module):
+    """A module whose forward is the solve of its field: ``functional_call`` on it swaps a member's parameters in
+    once per solve."""
+
+    def __init__(self, field: nn.Module, t: torch.Tensor):
+        super().__init__()
+        self.field, self.t = field, t
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return odeint(self.field, y, self.t, **TOL)[-1]
+
+
 def _members(n: int) -> tuple[list[MLP], dict[str, torch.Tensor], torch.Tensor]:
     torch.manual_seed(0)
     members = [MLP().double() for _ in range(n)]
@@ -80,6 +95,11 @@ def _case(n: int, repeat: int, warmup: int) -> dict:
     def by_vmap(p=params) -> torch.Tensor:
         return vmap(one)(p, y0)
 
+    solve = Solve(base, t)
+
+    def by_vmap_module(p=params) -> torch.Tensor:
+        return vmap(lambda q, y: functional_call(solve, {f"field.{k}": v for k, v in q.items()}, (y,)))(p, y0)
+
     def stacked(p=params) -> torch.Tensor:
         return odeint_vmappable(Stacked(p), y0, t, method="dopri5", rows=1, **TOL)[-1]
 
@@ -93,11 +113,13 @@ def _case(n: int, repeat: int, warmup: int) -> dict:
 
     with torch.no_grad():
         ref = loop()
-        v, s = by_vmap(), stacked()
+        v, s, vm = by_vmap(), stacked(), by_vmap_module()
         agree = float((v[:timed] - ref).abs().max() / ref.abs().max())
-        agree_stacked = float((s - v).abs().max() / v.abs().max())
-        times = interleaved_medians([by_vmap, stacked, per_sample, loop], repeat, warmup, clock=time.process_time)
-    vmap_s, stacked_s, per_sample_s, loop_s = times
+        agree_stacked = max(float((s - v).abs().max() / v.abs().max()), float((vm - v).abs().max() / v.abs().max()))
+        times = interleaved_medians(
+            [by_vmap, by_vmap_module, stacked, per_sample, loop], repeat, warmup, clock=time.process_time
+        )
+    vmap_s, vmap_module_s, stacked_s, per_sample_s, loop_s = times
     loop_s *= n / timed
 
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
@@ -109,22 +131,26 @@ def _case(n: int, repeat: int, warmup: int) -> dict:
 
         return step
 
-    vmap_b, stacked_b = interleaved_medians(
-        [grad_of(by_vmap), grad_of(stacked)], repeat, warmup, clock=time.process_time
+    vmap_b, vmap_module_b, stacked_b = interleaved_medians(
+        [grad_of(by_vmap), grad_of(by_vmap_module), grad_of(stacked)], repeat, warmup, clock=time.process_time
     )
     return {
         "members": n,
         "vmap_s": vmap_s,
+        "vmap_module_s": vmap_module_s,
         "stacked_s": stacked_s,
         "per_sample_s": per_sample_s,
         "loop_s": loop_s,
         "loop_timed_members": timed,
         "vmap_over_stacked": vmap_s / stacked_s,
+        "vmap_module_over_stacked": vmap_module_s / stacked_s,
         "vmap_over_per_sample": vmap_s / per_sample_s,
         "loop_over_vmap": loop_s / vmap_s,
         "vmap_backward_s": vmap_b,
+        "vmap_module_backward_s": vmap_module_b,
         "stacked_backward_s": stacked_b,
         "vmap_over_stacked_backward": vmap_b / stacked_b,
+        "vmap_module_over_stacked_backward": vmap_module_b / stacked_b,
         "max_rel_diff_vmap_loop": agree,
         "max_rel_diff_vmap_stacked": agree_stacked,
     }

@@ -4,10 +4,23 @@ with. Used by the vmapped adaptive loop (:mod:`solvers.steppers.vmappable`) and 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch._C._functorch import TransformType
 
-__all__ = ["PER_SAMPLE_UNDER_VMAP", "host_all", "host_any", "physical", "tracked", "under_vmap", "wrapped"]
+__all__ = [
+    "PER_SAMPLE_UNDER_VMAP",
+    "VmapLevel",
+    "host_all",
+    "host_any",
+    "innermost_vmap",
+    "physical",
+    "tracked",
+    "under_vmap",
+    "wrapped",
+]
 
 _F = torch._C._functorch
 #: both doors' refusal of per-sample control under vmap, which itself gives every instance its own steps
@@ -53,3 +66,51 @@ def host_any(x: torch.Tensor) -> bool:
 def host_all(x: torch.Tensor) -> bool:
     """Whether ``x`` is true in every instance (one host read)."""
     return bool(physical(x).all())
+
+
+class VmapLevel:
+    """The innermost ``torch.vmap`` level, for a solve that runs on its instances stacked along a leading axis, as a
+    batching rule does: :meth:`stack` takes a tensor to that stacked form (the instances along axis 0, broadcast
+    where the tensor is shared by every instance), :meth:`instance` gives a stacked tensor back as each instance's
+    value at this level. Inside :meth:`popped` the level is off torch's transform stack, so the stacked tensors'
+    operations run as plain ones (without ``vmap``'s dispatch on every operation); :meth:`pushed` puts it back, for
+    code that sees the instances (the field, which may close over tensors batched at this level)."""
+
+    def __init__(self, level: int, size: int) -> None:
+        self.level, self.size = level, size
+        self._saved: list = []
+
+    def batched(self, x: torch.Tensor) -> bool:
+        return bool(_F.is_batchedtensor(x)) and _F.maybe_get_level(x) == self.level
+
+    def stack(self, x: torch.Tensor) -> torch.Tensor:
+        inner, dim = _F._unwrap_batched(x, self.level)
+        return x.expand(self.size, *x.shape) if dim is None else inner.movedim(dim, 0)
+
+    def instance(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        return _F._add_batch_dim(x, dim, self.level)
+
+    @contextmanager
+    def popped(self) -> Iterator[None]:
+        self._saved.append(_F.pop_dynamic_layer_stack())
+        try:
+            yield
+        finally:
+            _F.push_dynamic_layer_stack(self._saved.pop())
+
+    @contextmanager
+    def pushed(self) -> Iterator[None]:
+        layer = self._saved[-1]
+        _F.push_dynamic_layer_stack(layer)
+        try:
+            yield
+        finally:
+            self._saved[-1] = _F.pop_dynamic_layer_stack()
+
+
+def innermost_vmap() -> VmapLevel | None:
+    """The innermost transform when it is a ``torch.vmap`` (``None`` under a ``grad``/``jvp`` level or none)."""
+    top = _F.peek_interpreter_stack()
+    if top is None or top.key() != TransformType.Vmap:
+        return None
+    return VmapLevel(top.level(), _F.CVmapInterpreterPtr(top).batchSize())

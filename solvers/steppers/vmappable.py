@@ -35,7 +35,7 @@ from ..controllers import Controller, Integral
 from ..counting import Counted
 from ..errors import Reason, SolverError
 from ..norms import StateNorm
-from ..transforms import host_any, physical
+from ..transforms import VmapLevel, host_any, innermost_vmap, physical
 from .fast_rk import _dense_weights
 from .methods import ADAPTIVE_METHODS, FIXED_METHODS
 from .tableaux import TABLEAUX
@@ -351,6 +351,9 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
     # the counting wrapper of ODEBlock's solves registers hooks per evaluation: vmap calls the field itself
     func = run.func.field if isinstance(run.func, Counted) else run.func
     s = run.solver
+    level = innermost_vmap()
+    if level is not None and _stackable(level, run.y0, s.rtol, s.atol, options):
+        return _solve_stacked(level, func, run, options, steps=getattr(gradient, "steps", "differentiated"))
     return odeint_vmappable(
         func,
         run.y0,
@@ -362,3 +365,39 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
         max_steps=s.max_steps,
         steps=getattr(gradient, "steps", "differentiated"),
     )
+
+
+def _stackable(level: VmapLevel, y0: torch.Tensor, rtol: Any, atol: Any, options: Mapping[str, Any]) -> bool:
+    """Whether the innermost ``vmap``'s instances can be solved as the rows of one stacked batch (the default norm,
+    a state with axes, tolerances shared by every instance)."""
+    shared = all(not (isinstance(tol, torch.Tensor) and level.batched(tol)) for tol in (rtol, atol))
+    return "norm" not in options and y0.dim() > 0 and not y0.is_complex() and shared
+
+
+def _solve_stacked(level: VmapLevel, func: Callable, run: Any, options: Mapping[str, Any], steps: str) -> torch.Tensor:
+    """The innermost ``vmap``'s instances solved as the rows of one batch, each on its own clock (``rows=1``): the
+    loop's decisions run once on the stacked tensors instead of through ``vmap``'s batching rules, and only the
+    field sees the instances (the same values: every row's steps are its instance's)."""
+    y0, t = level.stack(run.y0), run.t
+    if level.batched(t):  # per-instance output times: one row of times per instance
+        t = level.stack(t)
+
+    def stacked(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with level.pushed():
+            return level.stack(func(level.instance(s), level.instance(y)))
+
+    s = run.solver
+    with level.popped():
+        out = odeint_vmappable(
+            stacked,
+            y0,
+            t,
+            method=run.method,
+            rtol=s.rtol,
+            atol=s.atol,
+            options=options,
+            max_steps=s.max_steps,
+            rows=1,
+            steps=steps,
+        )
+    return level.instance(out, 1)

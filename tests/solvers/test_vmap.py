@@ -102,6 +102,51 @@ def test_vmap_over_per_instance_end_times():
     close(got, torch.stack([odeint(field, y, t, **TOL) for y, t in zip(Y, times)]))
 
 
+def test_the_stacked_loop_is_the_vmapped_loop_to_rounding(monkeypatch):
+    import cde_nets.solvers.steppers.vmappable as vmappable
+
+    def solve_and_grad():
+        y = Y.clone().requires_grad_(True)
+        ys = vmap(lambda y0: odeint(field, y0, T3, **TOL))(y)
+        return ys, torch.autograd.grad(ys.square().sum(), y)[0]
+
+    stacked = solve_and_grad()
+    monkeypatch.setattr(vmappable, "_stackable", lambda *args: False)  # the loop under vmap's batching rules
+    under_vmap = solve_and_grad()
+    assert torch.equal(stacked[0], under_vmap[0])  # the same operations on the same numbers
+    close(stacked[1], under_vmap[1], rel=1e-13)  # autograd sums the broadcast step sizes' terms in its own order
+
+
+def test_instances_sharing_the_state_or_the_field_are_broadcast():
+    times = torch.tensor([[0.0, 0.5], [0.0, 1.0], [0.0, 2.0]], dtype=D)
+    y0 = Y[0]
+    got = vmap(lambda t: odeint(field, y0, t, **TOL))(times)  # neither y0 nor the field's output is batched
+    close(got, torch.stack([odeint(field, y0, t, **TOL) for t in times]))
+    scales = torch.tensor([0.5, 1.0, -2.0], dtype=D)
+    got = vmap(lambda c: odeint(lambda t, y: c * field(t, y), y0, T3, **TOL))(scales)  # y0 shared
+    close(got, torch.stack([odeint(lambda t, y, c=c: c * field(t, y), y0, T3, **TOL) for c in scales]))
+
+
+def test_a_failing_solve_under_vmap_leaves_torch_func_as_it_found_it():
+    class Mine(Exception):
+        pass
+
+    mine = Mine("the user's own")
+
+    def failing(t, y):
+        if float(torch._C._functorch.get_unwrapped(t).max()) > 0.5:
+            raise mine
+        return field(t, y)
+
+    with pytest.raises(Mine) as caught:
+        vmap(lambda y: odeint(failing, y, T3, **TOL))(Y)
+    assert caught.value is mine
+    with pytest.raises(SolverError, match="max_steps=3 reached"):
+        vmap(lambda y: odeint(field, y, T3, options=dict(max_num_steps=3), **TOL))(Y)
+    assert torch._C._functorch.peek_interpreter_stack() is None
+    close(vmap(lambda y: odeint(field, y, T3, **TOL))(Y), torch.stack([odeint(field, y, T3, **TOL) for y in Y]))
+
+
 def test_an_ensemble_by_functional_call_equals_the_loop_in_values_and_gradients():
     torch.manual_seed(0)
     members = [MLP().double() for _ in range(3)]
