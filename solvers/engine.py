@@ -29,8 +29,9 @@ from typing import Any
 import torch
 
 from .controllers import Controller, is_per_sample
+from .gradients.backprop import Backprop
 from .gradients.base import GradientMethod
-from .gradients.vmap_adjoint import adjoint_vmapped
+from .gradients.vmap_adjoint import adjoint_vmapped, field_inputs
 from .gradients.vmap_checkpoint import checkpoint_vmapped
 from .gradients.vmap_gauss import gauss_vmapped
 from .gradients.vmap_interpolating import interpolating_vmapped
@@ -41,10 +42,11 @@ from .run import Run
 from .steppers.fast_rk import fast_applies, odeint_fast
 from .steppers.implicit_grid import IMPLICIT_GRID_GRADIENTS, ImplicitGrid
 from .steppers.implicit_ode import integrate_implicit
+from .steppers.methods import FIXED_METHODS
 from .steppers.reversible_rk import integrate_reversible_rk
 from .steppers.split_ode import integrate_split
 from .steppers.vmappable import solve_vmapped, vmap_methods, vmap_options
-from .transforms import under_vmap
+from .transforms import forward_mode_only, tracked, under_transform, under_vmap
 
 __all__ = ["EVENTS_UNDER_VMAP", "EVENT_MODES", "check_cell", "check_events", "solve"]
 
@@ -99,6 +101,36 @@ def check_events(method: str, event_mode: str = "per_sample", controller: str | 
         )
 
 
+def _differentiated(run: Run, gradient: GradientMethod) -> bool:
+    """Whether a ``torch.func`` level or autograd differentiates ``run.y0`` or a tensor the field reaches."""
+    try:
+        tensors = field_inputs(run, gradient.name)[2]
+    except ValueError:  # an adjoint_params entry the field does not reach: the gradient method's own refusal
+        return True
+    return tracked(run.y0) or any(tracked(x) for x in tensors)
+
+
+def _transform_refusal(run: Run, gradient: GradientMethod) -> ValueError:
+    return ValueError(
+        f"gradient={gradient.name!r} with method={run.method!r} under a torch.func transform: torch.func runs "
+        f"this gradient method's own backward pass on the adaptive explicit methods {vmap_methods()} only; use "
+        "one of them, or gradient='backprop' (torch.func differentiates the solve itself), or torch.autograd "
+        "instead of torch.func."
+    )
+
+
+def _under_transform(run: Run, gradient: GradientMethod) -> torch.Tensor | None:
+    """A gradient method's own backward pass under ``torch.func.grad``/``jacrev``/``vjp`` (no ``vmap``): torch.func
+    takes an ``autograd.Function`` only in the form the vmapped solves' are written in, so those serve here too (on
+    the loop of tensor decisions, the single solve's steps); ``None`` where nothing is differentiated."""
+    own = _VMAP_GRADIENTS.get(gradient.name)
+    if own is None or run.method not in vmap_methods():
+        if _differentiated(run, gradient):
+            raise _transform_refusal(run, gradient)
+        return None
+    return own(run, gradient, vmap_options(run))
+
+
 def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
     """The states at ``run.t``, ``(len(t), *y0.shape)``, with ``gradient``'s backward pass attached; a
     ``ValueError`` naming the fix where ``gradient`` cannot serve ``run.method``."""
@@ -115,9 +147,20 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
             vmapped = own(run, gradient, vmap_options(run))
             if vmapped is not None:
                 return vmapped
+        if gradient.name != "backprop" and torch.is_grad_enabled() and run.method in FIXED_METHODS:
+            if _differentiated(run, gradient):
+                raise _transform_refusal(run, gradient)
+            gradient = Backprop()  # nothing is differentiated: no backward pass to choose, the grid as vmap runs it
         vmapped = solve_vmapped(run, gradient)
         if vmapped is not None:
             return vmapped
+    elif gradient.name != "backprop" and torch.is_grad_enabled() and under_transform():
+        if forward_mode_only():  # jvp's tangents are the solve's own derivative: no backward pass to choose
+            gradient = Backprop()
+        else:
+            served = _under_transform(run, gradient)
+            if served is not None:
+                return served
     if compiled:
         return _compiled(run, gradient)
     if run.method in OWN_FIXED_METHODS:

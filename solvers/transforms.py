@@ -18,6 +18,8 @@ __all__ = [
     "innermost_vmap",
     "physical",
     "tracked",
+    "forward_mode_only",
+    "under_transform",
     "under_vmap",
     "wrapped",
 ]
@@ -34,6 +36,17 @@ def under_vmap() -> bool:
     """Whether a ``torch.vmap`` level is active (anywhere in ``torch.func``'s interpreter stack)."""
     stack = _F.get_interpreter_stack()
     return bool(stack) and any(level.key() == TransformType.Vmap for level in stack)
+
+
+def under_transform() -> bool:
+    """Whether any ``torch.func`` transform (``vmap``, ``grad``/``jacrev``/``vjp``, ``jvp``/``jacfwd``) is active."""
+    return _F.peek_interpreter_stack() is not None
+
+
+def forward_mode_only() -> bool:
+    """Whether every active ``torch.func`` transform is forward mode (``jvp``; ``jacfwd`` without its ``vmap``)."""
+    stack = _F.get_interpreter_stack() or ()
+    return bool(stack) and all(level.key() == TransformType.Jvp for level in stack)
 
 
 def wrapped(x: torch.Tensor) -> bool:
