@@ -31,6 +31,7 @@ from .controllers import Controller, is_per_sample
 from .gradients.base import GradientMethod
 from .gradients.vmap_adjoint import adjoint_vmapped
 from .gradients.vmap_checkpoint import checkpoint_vmapped
+from .gradients.vmap_symplectic import symplectic_vmapped
 from .grids import stepper_options
 from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, REVERSIBLE_RK_METHODS, SPLIT_METHODS
 from .per_sample.solve import check_per_sample_gradient
@@ -46,7 +47,7 @@ from .transforms import under_vmap
 __all__ = ["EVENTS_UNDER_VMAP", "EVENT_MODES", "check_cell", "check_events", "solve"]
 
 #: the gradient methods with a backward pass of their own under torch.vmap (each instance's on its own steps)
-_VMAP_GRADIENTS = {"adjoint": adjoint_vmapped, "checkpoint": checkpoint_vmapped}
+_VMAP_GRADIENTS = {"adjoint": adjoint_vmapped, "checkpoint": checkpoint_vmapped, "symplectic": symplectic_vmapped}
 #: the two event semantics: the whole state stops at the first event (torchdiffeq's ``odeint_event``: the search of
 #: :mod:`solvers.steppers.rk_events`), or each sample at its own (the loop of :mod:`solvers.events`)
 EVENT_MODES = ("first", "per_sample")
