@@ -17,12 +17,14 @@ one of its own. The engine picks the stepper family by what the method is:
 - otherwise the gradient method's own solve (replay, continuous adjoint, reversible, forward mode);
 - under ``torch.vmap`` the adaptive explicit Runge-Kutta methods run on a loop of tensor decisions instead
   (:mod:`solvers.steppers.vmappable`: each vmapped instance on its own steps), differentiated by backprop, by the
-  continuous adjoint (:mod:`solvers.gradients.vmap_adjoint`) or by the replay of each instance's attempts
-  (:mod:`solvers.gradients.vmap_checkpoint`).
+  continuous adjoint (:mod:`solvers.gradients.vmap_adjoint`), by the replay of each instance's attempts
+  (:mod:`solvers.gradients.vmap_checkpoint`, :mod:`solvers.gradients.vmap_symplectic`) or by its tangents
+  (:mod:`solvers.gradients.vmap_forward`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ from .controllers import Controller, is_per_sample
 from .gradients.base import GradientMethod
 from .gradients.vmap_adjoint import adjoint_vmapped
 from .gradients.vmap_checkpoint import checkpoint_vmapped
+from .gradients.vmap_forward import forward_vmapped
 from .gradients.vmap_symplectic import symplectic_vmapped
 from .grids import stepper_options
 from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, REVERSIBLE_RK_METHODS, SPLIT_METHODS
@@ -47,7 +50,12 @@ from .transforms import under_vmap
 __all__ = ["EVENTS_UNDER_VMAP", "EVENT_MODES", "check_cell", "check_events", "solve"]
 
 #: the gradient methods with a backward pass of their own under torch.vmap (each instance's on its own steps)
-_VMAP_GRADIENTS = {"adjoint": adjoint_vmapped, "checkpoint": checkpoint_vmapped, "symplectic": symplectic_vmapped}
+_VMAP_GRADIENTS: dict[str, Callable[[Run, Any, dict], torch.Tensor | None]] = {
+    "adjoint": adjoint_vmapped,
+    "checkpoint": checkpoint_vmapped,
+    "symplectic": symplectic_vmapped,
+    "forward": forward_vmapped,
+}
 #: the two event semantics: the whole state stops at the first event (torchdiffeq's ``odeint_event``: the search of
 #: :mod:`solvers.steppers.rk_events`), or each sample at its own (the loop of :mod:`solvers.events`)
 EVENT_MODES = ("first", "per_sample")

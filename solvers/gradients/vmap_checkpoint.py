@@ -20,7 +20,7 @@ marked non-differentiable. Tensors the field closes over are taken as inputs as 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -104,7 +104,7 @@ class _VmapCheckpoint(torch.autograd.Function):
         def pull(fn: Any, primals: tuple, cots: Any) -> tuple[list, list]:
             return cfg["pull"](field.with_tensors, make, fn, primals, tensors, cots)
 
-        def add(acc: list, new: tuple) -> list:
+        def add(acc: list, new: Sequence[Any]) -> list:
             return [a + b for a, b in zip(acc, new)]
 
         g = [torch.zeros_like(p) for p in tensors]

@@ -60,7 +60,8 @@ def stagewise(field_with: Callable, make: Callable, fn: Callable, primals: tuple
 
         return fn(make(given), *a[:n]), tuple(points)
 
-    (outs, points), pull = vjp(arithmetic, *primals, *slopes)
+    traced = vjp(arithmetic, *primals, *slopes)
+    (outs, points), pull = traced[0], traced[1]
     zero_outs = tuple(map(torch.zeros_like, outs)) if isinstance(outs, tuple) else torch.zeros_like(outs)
     zero_points = [torch.zeros_like(p) for p in points]
     total = list(pull((cots, tuple(zero_points))))

@@ -328,8 +328,9 @@ def vmap_options(run: Any) -> dict[str, Any]:
 def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
     """The engine's solve of ``run`` (:class:`~solvers.run.Run`) under ``torch.vmap``: the adaptive explicit
     Runge-Kutta methods on this loop, differentiated by autograd (``gradient="backprop"``; the engine serves the
-    adjoint and the checkpoint by their own functions first); ``None`` for the fixed-step explicit methods, whose
-    host-side grid ``vmap`` already runs. Anything else is refused by name."""
+    adjoint, the checkpoint, the symplectic adjoint and forward sensitivities by their own functions first);
+    ``None`` for the fixed-step explicit methods, whose host-side grid ``vmap`` already runs. Anything else is
+    refused by name."""
     method = run.method
     if method not in vmap_methods():
         if method in FIXED_METHODS:
@@ -344,8 +345,9 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
         raise ValueError(
             f"gradient={gradient.name!r} under torch.vmap: its backward pass reads the steps on the host, which vmap "
             "cannot batch; use gradient='backprop' (autograd through the vmapped loop, every instance's own steps) "
-            "gradient='checkpoint' (the replay of each instance's own steps) or gradient='adjoint' (the continuous "
-            "adjoint, each instance's backward solve on its own steps)."
+            "gradient='checkpoint' or 'symplectic' (the replay of each instance's own steps), gradient='forward' "
+            "(each instance's tangents along its own steps) or gradient='adjoint' (the continuous adjoint, each "
+            "instance's backward solve on its own steps)."
         )
     options = vmap_options(run)
     # the counting wrapper of ODEBlock's solves registers hooks per evaluation: vmap calls the field itself
