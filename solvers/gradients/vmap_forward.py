@@ -10,11 +10,13 @@ computes it outside ``vmap``. Every step decision is the primal's, so each insta
 with ``steps="differentiated"`` they pass through the error estimate and the controller, as backprop's gradient
 does, with ``"fixed"`` the step sizes are constants.
 
-The Jacobian reaches autograd without an ``autograd.Function``: the output is ``Y + J (x − x̄)`` with ``x̄`` the
-detached ``x`` and ``J`` a constant, whose value is ``Y`` and whose derivative in ``x`` is ``J``, so ``grad``,
-``jacrev`` and ``vjp`` (and ``jvp``) over or under ``vmap`` all read ``J``. The tensors to differentiate are
-``y0``, ``adjoint_params`` and every tracked tensor the field reaches (swapped into their places for each
-evaluation, as the vmapped adjoint takes them: :func:`solvers.gradients.vmap_adjoint.field_inputs`).
+The Jacobian reaches autograd without an ``autograd.Function``: the output is ``Ȳ + J (x − x̄)`` with ``x̄``,
+``Ȳ`` the detached ``x``, ``Y`` and ``J`` a constant, whose value is ``Y`` and whose derivative in ``x`` is ``J``,
+so ``grad``, ``jacrev`` and ``vjp`` over or under ``vmap`` all read ``J``. The tensors to differentiate are
+``y0``, ``adjoint_params`` and every tensor a ``torch.func`` level tracks that the field reaches (swapped into
+their places for each evaluation, as the vmapped adjoint takes them:
+:func:`solvers.gradients.vmap_adjoint.field_inputs`); as outside ``vmap``, a tensor that only requires grad and is
+not among them gets no gradient.
 """
 
 from __future__ import annotations
@@ -25,19 +27,28 @@ import torch
 from torch.func import jacfwd
 
 from ..steppers.vmappable import odeint_vmappable
-from ..transforms import tracked
+from ..transforms import tracked, wrapped
 from .vmap_adjoint import _Swapped, field_inputs
 
 __all__ = ["HIDDEN_REFUSAL", "forward_vmapped"]
 
 #: the refusal where the solve depends on a differentiated tensor that forward mode cannot seed
 HIDDEN_REFUSAL = (
-    "gradient='forward' under torch.vmap: the field reaches a tensor that is differentiated (requires grad, or "
-    "is tracked by grad/jacrev) in a place forward mode cannot seed with a tangent (a global, a tuple, an object "
-    "without __dict__; or a tensor outside `adjoint_params`), so its gradient would be lost. Hold it in a module, "
-    "an attribute, a closure variable, a dict or a list the field reaches and pass it in `adjoint_params`, or use "
-    "gradient='backprop'."
+    "gradient='forward' under torch.vmap: the field reaches a tensor that torch.func differentiates (by grad, "
+    "jacrev or vjp) in a place forward mode cannot seed with a tangent (a global, a tuple, an object without "
+    "__dict__), so its gradient would be lost. Hold it in a module, an attribute, a closure variable, a dict or a "
+    "list the field reaches (and pass it in `adjoint_params`), or use gradient='backprop'."
 )
+
+
+def _differentiated(x: torch.Tensor) -> bool:
+    """Whether a ``torch.func`` level differentiates ``x`` (autograd beneath every level aside: as outside
+    ``vmap``, a tensor that only requires grad and is not in ``adjoint_params`` gets no gradient)."""
+    while wrapped(x):
+        if x.requires_grad:
+            return True
+        x = torch._C._functorch.get_unwrapped(x)
+    return False
 
 
 def forward_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor | None:
@@ -59,7 +70,7 @@ def forward_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor | No
             "gradient='checkpoint' (reverse mode), or raise Forward(max_entries=)."
         )
     s = run.solver
-    if tracked(_Swapped(func, groups, [x.detach() for x in tensors])(run.t[0], run.y0.detach())):
+    if _differentiated(_Swapped(func, groups, [x.detach() for x in tensors])(run.t[0], run.y0.detach())):
         raise ValueError(HIDDEN_REFUSAL)  # known from one evaluation, before the solve
 
     def solve(y: torch.Tensor, *p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,9 +89,9 @@ def forward_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor | No
         return ys, ys
 
     blocks, ys = jacfwd(solve, argnums=wrt, has_aux=True)(*(x.detach() for x in inputs))
-    if tracked(ys):  # reached on a branch the first evaluation did not take
+    if _differentiated(ys):  # reached on a branch the first evaluation did not take
         raise ValueError(HIDDEN_REFUSAL)
-    out = ys
+    out = ys.detach()
     for i, block in zip(wrt, blocks):
         x = inputs[i]
         step = (x - x.detach()).reshape(-1)  # zero, with derivative one: the product's derivative in x is J
