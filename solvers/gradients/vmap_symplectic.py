@@ -9,7 +9,7 @@ For an explicit Runge-Kutta step ``k_i = F(t_0 + c_i h, Y_i)``, ``Y_i = y_0 + h 
     ``λ_0 = λ_1 + Σ_i μ_i``,   ``∂ℒ/∂θ += Σ_i (∂F/∂θ(t_0 + c_i h, Y_i))ᵀ κ_i``,
 
 which conserves ``λᵀ δy`` exactly, so the gradient is the exact gradient of the solver's map (the stage form of
-the paper's eq. 7, which also covers ``b_i = 0``). Here, as outside ``vmap``
+the paper's partitioned Runge-Kutta adjoint, which also covers ``b_i = 0``). Here, as outside ``vmap``
 (:func:`solvers.gradients.replay_controlled.symplectic_attempt`), the attempt's stage-free arithmetic (the stage
 inputs and times, the new state, the error ratio and the controller with ``steps="differentiated"``, the dense
 output) is one small graph over the slopes ``k_i``, taken as leaves: ``κ_i = ∂ℒ/∂k_i`` is complete once the later
