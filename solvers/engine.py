@@ -18,12 +18,14 @@ one of its own. The engine picks the stepper family by what the method is:
 - under ``torch.vmap`` the adaptive explicit Runge-Kutta methods run on a loop of tensor decisions instead
   (:mod:`solvers.steppers.vmappable`: each vmapped instance on its own steps), differentiated by backprop, by the
   continuous adjoint (:mod:`solvers.gradients.vmap_adjoint`), by the replay of each instance's attempts
-  (:mod:`solvers.gradients.vmap_checkpoint`) or by the interpolating and Gauss adjoints
-  (:mod:`solvers.gradients.vmap_interpolating`, :mod:`solvers.gradients.vmap_gauss`).
+  (:mod:`solvers.gradients.vmap_checkpoint`, :mod:`solvers.gradients.vmap_symplectic`), by the interpolating and
+  Gauss adjoints (:mod:`solvers.gradients.vmap_interpolating`, :mod:`solvers.gradients.vmap_gauss`) or by its
+  tangents (:mod:`solvers.gradients.vmap_forward`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,8 +35,10 @@ from .gradients.backprop import Backprop
 from .gradients.base import GradientMethod
 from .gradients.vmap_adjoint import adjoint_vmapped, field_inputs
 from .gradients.vmap_checkpoint import checkpoint_vmapped
+from .gradients.vmap_forward import forward_vmapped
 from .gradients.vmap_gauss import gauss_vmapped
 from .gradients.vmap_interpolating import interpolating_vmapped
+from .gradients.vmap_symplectic import symplectic_vmapped
 from .grids import stepper_options
 from .options import IMPLICIT_METHODS, OWN_FIXED_METHODS, REVERSIBLE_METHODS, REVERSIBLE_RK_METHODS, SPLIT_METHODS
 from .per_sample.solve import check_per_sample_gradient
@@ -51,9 +55,11 @@ from .transforms import forward_mode_only, tracked, under_transform, under_vmap
 __all__ = ["EVENTS_UNDER_VMAP", "EVENT_MODES", "check_cell", "check_events", "solve"]
 
 #: the gradient methods with a backward pass of their own under torch.vmap (each instance's on its own steps)
-_VMAP_GRADIENTS = {
+_VMAP_GRADIENTS: dict[str, Callable[[Run, Any, dict], torch.Tensor | None]] = {
     "adjoint": adjoint_vmapped,
     "checkpoint": checkpoint_vmapped,
+    "symplectic": symplectic_vmapped,
+    "forward": forward_vmapped,
     "interpolating": interpolating_vmapped,
     "gauss": gauss_vmapped,
 }

@@ -20,6 +20,7 @@ marked non-differentiable. Tensors the field closes over are taken as inputs as 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +42,22 @@ def _unpack_last(parts: tuple[torch.Tensor, ...]) -> dict[str, Any]:
 
 def _pack_last(last: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     return (*(last[k] for k in _LAST), torch.stack(last["ks"]))
+
+
+Pull = Callable[..., tuple[list, list]]
+
+
+def replayed(field_with: Callable, make: Callable, fn: Callable, primals: tuple, tensors: tuple, cots: Any):
+    """The cotangents of ``primals`` and of the field's ``tensors`` from those of ``fn(loop, *primals)``'s
+    outputs, by one vector-Jacobian product through ``fn`` recomputed whole (every field evaluation in its graph);
+    ``make(func)`` builds the loop on a field, ``field_with(tensors)`` the field on the given tensors."""
+    n = len(primals)
+
+    def whole(*a: torch.Tensor) -> Any:
+        return fn(make(field_with(a[n:])), *a[:n])
+
+    pulled = vjp(whole, *primals, *tensors)[1](cots)
+    return list(pulled[:n]), list(pulled[n:])
 
 
 class _Intervals:
@@ -79,12 +96,15 @@ class _VmapCheckpoint(torch.autograd.Function):
         y0, t, *rest = ctx.saved_tensors
         tensors, (T0, Y, K0, H, OK, *L) = rest[: ctx.n], rest[ctx.n :]
         field, fw = _Swapped(cfg["func"], cfg["slots"], tensors), cfg["forward"]
-        tab, m = TABLEAUX[fw["method"]], len(tensors)
+        tab = TABLEAUX[fw["method"]]
 
-        def loop(p: tuple) -> _Loop:
-            return _Loop(field.with_tensors(p), y0, tab, fw["rtol"], fw["atol"], fw["options"], 0, fw["steps"])
+        def make(func: Any) -> _Loop:
+            return _Loop(func, y0, tab, fw["rtol"], fw["atol"], fw["options"], 0, fw["steps"])
 
-        def add(acc: list, new: tuple) -> list:
+        def pull(fn: Any, primals: tuple, cots: Any) -> tuple[list, list]:
+            return cfg["pull"](field.with_tensors, make, fn, primals, tensors, cots)
+
+        def add(acc: list, new: Sequence[Any]) -> list:
             return [a + b for a, b in zip(acc, new)]
 
         g = [torch.zeros_like(p) for p in tensors]
@@ -95,11 +115,11 @@ class _VmapCheckpoint(torch.autograd.Function):
         for j in range(t.shape[-1] - 1, 0, -1):
             tj = t[..., j]
 
-            def output(*a: torch.Tensor, tj: torch.Tensor = tj) -> torch.Tensor:
-                return loop(a[6:]).interpolate(_unpack_last(a[:6]), tj)
+            def output(lp: _Loop, *a: torch.Tensor, tj: torch.Tensor = tj) -> torch.Tensor:
+                return lp.interpolate(_unpack_last(a), tj)
 
-            pulled = vjp(output, *(x[j - 1] for x in L), *tensors)[1](grad_ys[j])
-            cot_last, g = add(cot_last, pulled[:6]), add(g, pulled[6:])
+            pulled, got = pull(output, tuple(x[j - 1] for x in L), grad_ys[j])
+            cot_last, g = add(cot_last, pulled), add(g, got)
             while k >= 0 and intervals[k] == j:
                 ok = OK[k]
                 if k == 0:  # the first attempt is the last step whatever its acceptance
@@ -108,34 +128,35 @@ class _VmapCheckpoint(torch.autograd.Function):
                     cot_step = [torch.where(ok, c, torch.zeros_like(c)) for c in cot_last]
                     cot_last = [torch.where(ok, torch.zeros_like(c), c) for c in cot_last]
 
-                def attempt(*a: torch.Tensor, tj: torch.Tensor = tj) -> tuple[torch.Tensor, ...]:
-                    carry, step, _, _ = loop(a[4:]).advance(tj, *a[:4])
+                def attempt(lp: _Loop, *a: torch.Tensor, tj: torch.Tensor = tj) -> tuple[torch.Tensor, ...]:
+                    carry, step, _, _ = lp.advance(tj, *a)
                     return (*carry, *_pack_last(step))
 
-                pulled = vjp(attempt, T0[k], Y[k], K0[k], H[k], *tensors)[1]((*cot, *cot_step))
-                cot, g = list(pulled[:4]), add(g, pulled[4:])
+                cot, got = pull(attempt, (T0[k], Y[k], K0[k], H[k]), (*cot, *cot_step))
+                g = add(g, got)
                 k -= 1
 
-        def start(y: torch.Tensor, *p: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            t0, k0, h = loop(p).start(t, y, fw["options"].get("first_step"))
+        def start(lp: _Loop, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            t0, k0, h = lp.start(t, y, fw["options"].get("first_step"))
             return t0, y, k0, h
 
-        pulled = vjp(start, y0, *tensors)[1](tuple(cot))
-        g = add(g, pulled[1 : 1 + m])
-        return (pulled[0] + grad_ys[0], None, None, *g)
+        pulled, got = pull(start, (y0,), tuple(cot))
+        return (pulled[0] + grad_ys[0], None, None, *add(g, got))
 
 
-def checkpoint_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor | None:
+def checkpoint_vmapped(run: Any, gradient: Any, options: dict, pull: Pull = replayed) -> torch.Tensor | None:
     """The engine's solve of ``run`` under ``torch.vmap`` with ``gradient="checkpoint"`` (a
     :class:`~solvers.gradients.Checkpoint` without a budget): the states at ``run.t``, gradients by the replay of
-    each instance's attempts; ``None`` where nothing the solve reads is differentiated (the plain loop serves)."""
+    each instance's attempts; ``None`` where nothing the solve reads is differentiated (the plain loop serves).
+    ``pull``: how each recomputed piece is pulled back (:func:`replayed`, or the stage-by-stage product of
+    :mod:`solvers.gradients.vmap_symplectic`)."""
     if getattr(gradient, "budget", None) is not None:
         raise ValueError(
             f"{gradient!r} under torch.vmap: the vmapped replay keeps every attempt's start (each instance's steps "
             "fall at different times, so a binomial schedule has no common placement); drop `budget`, or use "
             "gradient='adjoint' for memory flat in the steps."
         )
-    func, groups, tensors = field_inputs(run, "checkpoint")
+    func, groups, tensors = field_inputs(run, gradient.name)
     if not (tracked(run.y0) or any(tracked(p) for p in tensors)):
         return None
     s = run.solver
@@ -147,10 +168,10 @@ def checkpoint_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor |
         max_steps=s.max_steps,
         steps=getattr(gradient, "steps", "differentiated"),
     )
-    cfg = dict(func=func, slots=groups, forward=forward, intervals=_Intervals())
+    cfg = dict(func=func, slots=groups, forward=forward, intervals=_Intervals(), pull=pull)
     try:
         return _VmapCheckpoint.apply(run.y0, run.t, cfg, *tensors)[0]
     except RuntimeError as exc:
         if "wrapper" in str(exc) or "functorch" in str(exc).lower():
-            raise ValueError(closure_refusal("checkpoint")) from exc
+            raise ValueError(closure_refusal(gradient.name)) from exc
         raise

@@ -35,7 +35,7 @@ from ..controllers import Controller, Integral
 from ..counting import Counted
 from ..errors import Reason, SolverError
 from ..norms import StateNorm
-from ..transforms import VmapLevel, host_any, innermost_vmap, physical
+from ..transforms import VmapLevel, host_any, innermost_vmap, physical, tracked
 from .fast_rk import _dense_weights
 from .methods import ADAPTIVE_METHODS, FIXED_METHODS
 from .tableaux import TABLEAUX
@@ -328,8 +328,9 @@ def vmap_options(run: Any) -> dict[str, Any]:
 def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
     """The engine's solve of ``run`` (:class:`~solvers.run.Run`) under ``torch.vmap``: the adaptive explicit
     Runge-Kutta methods on this loop, differentiated by autograd (``gradient="backprop"``; the engine serves the
-    adjoints and the checkpoint by their own functions first); ``None`` for the fixed-step explicit methods, whose
-    host-side grid ``vmap`` already runs. Anything else is refused by name."""
+    adjoints, the checkpoint, the symplectic adjoint and forward sensitivities by their own functions first);
+    ``None`` for the fixed-step explicit methods, whose host-side grid ``vmap`` already runs. Anything else is
+    refused by name."""
     method = run.method
     if method not in vmap_methods():
         if method in FIXED_METHODS:
@@ -339,13 +340,13 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
             f"explicit Runge-Kutta methods {vmap_methods()}, or steps the fixed-step ones {list(FIXED_METHODS)}; "
             "use one of them (or solve the instances in a loop)."
         )
-    needed = torch.is_grad_enabled() and (run.y0.requires_grad or any(p.requires_grad for p in run.params))
+    needed = torch.is_grad_enabled() and (tracked(run.y0) or any(tracked(p) for p in run.params))
     if gradient.name != "backprop" and needed:
         raise ValueError(
             f"gradient={gradient.name!r} under torch.vmap: its backward pass reads the steps on the host, which vmap "
             "cannot batch; use gradient='backprop' (autograd through the vmapped loop, every instance's own steps) "
-            "gradient='checkpoint' (the replay of each instance's own steps) or gradient='adjoint', 'interpolating' or "
-            "'gauss' (continuous adjoints, each instance's backward solve on its own steps)."
+            "or one of the methods with a vmapped backward pass of their own: 'adjoint', 'checkpoint', 'symplectic', "
+            "'forward', 'interpolating', 'gauss'."
         )
     options = vmap_options(run)
     # the counting wrapper of ODEBlock's solves registers hooks per evaluation: vmap calls the field itself
