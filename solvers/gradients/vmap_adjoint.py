@@ -40,7 +40,7 @@ __all__ = ["CLOSURE_REFUSAL", "adjoint_vmapped", "closure_refusal", "field_input
 
 #: the refusal where the field reaches a tracked tensor the search of its slots does not find
 CLOSURE_REFUSAL = (
-    "gradient='adjoint' under torch.vmap: the field reaches a tensor that torch.func tracks (batched by vmap or "
+    "gradient='adjoint' under torch.func: the field reaches a tensor that torch.func tracks (batched by vmap or "
     "differentiated by grad/jacrev) in a place the adjoint cannot swap (a global, a tuple, an object without "
     "__dict__), and torch.func refuses an autograd.Function that closes over one. Hold it in a module, an "
     "attribute, a closure variable, a dict or a list the field reaches (and pass it in `adjoint_params` if it "
@@ -195,7 +195,7 @@ def field_inputs(run: Any, name: str) -> tuple[Callable, list[list[_Slot]], list
         mine = [sl for sl in slots if sl.get() is p]
         if not mine:
             raise ValueError(
-                f"gradient={name!r} under torch.vmap: a tensor of `adjoint_params` is not one the field reaches "
+                f"gradient={name!r} under torch.func: a tensor of `adjoint_params` is not one the field reaches "
                 "(a module's parameter, an attribute, a closure variable, a dict or list entry), so its "
                 "gradient cannot be taken; pass the field's own tensors, or use gradient='backprop'."
             )
@@ -223,7 +223,7 @@ def adjoint_vmapped(run: Any, gradient: Any, forward_options: dict) -> torch.Ten
     method = (b.method if b is not None else gradient.method) or s.method
     if method not in vmap_methods():
         raise ValueError(
-            f"adjoint_method={method!r} under torch.vmap: the backward solve runs on the adaptive loop, whose "
+            f"adjoint_method={method!r} under torch.func: the backward solve runs on the adaptive loop, whose "
             f"methods are {vmap_methods()}."
         )
     rtol = b.rtol if b is not None else (s.rtol if gradient.rtol is None else gradient.rtol)
@@ -232,7 +232,7 @@ def adjoint_vmapped(run: Any, gradient: Any, forward_options: dict) -> torch.Ten
     user_norm = back_options.pop("norm", None)
     if user_norm not in (None, "seminorm") and not isinstance(user_norm, StateNorm):
         raise ValueError(
-            "adjoint_options={'norm': <callable>} under torch.vmap: the backward norm there is the seminorm "
+            "adjoint_options={'norm': <callable>} under torch.func: the backward norm there is the seminorm "
             "(or, with Adjoint(seminorm=False), every part's); drop the norm."
         )
     back_options = {k: v for k, v in back_options.items() if k in VMAP_OPTIONS and v is not None}

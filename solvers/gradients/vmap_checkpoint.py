@@ -152,7 +152,7 @@ def checkpoint_vmapped(run: Any, gradient: Any, options: dict, pull: Pull = repl
     :mod:`solvers.gradients.vmap_symplectic`)."""
     if getattr(gradient, "budget", None) is not None:
         raise ValueError(
-            f"{gradient!r} under torch.vmap: the vmapped replay keeps every attempt's start (each instance's steps "
+            f"{gradient!r} under torch.func: the vmapped replay keeps every attempt's start (each instance's steps "
             "fall at different times, so a binomial schedule has no common placement); drop `budget`, or use "
             "gradient='adjoint' for memory flat in the steps."
         )

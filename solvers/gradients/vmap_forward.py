@@ -34,7 +34,7 @@ __all__ = ["HIDDEN_REFUSAL", "forward_vmapped"]
 
 #: the refusal where the solve depends on a differentiated tensor that forward mode cannot seed
 HIDDEN_REFUSAL = (
-    "gradient='forward' under torch.vmap: the field reaches a tensor that torch.func differentiates (by grad, "
+    "gradient='forward' under torch.func: the field reaches a tensor that torch.func differentiates (by grad, "
     "jacrev or vjp) in a place forward mode cannot seed with a tangent (a global, a tuple, an object without "
     "__dict__), so its gradient would be lost. Hold it in a module, an attribute, a closure variable, a dict or a "
     "list the field reaches (and pass it in `adjoint_params`), or use gradient='backprop'."

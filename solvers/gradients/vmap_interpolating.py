@@ -195,7 +195,7 @@ def interpolating_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tenso
     method = gradient.method or s.method
     if method not in vmap_methods():
         raise ValueError(
-            f"{gradient!r} under torch.vmap: the backward solve runs on the adaptive loop, whose methods are "
+            f"{gradient!r} under torch.func: the backward solve runs on the adaptive loop, whose methods are "
             f"{vmap_methods()}; pick one of them as its `method`."
         )
     func, groups, tensors = field_inputs(run, "interpolating")

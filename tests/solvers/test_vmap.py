@@ -260,7 +260,7 @@ def test_the_adjoint_under_vmap_refuses_what_it_cannot_differentiate():
         held = (w,)
         return odeint(lambda t, x: torch.tanh(held[0] @ x), y, T3, gradient="adjoint", adjoint_params=(), **TOL)
 
-    with pytest.raises(ValueError, match="gradient='adjoint' under torch.vmap: the field reaches a tensor"):
+    with pytest.raises(ValueError, match="gradient='adjoint' under torch.func: the field reaches a tensor"):
         vmap(grad(lambda w, y: hidden(w, y)[-1].sum(), argnums=(0, 1)))(W, Y)
 
     def unused(w, y):
@@ -294,7 +294,7 @@ def test_the_checkpointed_replay_under_vmap_is_backprop_to_rounding():
         lambda g: vmap(grad(loss), in_dims=(0, None))(params, g)["l1.weight"],
     ):
         close(make("checkpoint"), make("backprop"), 1e-13)
-    with pytest.raises(ValueError, match="Checkpoint\\(budget=3\\) under torch.vmap.*drop `budget`"):
+    with pytest.raises(ValueError, match="Checkpoint\\(budget=3\\) under torch.func.*drop `budget`"):
         vmap(grad(lambda y: ends(y, Checkpoint(budget=3))[-1].sum()))(Y)
 
 

@@ -106,5 +106,5 @@ def test_what_the_vmapped_adjoints_cannot_serve_is_refused_by_name():
     def back(y):
         return odeint(field, y, T3, gradient=Interpolating(method="rk4"), adjoint_params=(), **TOL)[-1].sum()
 
-    with pytest.raises(ValueError, match="Interpolating\\(method='rk4'\\) under torch.vmap.*adaptive loop"):
+    with pytest.raises(ValueError, match="Interpolating\\(method='rk4'\\) under torch.func.*adaptive loop"):
         vmap(grad(back))(Y)

@@ -123,7 +123,7 @@ def test_a_tensor_held_where_it_cannot_be_swapped_is_refused_by_name(gradient):
         held = (w,)
         return odeint(lambda t, x: torch.tanh(held[0] @ x), y, T, gradient=gradient, adjoint_params=(), **TOL)
 
-    with pytest.raises(ValueError, match=f"gradient='{gradient}' under torch.vmap: the field reaches a tensor"):
+    with pytest.raises(ValueError, match=f"gradient='{gradient}' under torch.func: the field reaches a tensor"):
         vmap(grad(lambda w, y: hidden(w, y)[-1].sum(), argnums=(0, 1)))(W, Y)
-    with pytest.raises(ValueError, match="Symplectic\\(budget=2.*under torch.vmap.*drop `budget`"):
+    with pytest.raises(ValueError, match="Symplectic\\(budget=2.*under torch.func.*drop `budget`"):
         vmap(grad(lambda y: odeint(field, y, T, gradient=Symplectic(budget=2), adjoint_params=(), **TOL)[-1].sum()))(Y)

@@ -1,0 +1,95 @@
+"""``torch.func``'s reverse- and forward-mode transforms without ``vmap`` (``grad``, ``jacrev``, ``jvp``) through a
+solve with every gradient method: each gives torch.autograd's gradient of the same solve with the same method (the
+gradient methods' own backward passes, which torch.func takes in their vmap-ready form, on the single solve's
+steps); ``jvp`` gives the tangent of the solve itself. What torch.func cannot run is refused by name, and a solve
+nothing differentiates runs with any gradient method (float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, jacrev, jvp, vmap
+
+from cde_nets import odeint
+from cde_nets.solvers.gradients import gradient_names
+
+D = torch.float64
+T = torch.tensor([0.0, 0.4, 1.0], dtype=D)
+TOL = dict(rtol=1e-9, atol=1e-10)
+Y0 = torch.tensor([0.3, -0.8], dtype=D)
+GRADIENTS = [g for g in gradient_names() if g != "reversible"]  # 'reversible' serves the reversible solvers only
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 6), nn.Tanh(), nn.Linear(6, 2)).double()
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rel: float) -> None:
+    err, scale = float((a - b).detach().abs().max()), float(b.detach().abs().max())
+    assert err <= rel * scale, err / scale
+
+
+@pytest.mark.parametrize("gradient", GRADIENTS)
+def test_grad_and_jacrev_give_autograds_gradient_with_each_method(gradient):
+    net = _mlp()
+    params = {k: v.detach() for k, v in net.named_parameters()}
+
+    def loss(p, y0):
+        field = lambda t, y: functional_call(net, p, (y,))  # noqa: E731
+        return odeint(field, y0, T, gradient=gradient, adjoint_params=tuple(p.values()), **TOL)[-1].square().sum()
+
+    by_func = grad(loss, argnums=(0, 1))(params, Y0)
+    y0 = Y0.clone().requires_grad_(True)
+    end = odeint(lambda t, y: net(y), y0, T, gradient=gradient, adjoint_params=tuple(net.parameters()), **TOL)
+    by_autograd = torch.autograd.grad(end[-1].square().sum(), (*net.parameters(), y0))
+    for g, want in zip(by_func[0].values(), by_autograd[:-1]):  # the same method on the same steps: to rounding
+        close(g, want, 1e-12)
+    close(by_func[1], by_autograd[-1], 1e-12)
+    rel = 1e-7 if gradient in ("adjoint", "interpolating", "gauss") else 1e-12  # continuous: to their tolerance
+    jac = jacrev(lambda y: odeint(lambda t, x: net(x), y, T, gradient=gradient, adjoint_params=(), **TOL)[-1])(Y0)
+    want = torch.autograd.functional.jacobian(lambda y: odeint(lambda t, x: net(x), y, T, **TOL)[-1], Y0)
+    close(jac, want, rel)
+
+
+def test_jvp_gives_the_tangent_of_the_solve_whatever_the_gradient_method():
+    net = _mlp()
+    f = lambda t, y: net(y)  # noqa: E731
+    direction = torch.tensor([1.0, 0.5], dtype=D)
+    _, want = jvp(lambda y: odeint(f, y, T, **TOL)[-1], (Y0,), (direction,))
+    for gradient in ("adjoint", "checkpoint"):
+        end = lambda y, g=gradient: odeint(f, y, T, gradient=g, adjoint_params=(), **TOL)[-1]  # noqa: E731
+        close(jvp(end, (Y0,), (direction,))[1], want, 1e-12)
+
+
+def test_fixed_step_methods_with_a_backward_pass_of_their_own_are_refused_by_name():
+    def loss(y, gradient):
+        end = odeint(
+            lambda t, x: torch.tanh(x),
+            y,
+            T,
+            method="rk4",
+            options=dict(step_size=0.1),
+            gradient=gradient,
+            adjoint_params=(),
+        )
+        return end[-1].sum()
+
+    refusal = "gradient='adjoint' with method='rk4' under a torch.func transform.*gradient='backprop'"
+    with pytest.raises(ValueError, match=refusal):
+        grad(lambda y: loss(y, "adjoint"))(Y0)
+    with pytest.raises(ValueError, match=refusal):
+        vmap(grad(lambda y: loss(y, "adjoint")))(Y0[None])
+    y0 = Y0.clone().requires_grad_(True)
+    close(grad(lambda y: loss(y, "backprop"))(Y0), torch.autograd.grad(loss(y0, "backprop"), y0)[0], 1e-14)
+
+
+def test_a_solve_nothing_differentiates_runs_with_any_gradient_method_under_vmap():
+    f = lambda t, x: torch.tanh(x)  # noqa: E731
+    Y = torch.stack([Y0, -Y0, 2 * Y0])
+    opts = dict(method="rk4", options=dict(step_size=0.1))
+    want = torch.stack([odeint(f, y, T, **opts) for y in Y])
+    for gradient in ("adjoint", "checkpoint"):
+        got = vmap(lambda y, g=gradient: odeint(f, y, T, gradient=g, adjoint_params=(), **opts))(Y)
+        assert torch.equal(got, want)
