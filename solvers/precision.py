@@ -125,7 +125,10 @@ def _cast_like(out: Any, y: Any) -> Any:
 
 
 def _evaluate(field: Callable, dtype: torch.dtype, t: Any, y: Any, *args: Any, **kwargs: Any) -> Any:
-    with torch.autocast(device_type=_device(y), dtype=dtype):
+    # without autocast's cache of weight casts: inside a caller's own autocast region the cache would outlive this
+    # evaluation, every evaluation would share one low-precision copy of each weight, and backpropagation would
+    # sum that weight's gradient over all of them in the low precision (a replay, run after the region, in float32)
+    with torch.autocast(device_type=_device(y), dtype=dtype, cache_enabled=False):
         out = field(t, y, *args, **kwargs)
     return _cast_like(out, y)
 

@@ -318,7 +318,7 @@ class _Interpolating(torch.autograd.Function):
 
         rec = _StageRecorder(tab, _times_of(run.options, "jump_t"), every == 0, max(every, 1), convert)
         ys = _solve_recorded(func, y0, t, rec, s.method, s.rtol, s.atol, run.options)
-        steps = rec.steps(t, tab.adaptive)
+        steps = rec.steps(t, tab.adaptive, bool(run.options.get("perturb", False)))
         if every == 0:
             with torch.no_grad():
                 if tab.adaptive and tab.dense_stages:

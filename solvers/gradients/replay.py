@@ -60,9 +60,10 @@ from typing import Any
 import torch
 
 from ..controllers import Integral
-from ..steppers.fast_rk import fast_applies, odeint_fast
+from ..steppers.fast_rk import fast_applies, odeint_fast, stage_times
 from ..steppers.rk_odeint import odeint_rk
-from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at, quartic
+from ..steppers.rk_stages import Graph
+from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at
 from .binomial import OnlineSchedule, walk_back
 from .piece_grads import Grads, LazyPieces, PiecewiseParam, piece_slots
 from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt, taken
@@ -188,7 +189,9 @@ class Recorder:
         elif self.carry:
             self.last = out
 
-    def steps(self, t: torch.Tensor, adaptive: bool) -> Steps:
+    def steps(self, t: torch.Tensor, adaptive: bool, perturb: bool = False) -> Steps:
+        """The accepted steps; ``perturb``: a fixed-step solve's option (its first stages read just after
+        ``t_0``)."""
         rows = self.rows
         t0 = [r[0] for r in rows]
         t1 = t0[1:]
@@ -200,7 +203,7 @@ class Recorder:
             first = [(float(t[0]), _NONE)] + [(r0[0], _NEXT if prev[3] else _PREV) for prev, r0 in zip(rows, rows[1:])]
         else:
             t1.append(float(t[-1]))
-            first = [(r[0], _NEXT) for r in rows]
+            first = [(r[0], _NEXT if perturb else _NONE) for r in rows]
         carried = [r[4] for r in rows] if self.carry else None
         carries = [r[5] for r in rows] if self.carry else None
         return Steps(t0, t1, [r[1] for r in rows], [r[2] for r in rows], first, adaptive, carried, carries)
@@ -247,37 +250,72 @@ def _n_stages(tab: MethodTableau, dense: bool) -> int:
     return tab.stages - 1 if tab.fsal else tab.stages
 
 
+def _engine(y0: torch.Tensor, tab: MethodTableau, adaptive: bool, h: float) -> Graph:
+    """The forward solve's stage arithmetic for a step of size ``h`` (:class:`~solvers.steppers.rk_stages.Graph`,
+    with the weight rows of :func:`~solvers.steppers.fast_rk.odeint_fast`)."""
+    if adaptive:
+        assert tab.error is not None
+        last = (tab.error,) if tab.fsal else (tab.tableau.b, tab.error)
+    else:
+        last = (tab.tableau.b,)
+    eng = Graph(y0, tab, last, 0.0, 0.0)
+    eng.weights(h)
+    return eng
+
+
 def _stages(func, tab: MethodTableau, steps: Steps, n: int, y0: torch.Tensor, dense: bool, first=None):
     """Stage inputs ``Y_i``, slopes ``k_i`` and the end state ``y_1`` of step ``n`` (graph if grad is on); the
-    first slope is ``first`` where given (a carried slope), else evaluated."""
-    h = _h(steps, n)
-    Ys: list[torch.Tensor] = []
-    ks: list[torch.Tensor] = []
+    first slope is ``first`` where given (a carried slope), else evaluated. The sums and the evaluation times are
+    the forward solve's own (:class:`~solvers.steppers.rk_stages.Graph`,
+    :func:`~solvers.steppers.fast_rk.stage_times`), so the field is evaluated where the solve evaluated it, bit
+    for bit: under autocast an input one float32 ulp away may round to another low-precision value."""
+    h, s = _h(steps, n), tab.stages
+    eng = _engine(y0, tab, steps.adaptive, h)
+    n_stages = _n_stages(tab, dense)
+    times = _stage_times(tab, steps, n, y0, n_stages)
+    Ys = [y0]
+    ks = [first if first is not None else func(times[0], y0)]
+    for i in range(1, min(n_stages, s)):
+        Ys.append(eng.stage_sum(y0, ks, i - 1))
+        ks.append(func(times[i], Ys[i]))
+    if steps.adaptive and tab.fsal:
+        # the last stage's input is the end state: one node, as in the solve, so that the cotangents of its two
+        # uses (the last slope, the dense output) add before they reach the stages
+        y1 = Ys[s - 1] if len(Ys) == s else eng.stage_sum(y0, ks, s - 2)
+    else:
+        y1 = eng.stage_sum(y0, ks, s - 1)
     all_a = tab.all_a
-    for i in range(_n_stages(tab, dense)):
-        Y = combine(y0, all_a[i], ks, h)
-        Ys.append(Y)
-        if i == 0 and first is not None:
-            ks.append(first)
-            continue
-        ti, p = _stage_time(tab, steps, n, i)
-        ks.append(func(_time(ti, p, y0.dtype, y0.device), Y))
-    y1 = combine(y0, tab.tableau.b, ks, h)
+    for i in range(s, n_stages):  # a dense output's own stages (dopri8's), formed as the solve's dense output
+        Ys.append(combine(y0, all_a[i], ks, h))
+        ks.append(func(times[i], Ys[i]))
     return Ys, ks, y1
+
+
+def _stage_times(tab: MethodTableau, steps: Steps, n: int, y: torch.Tensor, n_stages: int) -> list[torch.Tensor]:
+    """The times at which step ``n`` evaluated its first ``n_stages`` stages in the forward solve: the first at
+    ``steps.first[n]``, the step's own as :func:`~solvers.steppers.fast_rk.stage_times` makes them, a dense
+    output's own stages (dopri8's) at ``t_n + c h`` rounded from float64."""
+    t0, p0 = steps.first[n]
+    own = stage_times(y, tab, steps.t0[n], steps.t1[n], _h(steps, n), steps.adaptive, p0 != _NONE)
+    times = [_time(t0, p0, y.dtype, y.device), *own[: n_stages - 1]]
+    for i in range(tab.stages, n_stages):
+        ti, p = _stage_time(tab, steps, n, i)
+        times.append(_time(ti, p, y.dtype, y.device))
+    return times
 
 
 def _dense(tab: MethodTableau, steps: Steps, n: int, y0, y1, ks, t: float) -> torch.Tensor:
     """At ``x = (t − t_n) / (t_{n+1} − t_n)``: the method's continuous extension where it has one, else the
     quartic ``p(x)`` with ``p(0) = y_0``, ``p'(0) = h k_1``, ``p(1/2) = y_{1/2}``, ``p(1) = y_1``,
-    ``p'(1) = h k_s``."""
+    ``p'(1) = h k_s``, fitted and evaluated as the forward solve's (:class:`~solvers.steppers.rk_stages.Graph`)."""
     h = _h(steps, n)
-    x = float((torch.tensor(t, dtype=torch.float64) - steps.t0[n]) / (steps.t1[n] - steps.t0[n]))
     if tab.dense is not None:  # the method's own continuous extension (tsit5, dopri8)
+        x = float((torch.tensor(t, dtype=torch.float64) - steps.t0[n]) / (steps.t1[n] - steps.t0[n]))
         return combine(y0, dense_at(tab, x), ks, h)
-    assert tab.mid is not None
-    ymid = combine(y0, tab.mid, ks, h)
-    d = h * ks[0]
-    return quartic(y0, y1, ymid, d, h * ks[-1], x)
+    eng = _engine(y0, tab, True, h)
+    eng.ks[:] = ks[: tab.stages]
+    x = (t - steps.t0[n]) / (steps.t1[n] - steps.t0[n])
+    return eng.evaluate(eng.dense(y0, y1, h), eng.round(x))
 
 
 def _outputs(steps: Steps, t: torch.Tensor) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -339,7 +377,7 @@ def record_steps(
     wrapper, whose ``recorder`` receives the callbacks. With ``schedule``, only the states it keeps are held."""
     rec = Recorder(_times_of(options, "jump_t"), carry=_carries(method), schedule=schedule)
     ys = _solve_recorded(func, y0, t, rec, method, rtol, atol, options)
-    return ys, rec.steps(t, adaptive)
+    return ys, rec.steps(t, adaptive, bool(options.get("perturb", False)))
 
 
 def record_attempts(func, y0: torch.Tensor, t: torch.Tensor, *, method: str, rtol, atol, options: dict, schedule=None):
@@ -438,6 +476,7 @@ def symplectic_step(func, tab, steps, n, lam: Cotangents, outs_in, grad_ys, t, a
                 prev = kappa[i]
                 kappa[i] = g if prev is None else prev + g
     all_a = tab.all_a
+    times = _stage_times(tab, steps, n, y0, s)
     for i in range(s - 1, 0 if carried is not None else -1, -1):
         kap = kappa[i]
         if kap is None:
@@ -445,8 +484,7 @@ def symplectic_step(func, tab, steps, n, lam: Cotangents, outs_in, grad_ys, t, a
         with torch.enable_grad():
             Y = Ys[i].detach().requires_grad_()
             acc.fresh()
-            ti, p = _stage_time(tab, steps, n, i)
-            f = func(_time(ti, p, Y.dtype, Y.device), Y)
+            f = func(times[i], Y)
             (mu,) = _vjp([f], [kap], [Y], acc)
         lam0 = lam0 + mu
         for j, a in enumerate(all_a[i]):

@@ -68,7 +68,7 @@ from .methods import RK_METHODS
 from .rk_stages import Buffered, Graph, StageMajor, sum_order
 from .tableaux import TABLEAUX, MethodTableau, dense_at
 
-__all__ = ["FAST_METHODS", "HOST_TIME", "STEPPER_OPTIONS", "fast_applies", "odeint_fast"]
+__all__ = ["FAST_METHODS", "HOST_TIME", "STEPPER_OPTIONS", "fast_applies", "odeint_fast", "stage_times"]
 
 # The time tensors of a fixed grid carry their value on the host under this attribute, so that a piecewise field
 # finds the piece in force without reading the device (cde_nets.fields.pieces.TimeGrid.index).
@@ -360,12 +360,7 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
     # may differ by an ulp)
     values: list[Any] = []
     for t0, t1 in zip(grid[:-1], grid[1:]):
-        dt = t1 - t0
-        values.append(clock.nudge(clock.y(t0), first))
-        values += [
-            clock.nudge(clock.y(t1 if method == "rk4" else t0 + dt * ci), last) if ci == 1.0 else clock.y(t0 + dt * ci)
-            for ci in c[1:]
-        ]
+        values += _fixed_times(clock, method, c, t0, t1, first, last)
     times = clock.many(values, host=True)
     eng = _engine(func, y0, tab, (tab.tableau.b,), 0.0, 0.0)
     step_cb = _callback(func, "callback_step")
@@ -387,6 +382,30 @@ def _fixed(func, y0: torch.Tensor, t: torch.Tensor, tab: MethodTableau, method: 
             j += 1
         y = eng.accept(y1)
     return torch.stack(out)
+
+
+def _fixed_times(clock: _Clock, method: str, c: Sequence[float], t0: float, t1: float, first: int, last: int):
+    """The evaluation times of a fixed step's stages (in the state's dtype, on the host): ``t_0`` nudged by
+    ``first``, ``t_0 + c_i h`` rounded from float64, a stage with ``c_i = 1`` at ``t_1`` nudged by ``last``
+    (torchdiffeq's rk4 evaluates it at ``t_1``, the others at ``t_0 + h``: they may differ by an ulp)."""
+    dt = t1 - t0
+    return [clock.nudge(clock.y(t0), first)] + [
+        clock.nudge(clock.y(t1 if method == "rk4" else t0 + dt * ci), last) if ci == 1.0 else clock.y(t0 + dt * ci)
+        for ci in c[1:]
+    ]
+
+
+def stage_times(
+    y0: torch.Tensor, tab: MethodTableau, t0: float, t1: float, h: float, adaptive: bool, perturb: bool
+) -> Sequence[torch.Tensor]:
+    """The times at which a step ``t0 → t1`` of size ``h`` evaluates its stages ``1 … s−1``, made as the solve
+    made them (an adaptive step's in the state's dtype, a fixed step's from float64, ``perturb`` its option):
+    a replay of the step evaluates the field where the solve did."""
+    clock = _Clock(y0)
+    if adaptive:
+        return clock.adaptive_times(t0, clock.y(h), t1, tab.tableau.c)
+    nudge = (_NEXT, _PREV) if perturb else (_NONE, _NONE)
+    return clock.many(_fixed_times(clock, tab.name, tab.tableau.c, t0, t1, *nudge)[1:], host=True)
 
 
 def _hermite(func, clock: _Clock, t0: float, t1: float, tj: float, y0, y1, f0) -> torch.Tensor:

@@ -421,6 +421,14 @@ class Graph(Stages):
             return y + torch.cat([P[split:].sum(0, keepdim=True), P[:split]]).sum(0)
         return y + P.sum(0)
 
+    def stage_sum(self, y: torch.Tensor, ks: Sequence[torch.Tensor], row: int) -> torch.Tensor:
+        """Row ``row``'s sum ``y + Σ_j k_j (h a_j)`` over the slopes ``ks`` (the weights of the last
+        :meth:`weights`), formed as :meth:`run_stages` forms it: a replay of a recorded step computes the forward
+        solve's values with it, bit for bit."""
+        self.cur = y
+        self.ks[: len(ks)] = ks
+        return self._stage(row, None)
+
     def _stage(self, row: int, hy: torch.Tensor | None) -> torch.Tensor:
         if hy is not None:
             return self._combine(self.cur, self.rows[row] * hy, self.widths[row])
