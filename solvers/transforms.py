@@ -16,6 +16,7 @@ __all__ = [
     "host_all",
     "host_any",
     "innermost_vmap",
+    "outside_transforms",
     "physical",
     "tracked",
     "forward_mode_only",
@@ -119,6 +120,20 @@ class VmapLevel:
             yield
         finally:
             self._saved[-1] = _F.pop_dynamic_layer_stack()
+
+
+@contextmanager
+def outside_transforms() -> Iterator[None]:
+    """Every ``torch.func`` level off torch's transform stack for the block's duration (put back after, also on an
+    exception): for a probe whose tensors must be plain ones, whatever transform its first caller runs under."""
+    saved = []
+    try:
+        while _F.peek_interpreter_stack() is not None:
+            saved.append(_F.pop_dynamic_layer_stack())
+        yield
+    finally:
+        for layer in reversed(saved):
+            _F.push_dynamic_layer_stack(layer)
 
 
 def innermost_vmap() -> VmapLevel | None:

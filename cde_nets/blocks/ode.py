@@ -36,7 +36,7 @@ from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.precision import check_autocast, check_autocast_state
 from cde_nets.solvers.steppers.fast_rk import fast_applies
 from cde_nets.solvers.times import check_times
-from cde_nets.solvers.transforms import PER_SAMPLE_UNDER_VMAP, under_vmap
+from cde_nets.solvers.transforms import PER_SAMPLE_UNDER_VMAP, under_transform, under_vmap
 from cde_nets.solvers.validation import check_half_precision, nonfinite_message
 
 __all__ = ["ODEBlock"]
@@ -318,11 +318,12 @@ class ODEBlock(Block):
         for a block built without one, :func:`~cde_nets.solvers.gradients.default_gradient`'s choice from the
         bytes of ``y0`` and the steps (a fixed-step grid's count, with one more per output time; assumed for
         adaptive methods): backprop while its graph is small, checkpointed replay beyond, and the replay wherever
-        backprop would leave the library's own stepper (decreasing times, a half-precision state). It reads
+        backprop would leave the library's own stepper (decreasing times, a half-precision state); backprop under
+        ``torch.func``'s transforms and with the compiled step, which differentiate the solve itself. It reads
         shapes and the order of ``t`` only, so every call of the same shapes and times makes the same choice."""
         if self.gradient is not None:
             return self.gradient
-        if under_vmap() or self.solver.compile:  # the vmapped loop and the compiled step: backprop through them
+        if under_transform() or self.solver.compile:  # torch.func and the compiled step: backprop through them
             return Backprop()
         if not isinstance(y0, torch.Tensor):
             return default_gradient(self.method)

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..transforms import outside_transforms
 from .tableaux import MethodTableau
 
 __all__ = ["Buffered", "Graph", "StageMajor", "Stages", "sum_order"]
@@ -333,6 +334,11 @@ def sum_order(dtype: torch.dtype, n: int) -> str | None:
     "ilp", "tail", or ``None`` for neither. Probed on at least a thousand random rows of every width (terms of
     both signs within a few binades of each other, so that another order rounds differently), with the very
     kernels :class:`StageMajor` runs, against ``(x * w).sum(-1)``."""
+    with outside_transforms():  # a first call under torch.func.grad would make the probe's tensors its wrappers
+        return _probe_sum_order(dtype, n)
+
+
+def _probe_sum_order(dtype: torch.dtype, n: int) -> str | None:
     g = torch.Generator().manual_seed(0)
     for order in ("ilp", "tail"):
         ok = True

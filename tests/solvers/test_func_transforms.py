@@ -93,3 +93,32 @@ def test_a_solve_nothing_differentiates_runs_with_any_gradient_method_under_vmap
     for gradient in ("adjoint", "checkpoint"):
         got = vmap(lambda y, g=gradient: odeint(f, y, T, gradient=g, adjoint_params=(), **opts))(Y)
         assert torch.equal(got, want)
+
+
+def test_a_blocks_default_under_torch_func_is_backprop_even_on_a_large_state():
+    from cde_nets import ODEBlock
+
+    class Tanh(nn.Module):
+        def forward(self, t, y):
+            return torch.tanh(y)
+
+    block = ODEBlock(Tanh(), T=1.0, method="rk4", step_size=1 / 40).double()
+    y0 = torch.zeros(65536, dtype=D)  # 512 KiB x 4 stages x 40 steps: past backprop's graph budget
+    assert block.gradient_for(y0).name == "checkpoint"  # outside torch.func: the replay, for its memory
+    chosen = []
+    grad(lambda y: chosen.append(block.gradient_for(y).name) or y.sum())(y0)
+    assert chosen == ["backprop"]  # under it: the replay's rk4 backward pass has no torch.func form
+
+
+def test_a_first_large_solve_under_torch_func_probes_its_summation_order_on_plain_tensors():
+    from cde_nets.solvers.steppers.rk_stages import sum_order
+
+    y0 = torch.linspace(-1.0, 1.0, 8192, dtype=D)  # a state this large sums its stages in a probed order
+    sum_order.cache_clear()  # the probe runs at the first such solve: here under grad
+
+    def end(y):
+        return odeint(lambda t, x: torch.tanh(x), y, T[:2], **TOL)[-1].sum()
+
+    got = grad(end)(y0)
+    y = y0.clone().requires_grad_(True)
+    assert torch.equal(got, torch.autograd.grad(end(y), y)[0])
