@@ -15,8 +15,9 @@ On the loop of tensor decisions (:mod:`solvers.steppers.vmappable`) the forward 
 ``n``, its start ``t_n``, its step ``h_n``, its acceptance and the coefficients of its dense output,
 ``y(t_n + x h_n) = Σ_p C_{n,p} x^p`` (``C_{n,0} = y_n``, ``C_{n,p+1} = h_n Σ_i W_{pi} k_i``: the method's own
 continuous extension, or the quartic through its midpoint). An instance's ``y(t)`` is the polynomial of its last
-accepted attempt with ``t_n ≤ t`` (the first before the start, the last past the end: the single solve's choice),
-picked by tensor operations, so every instance reads its own steps. The backward solve of ``(a, g)`` runs on the
+accepted attempt with ``t_n ≤ t`` (the last past the end: the single solve's choice), picked by tensor
+operations, so every instance reads its own steps; the backward solve lands on ``t_0``, as the single solve's
+does, and reads nothing before it. The backward solve of ``(a, g)`` runs on the
 same loop in ``s = −t`` with the backward tolerances and method of :class:`~solvers.gradients.Interpolating`, its
 error norm ``a``'s RMS alone (the single solve's seminorm), so each instance's backward steps are those of its
 single solve. ``Interpolating(checkpoints=…)`` gives the same gradient here; the coefficients of every attempt are
@@ -180,7 +181,10 @@ class _VmapInterpolating(torch.autograd.Function):
         for i in range(len(t) - 1, 0, -1):
             state = torch.cat([a.reshape(-1), *g])
             span = -t[i - 1 : i + 1].flip(0)
-            end = odeint_vmappable(reversed_time, state, span, options={"norm": norm}, **cfg["backward"])[-1]
+            # the last interval lands on t_0 (before it the dense output is the first step's extrapolation)
+            end = odeint_vmappable(reversed_time, state, span, options={"norm": norm}, land=i == 1, **cfg["backward"])[
+                -1
+            ]
             a = end[:n].reshape(shape) + grad_ys[i - 1]
             g = list(end[n:].split(sizes)) if sizes else []
         return (a, None, None, *(x.reshape(p.shape).to(p.dtype) for x, p in zip(g, tensors)))

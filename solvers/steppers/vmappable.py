@@ -86,6 +86,7 @@ class _Loop:
         self.norm = norm
         self.dense = _dense_weights(tab) if (tab.dense is not None or tab.mid is not None) else None
         self.pad = (1,) * (y0.dim() - rows)
+        self.land = False  # clip each step at the output time it runs to (odeint_vmappable's `land`)
 
     def b(self, x: torch.Tensor) -> torch.Tensor:
         """A per-instance (per-row) quantity broadcast over the state's own axes."""
@@ -149,6 +150,9 @@ class _Loop:
         dt = torch.where(torch.isfinite(dt), dt, torch.full_like(dt, self.min_step))
         dt = dt.clamp(self.min_step, self.max_step)
         t1 = t0 + dt
+        if self.land:
+            over = t1 > tj
+            t1, dt = torch.where(over, tj, t1), torch.where(over, tj - t0, dt)
         stuck = run & ~(t1 > t0)
         Y, ks = self.stages(t0, t1, dt, y, k0)
         err = _combine(torch.zeros_like(y), self.b(dt.to(y.dtype)), self.tab.error, ks)
@@ -248,6 +252,7 @@ def odeint_vmappable(
     rows: int = 0,
     steps: str = "differentiated",
     record: list | None = None,
+    land: bool = False,
 ) -> torch.Tensor:
     """The states at the times ``t`` of ``y' = func(t, y)``, ``y(t[0]) = y0``, ``(len(t), *y0.shape)``, by an
     adaptive explicit Runge-Kutta method (:func:`vmap_methods`), every step decision a tensor operation: callable
@@ -259,11 +264,14 @@ def odeint_vmappable(
     (the first step size's dependence only) or ``"fixed"`` (none). ``max_steps``: attempted steps per instance.
     ``record``: a list that receives, per attempt, ``(j, t0, y, k0, dt)`` before it and its acceptance after, and
     per output time the last accepted steps (the checkpoints of :mod:`solvers.gradients.vmap_checkpoint`).
+    ``land``: a step that would pass the output time it runs to is clipped to end on it (the ``step_t`` of the
+    library's stepper at that time), for a solve whose field is not defined past its last time.
     """
     options = dict(options or {})
     _check_call(options, method, y0)
     tab = TABLEAUX[method]
     loop = _Loop(func, y0, tab, rtol, atol, options, rows, steps)
+    loop.land = land
     t = t.to(torch.float64)
     lead = y0.shape[:rows]
 
