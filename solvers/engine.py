@@ -50,7 +50,7 @@ from .steppers.methods import FIXED_METHODS
 from .steppers.reversible_rk import integrate_reversible_rk
 from .steppers.split_ode import integrate_split
 from .steppers.vmappable import solve_vmapped, vmap_methods, vmap_options
-from .transforms import forward_mode_only, tracked, under_transform, under_vmap
+from .transforms import forward_mode_only, tracked, transform_counts, under_transform, under_vmap
 
 __all__ = ["EVENTS_UNDER_VMAP", "EVENT_MODES", "check_cell", "check_events", "solve"]
 
@@ -125,6 +125,22 @@ def _transform_refusal(run: Run, gradient: GradientMethod) -> ValueError:
     )
 
 
+def _check_higher_order(run: Run, gradient: GradientMethod) -> None:
+    """Refuse, naming the fix, a second derivative through a backward pass torch.func cannot differentiate: the
+    replays' and the quadratures' (a vector-Jacobian product taken without a graph of its own), and every own
+    backward pass under forward mode over reverse (``hessian``: torch.func asks the Function for a ``jvp``). The
+    continuous adjoint's backward solve is itself differentiable, so ``jacrev(jacrev(...))`` serves it."""
+    reverse, forward = transform_counts()
+    nested = (reverse >= 2 and gradient.name != "adjoint") or (reverse >= 1 and forward >= 1)
+    if nested and _differentiated(run, gradient):
+        raise ValueError(
+            f"gradient={gradient.name!r} under nested torch.func transforms ({reverse} reverse-mode, {forward} "
+            "forward-mode level(s): a second derivative): its backward pass is not differentiable there; use "
+            "gradient='backprop' (torch.func differentiates the solve itself to any order), or 'adjoint' for "
+            "jacrev of jacrev/grad."
+        )
+
+
 def _under_transform(run: Run, gradient: GradientMethod) -> torch.Tensor | None:
     """A gradient method's own backward pass under ``torch.func.grad``/``jacrev``/``vjp`` (no ``vmap``): torch.func
     takes an ``autograd.Function`` only in the form the vmapped solves' are written in, so those serve here too (on
@@ -142,6 +158,8 @@ def solve(run: Run, gradient: GradientMethod) -> torch.Tensor:
     ``ValueError`` naming the fix where ``gradient`` cannot serve ``run.method``."""
     gradient.check(run.method)
     compiled = getattr(run.solver, "compile", False) or run.options.get("compile", False)
+    if gradient.name != "backprop" and torch.is_grad_enabled() and under_transform():
+        _check_higher_order(run, gradient)
     if under_vmap():  # each instance on its own steps: the loop of tensor decisions (solvers.steppers.vmappable)
         if compiled:
             raise ValueError(

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["StateNorm"]
+__all__ = ["StateNorm", "safe_sqrt"]
 
 
 class StateNorm:
@@ -39,4 +39,12 @@ class StateNorm:
 
 
 def _rms(x: torch.Tensor) -> torch.Tensor:
-    return x.abs().pow(2).mean().sqrt()
+    return safe_sqrt(x.abs().pow(2).mean())
+
+
+def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """``√x`` with the derivative 0 where ``x = 0`` (the one-sided derivative of an RMS there is infinite, and a
+    backward pass that reaches it with a zero cotangent would make ``0 · ∞ = NaN``): the same values as
+    ``x.sqrt()``. A zero state or a zero error estimate (a field the method integrates exactly) has an RMS of 0."""
+    pos = x > 0
+    return torch.where(pos, torch.where(pos, x, torch.ones_like(x)).sqrt(), torch.zeros_like(x))

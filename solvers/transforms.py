@@ -20,6 +20,7 @@ __all__ = [
     "physical",
     "tracked",
     "forward_mode_only",
+    "transform_counts",
     "under_transform",
     "under_vmap",
     "wrapped",
@@ -48,6 +49,13 @@ def forward_mode_only() -> bool:
     """Whether every active ``torch.func`` transform is forward mode (``jvp``; ``jacfwd`` without its ``vmap``)."""
     stack = _F.get_interpreter_stack() or ()
     return bool(stack) and all(level.key() == TransformType.Jvp for level in stack)
+
+
+def transform_counts() -> tuple[int, int]:
+    """The active reverse-mode (``grad``/``jacrev``/``vjp``) and forward-mode (``jvp``/``jacfwd``) levels."""
+    stack = _F.get_interpreter_stack() or ()
+    keys = [level.key() for level in stack]
+    return keys.count(TransformType.Grad), keys.count(TransformType.Jvp)
 
 
 def wrapped(x: torch.Tensor) -> bool:

@@ -34,7 +34,7 @@ import torch
 from ..controllers import Controller, Integral
 from ..counting import Counted
 from ..errors import Reason, SolverError
-from ..norms import StateNorm
+from ..norms import StateNorm, safe_sqrt
 from ..transforms import VmapLevel, host_any, innermost_vmap, physical, tracked
 from .fast_rk import _dense_weights
 from .methods import ADAPTIVE_METHODS, FIXED_METHODS
@@ -57,14 +57,14 @@ def vmap_methods() -> list[str]:
 def _rms_rows(rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
     if rows == 0:
         return StateNorm()
-    return lambda x: x.abs().pow(2).flatten(1).mean(1).sqrt()
+    return lambda x: safe_sqrt(x.abs().pow(2).flatten(1).mean(1))
 
 
 def _largest_part(sizes: tuple[int, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
     """:class:`~solvers.norms.StateNorm` of a tuple state (the largest part's RMS) without Python's ``max``."""
 
     def norm(x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([part.abs().pow(2).mean().sqrt() for part in x.reshape(-1).split(sizes)]).amax()
+        return torch.stack([safe_sqrt(part.abs().pow(2).mean()) for part in x.reshape(-1).split(sizes)]).amax()
 
     return norm
 

@@ -122,3 +122,19 @@ def test_a_first_large_solve_under_torch_func_probes_its_summation_order_on_plai
     got = grad(end)(y0)
     y = y0.clone().requires_grad_(True)
     assert torch.equal(got, torch.autograd.grad(end(y), y)[0])
+
+
+def test_second_derivatives_through_a_backward_pass_torch_func_cannot_differentiate_are_refused():
+    from torch.func import hessian
+
+    def total(gradient):
+        f = lambda t, x: torch.tanh(x[[1, 0]]) * x  # noqa: E731
+        return lambda y: odeint(f, y, T, gradient=gradient, adjoint_params=(), rtol=1e-8, atol=1e-9)[-1].sum()
+
+    want = torch.autograd.functional.hessian(total("backprop"), Y0)
+    close(jacrev(jacrev(total("adjoint")))(Y0), want, 1e-5)  # differentiable: to the solves' tolerance
+    for gradient in ("checkpoint", "forward", "gauss"):  # a silent 1e-3 of the Hessian, zeros, zeros before
+        with pytest.raises(ValueError, match=f"gradient='{gradient}' under nested torch.func transforms"):
+            jacrev(jacrev(total(gradient)))(Y0)
+    with pytest.raises(ValueError, match="gradient='adjoint' under nested torch.func transforms.*backprop"):
+        hessian(total("adjoint"))(Y0)  # forward over reverse: the Function has no jvp
