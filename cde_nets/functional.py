@@ -72,7 +72,7 @@ from cde_nets.solvers.steppers.implicit_grid import IMPLICIT_GRID_OPTIONS, Impli
 from cde_nets.solvers.steppers.methods import RK_METHODS
 from cde_nets.solvers.steppers.reversible_rk import OPTIONS as REVERSIBLE_RK_OPTIONS
 from cde_nets.solvers.steppers.rk_events import odeint_event_rk
-from cde_nets.solvers.transforms import PER_SAMPLE_UNDER_VMAP, host_all, under_vmap
+from cde_nets.solvers.transforms import PER_SAMPLE_UNDER_VMAP, differentiated, host_all, under_vmap
 from cde_nets.solvers.validation import check_event_output, check_output_times, check_state, nonfinite_message
 
 __all__ = ["odeint", "odeint_adjoint", "odeint_dense", "odeint_event", "METHODS"]
@@ -204,7 +204,8 @@ def _solve(
     sign = -1.0 if len(t) > 1 and host_all(t[0] > t[1]) else 1.0  # under torch.vmap: every instance's order
     max_num_steps = options.pop("max_num_steps", None)
     problem = Problem(func, shapes, sign, max_num_steps, kind(method))
-    t_grad = t.requires_grad and torch.is_grad_enabled()
+    # a vmap wrapper's requires_grad hides a grad level's, and a jvp level's tangent shows in no requires_grad
+    t_grad = differentiated(t) and torch.is_grad_enabled()
     forward_func = Problem(func, shapes) if t_grad else None  # for the times' gradients, in the user's time
     if forward_func is not None:
         flat = with_start_time(forward_func, flat, t[0])

@@ -16,8 +16,21 @@ the adjoint, checkpointed replays):
 - :func:`with_output_times` after it: ``ys`` unchanged, and ``∂ℒ/∂t_i += ⟨∂ℒ/∂y(t_i), F(t_i, y(t_i))⟩``.
 
 For ``t_0`` the two cancel in ``y(t_0) = y_0``, as they must. The solve itself must see the times detached.
-``F`` is evaluated in the backward pass without a graph (one evaluation per output time), so these gradients
-cannot be differentiated again (double backward raises).
+Under torch.autograd ``F`` is evaluated in the backward pass without a graph (one evaluation per output time), so
+these gradients cannot be differentiated again (double backward raises).
+
+Under a ``torch.func`` transform (``grad``, ``jacrev``, ``vjp``, ``vmap``, ``jvp``) the times ride the solution as
+one explicit midpoint step of length ``δ = t − stop_gradient(t)`` (zero in value, one in derivative), taken
+forwards from each output state and backwards onto the start state (Hairer, Nørsett & Wanner, "Solving Ordinary
+Differential Equations I", §II.1: the midpoint rule is of order 2):
+
+    ``y(t_i) ≈ y_i + δ_i F(t̄_i + δ_i/2, y_i + (δ_i/2) F(t̄_i, y_i))``,
+    ``y_0 ≈ y_0 − δ_0 F(t_0 − δ_0/2, y_0 − (δ_0/2) F(t_0, y_0))``.
+
+Their values are ``y_i`` and ``y_0`` exactly; their first derivatives in ``δ`` are ``±F`` as above, and, the rule
+being of order 2, their second derivatives are the flow's (``∂²y/∂t_i² = ∂F/∂t + ∂F/∂y F``), so torch.func's
+transforms (``vmap`` batching every instance's own times included) differentiate them as any other operation,
+twice over. Two field evaluations per time, in the forward pass.
 """
 
 from __future__ import annotations
@@ -25,6 +38,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from .transforms import under_transform
 
 __all__ = ["with_output_times", "with_start_time"]
 
@@ -54,11 +69,26 @@ class _TimeGradient(torch.autograd.Function):
         return None, grad, ctx.sign * g_t, None
 
 
+def _midpoint(field: Field, y: torch.Tensor, t: torch.Tensor, sign: float) -> torch.Tensor:
+    """``y`` itself in value, carried to the time ``t`` (``sign=+1``: forwards from ``stop_gradient(t)``; ``−1``:
+    backwards from ``t`` onto ``stop_gradient(t)``) by one midpoint step of length ``δ = t − stop_gradient(t)``."""
+    bar = t.detach()
+    delta = t - bar
+    h = (sign * delta).to(y.dtype)
+    start = bar if sign > 0 else t  # the step starts at the known time: forwards from t̄, backwards from t
+    inner = y + (h / 2) * field(start, y)
+    return y + h * field(start + sign * delta / 2, inner)
+
+
 def with_start_time(field: Field, y0: torch.Tensor, t0: torch.Tensor) -> torch.Tensor:
     """``y0`` itself, carrying ``∂ℒ/∂t_0 = −⟨∂ℒ/∂y_0, F(t_0, y_0)⟩`` (``t0``: a 0-d tensor that requires grad)."""
+    if under_transform():
+        return _midpoint(field, y0, t0, -1.0)
     return _TimeGradient.apply(field, y0.unsqueeze(0), t0.reshape(1), -1.0)[0]
 
 
 def with_output_times(field: Field, ys: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``ys`` (``(len(t), *state)``) itself, carrying ``∂ℒ/∂t_i = ⟨∂ℒ/∂y(t_i), F(t_i, y(t_i))⟩``."""
+    if under_transform():
+        return torch.stack([_midpoint(field, ys[i], t[i], 1.0) for i in range(len(t))])
     return _TimeGradient.apply(field, ys, t, 1.0)

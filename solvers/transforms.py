@@ -13,6 +13,8 @@ from torch._C._functorch import TransformType
 __all__ = [
     "PER_SAMPLE_UNDER_VMAP",
     "VmapLevel",
+    "batched",
+    "differentiated",
     "host_all",
     "host_any",
     "innermost_vmap",
@@ -71,6 +73,26 @@ def tracked(x: torch.Tensor) -> bool:
             return True
         x = _F.get_unwrapped(x)
     return x.requires_grad
+
+
+def differentiated(x: torch.Tensor) -> bool:
+    """:func:`tracked`, or ``x`` wrapped at a forward-mode (``jvp``/``jacfwd``) level, whose tangent torch does not
+    expose there: ``x`` may carry one (a conservative answer, never a missed tangent)."""
+    jvp_levels = {level.level() for level in _F.get_interpreter_stack() or () if level.key() == TransformType.Jvp}
+    while _F.is_functorch_wrapped_tensor(x):
+        if x.requires_grad or _F.maybe_get_level(x) in jvp_levels:
+            return True
+        x = _F.get_unwrapped(x)
+    return x.requires_grad
+
+
+def batched(x: torch.Tensor) -> bool:
+    """Whether ``x`` is batched by some ``torch.vmap`` level (it holds a value per instance)."""
+    while _F.is_functorch_wrapped_tensor(x):
+        if _F.is_batchedtensor(x):
+            return True
+        x = _F.get_unwrapped(x)
+    return False
 
 
 def physical(x: torch.Tensor) -> torch.Tensor:

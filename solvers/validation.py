@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .transforms import host_all, host_any, wrapped
+from .transforms import host_all, host_any, physical, wrapped
 
 __all__ = [
     "check_event_output",
@@ -50,13 +50,15 @@ def check_tolerance(name: str, tol: Any, *, zero_ok: bool) -> Any:
         if not (tol.is_floating_point() or tol.dtype in (torch.int32, torch.int64)) or tol.numel() == 0:
             raise TypeError(f"`{name}` must be a number or a non-empty real tensor, got a {tol.dtype} tensor.")
         with torch.no_grad():
+            # every instance's values under torch.vmap (per-instance tolerances), read beneath its wrappers
+            values = physical(tol.detach())
             # the least and largest values in one read: NaN propagates through both
-            lo, hi = torch.stack(torch.aminmax(tol.reshape(-1).double())).tolist()
+            lo, hi = torch.stack(torch.aminmax(values.reshape(-1).double())).tolist()
             if not (lo >= 0 if zero_ok else lo > 0) or not math.isfinite(hi):
-                bad = ~torch.isfinite(tol) | ((tol < 0) if zero_ok else (tol <= 0))
+                bad = ~torch.isfinite(values) | ((values < 0) if zero_ok else (values <= 0))
                 first = tuple(bad.nonzero()[0].tolist())
                 raise ValueError(
-                    f"`{name}` must hold finite numbers {bound}, got {float(tol[first]):g} at index {first}. "
+                    f"`{name}` must hold finite numbers {bound}, got {float(values[first]):g} at index {first}. "
                     f"{TOLERANCE_HINT.get(name, '')}".rstrip()
                 )
         return tol
@@ -182,6 +184,13 @@ def check_output_times(t: Any, device: torch.device) -> torch.Tensor:
     if not finite:
         finite_times("t", d)
     if len(d) > 1 and not (up or down):
+        if wrapped(d) and host_all((d[1:] > d[:-1]).all() | (d[1:] < d[:-1]).all()):
+            raise ValueError(
+                "per-instance `t` under torch.vmap: every instance's times are strictly monotone, but some increase "
+                "and some decrease, and one vmapped solve runs every instance the same way; split the batch by "
+                "direction (one vmap call for the increasing instances, one for the decreasing), or solve the "
+                "instances in a loop."
+            )
         raise ValueError("`t` must be strictly increasing or strictly decreasing.")
     return t.to(device)
 

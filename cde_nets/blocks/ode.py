@@ -36,7 +36,14 @@ from cde_nets.solvers.output_times import with_output_times, with_start_time
 from cde_nets.solvers.precision import check_autocast, check_autocast_state
 from cde_nets.solvers.steppers.fast_rk import fast_applies
 from cde_nets.solvers.times import check_times
-from cde_nets.solvers.transforms import PER_SAMPLE_UNDER_VMAP, under_transform, under_vmap
+from cde_nets.solvers.transforms import (
+    PER_SAMPLE_UNDER_VMAP,
+    differentiated,
+    host_all,
+    host_any,
+    under_transform,
+    under_vmap,
+)
 from cde_nets.solvers.validation import check_half_precision, nonfinite_message
 
 __all__ = ["ODEBlock"]
@@ -60,6 +67,13 @@ def _empty(bound: BoundField, y0: torch.Tensor, T: float, t, stats: SolverStats,
     times = y0.new_full((0,), T, dtype=torch.float64) if stopping else None
     fired = y0.new_zeros((0,), dtype=torch.bool) if stopping else None
     return Solution(y=y, ts=ts, ys=ys, stats=stats, stop_times=times, fired=fired)
+
+
+class _Backwards(BoundField):
+    """``−F(−s, y)``: the field of a solve backwards in time, run forwards in ``s = −t``."""
+
+    def __call__(self, t: torch.Tensor | float, y: torch.Tensor) -> torch.Tensor:
+        return -super().__call__(-t, y)
 
 
 def _check_times(t, T: float, device: torch.device | None) -> torch.Tensor:
@@ -485,15 +499,28 @@ class ODEBlock(Block):
             ys, terms = self._solve(bound, y0, times, stats, gradient)
             return Solution(y=ys[-1], stats=stats, regularisation=terms)
         tt = _check_times(t, self.T, y0.device)
-        origin = 0.0 if float(tt[-1]) >= float(tt[0]) else self.T
-        start = float(tt[0]) != origin
-        # the solve sees the times detached; their gradients ride around it (solvers.output_times), in every mode
-        tg = t.to(y0.device, torch.float64) if isinstance(t, torch.Tensor) and t.requires_grad else None
+        # host reads beneath torch.vmap's wrappers: per-instance times share their direction (checked above)
+        origin = 0.0 if host_all(tt[-1] >= tt[0]) else self.T
+        at_origin = tt[0] == origin
+        start = not host_all(at_origin)
+        if start and host_any(at_origin):  # only per-instance times can disagree
+            raise ValueError(
+                f"per-instance `t` under torch.vmap: some instances' times start at {origin:g} (y0's time) and "
+                f"some later; start every instance's `t` at {origin:g} (read the rest off `ys`), or none of them."
+            )
+        # the solve sees the times detached; their gradients ride around it (solvers.output_times), in every mode;
+        # a vmap wrapper's requires_grad hides a grad level's, and a jvp level's tangent shows in no requires_grad
+        tg = t.to(y0.device, torch.float64) if isinstance(t, torch.Tensor) and differentiated(t) else None
         if tg is not None and torch.is_grad_enabled() and not start:  # t[0] is then the start time
             y0 = with_start_time(bound, y0, tg[0])
         if start:  # integrate from the origin (0, or T backwards) to the first requested time as well
             tt = torch.cat([tt.new_full((1,), origin), tt])
-        ys, terms = self._solve(bound, y0, tt, stats, gradient)
+        if origin != 0.0 and under_transform() and type(bound) is BoundField:
+            # torch.func's loop of tensor decisions runs forwards: y' = F(t, y) backwards in t is
+            # z' = −F(−s, z) forwards in s = −t
+            ys, terms = self._solve(_Backwards(bound.field, bound.u, bound.ids), y0, -tt, stats, gradient)
+        else:
+            ys, terms = self._solve(bound, y0, tt, stats, gradient)
         if start:
             ys, tt = ys[1:], tt[1:]
         if tg is not None and torch.is_grad_enabled():

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .. import transforms
 from ..controllers import Controller, Integral
 from ..counting import Counted
 from ..errors import Reason, SolverError
@@ -299,9 +300,12 @@ def odeint_vmappable(
                 )
             iterations += 1
             if iterations > max_steps and host_any(run & (n_steps >= max_steps)):
+                # rows: vmap's instances stacked (_solve_stacked runs the loop with their level popped)
+                vmapped = rows or transforms.under_vmap()
+                where = "by an instance under torch.vmap" if vmapped else "in a solve under torch.func"
                 raise SolverError(
-                    f"max_steps={max_steps} reached by an instance under torch.vmap; raise `max_steps` "
-                    "(options={'max_num_steps': n}) or loosen `rtol`/`atol` (the field may be stiff).",
+                    f"max_num_steps={max_steps} reached {where}; raise `options['max_num_steps']` or loosen "
+                    "`rtol`/`atol` (the field may be stiff).",
                     reason=Reason.MAX_STEPS,
                 )
             if record is not None:
@@ -342,6 +346,12 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
     method = run.method
     if method not in vmap_methods():
         if method in FIXED_METHODS:
+            if transforms.batched(run.t):
+                raise ValueError(
+                    f"per-instance `t` under torch.vmap with the fixed-step method={method!r}: its grid is built on "
+                    "the host from the times, which vmap cannot batch; use an adaptive method "
+                    f"{vmap_methods()} (each instance on its own times), or solve the instances in a loop."
+                )
             return None
         raise ValueError(
             f"method={method!r} under torch.vmap: vmap solves each instance on its own steps with the adaptive "
