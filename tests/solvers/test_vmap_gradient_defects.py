@@ -15,15 +15,23 @@ backprop to their own tolerance, the replays and forward mode to rounding."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.func import functional_call, grad, vmap
 
-from cde_nets import ODEBlock
+from cde_nets import ODEBlock, odeint
 from cde_nets.fields.baselines import MS1
 from cde_nets.fields.nais import NAIS
 
 D = torch.float64
 TOL = dict(rtol=1e-5, atol=1e-7)
+T = torch.tensor([0.0, 0.5, 1.0], dtype=D)
+A = torch.tensor([[0.0, 1.0], [-1.0, -0.1]], dtype=D)
+Y = torch.tensor([[1.0, 0.5], [0.2, -0.3]], dtype=D)
+W = torch.tensor([[0.3, -0.2], [0.1, 0.4]], dtype=D)
+OWN = ["adjoint", "checkpoint", "symplectic", "forward", "interpolating", "gauss"]
+#: the module-level dict a field reads: a global, which no gradient method can swap
+GLOBAL: dict[str, torch.Tensor] = {}
 
 
 def close(a: torch.Tensor, b: torch.Tensor, rel: float) -> None:
@@ -53,3 +61,52 @@ def test_forward_sensitivities_of_a_pieces_field_are_the_jacobian_under_torch_fu
     want_loop = torch.autograd.grad(sum(backprop(y).sum() for y in Y3), tuple(ms1.parameters()))
     for g, w in zip(got_vmapped, want_loop):
         close(g, w, 1e-10)
+
+
+def _tuple_held(w: torch.Tensor, y: torch.Tensor, gradient: str, method: str = "dopri5") -> torch.Tensor:
+    box = (w,)
+    out = odeint(
+        lambda t, x: torch.tanh(x @ A.T) + box[0], y, T, gradient=gradient, method=method, adjoint_params=(), **TOL
+    )
+    return out[-1].sum()
+
+
+def _global_held(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x @ A.T) + GLOBAL["w"]
+
+
+def _through_global(w: torch.Tensor, gradient: str) -> torch.Tensor:
+    GLOBAL["w"] = w
+    try:
+        return odeint(_global_held, Y[0], T, gradient=gradient, adjoint_params=(), **TOL)[-1].sum()
+    finally:
+        GLOBAL.clear()
+
+
+@pytest.mark.parametrize("gradient", OWN)
+def test_a_differentiated_tensor_no_method_can_swap_is_refused_by_name_with_and_without_vmap(gradient):
+    refusal = f"gradient='{gradient}' under torch.func: the field reaches a tensor .* cannot swap"
+    with pytest.raises(ValueError, match=refusal):
+        grad(_tuple_held)(W[0], Y[0], gradient)
+    with pytest.raises(ValueError, match=refusal):  # with y0 differentiated too: w's gradient was zero
+        grad(_tuple_held, argnums=(0, 1))(W[0], Y[0], gradient)
+    with pytest.raises(ValueError, match=refusal):  # vmap used to switch silently to backprop
+        vmap(grad(_tuple_held), in_dims=(0, None, None))(W, Y[0], gradient)
+    with pytest.raises(ValueError, match=refusal):
+        grad(_through_global)(W[0], gradient)
+    assert torch._C._functorch.peek_interpreter_stack() is None
+
+
+def test_a_held_tensor_is_refused_on_fixed_steps_and_served_where_the_method_can_swap_it():
+    with pytest.raises(ValueError, match="gradient='adjoint' with method='rk4' under a torch.func transform"):
+        grad(_tuple_held)(W[0], Y[0], "adjoint", "rk4")
+    want = grad(_tuple_held)(W[0], Y[0], "backprop")
+
+    def dict_held(w: torch.Tensor) -> torch.Tensor:  # a dict the field reaches: swapped, so served
+        box = {"w": w}
+        out = odeint(
+            lambda t, x: torch.tanh(x @ A.T) + box["w"], Y[0], T, gradient="checkpoint", adjoint_params=(), **TOL
+        )
+        return out[-1].sum()
+
+    close(grad(dict_held)(W[0]), want, 1e-10)
