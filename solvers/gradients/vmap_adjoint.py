@@ -40,7 +40,7 @@ from ..transforms import tracked, wrapped
 
 _F = torch._C._functorch
 
-__all__ = ["CLOSURE_REFUSAL", "adjoint_vmapped", "closure_refusal", "differentiated", "field_inputs"]
+__all__ = ["CLOSURE_REFUSAL", "adjoint_vmapped", "closure_refusal", "differentiated", "field_inputs", "live"]
 
 #: the refusal where the field reaches a tracked tensor the search of its slots does not find
 CLOSURE_REFUSAL = (
@@ -157,7 +157,7 @@ class _VmapAdjoint(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_ys: torch.Tensor) -> tuple:
         cfg = ctx.cfg
-        t, ys, *tensors = ctx.saved_tensors
+        t, ys, *tensors = (live(x) for x in ctx.saved_tensors)
         field = _Swapped(cfg["func"], cfg["slots"], tensors)
         shape, n = ys.shape[1:], ys[0].numel()
         sizes = [p.numel() for p in tensors]
@@ -238,6 +238,16 @@ def _reaches_hidden(run: Any, func: Callable, slots: list[list[_Slot]], tensors:
     y0 = run.y0.detach()
     out = _Swapped(func, slots, [x.detach() for x in tensors])(run.t[0].detach(), y0)
     return any(differentiated(x) for x in (out if isinstance(out, tuple | list) else (out,)))
+
+
+def live(x: torch.Tensor) -> torch.Tensor:
+    """``x`` without the wrappers of ``torch.func`` levels that have exited: an ``autograd.Function``'s saved input
+    under ``vmap(vjp(...))`` is wrapped at the ``vjp`` level, gone by the time its pullback runs, around a tensor
+    batched at the ``vmap`` level beneath, and torch's batching refuses (an internal assert) to mix it with that
+    level's cotangents; the tensor beneath holds the same values."""
+    while wrapped(x) and not _F.is_batchedtensor(x) and _F.maybe_get_level(x) == -2:  # -2: a dead level's wrapper
+        x = _F.get_unwrapped(x)
+    return x
 
 
 def closure_refusal(name: str) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, vjp, vmap
 
 from cde_nets import ODEBlock, odeint
 from cde_nets.fields.baselines import MS1
@@ -110,3 +110,28 @@ def test_a_held_tensor_is_refused_on_fixed_steps_and_served_where_the_method_can
         return out[-1].sum()
 
     close(grad(dict_held)(W[0]), want, 1e-10)
+
+
+def _pulled(y: torch.Tensor, w: torch.Tensor, gradient: str) -> tuple[torch.Tensor, ...]:
+    """The pullback of the solve in ``(y0, w)`` applied to a cotangent of ones, made inside the caller's vmap."""
+
+    def solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        box = {"w": b}
+        field = lambda t, x: torch.tanh(x @ A.T) + box["w"] * x  # noqa: E731
+        return odeint(field, a, T, gradient=gradient, adjoint_params=(b,), **TOL)
+
+    return vjp(solve, y, w)[1](torch.ones(len(T), 2, dtype=D))
+
+
+# the replays failed with y0 batched, the continuous adjoints with the parameter batched (their saved inputs)
+@pytest.mark.parametrize(
+    ("gradient", "in_dims", "rel"),
+    [("checkpoint", (0, None), 1e-12), ("symplectic", (0, None), 1e-12), ("adjoint", (None, 0), 2e-4),
+     ("interpolating", (None, 0), 2e-4)],
+)  # fmt: skip
+def test_vmap_over_vjp_with_a_shared_cotangent_is_backprops_gradient(gradient, in_dims, rel):
+    y, w = (Y if in_dims[0] == 0 else Y[0]), (W if in_dims[1] == 0 else W[0])
+    got = vmap(_pulled, in_dims=(*in_dims, None))(y, w, gradient)
+    want = vmap(_pulled, in_dims=(*in_dims, None))(y, w, "backprop")
+    for a, b in zip(got, want):
+        close(a, b, rel)  # the continuous adjoints to their backward solve's tolerance, the replays to rounding
