@@ -111,7 +111,7 @@ def _differentiated(run: Run, gradient: GradientMethod) -> bool:
     """Whether a ``torch.func`` level or autograd differentiates ``run.y0`` or a tensor the field reaches."""
     try:
         tensors = field_inputs(run, gradient.name)[2]
-    except ValueError:  # an adjoint_params entry the field does not reach: the gradient method's own refusal
+    except ValueError:  # an adjoint_params entry the field does not reach, or a differentiated tensor held out of reach
         return True
     return tracked(run.y0) or any(tracked(x) for x in tensors)
 

@@ -11,7 +11,7 @@ from torch import nn
 from cde_nets.fields.base import Field
 from cde_nets.fields.pieces import Pieces, set_views
 
-__all__ = ["gathered"]
+__all__ = ["gathered", "suspended"]
 
 
 @contextmanager
@@ -49,3 +49,25 @@ def gathered(module: nn.Module, stacked: bool = True) -> Iterator[nn.Module]:
             # back to the class defaults (None): a module keeps nothing of a call, not even an attribute
             vars(f).pop("_memo", None)
             vars(f).pop("_constants", None)
+
+
+@contextmanager
+def suspended(module: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, no :class:`Pieces` of ``module`` hands out views and no field memoises: every read goes to
+    the parameter itself (``data[l]``, :meth:`~cde_nets.fields.base.Field.piece_constants` afresh), also inside an
+    outer :func:`gathered`, whose caches come back after.
+
+    Why: a gradient method that swaps the tensors the field reaches for its own inputs under ``torch.func``
+    (:mod:`solvers.gradients.vmap_adjoint`) sees them only where the field reads them; a view or a constant cached
+    from the parameter it replaced would hide the swap (forward mode's tangents then never reach the output).
+    """
+    held: list[tuple[nn.Module, str, object]] = []
+    for m in module.modules():
+        for name in ("_unbound", "_memo", "_constants") if isinstance(m, Pieces | Field) else ():
+            if name in vars(m):
+                held.append((m, name, vars(m).pop(name)))
+    try:
+        yield module
+    finally:
+        for m, name, value in held:
+            object.__setattr__(m, name, value)

@@ -12,7 +12,7 @@ from torch import nn
 from cde_nets.blocks.base import Block
 from cde_nets.blocks.collected_terms import report
 from cde_nets.blocks.compile_boundary import eager_under_compile
-from cde_nets.blocks.gathering import gathered
+from cde_nets.blocks.gathering import gathered, suspended
 from cde_nets.blocks.nonfinite import Found, Watch, check_result, nonfinite_parameter
 from cde_nets.blocks.per_sample import solve_per_sample
 from cde_nets.blocks.regularisers import AugmentedBound, Regularisation, TrajectoryRegularisers
@@ -423,7 +423,7 @@ class ODEBlock(Block):
             return self._first_event(bound, y0, event, stats, gradient)
         if per_sample or dense:
             g = None if event is None else (lambda s, y, idx: event(s, y))
-            with self._gathered():
+            with self._gathered(gradient):
                 res = self._solve_events(bound, y0, g, tend, dense, event_tol, stats, gradient)
             dense_out = None if res.knots is None else HermiteDense(*res.knots)
             return Solution(
@@ -452,7 +452,7 @@ class ODEBlock(Block):
             check_events(self.method, event_mode, "per_sample")  # the one refusal, odeint's too
         if y0.shape[0] == 0:
             return _empty(bound, y0, self.T, t, stats, False)
-        with self._gathered():
+        with self._gathered(gradient):
             return solve_per_sample(self, bound, y0, t, t_end, stats, gradient)
 
     def _check_steer(self, steer: float) -> float:
@@ -569,10 +569,14 @@ class ODEBlock(Block):
             )
         return te.to(y0.device)
 
-    def _gathered(self):
+    def _gathered(self, gradient: GradientMethod):
         """The forward solve sees the field's constants built once per call, as in discrete mode, whatever the
         gradient: the same forward values in every mode. Backward solves and replays run after the call returns
-        and rebuild them piece by piece from the piece in force."""
+        and rebuild them piece by piece from the piece in force. Under ``torch.func`` a gradient method other than
+        backprop swaps the parameters for its own inputs at every evaluation, which a cache built from the
+        parameters would hide: there the field reads the parameters themselves."""
+        if gradient.name != "backprop" and under_transform():
+            return suspended(self.field)
         return gathered(self.field)
 
     def _params(self, bound: BoundField | AugmentedBound) -> list[torch.Tensor]:
@@ -711,7 +715,7 @@ class ODEBlock(Block):
         else:  # the search steps from 0 by the block's largest step (its default: one step per piece)
             options["step_size"] = s.step_size or max(b - a for a, b in self._pieces())
         t = torch.tensor([0.0, self.T], dtype=torch.float64, device=y0.device)
-        with self._gathered():
+        with self._gathered(gradient):
             t_star, sol = odeint(
                 bound, y0, t, event_fn=event, method=s.method, options=options, gradient=gradient,
                 adjoint_params=self._params(bound), **kw,
@@ -726,7 +730,7 @@ class ODEBlock(Block):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The states at ``t`` and the integrated regularisers' batch means (empty without regularisers)."""
         jump_t, grid = self._grids(self.field)
-        with self._gathered():
+        with self._gathered(gradient):
             if not self.regularisers:
                 return self._integrate(bound, y0, t, jump_t, grid, stats, gradient), {}
             augmented, Y0 = self.regularisers.augment(bound, y0)

@@ -18,8 +18,9 @@ forward and backward steps, and ``grad``/``jacrev`` stacked on ``vmap`` (or bene
 ``vmap``, differentiated by ``grad``): those tensors must be its inputs. The tensors to differentiate
 (``adjoint_params``) and every such tensor the field reaches (a module's parameters and buffers, attributes, a
 closure's cells, the values of a dict or list it holds) are therefore passed in, and swapped into their places in
-the field for each evaluation; every one of them gets its adjoint gradient. A tracked tensor the field reaches
-otherwise (through a global, say) is refused by name.
+the field for each evaluation; every one of them gets its adjoint gradient. A differentiated tensor the field
+reaches otherwise (through a global or a tuple, say), which would get no gradient, is refused by name: one evaluation
+of the field with every swapped tensor detached shows it (:func:`field_inputs`, for every gradient method here).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch._C._functorch import TransformType
 from torch.func import vjp
 
 from ..counting import Counted
@@ -36,15 +38,18 @@ from ..norms import StateNorm
 from ..steppers.vmappable import VMAP_OPTIONS, _largest_part, odeint_vmappable, vmap_methods
 from ..transforms import tracked, wrapped
 
-__all__ = ["CLOSURE_REFUSAL", "adjoint_vmapped", "closure_refusal", "field_inputs"]
+_F = torch._C._functorch
+
+__all__ = ["CLOSURE_REFUSAL", "adjoint_vmapped", "closure_refusal", "differentiated", "field_inputs", "live"]
 
 #: the refusal where the field reaches a tracked tensor the search of its slots does not find
 CLOSURE_REFUSAL = (
     "gradient='adjoint' under torch.func: the field reaches a tensor that torch.func tracks (batched by vmap or "
-    "differentiated by grad/jacrev) in a place the adjoint cannot swap (a global, a tuple, an object without "
-    "__dict__), and torch.func refuses an autograd.Function that closes over one. Hold it in a module, an "
-    "attribute, a closure variable, a dict or a list the field reaches (and pass it in `adjoint_params` if it "
-    "is to get a gradient), or use gradient='backprop'."
+    "differentiated by grad/jacrev/vjp) in a place this gradient method cannot swap for an input of its own (a "
+    "global, a tuple, an object without __dict__), so its gradient would be lost (and torch.func refuses an "
+    "autograd.Function that closes over one). Hold it in a module, an attribute, a closure variable, a dict or a "
+    "list the field reaches (and pass it in `adjoint_params` if it is to get a gradient), or use "
+    "gradient='backprop'."
 )
 
 _DEPTH = 8
@@ -152,7 +157,7 @@ class _VmapAdjoint(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_ys: torch.Tensor) -> tuple:
         cfg = ctx.cfg
-        t, ys, *tensors = ctx.saved_tensors
+        t, ys, *tensors = (live(x) for x in ctx.saved_tensors)
         field = _Swapped(cfg["func"], cfg["slots"], tensors)
         shape, n = ys.shape[1:], ys[0].numel()
         sizes = [p.numel() for p in tensors]
@@ -206,7 +211,43 @@ def field_inputs(run: Any, name: str) -> tuple[Callable, list[list[_Slot]], list
         if wrapped(value) and not any(value is p for p in tensors):
             groups.append([x for x in slots if x.get() is value])
             tensors.append(value)
+    if _reaches_hidden(run, func, groups, tensors):
+        raise ValueError(closure_refusal(name))
     return func, groups, tensors
+
+
+def differentiated(x: torch.Tensor) -> bool:
+    """Whether a ``torch.func`` level (``grad``, ``jacrev``, ``vjp``) differentiates ``x`` (autograd beneath every
+    level aside: as outside ``vmap``, a tensor that only requires grad and is not in ``adjoint_params`` gets no
+    gradient)."""
+    while wrapped(x):
+        if x.requires_grad:
+            return True
+        x = _F.get_unwrapped(x)
+    return False
+
+
+def _reaches_hidden(run: Any, func: Callable, slots: list[list[_Slot]], tensors: list[torch.Tensor]) -> bool:
+    """Whether the field depends on a tensor a ``torch.func`` level differentiates beyond the ones swapped in:
+    one evaluation at ``(t_0, y_0)`` with ``y_0``, ``t_0`` and every swapped tensor detached whose value a level
+    still differentiates. Without the check such a tensor's gradient is silently zero: the gradient methods'
+    backward passes take only their inputs' (a dependence on a branch this evaluation does not take escapes it)."""
+    stack = _F.get_interpreter_stack() or ()
+    if not torch.is_grad_enabled() or not any(level.key() == TransformType.Grad for level in stack):
+        return False
+    y0 = run.y0.detach()
+    out = _Swapped(func, slots, [x.detach() for x in tensors])(run.t[0].detach(), y0)
+    return any(differentiated(x) for x in (out if isinstance(out, tuple | list) else (out,)))
+
+
+def live(x: torch.Tensor) -> torch.Tensor:
+    """``x`` without the wrappers of ``torch.func`` levels that have exited: an ``autograd.Function``'s saved input
+    under ``vmap(vjp(...))`` is wrapped at the ``vjp`` level, gone by the time its pullback runs, around a tensor
+    batched at the ``vmap`` level beneath, and torch's batching refuses (an internal assert) to mix it with that
+    level's cotangents; the tensor beneath holds the same values."""
+    while wrapped(x) and not _F.is_batchedtensor(x) and _F.maybe_get_level(x) == -2:  # -2: a dead level's wrapper
+        x = _F.get_unwrapped(x)
+    return x
 
 
 def closure_refusal(name: str) -> str:

@@ -29,7 +29,7 @@ from torch.func import vjp
 from ..steppers.tableaux import TABLEAUX
 from ..steppers.vmappable import _Loop, odeint_vmappable
 from ..transforms import tracked
-from .vmap_adjoint import _Swapped, closure_refusal, field_inputs
+from .vmap_adjoint import _Swapped, closure_refusal, field_inputs, live
 
 __all__ = ["checkpoint_vmapped"]
 
@@ -93,7 +93,7 @@ class _VmapCheckpoint(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_ys: torch.Tensor, *_: Any) -> tuple:
         cfg = ctx.cfg
-        y0, t, *rest = ctx.saved_tensors
+        y0, t, *rest = (live(x) for x in ctx.saved_tensors)
         tensors, (T0, Y, K0, H, OK, *L) = rest[: ctx.n], rest[ctx.n :]
         field, fw = _Swapped(cfg["func"], cfg["slots"], tensors), cfg["forward"]
         tab = TABLEAUX[fw["method"]]

@@ -27,8 +27,8 @@ import torch
 from torch.func import jacfwd
 
 from ..steppers.vmappable import odeint_vmappable
-from ..transforms import tracked, wrapped
-from .vmap_adjoint import _Swapped, field_inputs
+from ..transforms import tracked
+from .vmap_adjoint import _Swapped, differentiated, field_inputs
 
 __all__ = ["HIDDEN_REFUSAL", "forward_vmapped"]
 
@@ -39,16 +39,6 @@ HIDDEN_REFUSAL = (
     "__dict__), so its gradient would be lost. Hold it in a module, an attribute, a closure variable, a dict or a "
     "list the field reaches (and pass it in `adjoint_params`), or use gradient='backprop'."
 )
-
-
-def _differentiated(x: torch.Tensor) -> bool:
-    """Whether a ``torch.func`` level differentiates ``x`` (autograd beneath every level aside: as outside
-    ``vmap``, a tensor that only requires grad and is not in ``adjoint_params`` gets no gradient)."""
-    while wrapped(x):
-        if x.requires_grad:
-            return True
-        x = torch._C._functorch.get_unwrapped(x)
-    return False
 
 
 def forward_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor | None:
@@ -70,8 +60,6 @@ def forward_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor | No
             "gradient='checkpoint' (reverse mode), or raise Forward(max_entries=)."
         )
     s = run.solver
-    if _differentiated(_Swapped(func, groups, [x.detach() for x in tensors])(run.t[0], run.y0.detach())):
-        raise ValueError(HIDDEN_REFUSAL)  # known from one evaluation, before the solve
 
     def solve(y: torch.Tensor, *p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         field = _Swapped(func, groups, p)
@@ -89,7 +77,7 @@ def forward_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor | No
         return ys, ys
 
     blocks, ys = jacfwd(solve, argnums=wrt, has_aux=True)(*(x.detach() for x in inputs))
-    if _differentiated(ys):  # reached on a branch the first evaluation did not take
+    if differentiated(ys):  # reached on a branch the first evaluation did not take
         raise ValueError(HIDDEN_REFUSAL)
     out = ys.detach()
     for i, block in zip(wrt, blocks):

@@ -40,7 +40,7 @@ from torch.func import vjp
 from ..steppers.tableaux import TABLEAUX
 from ..steppers.vmappable import _Loop, odeint_vmappable, vmap_methods
 from ..transforms import tracked
-from .vmap_adjoint import _Swapped, closure_refusal, field_inputs
+from .vmap_adjoint import _Swapped, closure_refusal, field_inputs, live
 
 __all__ = ["Attempts", "Caught", "DenseAttempts", "coefficients", "horner", "interpolating_vmapped", "record_dense"]
 
@@ -163,7 +163,7 @@ class _VmapInterpolating(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_ys: torch.Tensor, *_: Any) -> tuple:
         cfg = ctx.cfg
-        t, T0, H, OK, C, *tensors = ctx.saved_tensors
+        t, T0, H, OK, C, *tensors = (live(x) for x in ctx.saved_tensors)
         field, dense = _Swapped(cfg["func"], cfg["slots"], tensors), DenseAttempts(T0, H, OK, C)
         shape, n = grad_ys.shape[1:], grad_ys[0].numel()
         sizes = [p.numel() for p in tensors]
