@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -102,7 +103,7 @@ class Counted(nn.Module):
         self.scan_backward = True  # the piecewise adjoint checks its state once per interval instead
         self.backward_jumps: list[float] = []  # jump_t of an adaptive backward solve, increasing
         self.field_error: BaseException | None = None
-        self.recorder = None  # a solvers.gradients.replay.Recorder while a replayed forward solve runs
+        self.recorder: Any = None  # a solvers.gradients.replay.Recorder while a replayed forward solve runs
         self.vjp_probes: deque = deque(maxlen=32)  # (t, finite) of the backward solve's last products
         self.backward_start_finite: bool | None = None
 

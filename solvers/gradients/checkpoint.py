@@ -102,6 +102,24 @@ class Checkpoint(GradientMethod):
         )
 
 
+class _InReversedTime:
+    """A recorder behind :class:`_Reversed`: the counter it listens to sees ``func(−s, y)``, the solve in ``s``
+    uses its negation, and the recorded slopes (the stages a dense output or a carried first stage is built
+    from) must be the solve's."""
+
+    def __init__(self, rec: Any) -> None:
+        object.__setattr__(self, "rec", rec)
+
+    def evaluated(self, out: torch.Tensor | None = None) -> None:
+        self.rec.evaluated(None if out is None else -out)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rec, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.rec, name, value)
+
+
 class _Reversed(nn.Module):
     """``func`` in the time ``s = −t``: ``dy/ds = −func(−s, y)``. The recorder, the statistics and the step
     callbacks are the wrapped counter's (they see ``s``, in which the replay then runs forwards)."""
@@ -115,11 +133,12 @@ class _Reversed(nn.Module):
 
     @property
     def recorder(self) -> Any:
-        return self.inner.recorder
+        rec = self.inner.recorder
+        return rec.rec if isinstance(rec, _InReversedTime) else rec
 
     @recorder.setter
     def recorder(self, rec: Any) -> None:
-        self.inner.recorder = rec
+        self.inner.recorder = None if rec is None else _InReversedTime(rec)
 
     @property
     def stats(self) -> Any:
