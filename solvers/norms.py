@@ -46,5 +46,5 @@ def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     """``√x`` with the derivative 0 where ``x = 0`` (the one-sided derivative of an RMS there is infinite, and a
     backward pass that reaches it with a zero cotangent would make ``0 · ∞ = NaN``): the same values as
     ``x.sqrt()``. A zero state or a zero error estimate (a field the method integrates exactly) has an RMS of 0."""
-    pos = x > 0
-    return torch.where(pos, torch.where(pos, x, torch.ones_like(x)).sqrt(), torch.zeros_like(x))
+    zero = x == 0  # only there: a NaN stays NaN, so a non-finite state is still seen as one
+    return torch.where(zero, torch.zeros_like(x), torch.where(zero, torch.ones_like(x), x).sqrt())

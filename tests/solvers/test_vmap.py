@@ -117,6 +117,16 @@ def test_the_stacked_loop_is_the_vmapped_loop_to_rounding(monkeypatch):
     close(stacked[1], under_vmap[1], rel=1e-13)  # autograd sums the broadcast step sizes' terms in its own order
 
 
+def test_the_norms_square_root_keeps_a_nan_and_has_derivative_zero_at_zero():
+    from cde_nets.solvers.norms import StateNorm, safe_sqrt
+
+    x = torch.tensor([0.0, 4.0, float("nan")], dtype=D, requires_grad=True)
+    y = safe_sqrt(x)
+    assert y[:2].tolist() == [0.0, 2.0] and y[2].isnan()  # a non-finite state must still read as one
+    assert torch.autograd.grad(y[:2].sum(), x)[0][:2].tolist() == [0.0, 0.25]
+    assert StateNorm()(torch.tensor([1.0, float("nan")], dtype=D)).isnan()
+
+
 @pytest.mark.parametrize("gradient", ["backprop", "checkpoint", "symplectic"])
 def test_a_zero_state_or_a_zero_error_estimate_keeps_the_gradient_finite(gradient):
     # an RMS of 0 (a zero initial state; a field dopri5 integrates exactly: y' = c) has an infinite derivative
