@@ -40,26 +40,12 @@ from ..steppers.tableaux import TABLEAUX
 from ..steppers.vmappable import _Loop, odeint_vmappable
 from ..transforms import tracked
 from .vmap_adjoint import _Swapped, closure_refusal, field_inputs, live
-from .vmap_interpolating import Attempts, Caught, DenseAttempts, horner, record_dense
+from .vmap_interpolating import Attempts, Caught, DenseAttempts, DenseRecorded, horner
 
 __all__ = ["gauss_vmapped"]
 
 
-class _VmapGauss(torch.autograd.Function):
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(y0: torch.Tensor, t: torch.Tensor, cfg: dict, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ys, kept = record_dense(_Swapped(cfg["func"], cfg["slots"], tensors), y0, t, cfg["forward"])
-        return (ys, *kept)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        t, cfg, tensors = inputs[1], inputs[2], inputs[3:]
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.cfg = cfg
-        ctx.save_for_backward(t, *output[1:], *tensors)
-
+class _VmapGauss(DenseRecorded):
     @staticmethod
     def backward(ctx: Any, grad_ys: torch.Tensor, *_: Any) -> tuple:
         cfg = ctx.cfg

@@ -42,7 +42,16 @@ from ..steppers.vmappable import _Loop, odeint_vmappable, vmap_methods
 from ..transforms import tracked
 from .vmap_adjoint import _Swapped, closure_refusal, field_inputs, live
 
-__all__ = ["Attempts", "Caught", "DenseAttempts", "coefficients", "horner", "interpolating_vmapped", "record_dense"]
+__all__ = [
+    "Attempts",
+    "Caught",
+    "DenseAttempts",
+    "DenseRecorded",
+    "coefficients",
+    "horner",
+    "interpolating_vmapped",
+    "record_dense",
+]
 
 
 class Caught:
@@ -145,7 +154,11 @@ def record_dense(
     return ys, tuple(torch.stack(col) for col in zip(*rows))
 
 
-class _VmapInterpolating(torch.autograd.Function):
+class DenseRecorded(torch.autograd.Function):
+    """The forward solve both continuous adjoints on a dense output share: the states at ``t`` and each attempt's
+    start, step, acceptance and dense coefficients (non-differentiable outputs, saved with ``t`` and the field's
+    tensors for the backward pass a subclass gives)."""
+
     generate_vmap_rule = True
 
     @staticmethod
@@ -160,6 +173,8 @@ class _VmapInterpolating(torch.autograd.Function):
         ctx.cfg = cfg
         ctx.save_for_backward(t, *output[1:], *tensors)
 
+
+class _VmapInterpolating(DenseRecorded):
     @staticmethod
     def backward(ctx: Any, grad_ys: torch.Tensor, *_: Any) -> tuple:
         cfg = ctx.cfg
