@@ -62,6 +62,24 @@ def test_the_stiff_sample_under_vmap_by_each_gradient_method(gradient):
         assert abs(float(g[b, 0]) - fd) < rel * abs(fd)
 
 
+def test_the_stiff_sample_through_the_stacked_vmap_loop():
+    """``vmap`` innermost and autograd outside: the loop runs once on the stacked instances (the vmap level
+    popped), differentiated by backprop; each instance's gradient is the central difference of its solve to 1e-6."""
+    Y = torch.tensor([[2.0, 0.0, 20.88], [1.0, 0.5, 2.0]], dtype=F64)
+    T3 = torch.tensor([0.0, 3.0], dtype=F64)
+
+    def ends(y: torch.Tensor) -> torch.Tensor:
+        return _loss(torch.func.vmap(lambda y0: odeint(VdP(), y0, T3, **TOL)[-1])(y))
+
+    y = Y.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(ends(y).sum(), y)
+    e = torch.zeros_like(Y)
+    e[:, 0] = 1e-6
+    with torch.no_grad():
+        fd = (ends(Y + e) - ends(Y - e)) / 2e-6
+    assert ((g[:, 0] - fd).abs() < 1e-6 * fd.abs()).all()
+
+
 class VdPRows(nn.Module):
     """Van der Pol with a ``μ`` per sample, read for the rows a per-sample sweep runs."""
 
