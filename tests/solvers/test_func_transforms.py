@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 from torch.func import functional_call, grad, jacrev, jvp, vmap
+from vmap_cases import close
 
 from cde_nets import odeint
 from cde_nets.solvers.gradients import gradient_names
@@ -24,11 +25,6 @@ GRADIENTS = [g for g in gradient_names() if g != "reversible"]  # 'reversible' s
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(2, 6), nn.Tanh(), nn.Linear(6, 2)).double()
-
-
-def close(a: torch.Tensor, b: torch.Tensor, rel: float) -> None:
-    err, scale = float((a - b).detach().abs().max()), float(b.detach().abs().max())
-    assert err <= rel * scale, err / scale
 
 
 @pytest.mark.parametrize("gradient", GRADIENTS)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 from torch.func import functional_call, grad, jacrev, stack_module_state, vmap
+from vmap_cases import MLP, close
 
 from cde_nets import ODEBlock, Stop, odeint, odeint_dense
 from cde_nets.fields.nais import NAIS
@@ -33,20 +34,6 @@ Y = torch.randn(4, 3, dtype=D, generator=_gen(2))
 
 def field(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.tanh(y @ A.T) + 0.1 * torch.sin(t)
-
-
-def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-7) -> None:
-    err, scale = float((a - b).detach().abs().max()), float(b.detach().abs().max())
-    assert err <= rel * scale, err / scale
-
-
-class MLP(nn.Module):
-    def __init__(self, d: int = 2, h: int = 8):
-        super().__init__()
-        self.l1, self.l2 = nn.Linear(d, h), nn.Linear(h, d)
-
-    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.tanh(self.l1(y)))
 
 
 def test_the_loop_serves_every_adaptive_explicit_tableau():

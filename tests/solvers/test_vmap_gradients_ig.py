@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 from torch.func import functional_call, grad, jacrev, stack_module_state, vmap
+from vmap_cases import MLP, close
 
 from cde_nets import ODEBlock, odeint
 from cde_nets.solvers.gradients import Interpolating
@@ -24,20 +25,6 @@ CELLS = [(g, m) for g in ("interpolating", "gauss") for m in ("dopri5", "tsit5")
 
 def field(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.tanh(y @ A.T) + 0.1 * torch.sin(t)
-
-
-def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-7) -> None:
-    err, scale = float((a - b).detach().abs().max()), float(b.detach().abs().max())
-    assert err <= rel * scale, err / scale
-
-
-class MLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1, self.l2 = nn.Linear(2, 6), nn.Linear(6, 2)
-
-    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.tanh(self.l1(y)))
 
 
 def check_members(got: dict, members: list[nn.Module], loss) -> None:
@@ -67,9 +54,9 @@ def test_a_stacked_parameter_ensemble_equals_the_loop_of_single_solves(gradient,
     """The ensemble's parameters named in ``adjoint_params`` (dopri5) or only closed over (tsit5: tracked, so
     taken as inputs): each member's gradient is that of its own single solve."""
     torch.manual_seed(0)
-    members = [MLP().double() for _ in range(2)]
+    members = [MLP(h=6).double() for _ in range(2)]
     params, _ = stack_module_state(members)
-    base = MLP().double().to("meta")
+    base = MLP(h=6).double().to("meta")
     y0 = torch.tensor([0.5, -1.0], dtype=D)
 
     def loss(p, named):
@@ -86,7 +73,7 @@ def test_the_block_door_and_jacrev_inside_vmap(gradient):
     """ODEBlock's parameters stacked under functional_call, and vmap(jacrev) (the backward pass itself vmapped
     over the Jacobian's rows), each equal to the loop of single solves."""
     torch.manual_seed(1)
-    blocks = [ODEBlock(MLP().double(), T=1.0, gradient=gradient, **TOL) for _ in range(2)]
+    blocks = [ODEBlock(MLP(h=6).double(), T=1.0, gradient=gradient, **TOL) for _ in range(2)]
     stacked, _ = stack_module_state(blocks)
     X = torch.randn(2, 2, dtype=D, generator=torch.Generator().manual_seed(7))
     got = vmap(grad(lambda p: functional_call(blocks[0], p, (X,)).sum()))(stacked)

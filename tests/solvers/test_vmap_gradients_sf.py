@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from torch.func import functional_call, grad, jacrev, stack_module_state, vmap
+from vmap_cases import MLP, close
 
 from cde_nets import ODEBlock, odeint
 from cde_nets.solvers.gradients import Forward, Symplectic
@@ -27,23 +27,9 @@ def field(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.tanh(y @ A.T) + 0.1 * torch.sin(t)
 
 
-class MLP(nn.Module):
-    def __init__(self, d: int = 2, h: int = 4):
-        super().__init__()
-        self.l1, self.l2 = nn.Linear(d, h), nn.Linear(h, d)
-
-    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.tanh(self.l1(y)))
-
-
-def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-7) -> None:
-    err, scale = float((a - b).detach().abs().max()), float(b.detach().abs().max())
-    assert err <= rel * scale, err / scale
-
-
 def members(n: int = 2) -> list[MLP]:
     torch.manual_seed(0)
-    return [MLP().double() for _ in range(n)]
+    return [MLP(h=4).double() for _ in range(n)]
 
 
 def single_grad(func, y0, gradient, method, wrt):
@@ -73,7 +59,7 @@ def test_vmap_over_y0_equals_the_loop_of_single_solves(gradient, method):
 def test_a_stacked_parameter_ensemble_equals_the_loop_of_single_solves(gradient, method):
     nets = members()
     params, _ = stack_module_state(nets)
-    base = MLP().double().to("meta")
+    base = MLP(h=4).double().to("meta")
     y0 = Y[0]
 
     def loss(p):
