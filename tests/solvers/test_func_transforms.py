@@ -134,3 +134,33 @@ def test_second_derivatives_through_a_backward_pass_torch_func_cannot_differenti
             jacrev(jacrev(total(gradient)))(Y0)
     with pytest.raises(ValueError, match="gradient='adjoint' under nested torch.func transforms.*backprop"):
         hessian(total("adjoint"))(Y0)  # forward over reverse: the Function has no jvp
+
+
+@pytest.mark.parametrize("gradient", ["checkpoint", "forward", "gauss"])
+def test_the_block_door_serves_and_refuses_as_odeint_does(gradient):
+    from cde_nets import ODEBlock
+
+    torch.manual_seed(0)
+    field = nn.Sequential(nn.Linear(2, 2), nn.Tanh()).double()
+    block = ODEBlock(_as_field(field), T=1.0, gradient=gradient, **TOL)
+    params = {k: v.detach() for k, v in block.named_parameters()}
+    got = grad(lambda p, y: functional_call(block, p, (y,)).square().sum(), argnums=(0, 1))(params, Y0)
+    y0 = Y0.clone().requires_grad_(True)
+    want = torch.autograd.grad(block(y0).square().sum(), (*block.parameters(), y0))
+    for g, w in zip([*got[0].values(), got[1]], want):  # the same method on the same steps: to rounding
+        close(g, w, 1e-12)
+    fixed = ODEBlock(_as_field(field), T=1.0, method="rk4", step_size=0.1, gradient=gradient)
+    with pytest.raises(ValueError, match=f"gradient='{gradient}' with method='rk4' under a torch.func transform"):
+        grad(lambda p: functional_call(fixed, p, (Y0,)).sum())(params)
+
+
+def _as_field(net: nn.Module) -> nn.Module:
+    class Field(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, t, y):
+            return self.net(y)
+
+    return Field()
