@@ -39,7 +39,7 @@ from ..norms import StateNorm
 from ..steppers.tableaux import TABLEAUX
 from ..steppers.vmappable import _Loop, odeint_vmappable
 from ..transforms import tracked
-from .vmap_adjoint import _Swapped, closure_refusal, field_inputs, live
+from .vmap_adjoint import _Swapped, closure_refusal, field_inputs
 from .vmap_interpolating import Attempts, Caught, DenseAttempts, DenseRecorded, horner
 
 __all__ = ["gauss_vmapped"]
@@ -48,9 +48,7 @@ __all__ = ["gauss_vmapped"]
 class _VmapGauss(DenseRecorded):
     @staticmethod
     def backward(ctx: Any, grad_ys: torch.Tensor, *_: Any) -> tuple:
-        cfg = ctx.cfg
-        t, T0, H, OK, C, *tensors = (live(x) for x in ctx.saved_tensors)
-        field, forward = _Swapped(cfg["func"], cfg["slots"], tensors), DenseAttempts(T0, H, OK, C)
+        cfg, t, field, forward, tensors = DenseRecorded.saved(ctx)
 
         def reversed_time(s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
             """``da/ds = aᵀ ∂F/∂y`` at ``t = −s``, ``y`` off the forward's dense output."""

@@ -173,13 +173,19 @@ class DenseRecorded(torch.autograd.Function):
         ctx.cfg = cfg
         ctx.save_for_backward(t, *output[1:], *tensors)
 
+    @staticmethod
+    def saved(ctx: Any) -> tuple[dict, torch.Tensor, _Swapped, DenseAttempts, list[torch.Tensor]]:
+        """For the backward pass: the settings, the times, the field with the saved tensors swapped in, the forward
+        solve's dense output and those tensors."""
+        t, T0, H, OK, C, *tensors = (live(x) for x in ctx.saved_tensors)
+        cfg = ctx.cfg
+        return cfg, t, _Swapped(cfg["func"], cfg["slots"], tensors), DenseAttempts(T0, H, OK, C), tensors
+
 
 class _VmapInterpolating(DenseRecorded):
     @staticmethod
     def backward(ctx: Any, grad_ys: torch.Tensor, *_: Any) -> tuple:
-        cfg = ctx.cfg
-        t, T0, H, OK, C, *tensors = (live(x) for x in ctx.saved_tensors)
-        field, dense = _Swapped(cfg["func"], cfg["slots"], tensors), DenseAttempts(T0, H, OK, C)
+        cfg, t, field, dense, tensors = DenseRecorded.saved(ctx)
         shape, n = grad_ys.shape[1:], grad_ys[0].numel()
         sizes = [p.numel() for p in tensors]
 
