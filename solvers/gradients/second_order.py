@@ -32,20 +32,47 @@ from typing import Any
 
 import torch
 
-__all__ = ["first_order", "refusal", "remember_inputs", "served", "third_refusal"]
+__all__ = [
+    "FIX",
+    "IMPLICIT_FIX",
+    "PER_SAMPLE_FIX",
+    "first_order",
+    "refusal",
+    "refused",
+    "remember_inputs",
+    "served",
+    "third_refusal",
+]
 
 Grads = tuple[torch.Tensor | None, ...]
 
 
-def refusal(name: str) -> str:
+#: the fix a refusal names where the solve is an explicit Runge-Kutta one
+FIX = (
+    "Use gradient='backprop' (autograd differentiates the solve itself, to any order), or gradient='adjoint' or "
+    "'forward' (their backward passes are differentiated once more), or torch.func.jacrev(jacrev(...)) with "
+    "gradient='adjoint'."
+)
+#: the fix where the solve is an implicit Runge-Kutta method's (whose stages no gradient method differentiates twice)
+IMPLICIT_FIX = (
+    "Second derivatives through an implicit Runge-Kutta method's stage solve are not served by any gradient "
+    "method: use a composition method or an explicit Runge-Kutta method (e.g. 'dopri5') with gradient='backprop'."
+)
+
+#: the fix under controller='per_sample'
+PER_SAMPLE_FIX = (
+    "Use gradient='backprop' (autograd differentiates every sweep, to any order), or controller='batch' with "
+    "gradient='adjoint' or 'forward'."
+)
+
+
+def refusal(name: str, fix: str = FIX) -> str:
     """The message of a second derivative through ``gradient=name``'s backward pass that is not served."""
     return (
         f"gradient={name!r} gives first derivatives only under torch.autograd: its backward pass is computed "
         "without a graph of its own, so differentiating the gradient it returned (create_graph=True then "
         "torch.autograd.grad or .backward() of it, torch.autograd.functional.hessian, a gradient penalty) would "
-        "give a wrong second derivative. Use gradient='backprop' (autograd differentiates the solve itself, to any "
-        "order), or gradient='adjoint' or 'forward' (their backward passes are differentiated once more), or "
-        "torch.func.jacrev(jacrev(...)) with gradient='adjoint'."
+        f"give a wrong second derivative. {fix}"
     )
 
 
@@ -81,7 +108,7 @@ class _Refused(torch.autograd.Function):
         raise ValueError(ctx.message)
 
 
-def _refused(message: str, outs: Grads, anchors: Sequence[torch.Tensor]) -> Grads:
+def refused(message: str, outs: Grads, anchors: Sequence[torch.Tensor]) -> Grads:
     """``outs`` in value, with a graph node that raises ``message`` when differentiated, reached from ``anchors``."""
     values = [o for o in outs if o is not None]
     if not values or not anchors:
@@ -121,7 +148,7 @@ class _Served(torch.autograd.Function):
         for (i, _), g in zip(wrt, found):
             grads[i] = g
         if third:  # the recomputation's graph ends at its own leaves
-            grads = list(_refused(third_refusal(name), tuple(grads), _requiring(saved)))
+            grads = list(refused(third_refusal(name), tuple(grads), _requiring(saved)))
         return (None, None, *(None for _ in cotangents), *grads)
 
 
@@ -144,14 +171,16 @@ def served(
 
 
 def first_order(
-    name: str | Callable[[Any], str], serve: Callable[[Any, tuple, Grads], Grads | str] | None = None
+    name: str | Callable[[Any], str],
+    serve: Callable[[Any, tuple, Grads], Grads | str] | None = None,
+    fix: str | Callable[[Any], str] = FIX,
 ) -> Callable:
     """Decorate an ``autograd.Function``'s ``backward`` (in place of ``once_differentiable``): it runs without a
     graph, and under ``create_graph=True`` its gradients hang off a node reached from its incoming cotangents and
     the inputs :func:`remember_inputs` kept, which serves the second derivative (``serve(ctx, cotangents, outs)``,
     where it returns the gradients through :func:`served`; where it does not serve this call, the message it
-    returns is raised when they are differentiated) or raises the refusal naming ``gradient=name`` (a string, or
-    read off the context)."""
+    returns is raised when they are differentiated) or raises the refusal naming ``gradient=name`` and ``fix``
+    (each a string, or read off the context)."""
 
     def decorate(backward: Callable) -> Callable:
         @functools.wraps(backward)
@@ -167,8 +196,9 @@ def first_order(
             grads: Grads = (outs,) if single else outs
             result = serve(ctx, cotangents, grads) if serve is not None else None
             if result is None or isinstance(result, str):
-                message = result or refusal(name if isinstance(name, str) else name(ctx))
-                result = _refused(message, grads, anchors)
+                why = (name if isinstance(name, str) else name(ctx), fix if isinstance(fix, str) else fix(ctx))
+                message = result or refusal(*why)
+                result = refused(message, grads, anchors)
             return result[0] if single else result
 
         return wrapper

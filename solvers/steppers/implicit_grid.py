@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..errors import Reason, SolverError
+from ..gradients.second_order import IMPLICIT_FIX, first_order, remember_inputs
 from .implicit import Newton, implicit_step
 from .implicit_tableaux import IMPLICIT_TABLEAUX
 
@@ -172,6 +173,7 @@ class _Sweep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, grid_solver, grid, t, rebuild, y0, *params):
+        remember_inputs(ctx, y0, *params)
         with torch.no_grad():
             out, where, states = grid_solver._forward(y0, grid, t, keep=not rebuild)
         ctx.solver, ctx.grid, ctx.t, ctx.where, ctx.rebuild, ctx.params = grid_solver, grid, t, where, rebuild, params
@@ -179,6 +181,7 @@ class _Sweep(torch.autograd.Function):
         return torch.stack(out)
 
     @staticmethod
+    @first_order(lambda ctx: "adjoint' or 'reversible" if ctx.rebuild else "checkpoint", fix=IMPLICIT_FIX)
     def backward(ctx, g_out):
         solver, grid, t, where, params = ctx.solver, ctx.grid, ctx.t, ctx.where, ctx.params
         g_params: list[torch.Tensor | None] = [None] * len(params)
