@@ -211,11 +211,13 @@ class _Counters:
             setattr(obj, name, value)
 
 
-def _second_order(ctx: Any, cotangents: tuple, outs: tuple) -> tuple:
+def _second_order(ctx: Any, cotangents: tuple, outs: tuple) -> tuple | str:
     """Forward sensitivities' second derivative: ``Jᵀ g`` is the vector-Jacobian product of the solver's steps, so
     its derivative is that of the same product taken by autograd through the steps recomputed with a graph (the
     steps and decisions of the forward solve, as backpropagation takes them: exact for the solver's map)."""
-    y0, *params = ctx.saved_tensors
+    y0, *params = ctx.inputs
+    if any(x._version != v for x, v in zip(ctx.inputs, ctx.versions)):
+        return "gradient='forward': an input of the solve was modified in place since; its second derivative needs it."
     solve = ctx.solve
 
     def recompute(free: list[torch.Tensor], params: list[torch.Tensor]) -> tuple:
@@ -235,7 +237,8 @@ class _Jacobian(torch.autograd.Function):
         ys, ctx.blocks, ctx.solve = found
         ctx.keys = [id(y0), *(id(p) for p in params)]
         ctx.shapes = [y0.shape, *(p.shape for p in params)]
-        ctx.save_for_backward(y0, *params)
+        # kept on the context, not saved for backward: only a second derivative reads them (checked unchanged then)
+        ctx.inputs, ctx.versions = (y0, *params), [x._version for x in (y0, *params)]
         remember_inputs(ctx, y0, *params)
         return ys
 
