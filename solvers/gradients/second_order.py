@@ -32,9 +32,6 @@ from typing import Any
 
 import torch
 
-from ..transforms import under_vmap
-
-_F = torch._C._functorch
 
 __all__ = [
     "FIX",
@@ -95,11 +92,6 @@ def remember_inputs(ctx: Any, *tensors: Any) -> None:
     ctx.second_order_inputs = tuple(x for x in tensors if isinstance(x, torch.Tensor) and x.requires_grad)
 
 
-def batched(x: torch.Tensor) -> bool:
-    """Whether ``x`` is batched by a ``vmap`` (torch.func's, or the one behind ``is_grads_batched=True``)."""
-    return bool(_F.is_batchedtensor(x))
-
-
 def _requiring(xs: Sequence[Any]) -> list[torch.Tensor]:
     return [x for x in xs if isinstance(x, torch.Tensor) and x.requires_grad]
 
@@ -142,26 +134,17 @@ class _Served(torch.autograd.Function):
         recompute, n_free, mask, name = ctx.cfg
         saved = ctx.saved_tensors
         third = torch.is_grad_enabled()
-        try:
-            with torch.enable_grad():
-                free = [x.detach().requires_grad_(x.requires_grad) for x in saved[:n_free]]
-                params = list(saved[n_free:])
-                outs = [o for o, keep in zip(recompute(free, params), mask) if keep]
-                pairs = [(o, c) for o, c in zip(outs, cotangents) if o is not None and o.requires_grad]
-                wrt = [(i, x) for i, x in enumerate([*free, *params]) if x.requires_grad]
-                found: Sequence[torch.Tensor | None] = [None] * len(wrt)
-                if pairs and wrt:
-                    found = torch.autograd.grad(
-                        [o for o, _ in pairs], [x for _, x in wrt], [c for _, c in pairs], allow_unused=True
-                    )
-        except RuntimeError as exc:
-            if not (under_vmap() or any(batched(c) for c in cotangents)):
-                raise
-            raise ValueError(
-                f"gradient={name!r} serves a second derivative by recomputing its backward pass, which torch's "
-                "batched gradients (torch.autograd.functional.hessian/jacobian with vectorize=True, "
-                "is_grads_batched=True) cannot run: use vectorize=False, or gradient='backprop'."
-            ) from exc
+        with torch.enable_grad():
+            free = [x.detach().requires_grad_(x.requires_grad) for x in saved[:n_free]]
+            params = list(saved[n_free:])
+            outs = [o for o, keep in zip(recompute(free, params), mask) if keep]
+            pairs = [(o, c) for o, c in zip(outs, cotangents) if o is not None and o.requires_grad]
+            wrt = [(i, x) for i, x in enumerate([*free, *params]) if x.requires_grad]
+            found: Sequence[torch.Tensor | None] = [None] * len(wrt)
+            if pairs and wrt:
+                found = torch.autograd.grad(
+                    [o for o, _ in pairs], [x for _, x in wrt], [c for _, c in pairs], allow_unused=True
+                )
         grads: list[torch.Tensor | None] = [None] * len(saved)
         for (i, _), g in zip(wrt, found):
             grads[i] = g
