@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-
 __all__ = [
     "FIX",
     "IMPLICIT_FIX",
