@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 import torch
 
+from .gradients.second_order import refused
 from .transforms import under_transform
 
 __all__ = ["with_output_times", "with_start_time"]
@@ -48,6 +49,14 @@ Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum()
+
+
+#: a second derivative through the times' gradient (the states' moving with them is not on the graph it is taken on)
+TIMES_REFUSAL = (
+    "a second derivative with respect to the output times `t` is not served under torch.autograd: their gradient "
+    "<dL/dy(t_i), F(t_i, y(t_i))> is computed without a graph of its own. Pass a `t` that does not require grad "
+    "for second derivatives in y0 and the parameters, or differentiate the times by finite differences."
+)
 
 
 class _TimeGradient(torch.autograd.Function):
@@ -61,12 +70,14 @@ class _TimeGradient(torch.autograd.Function):
         return ys.view_as(ys)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         ys, t = ctx.saved_tensors
         with torch.no_grad():
-            g_t = torch.stack([_dot(grad[i], ctx.field(t[i], ys[i])) for i in range(len(t))]).to(t.dtype)
-        return None, grad, ctx.sign * g_t, None
+            g_t = ctx.sign * torch.stack([_dot(grad[i], ctx.field(t[i], ys[i])) for i in range(len(t))]).to(t.dtype)
+        if torch.is_grad_enabled():  # create_graph: the states' gradient passes on with its graph, the times' cannot
+            anchors = [x for x in (grad, ys, t) if x.requires_grad]
+            (g_t,) = refused(TIMES_REFUSAL, (g_t,), anchors)
+        return None, grad, g_t, None
 
 
 def _midpoint(field: Field, y: torch.Tensor, t: torch.Tensor, sign: float) -> torch.Tensor:

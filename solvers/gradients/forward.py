@@ -26,6 +26,7 @@ from ..options import REVERSIBLE_METHODS
 from ..steppers.fast_rk import FAST_METHODS, fast_applies, odeint_fast
 from .base import GradientMethod, Run
 from .checkpoint import backwards_in_time
+from .second_order import first_order, remember_inputs, served
 from .step_sizes import check_steps
 from .tangents import dense_zero_tangents, dual_solve, find_slots, swapped
 
@@ -149,7 +150,7 @@ def jacobian_solve(
         )
     # the tangent solve runs here: inside an autograd Function's forward, forward-mode differentiation is off
     ys, blocks = _jacobian(solve, y0, inputs, slots, wrt, func)
-    return _Jacobian.apply((ys, dict(zip((id(x) for x in wrt), blocks))), y0, *params)
+    return _Jacobian.apply((ys, dict(zip((id(x) for x in wrt), blocks)), solve), y0, *params)
 
 
 def _jacobian(
@@ -210,17 +211,39 @@ class _Counters:
             setattr(obj, name, value)
 
 
+def _second_order(ctx: Any, cotangents: tuple, outs: tuple) -> tuple | str:
+    """Forward sensitivities' second derivative: ``Jᵀ g`` is the vector-Jacobian product of the solver's steps, so
+    its derivative is that of the same product taken by autograd through the steps recomputed with a graph (the
+    steps and decisions of the forward solve, as backpropagation takes them: exact for the solver's map)."""
+    y0, *params = ctx.inputs
+    if any(x._version != v for x, v in zip(ctx.inputs, ctx.versions)):
+        return "gradient='forward': an input of the solve was modified in place since; its second derivative needs it."
+    solve = ctx.solve
+
+    def recompute(free: list[torch.Tensor], params: list[torch.Tensor]) -> tuple:
+        start, g = free
+        wrt = [x for x, out in zip((start, *params), outs[1:]) if out is not None]
+        found = iter(torch.autograd.grad(solve(start), wrt, g, allow_unused=True, create_graph=True))
+        return (None, *(None if out is None else next(found) for out in outs[1:]))
+
+    return served("forward", outs, [y0, cotangents[0]], params, recompute)
+
+
 class _Jacobian(torch.autograd.Function):
     """The states, with the backward pass ``∂L/∂x_k = J_kᵀ ∂L/∂Y`` of the Jacobian blocks found in forward."""
 
     @staticmethod
     def forward(ctx: Any, found: tuple, y0: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-        ys, ctx.blocks = found
+        ys, ctx.blocks, ctx.solve = found
         ctx.keys = [id(y0), *(id(p) for p in params)]
         ctx.shapes = [y0.shape, *(p.shape for p in params)]
+        # kept on the context, not saved for backward: only a second derivative reads them (checked unchanged then)
+        ctx.inputs, ctx.versions = (y0, *params), [x._version for x in (y0, *params)]
+        remember_inputs(ctx, y0, *params)
         return ys
 
     @staticmethod
+    @first_order("forward", serve=_second_order)
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         flat = g.reshape(-1)
         grads: list[torch.Tensor | None] = []

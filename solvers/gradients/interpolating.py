@@ -57,6 +57,7 @@ from ..steppers.tableaux import TABLEAUX, MethodTableau
 from .base import GradientMethod, Run
 from .checkpoint import backwards_in_time
 from .replay import Recorder, Steps, _solve_recorded, _stages, _times_of
+from .second_order import first_order, remember_inputs
 
 __all__ = ["Interpolating"]
 
@@ -305,6 +306,7 @@ def _rms_first(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 class _Interpolating(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        remember_inputs(ctx, y0, *params)
         run: Run = cfg["run"]
         tab: MethodTableau = cfg["tab"]
         every = cfg["every"]
@@ -346,7 +348,7 @@ class _Interpolating(torch.autograd.Function):
         return ys
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("interpolating")
     def backward(ctx, grad_ys: torch.Tensor):
         cfg = ctx.cfg
         run: Run = cfg["run"]

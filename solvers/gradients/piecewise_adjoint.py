@@ -70,6 +70,8 @@ from ..norms import StateNorm
 from ..steppers.fast_rk import fast_applies, odeint_fast
 from ..steppers.rk_odeint import odeint_rk
 from .piece_grads import PiecewiseParam, piece_slots
+from .rk_adjoint import NOT_SERVED, adjoint_with_graph, param_swap
+from .second_order import first_order, remember_inputs, served
 
 __all__ = ["PiecewiseParam", "piecewise_adjoint", "lands_on_boundaries"]
 
@@ -215,6 +217,31 @@ class _Backward:
         return (f.detach(), *vjps)
 
 
+def _second_order(ctx: Any, cotangents: tuple, outs: tuple) -> tuple | str:
+    """The adjoint's second derivative: the backward solve recomputed with a graph over whole tensors (not served
+    for piecewise parameters, whose gradient states are read off between steps)."""
+    cfg = ctx.cfg
+    if cfg["pieces"]:
+        return NOT_SERVED
+    t, ys, *params = ctx.saved_tensors
+    swap = param_swap(cfg["func"], [p for p in params if p.requires_grad])
+    if swap is None:
+        return NOT_SERVED
+    t = t.detach()
+    norm = _backward_norm(cfg)
+    options = {**cfg["adjoint_options"], "norm": lambda state: norm(state[1:])}  # the state (τ, y, a, *g)
+
+    def recompute(free: list[torch.Tensor], params: list[torch.Tensor]) -> tuple:
+        ys, grad_ys = free
+        wrt = [p for p in params if p.requires_grad]
+        kw = dict(rtol=cfg["adjoint_rtol"], atol=cfg["adjoint_atol"], method=cfg["adjoint_method"], options=options)
+        a, *g = adjoint_with_graph(cfg["func"], cfg["func"], t, ys, grad_ys, wrt, swap, **kw)
+        it = iter(g)
+        return (None, a, None, *(next(it) if p.requires_grad else None for p in params))
+
+    return served("adjoint", outs, [ys, cotangents[0]], params, recompute)
+
+
 class _PiecewiseAdjoint(torch.autograd.Function):
     """Forward: the library's own stepper without a graph (:mod:`solvers.steppers.fast_rk`, torchdiffeq's steps; through
     :func:`~solvers.steppers.rk_odeint.odeint_rk`, torchdiffeq's ``odeint`` for the methods only it has). Backward: the
@@ -230,10 +257,11 @@ class _PiecewiseAdjoint(torch.autograd.Function):
                 ys = odeint_rk(cfg["func"], y0, t, method=method, graph=False, **kw)
         ctx.cfg = cfg
         ctx.save_for_backward(t, ys, *params)
+        remember_inputs(ctx, y0, *params)
         return ys
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("adjoint", serve=_second_order)
     def backward(ctx, grad_ys: torch.Tensor):
         cfg, stats = ctx.cfg, ctx.cfg["stats"]
         t, ys, *params = ctx.saved_tensors

@@ -52,6 +52,7 @@ from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at
 from .base import GradientMethod, Run
 from .checkpoint import backwards_in_time
 from .replay import combine
+from .second_order import first_order, remember_inputs
 
 __all__ = ["Gauss", "gauss_legendre"]
 
@@ -366,6 +367,7 @@ def _backward_options(options: dict, tab: MethodTableau, grid: list[float], lo: 
 class _GaussAdjoint(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, cfg: dict, y0: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        remember_inputs(ctx, y0, *params)
         run: Run = cfg["run"]
         tab = TABLEAUX[run.method]
         ys, log = _record(run, cfg["options"], tab)
@@ -376,7 +378,7 @@ class _GaussAdjoint(torch.autograd.Function):
         return ys
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("gauss")
     def backward(ctx: Any, grad_ys: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         cfg = ctx.cfg
         run: Run = cfg["run"]

@@ -67,6 +67,7 @@ from ..steppers.tableaux import TABLEAUX, MethodTableau, dense_at
 from .binomial import OnlineSchedule, walk_back
 from .piece_grads import Grads, LazyPieces, PiecewiseParam, piece_slots
 from .replay_controlled import attempts, checkpoint_attempt, controlled_replay, symplectic_attempt, taken
+from .second_order import first_order, remember_inputs
 
 __all__ = ["StepBack", "Steps", "checkpoint_step", "record_steps", "replay", "replay_gradient", "symplectic_step"]
 
@@ -498,6 +499,7 @@ def symplectic_step(func, tab, steps, n, lam: Cotangents, outs_in, grad_ys, t, a
 class _Replay(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        remember_inputs(ctx, y0, *params)
         budget = cfg["budget"]
         schedule = None if budget is None else OnlineSchedule(budget)
         ys, steps = record_steps(
@@ -530,7 +532,7 @@ class _Replay(torch.autograd.Function):
         return ys
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order(lambda ctx: ctx.cfg["gradient"])
     def backward(ctx, grad_ys: torch.Tensor):
         cfg = ctx.cfg
         # reported here: a call that never runs its backward pass keeps no state for it

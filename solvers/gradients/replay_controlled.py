@@ -46,6 +46,7 @@ from ..steppers.tableaux import MethodTableau, quartic
 from .binomial import OnlineSchedule, walk_back
 from .piece_grads import Grads, LazyPieces, piece_slots
 from .piecewise_adjoint import PiecewiseParam
+from .second_order import first_order, remember_inputs
 
 __all__ = ["Attempt", "attempts", "controlled_replay", "field_vjp", "stagewise"]
 
@@ -391,6 +392,7 @@ StepBack = Callable[..., tuple]
 class _Controlled(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, t: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        remember_inputs(ctx, y0, *params)
         schedule = None if cfg["budget"] is None else OnlineSchedule(cfg["budget"])
         ys, tries = cfg["record"](y0, t, schedule)
         ctx.cfg = cfg
@@ -415,7 +417,7 @@ class _Controlled(torch.autograd.Function):
         return ys
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order(lambda ctx: ctx.cfg["gradient"])
     def backward(ctx, grad_ys: torch.Tensor):
         cfg = ctx.cfg
         # reported here: a call that never runs its backward pass keeps no state for it

@@ -21,13 +21,17 @@ for the methods only it has).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch.func import vjp
 
+from ..counting import Counted
 from ..grids import negated_time_options
 from ..norms import StateNorm
 from ..steppers.rk_odeint import _CALLBACKS, _Flat, _Parts, _Reversed, odeint_rk
+from .second_order import first_order, remember_inputs, served
+from .vmap_adjoint import _slots, _Swapped
 
 __all__ = ["odeint_adjoint_rk"]
 
@@ -102,10 +106,12 @@ def _real(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Augmented:
-    """``(τ, y, a, g)' = (−aᵀ∂F/∂t, F, −aᵀ∂F/∂y, −aᵀ∂F/∂θ)``; the field's ``callback_*_adjoint`` as its callbacks."""
+    """``(τ, y, a, g)' = (−aᵀ∂F/∂t, F, −aᵀ∂F/∂y, −aᵀ∂F/∂θ)``; the field's ``callback_*_adjoint`` as its callbacks.
+    With ``swap`` (:func:`param_swap`), every part is computed with a graph (a second derivative differentiates
+    the backward solve)."""
 
-    def __init__(self, func, params: tuple[torch.Tensor, ...], original):
-        self.func, self.params = func, params
+    def __init__(self, func, params: tuple[torch.Tensor, ...], original, swap: Callable | None = None):
+        self.func, self.params, self.swap, self.graph = func, params, swap, swap is not None
         for name in _CALLBACKS:
             callback = getattr(original, f"{name}_adjoint", None)
             if callback is not None:
@@ -113,6 +119,8 @@ class _Augmented:
 
     def __call__(self, t: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         a = state[2]
+        if self.graph:
+            return self._with_graph(t, state)
         with torch.enable_grad():
             # τ integrates −aᵀ∂F/∂t whether or not `t` requires grad, as torchdiffeq's: its norm measures τ
             t = t.detach().requires_grad_(True)
@@ -124,6 +132,101 @@ class _Augmented:
                 grads = torch.autograd.grad(f, wrt, -a, allow_unused=True)
         vjps = tuple(torch.zeros_like(x) if v is None else v for x, v in zip(wrt, grads))
         return (vjps[0].to(state[0].dtype), f.detach(), *vjps[1:])
+
+    def _with_graph(self, t: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        # partial derivatives at this (t, y, θ): the state's history depends on θ too, so autograd's gradient with
+        # respect to θ would be the total one; torch.func's vjp takes θ as arguments, swapped into the field
+        swap = cast(Callable, self.swap)
+
+        def call(s: torch.Tensor, y: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+            return swap(params)(s, y)
+
+        with torch.enable_grad():
+            f, pull = vjp(call, t.detach(), state[1], *self.params)[:2]
+            vjps = pull(-state[2])
+        return (vjps[0].to(state[0].dtype), f, *vjps[1:])
+
+
+def param_swap(func: Any, params: Sequence[torch.Tensor]) -> Callable[[Sequence[torch.Tensor]], Callable] | None:
+    """``func`` with ``params`` swapped for given tensors where the field holds them (a module's parameter, an
+    attribute, a closure variable, a dict or list entry: :mod:`solvers.gradients.vmap_adjoint`), or ``None`` where
+    one of them is held elsewhere."""
+    inner = func
+    while not isinstance(inner, Counted) and hasattr(inner, "func"):
+        inner = inner.func
+    slots = _slots(inner.field if isinstance(inner, Counted) else inner)
+    groups = [[sl for sl in slots if sl.get() is p] for p in params]
+    if not all(groups):
+        return None
+    swapped = _Swapped(func, groups, params)
+    return swapped.with_tensors
+
+
+def adjoint_with_graph(
+    func: Callable,
+    original: Any,
+    t: torch.Tensor,
+    ys: torch.Tensor,
+    grad_ys: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    swap: Callable[[Sequence[torch.Tensor]], Callable],
+    *,
+    rtol: Any,
+    atol: Any,
+    method: str,
+    options: Mapping,
+) -> tuple[torch.Tensor, ...]:
+    """``(∂ℒ/∂y_0, *∂ℒ/∂θ)`` by the adjoint solve backwards from ``ys`` (the forward solution at the increasing or
+    decreasing times ``t``, which need no gradient) and ``grad_ys`` (``∂ℒ/∂ys``), computed with a graph: every
+    field evaluation and every step of the backward solve is recorded, so autograd differentiates the gradient
+    with respect to ``ys``, ``grad_ys`` and ``params`` (a second derivative, right to the backward solve's
+    tolerance). ``swap``: :func:`param_swap` of ``func`` and ``params``. ``options``: the backward solve's, its
+    ``norm`` of the state ``(τ, y, a, *g)``."""
+    real = ys.real.dtype if ys.is_complex() else ys.dtype
+    dyn = _Augmented(func, tuple(params), original, swap)
+    land = bool(getattr(original, "backward_jumps", None))
+    state: list[torch.Tensor] = [torch.zeros((), dtype=real, device=ys.device), ys[-1], grad_ys[-1]]
+    state += [torch.zeros_like(p) for p in params]
+    for i in range(len(t) - 1, 0, -1):
+        span = t[i - 1 : i + 1].flip(0)
+        out = odeint_rk(dyn, tuple(state), span, rtol=rtol, atol=atol, method=method, options=options,
+                        land_on_jumps=land)  # fmt: skip
+        state = [s[1] for s in out]
+        state[1] = ys[i - 1]
+        state[2] = state[2] + grad_ys[i - 1]
+    return tuple(state[2:])
+
+
+#: why the adjoint refuses a second derivative it does not serve
+NOT_SERVED = (
+    "gradient='adjoint' serves a second derivative under torch.autograd (its backward solve recomputed with a "
+    "graph) for gradients with respect to y0 and to tensors the field holds as a module parameter, an attribute, a "
+    "closure variable or a dict or list entry, over whole tensors; not with respect to `t`, to piecewise "
+    "parameters, or to a tensor held elsewhere. Use gradient='backprop' (autograd differentiates the solve itself, "
+    "to any order) for this one."
+)
+
+
+def _second_order(ctx: Any, cotangents: tuple, outs: tuple) -> tuple | str:
+    """The adjoint's second derivative: its backward solve recomputed with a graph (not for gradients in ``t``)."""
+    if ctx.needs_input_grad[2]:
+        return NOT_SERVED
+    cfg = ctx.cfg
+    t, ys, *params = ctx.saved_tensors
+    t = t.detach()
+    params = [p for p in params if p.requires_grad]
+    swap = param_swap(cfg["func"], params)
+    if swap is None:
+        return NOT_SERVED
+
+    def recompute(free: list[torch.Tensor], params: list[torch.Tensor]) -> tuple:
+        ys, grad_ys = free
+        kw = dict(rtol=cfg["adjoint_rtol"], atol=cfg["adjoint_atol"], method=cfg["adjoint_method"])
+        a, *g = adjoint_with_graph(cfg["func"], cfg["original"], t, ys, grad_ys, params, swap,
+                                   options=cfg["adjoint_options"], **kw)  # fmt: skip
+        return (None, a, None, *g)
+
+    return served("adjoint", outs, [ys, cotangents[0]], params, recompute)
 
 
 class _Adjoint(torch.autograd.Function):
@@ -142,10 +245,11 @@ class _Adjoint(torch.autograd.Function):
             )
         ctx.cfg = cfg
         ctx.save_for_backward(t, ys, *params)
+        remember_inputs(ctx, y0, t, *params)
         return ys
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("adjoint", serve=_second_order)
     def backward(ctx, grad_ys: torch.Tensor):
         cfg = ctx.cfg
         t, ys, *params = ctx.saved_tensors

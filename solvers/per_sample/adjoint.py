@@ -27,6 +27,7 @@ import torch
 
 from ..errors import BACKWARD_UNSTABLE, Reason, SolverError
 from ..gradients import Adjoint
+from ..gradients.second_order import PER_SAMPLE_FIX, first_order, remember_inputs
 from .grads import advance_for, integrate_rows
 from .loop import PerSampleInfo, RowClocks, Stepper, Sweep
 
@@ -51,6 +52,7 @@ def adjoint_rows(cfg: dict, y: torch.Tensor, params: Sequence[torch.Tensor]) -> 
 class _Adjoint(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: dict, y: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        remember_inputs(ctx, y, *params)
         with torch.no_grad():
             out = integrate_rows(
                 cfg["stepper"],
@@ -68,7 +70,7 @@ class _Adjoint(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("adjoint", fix=PER_SAMPLE_FIX)
     def backward(ctx, g: torch.Tensor):
         cfg = ctx.cfg
         out, *params = ctx.saved_tensors

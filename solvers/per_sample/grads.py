@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..errors import Reason, SolverError
+from ..gradients.second_order import PER_SAMPLE_FIX, first_order, remember_inputs
 from .loop import RowClocks, Stepper, Sweep, dense, start
 from .steps import controlled_advance, count_replayed
 
@@ -169,6 +170,7 @@ class _ReplayedSweep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, stepper: Stepper, rows: RowClocks, box: list, y: torch.Tensor, k0: torch.Tensor, *params):
+        remember_inputs(ctx, y, k0, *params)
         with torch.no_grad():
             sw = stepper.sweep(y, k0, rows, graph=False)
         box.append(sw)
@@ -183,7 +185,7 @@ class _CheckpointSweep(_ReplayedSweep):
     """The sweep's stages recomputed with a graph, its outputs rebuilt with the forward's decisions."""
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("checkpoint", fix=PER_SAMPLE_FIX)
     def backward(ctx, g_y, g_k, *g_values):
         st, rows = ctx.stepper, ctx.rows
         y, k0, *params = ctx.saved_tensors
@@ -209,7 +211,7 @@ class _SymplecticSweep(_ReplayedSweep):
     """The sweep's backward pass is the symplectic adjoint of its steps."""
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("symplectic", fix=PER_SAMPLE_FIX)
     def backward(ctx, g_y, g_k, *g_values):
         st, rows = ctx.stepper, ctx.rows
         y, k0, *params = ctx.saved_tensors

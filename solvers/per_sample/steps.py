@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from ..gradients.replay_controlled import field_vjp, stagewise
+from ..gradients.second_order import PER_SAMPLE_FIX, first_order, remember_inputs
 from .loop import RowClocks, Stepper, Sweep, dense, dense_weights
 
 __all__ = ["controlled_advance", "count_replayed", "with_clocks"]
@@ -54,6 +55,7 @@ class _Controlled(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, st: Stepper, rows: RowClocks, box: list, y, k0, t0, dt, t1, prev, *params):
+        remember_inputs(ctx, y, k0, t0, dt, t1, prev, *params)
         with torch.no_grad():
             sw = st.sweep(y, k0, rows, graph=False)
         box.append(sw)
@@ -95,7 +97,7 @@ class ControlledCheckpointSweep(_Controlled):
     """The sweep's graph rebuilt from its stored inputs on the forward's branches."""
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("checkpoint", fix=PER_SAMPLE_FIX)
     def backward(ctx, *cots):
         leaves, params = _leaves(ctx)
         with torch.enable_grad():
@@ -115,7 +117,7 @@ class ControlledSymplecticSweep(_Controlled):
     """The sweep's cotangents taken back one stage evaluation at a time."""
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("symplectic", fix=PER_SAMPLE_FIX)
     def backward(ctx, *cots):
         st = ctx.stepper
         leaves, params = _leaves(ctx)

@@ -46,6 +46,7 @@ from ..counting import Counted
 from ..errors import Reason, SolverError, check_positive, nonfinite_forward
 from ..gradients.piece_grads import Grads, LazyPieces, piece_slots
 from ..gradients.piecewise_adjoint import PiecewiseParam
+from ..gradients.second_order import first_order, remember_inputs
 from ..run import Settings
 from ..schemes.leapfrog import leapfrog_inverse, leapfrog_step
 
@@ -157,6 +158,7 @@ def _run(
 class _Reversible(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        remember_inputs(ctx, y0, *params)
         steps: list[tuple[float, float]] = []
         kept: list[torch.Tensor] = []
         with torch.no_grad():
@@ -178,7 +180,7 @@ class _Reversible(torch.autograd.Function):
         return torch.stack(outs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("reversible")
     def backward(ctx, grad_ys: torch.Tensor):
         cfg, steps = ctx.cfg, ctx.steps
         func, stats, eta, t = cfg["func"], cfg["stats"], cfg["opts"]["eta"], cfg["t"]

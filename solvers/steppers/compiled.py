@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ..controllers import Controller, Integral
+from ..gradients.second_order import first_order, remember_inputs
 from ..norms import StateNorm
 from .fast_rk import _Adaptive, _dense_weights
 from .tableaux import TABLEAUX, MethodTableau
@@ -574,9 +575,11 @@ class _Checkpointed(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, replay: _Replay, y0: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        remember_inputs(ctx, y0, *params)
         ctx.replay = replay
         return replay.forward()
 
     @staticmethod
+    @first_order("checkpoint")
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         return (None, *ctx.replay.backward(g))

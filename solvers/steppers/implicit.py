@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from ..errors import Reason, SolverError
+from ..gradients.second_order import IMPLICIT_FIX, first_order, remember_inputs
 from .implicit_linear import REUSE_MAX_RATE, Carry, Iteration, SingularMatrix, kron_matrix
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
 
@@ -418,9 +419,11 @@ class _StageSensitivity(torch.autograd.Function):
     def forward(ctx: Any, F: torch.Tensor, Y: torch.Tensor, ev: _StageFun, A: torch.Tensor, h: float, kind, newton):
         ctx.ev, ctx.h, ctx.kind, ctx.newton = ev, h, kind, newton
         ctx.save_for_backward(Y, A)
+        remember_inputs(ctx, F, Y)
         return F.view_as(F)
 
     @staticmethod
+    @first_order("backprop", fix=IMPLICIT_FIX)
     def backward(ctx: Any, g: torch.Tensor):
         Y, A = ctx.saved_tensors
         _phase.backward = True

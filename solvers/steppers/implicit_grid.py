@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..errors import Reason, SolverError
+from ..gradients.second_order import IMPLICIT_FIX, first_order, remember_inputs
 from .implicit import Newton, implicit_step
 from .implicit_tableaux import IMPLICIT_TABLEAUX
 
@@ -132,9 +133,7 @@ class ImplicitGrid:
         if gradient == "backprop":
             return torch.stack(self._forward(y0, grid, [float(v) for v in t.tolist()])[0])
         leaves = tuple(p for p in params if p.requires_grad)
-        return _Sweep.apply(
-            self, grid, [float(v) for v in t.tolist()], gradient in ("adjoint", "reversible"), y0, *leaves
-        )
+        return _Sweep.apply(self, grid, [float(v) for v in t.tolist()], gradient, y0, *leaves)
 
     def _forward(self, y0: torch.Tensor, grid: list[float], t: list[float], keep: bool = False):
         """Step over the grid: the outputs, the step that read each, and every grid state (``keep``) or the last."""
@@ -171,7 +170,9 @@ class _Sweep(torch.autograd.Function):
     (checkpoint) or rebuilt (adjoint) start, with the outputs read in it, for their vector-Jacobian product."""
 
     @staticmethod
-    def forward(ctx, grid_solver, grid, t, rebuild, y0, *params):
+    def forward(ctx, grid_solver, grid, t, gradient, y0, *params):
+        remember_inputs(ctx, y0, *params)
+        ctx.gradient, rebuild = gradient, gradient in ("adjoint", "reversible")
         with torch.no_grad():
             out, where, states = grid_solver._forward(y0, grid, t, keep=not rebuild)
         ctx.solver, ctx.grid, ctx.t, ctx.where, ctx.rebuild, ctx.params = grid_solver, grid, t, where, rebuild, params
@@ -179,6 +180,7 @@ class _Sweep(torch.autograd.Function):
         return torch.stack(out)
 
     @staticmethod
+    @first_order(lambda ctx: ctx.gradient, fix=IMPLICIT_FIX)
     def backward(ctx, g_out):
         solver, grid, t, where, params = ctx.solver, ctx.grid, ctx.t, ctx.where, ctx.params
         g_params: list[torch.Tensor | None] = [None] * len(params)

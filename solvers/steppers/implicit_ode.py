@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ..gradients.implicit_adjoint import symplectic_adjoint_step
+from ..gradients.second_order import IMPLICIT_FIX, first_order, remember_inputs
 from .implicit import Newton, get_tableau, implicit_step, in_backward
 from .implicit_predictor import StagePredictor
 from .implicit_tableaux import IMPLICIT_TABLEAUX, ImplicitTableau
@@ -212,12 +213,20 @@ def sweep(
     return _Sweep.apply(stepper, pts, where, gradient, y0, *leaves)
 
 
+def _sweep_fix(ctx: Any) -> str:
+    if isinstance(ctx.stepper, _ImplicitStepper):
+        return IMPLICIT_FIX
+    return "Use gradient='backprop' (autograd differentiates the composition's steps, to any order)."
+
+
 class _Sweep(torch.autograd.Function):
     """The whole fixed-step solve without a graph; backward walks the steps in reverse, re-running each from its
     stored (``checkpoint``) or rebuilt start and taking its vector-Jacobian product."""
 
     @staticmethod
     def forward(ctx, stepper, pts, where, gradient, y0, *params):
+        remember_inputs(ctx, y0, *params)
+        ctx.gradient = gradient
         rebuild = gradient in ("adjoint", "reversible")
         with torch.no_grad():
             y, states, ys = y0, [y0], [y0] if where[0] == 0 else []
@@ -234,6 +243,7 @@ class _Sweep(torch.autograd.Function):
         return torch.stack(ys)
 
     @staticmethod
+    @first_order(lambda ctx: ctx.gradient, fix=_sweep_fix)
     def backward(ctx, g_ys):
         stepper, pts, where = ctx.stepper, ctx.pts, ctx.where
         phase = getattr(stepper, "fun", stepper)  # what counts evaluations: backward ones from here on

@@ -49,6 +49,7 @@ import torch
 
 from ..counting import Counted
 from ..errors import Reason, SolverError, check_positive, nonfinite_forward
+from ..gradients.second_order import first_order, remember_inputs
 from .butcher import MethodTableau
 from .tableaux import TABLEAUX
 
@@ -227,6 +228,7 @@ def _step_back(func, tab, lam: float, y1, z1, t0: float, t1: float, ly1, lz1, wr
 class _Reversible(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: dict, y0: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        remember_inputs(ctx, y0, *params)
         steps: list[tuple[float, float]] = []
         with torch.no_grad():
             outs, y, z = _run(cfg["func"], cfg["tab"], y0, cfg["t"], cfg["stops"], cfg["opts"], cfg["adaptive"],
@@ -236,7 +238,7 @@ class _Reversible(torch.autograd.Function):
         return torch.stack(outs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("reversible")
     def backward(ctx, grad_ys: torch.Tensor):
         cfg, steps = ctx.cfg, ctx.steps
         func, tab, stats, lam = cfg["func"], cfg["tab"], cfg["stats"], cfg["opts"]["coupling"]
