@@ -39,6 +39,7 @@ from ..norms import StateNorm, safe_sqrt
 from ..transforms import VmapLevel, host_any, innermost_vmap, physical, tracked
 from .fast_rk import _dense_weights
 from .methods import ADAPTIVE_METHODS, FIXED_METHODS
+from .stacked_linear import stacked_linears
 from .tableaux import TABLEAUX
 
 __all__ = ["VMAP_OPTIONS", "odeint_vmappable", "solve_vmapped", "vmap_methods", "vmap_options"]
@@ -402,11 +403,10 @@ def _solve_stacked(level: VmapLevel, func: Callable, run: Any, options: Mapping[
         t = level.stack(t)
 
     def stacked(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with level.pushed():
-            return level.stack(func(level.instance(s), level.instance(y)))
+        return level.evaluate(func, s, y)
 
     s = run.solver
-    with level.popped():
+    with stacked_linears(level, func), level.popped():
         out = odeint_vmappable(
             stacked,
             y0,
