@@ -12,6 +12,7 @@ innermost level. Any other layer, or one that overrides ``forward`` itself, keep
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -37,11 +38,14 @@ def _members(level: VmapLevel, func: Any) -> list[nn.Linear]:
 def _stacked_forward(level: VmapLevel, layer: nn.Linear):
     # the stacked transposed weight and bias, read again only when the layer's tensors are swapped
     seen: list[Any] = [None, None, None, None]
+    thread = threading.get_ident()  # torch's transform stack is per thread: another thread's call is its own
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         w, b = layer.weight, layer.bias
+        if threading.get_ident() != thread:
+            return nn.Linear.forward(layer, x)
         if w is not seen[0] or b is not seen[1]:
-            if not level.batched(w):  # swapped for a shared weight inside the field: vmap's rule
+            if not level.batched(w):  # a shared weight swapped in by the field itself: vmap's rule
                 return nn.Linear.forward(layer, x)
             ws = level.stack(w).transpose(1, 2)
             seen[:] = [w, b, ws, None if b is None else level.stack(b).unsqueeze(1)]
