@@ -150,7 +150,7 @@ class VmapLevel:
         its result stacked."""
         _F.push_dynamic_layer_stack(self._saved[-1])
         try:
-            return self.stack(func(*(self.instance(x) for x in stacked)))
+            return self.stack(func(*[_F._add_batch_dim(x, 0, self.level) for x in stacked]))
         finally:
             self._saved[-1] = _F.pop_dynamic_layer_stack()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, stack_module_state, vmap
+from torch.func import functional_call, jacrev, stack_module_state, vmap
 from vmap_cases import MLP, close
 
 from cde_nets import ODEBlock, odeint
@@ -133,3 +133,79 @@ def test_a_failing_field_gives_the_layers_back(monkeypatch):
         vmap(lambda p: functional_call(block, _in_block(p), (torch.ones(2, dtype=D),)))(params)
     assert all("forward" not in layer.__dict__ for layer in base.modules())
     assert torch._C._functorch.peek_interpreter_stack() is None
+
+
+class StopGradient(nn.Module):
+    """Calls ``l1`` first under ``no_grad`` (a stop-gradient statistic), then with grad, by keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(2, 5), nn.Linear(5, 2)
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            s = torch.tanh(self.l1(y)).mean()
+        return self.l2(torch.tanh(self.l1(input=y))) * (1 + 0.1 * s)
+
+
+class Divergence(nn.Module):
+    """A field with its own ``torch.func`` transforms over the ensemble's layers (an exact divergence)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(2, 5), nn.Linear(5, 2)
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        def f(x):
+            return self.l2(torch.tanh(self.l1(x)))
+
+        div = vmap(jacrev(f))(y).diagonal(dim1=-2, dim2=-1).sum(-1, keepdim=True)
+        return f(y) - 0.1 * div * y
+
+
+@pytest.mark.parametrize("cls", [StopGradient, Divergence])
+def test_a_layer_called_under_no_grad_by_keyword_or_inside_the_fields_own_transforms(cls):
+    """The stacked weight is not reused across grad modes (a first call under ``no_grad`` once left ``l1``'s
+    gradient at zero), ``layer(input=...)`` is nn.Linear's own signature, and a transform inside the field (its
+    level above the solve's) keeps ``vmap``'s rule (torch's internal asserts before)."""
+    members, params, base = _ensemble(cls)
+    y0 = torch.randn(3, 4, 2, dtype=D, generator=torch.Generator().manual_seed(3))
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    block = ODEBlock(base, T=0.5, **TOL)
+    got = vmap(lambda p, y: functional_call(block, _in_block(p), (y,)))(leaves, y0)
+    close(got, torch.stack([odeint(m, y, T, **TOL)[-1] for m, y in zip(members, y0)]), 1e-12)
+    grads = torch.autograd.grad(got.square().sum(), [leaves["l1.weight"], leaves["l2.bias"]])
+    for k, m in enumerate(members):
+        wants = torch.autograd.grad(odeint(m, y0[k], T, **TOL)[-1].square().sum(), [m.l1.weight, m.l2.bias])
+        close(grads[0][k], wants[0], 1e-10)
+        close(grads[1][k], wants[1], 1e-10)
+
+
+def test_an_autocast_region_around_a_vmapped_solve_is_refused_by_name():
+    """torch does not autocast a vmapped nn.Linear: the field would silently run partly in float32."""
+    members, params, base = _ensemble(MLP)
+    f32 = {k: v.float() for k, v in params.items()}
+    block = ODEBlock(MLP(), T=0.5)
+    y0 = torch.randn(3, 4, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="torch.autocast region"):
+        vmap(lambda p, y: functional_call(block, _in_block(p), (y,)))(f32, y0)
+    m = MLP()
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="torch.autocast region"):
+        vmap(lambda y: odeint(m, y, T.float(), method="rk4", options=dict(step_size=0.1)))(y0)
+
+
+def test_autocast_inside_the_field_keeps_vmaps_rule(monkeypatch):
+    class Cast(MLP):
+        def forward(self, t, y):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return super().forward(t, y).float()
+
+    members, params, base = _ensemble(Cast)
+    f32 = {k: v.float() for k, v in params.items()}
+    block = ODEBlock(Cast(), T=0.5)
+    y0 = torch.randn(3, 4, 2)
+    got = vmap(lambda p, y: functional_call(block, _in_block(p), (y,)))(f32, y0)
+    import cde_nets.solvers.steppers.stacked_linear as stacked
+
+    monkeypatch.setattr(stacked, "_members", lambda level, func: [])
+    assert torch.equal(got, vmap(lambda p, y: functional_call(block, _in_block(p), (y,)))(f32, y0))
