@@ -258,7 +258,11 @@ def _per_sample(res: dict) -> Headline:
 def _ensembles(res: dict) -> Headline:
     rows = {r["members"]: r for r in res["rows"]}
     mid = rows.get(256) or rows[max(rows)]
-    out = [at_most(f"vmap / hand-stacked field, {mid['members']} members", mid["vmap_over_stacked"], 1.2, ".2f")]
+    m = mid["members"]
+    out = [at_most(f"vmap / hand-stacked field, {m} members", mid["vmap_over_stacked"], 1.2, ".2f")]
+    for name in ("vmap_block", "vmap_per_evaluation"):
+        if f"{name}_over_stacked" in mid:
+            out.append(info(f"{name} / hand-stacked field, {m} members", mid[f"{name}_over_stacked"], ".2f"))
     return out + [info(f"loop / vmap, {n} members", r["loop_over_vmap"], ".1f") for n, r in rows.items()]
 
 

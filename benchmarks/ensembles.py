@@ -5,10 +5,14 @@ Each member is an MLP field ``2 → 32 → 2`` (tanh) of its own parameters, sol
 ``[0, 1]`` by ``dopri5`` (``rtol = 1e-6``, ``atol = 1e-8``, float64, one thread), each member on its own steps
 (the shared step's controller over the member's batch, as its single solve). For ``E = 16, 256, 4096`` members:
 
-- ``vmap``: ``vmap(lambda p, y: cde_nets.odeint(field(p), y, t))`` with ``field(p)`` the module called by
-  ``torch.func.functional_call`` with the member's parameters at every evaluation (:mod:`solvers.steppers.vmappable`);
-- ``vmap_module``: ``vmap(lambda p, y: functional_call(solve, p, (y,)))`` with ``solve`` a module whose forward
-  solves its field: the member's parameters swapped in once per solve, the field's evaluations direct;
+- ``vmap``: ``vmap(lambda p, y: functional_call(solve, p, (y,)))`` with ``solve`` a module whose forward solves
+  its field by ``cde_nets.odeint``: the member's parameters swapped in once per solve (torch's way of vmapping an
+  ensemble), so the field's ``nn.Linear`` layers run as one stacked product each
+  (:mod:`solvers.steppers.stacked_linear`);
+- ``vmap_block``: the same with an ``ODEBlock`` as the module;
+- ``vmap_per_evaluation``: ``vmap(lambda p, y: cde_nets.odeint(field(p), y, t))`` with ``field(p)`` the module
+  called by ``functional_call`` with the member's parameters at every evaluation: ``vmap``'s batching of each
+  layer;
 - ``loop``: ``cde_nets.odeint`` member by member (for 4096 members a subset of 256 is timed and scaled by 16);
 - ``stacked``: one field over all members (``baddbmm`` with the stacked weights, state ``(E, 8, 2)``) solved by the
   same tensor loop with a clock per member (``odeint_vmappable(rows=1)``: the same steps as ``vmap``'s);
@@ -16,7 +20,9 @@ Each member is an MLP field ``2 → 32 → 2`` (tanh) of its own parameters, sol
   PI controller, so other steps), finished members leaving the batch.
 
 Interleaved medians of CPU time (one thread), forward only, and forward + backward (gradients of the summed end
-states with respect to all parameters) for ``vmap``, ``vmap_module`` and ``stacked``. Goal: ``vmap`` of 256
+states with respect to all parameters, which are each member's own: the members are independent) for the three
+``vmap`` rows and ``stacked``; and ``vmap(grad(loss))``, each member's gradient taken inside ``vmap`` (the
+innermost transform is then ``grad``, so the loop runs under ``vmap``'s batching rules). Goal: ``vmap`` of 256
 members at most 1.2x the hand-stacked field and far below the loop.
 ``python -m cde_nets.benchmarks.ensembles [--tiny]``.
 """
@@ -25,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.func import functional_call, stack_module_state, vmap
+from torch.func import functional_call, grad, stack_module_state, vmap
 
+from cde_nets.blocks.ode import ODEBlock
 from cde_nets.functional import odeint
 from cde_nets.solvers.steppers.vmappable import odeint_vmappable
 
@@ -37,6 +45,7 @@ from .common import interleaved_medians, write
 
 TOL = dict(rtol=1e-6, atol=1e-8)
 POINTS, DIM, HIDDEN = 8, 2, 32
+VMAP_ROWS = ("vmap", "vmap_block", "vmap_per_evaluation")
 LOOP_SUBSET = 256  # members timed in the loop beyond this count, the time scaled to the whole ensemble
 
 
@@ -92,13 +101,18 @@ def _case(n: int, repeat: int, warmup: int) -> dict:
     def one(p: dict[str, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         return odeint(lambda s, x: functional_call(base, p, (s, x)), y, t, **TOL)[-1]
 
-    def by_vmap(p=params) -> torch.Tensor:
+    def by_vmap_per_evaluation(p=params) -> torch.Tensor:
         return vmap(one)(p, y0)
 
     solve = Solve(base, t)
 
-    def by_vmap_module(p=params) -> torch.Tensor:
+    def by_vmap(p=params) -> torch.Tensor:
         return vmap(lambda q, y: functional_call(solve, {f"field.{k}": v for k, v in q.items()}, (y,)))(p, y0)
+
+    block = ODEBlock(base, T=1.0, method="dopri5", **TOL)
+
+    def by_vmap_block(p=params) -> torch.Tensor:
+        return vmap(lambda q, y: functional_call(block, {f"field.{k}": v for k, v in q.items()}, (y,)))(p, y0)
 
     def stacked(p=params) -> torch.Tensor:
         return odeint_vmappable(Stacked(p), y0, t, method="dopri5", rows=1, **TOL)[-1]
@@ -111,46 +125,46 @@ def _case(n: int, repeat: int, warmup: int) -> dict:
     def loop() -> torch.Tensor:
         return torch.stack([odeint(m, y, t, **TOL)[-1] for m, y in zip(members[:timed], y0[:timed])])
 
+    vmaps = [by_vmap, by_vmap_block, by_vmap_per_evaluation]
     with torch.no_grad():
         ref = loop()
-        v, s, vm = by_vmap(), stacked(), by_vmap_module()
-        agree = float((v[:timed] - ref).abs().max() / ref.abs().max())
-        agree_stacked = max(float((s - v).abs().max() / v.abs().max()), float((vm - v).abs().max() / v.abs().max()))
-        times = interleaved_medians(
-            [by_vmap, by_vmap_module, stacked, per_sample, loop], repeat, warmup, clock=time.process_time
-        )
-    vmap_s, vmap_module_s, stacked_s, per_sample_s, loop_s = times
+        outs = [fn() for fn in vmaps]
+        s = stacked()
+        agree = float((outs[0][:timed] - ref).abs().max() / ref.abs().max())
+        agree_stacked = max(float((s - v).abs().max() / v.abs().max()) for v in outs)
+        times = interleaved_medians([*vmaps, stacked, per_sample, loop], repeat, warmup, clock=time.process_time)
+    *vmap_t, stacked_s, per_sample_s, loop_s = times
     loop_s *= n / timed
 
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
 
-    def grad_of(fn) -> float:
+    def grad_of(fn) -> Callable[[], None]:
         def step():
             out = fn(leaves).sum()
             torch.autograd.grad(out, list(leaves.values()))
 
         return step
 
-    vmap_b, vmap_module_b, stacked_b = interleaved_medians(
-        [grad_of(by_vmap), grad_of(by_vmap_module), grad_of(stacked)], repeat, warmup, clock=time.process_time
+    def member_loss(q: dict[str, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        return functional_call(solve, {f"field.{k}": v for k, v in q.items()}, (y,)).sum()
+
+    def vmap_of_grad() -> None:  # each member's gradient inside vmap: the loop under vmap's batching rules
+        vmap(grad(member_loss))(params, y0)
+
+    *vmap_b, stacked_b, vmap_of_grad_b = interleaved_medians(
+        [*(grad_of(fn) for fn in [*vmaps, stacked]), vmap_of_grad], repeat, warmup, clock=time.process_time
     )
-    return {
-        "members": n,
-        "vmap_s": vmap_s,
-        "vmap_module_s": vmap_module_s,
-        "stacked_s": stacked_s,
-        "per_sample_s": per_sample_s,
-        "loop_s": loop_s,
-        "loop_timed_members": timed,
-        "vmap_over_stacked": vmap_s / stacked_s,
-        "vmap_module_over_stacked": vmap_module_s / stacked_s,
-        "vmap_over_per_sample": vmap_s / per_sample_s,
-        "loop_over_vmap": loop_s / vmap_s,
-        "vmap_backward_s": vmap_b,
-        "vmap_module_backward_s": vmap_module_b,
+    row = {"members": n, "stacked_s": stacked_s, "per_sample_s": per_sample_s, "loop_s": loop_s}
+    for name, fwd, bwd in zip(VMAP_ROWS, vmap_t, vmap_b):
+        row |= {f"{name}_s": fwd, f"{name}_over_stacked": fwd / stacked_s}
+        row |= {f"{name}_backward_s": bwd, f"{name}_over_stacked_backward": bwd / stacked_b}
+    return row | {
         "stacked_backward_s": stacked_b,
-        "vmap_over_stacked_backward": vmap_b / stacked_b,
-        "vmap_module_over_stacked_backward": vmap_module_b / stacked_b,
+        "vmap_of_grad_s": vmap_of_grad_b,
+        "vmap_of_grad_over_vmap_backward": vmap_of_grad_b / vmap_b[0],
+        "vmap_over_per_sample": vmap_t[0] / per_sample_s,
+        "loop_over_vmap": loop_s / vmap_t[0],
+        "loop_timed_members": timed,
         "max_rel_diff_vmap_loop": agree,
         "max_rel_diff_vmap_stacked": agree_stacked,
     }

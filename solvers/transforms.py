@@ -4,7 +4,7 @@ with. Used by the vmapped adaptive loop (:mod:`solvers.steppers.vmappable`) and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -117,8 +117,8 @@ class VmapLevel:
     batching rule does: :meth:`stack` takes a tensor to that stacked form (the instances along axis 0, broadcast
     where the tensor is shared by every instance), :meth:`instance` gives a stacked tensor back as each instance's
     value at this level. Inside :meth:`popped` the level is off torch's transform stack, so the stacked tensors'
-    operations run as plain ones (without ``vmap``'s dispatch on every operation); :meth:`pushed` puts it back, for
-    code that sees the instances (the field, which may close over tensors batched at this level)."""
+    operations run as plain ones (without ``vmap``'s dispatch on every operation); :meth:`evaluate` puts it back
+    for one call that sees the instances."""
 
     def __init__(self, level: int, size: int) -> None:
         self.level, self.size = level, size
@@ -129,7 +129,9 @@ class VmapLevel:
 
     def stack(self, x: torch.Tensor) -> torch.Tensor:
         inner, dim = _F._unwrap_batched(x, self.level)
-        return x.expand(self.size, *x.shape) if dim is None else inner.movedim(dim, 0)
+        if dim is None:
+            return x.expand(self.size, *x.shape)
+        return inner if dim == 0 else inner.movedim(dim, 0)
 
     def instance(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
         return _F._add_batch_dim(x, dim, self.level)
@@ -142,12 +144,13 @@ class VmapLevel:
         finally:
             _F.push_dynamic_layer_stack(self._saved.pop())
 
-    @contextmanager
-    def pushed(self) -> Iterator[None]:
-        layer = self._saved[-1]
-        _F.push_dynamic_layer_stack(layer)
+    def evaluate(self, func: Callable[..., torch.Tensor], *stacked: torch.Tensor) -> torch.Tensor:
+        """``func`` called inside :meth:`popped` with the level put back, on each instance's view of the stacked
+        arguments (code that sees the instances: the field, which may close over tensors batched at this level),
+        its result stacked."""
+        _F.push_dynamic_layer_stack(self._saved[-1])
         try:
-            yield
+            return self.stack(func(*[_F._add_batch_dim(x, 0, self.level) for x in stacked]))
         finally:
             self._saved[-1] = _F.pop_dynamic_layer_stack()
 

@@ -39,6 +39,7 @@ from ..norms import StateNorm, safe_sqrt
 from ..transforms import VmapLevel, host_any, innermost_vmap, physical, tracked
 from .fast_rk import _dense_weights
 from .methods import ADAPTIVE_METHODS, FIXED_METHODS
+from .stacked_linear import stacked_linears
 from .tableaux import TABLEAUX
 
 __all__ = ["VMAP_OPTIONS", "odeint_vmappable", "solve_vmapped", "vmap_methods", "vmap_options"]
@@ -344,6 +345,14 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
     ``None`` for the fixed-step explicit methods, whose host-side grid ``vmap`` already runs. Anything else is
     refused by name."""
     method = run.method
+    device = run.y0.device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        raise ValueError(
+            "a torch.autocast region around a solve under torch.vmap: torch (2.13) does not apply autocast to a "
+            "vmapped `nn.Linear` (its batching rule runs below autocast), so the field would silently run partly in "
+            "the state's dtype. Leave the region around the vmapped call, or solve the instances as one batch (they "
+            "share the field) inside the region."
+        )
     if method not in vmap_methods():
         if method in FIXED_METHODS:
             if transforms.batched(run.t):
@@ -402,11 +411,10 @@ def _solve_stacked(level: VmapLevel, func: Callable, run: Any, options: Mapping[
         t = level.stack(t)
 
     def stacked(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with level.pushed():
-            return level.stack(func(level.instance(s), level.instance(y)))
+        return level.evaluate(func, s, y)
 
     s = run.solver
-    with level.popped():
+    with stacked_linears(level, func), level.popped():
         out = odeint_vmappable(
             stacked,
             y0,
