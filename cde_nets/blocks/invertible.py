@@ -73,7 +73,7 @@ class _MemoryFree(torch.autograd.Function):
         return y.clone() if any(y is s for s in state) else y
 
     @staticmethod
-    @first_order("memory_free", serve=lambda ctx, cotangents, grads: _SECOND_ORDER)
+    @first_order("discretize(..., memory_free=True)", serve=lambda ctx, cotangents, grads: _SECOND_ORDER)
     def backward(ctx: Any, grad_y: torch.Tensor):
         net, params = ctx.net, ctx.params
         try:
