@@ -30,8 +30,17 @@ import torch
 from cde_nets.blocks.gathering import gathered
 from cde_nets.fields.base import Field
 from cde_nets.fields.pieces import piece_modules
+from cde_nets.solvers.gradients.second_order import first_order, remember_inputs
 
 __all__ = ["memory_free", "reconstruction_error"]
+
+_SECOND_ORDER = (
+    "discretize(..., memory_free=True) gives first derivatives only: its backward pass rebuilds each layer's input "
+    "and takes that layer's vector-Jacobian product without a graph of its own, so differentiating the gradient it "
+    "returned (create_graph=True then torch.autograd.grad or .backward() of it, torch.autograd.functional.hessian, "
+    "a gradient penalty) would give a wrong second derivative. Use memory_free=False (autograd through the stored "
+    "layers, to any order)."
+)
 
 
 def _memos(field: torch.nn.Module) -> list[dict]:
@@ -59,11 +68,12 @@ class _MemoryFree(torch.autograd.Function):
                 _clear(memos)
             y = scheme.readout(state)
         ctx.net, ctx.f, ctx.u, ctx.params = net, f, u, params
+        remember_inputs(ctx, y0, u, *params)
         ctx.save_for_backward(*state)
         return y.clone() if any(y is s for s in state) else y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("discretize(..., memory_free=True)", serve=lambda ctx, cotangents, grads: _SECOND_ORDER)
     def backward(ctx: Any, grad_y: torch.Tensor):
         net, params = ctx.net, ctx.params
         try:

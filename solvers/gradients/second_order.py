@@ -32,6 +32,10 @@ from typing import Any
 
 import torch
 
+from ..transforms import innermost_vmap
+
+_F = torch._C._functorch
+
 __all__ = [
     "FIX",
     "IMPLICIT_FIX",
@@ -170,6 +174,46 @@ def served(
     return tuple(None if o is None else next(it) for o in outs)
 
 
+def _label(name: str) -> str:
+    return name if "(" in name else f"gradient={name!r}"
+
+
+def batched_refusal(label: str) -> str:
+    """The message of cotangents batched by torch.autograd's own vectorisation, through ``label``'s backward pass."""
+    return (
+        f"{label} with batched cotangents (torch.autograd.functional.jacobian or hessian with vectorize=True, "
+        "torch.autograd.grad(..., is_grads_batched=True)): its backward pass steps on the host, which torch's "
+        "batching of the cotangents cannot run. Use vectorize=False (is_grads_batched=False), or torch.func.jacrev "
+        "/ torch.func.vjp under torch.vmap (served by every gradient method), or gradient='backprop'."
+    )
+
+
+def _rowwise(backward: Callable, ctx: Any, cotangents: tuple, label: str) -> Any:
+    """``backward(ctx, *cotangents)``; for cotangents batched by ``torch.vmap`` (a ``vmap`` over
+    ``torch.autograd.grad``), whose loop over steps on the host a batching rule cannot run, the backward pass of each
+    row in turn, outside the level, the results stacked back. torch.autograd's own vectorisation batches them with
+    its older mechanism, which has no such way out: where its batching fails, refused by name."""
+    if any(isinstance(c, torch.Tensor) and _F.is_legacy_batchedtensor(c) for c in cotangents):
+        try:  # a backward pass of tensor operations only (forward sensitivities' Jᵀ g) runs batched
+            return backward(ctx, *cotangents)
+        except RuntimeError as error:
+            if "Batching rule" not in str(error) and "vmap" not in str(error):  # not torch's batching: the user's
+                raise
+            raise ValueError(batched_refusal(label)) from error
+    level = innermost_vmap()
+    if level is None or not any(isinstance(c, torch.Tensor) and level.batched(c) for c in cotangents):
+        return backward(ctx, *cotangents)
+    stacked = [level.stack(c) if isinstance(c, torch.Tensor) and level.batched(c) else None for c in cotangents]
+    with level.popped():
+        rows = []
+        for i in range(level.size):
+            row = backward(ctx, *(c if s is None else s[i] for c, s in zip(cotangents, stacked)))
+            rows.append(row if isinstance(row, tuple) else (row,))
+        outs = tuple(None if r[0] is None else torch.stack(list(r)) for r in zip(*rows))
+    outs = tuple(None if o is None else level.instance(o) for o in outs)
+    return outs if isinstance(row, tuple) else outs[0]
+
+
 def first_order(
     name: str | Callable[[Any], str],
     serve: Callable[[Any, tuple, Grads], Grads | str] | None = None,
@@ -186,7 +230,7 @@ def first_order(
         @functools.wraps(backward)
         def wrapper(ctx: Any, *cotangents: Any) -> Any:
             with torch.no_grad():
-                outs = backward(ctx, *cotangents)
+                outs = _rowwise(backward, ctx, cotangents, _label(name if isinstance(name, str) else name(ctx)))
             if not torch.is_grad_enabled():
                 return outs
             anchors = _requiring(cotangents) + list(getattr(ctx, "second_order_inputs", ()))

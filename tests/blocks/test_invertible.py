@@ -223,3 +223,15 @@ def test_errors_name_the_fix(f64):
         net(torch.randn(2, 4))
     with pytest.raises(ValueError, match="ALF damping `eta` must lie in \\(0, 1\\] and differ from 1/2"):
         ALF(eta=0.5)
+
+
+def test_a_second_derivative_through_the_memory_free_backward_is_refused_by_name(f64):
+    """Its backward pass takes each layer's product without a graph: the Hessian came out as zeros."""
+    stored, free, y0, u = _pair("lm2 friction", L=4)
+    x = y0[:1].clone().requires_grad_(True)
+    first = torch.autograd.grad(free(x).square().sum(), x)[0]
+    again = torch.autograd.grad(free(x).square().sum(), x, create_graph=True)[0]
+    assert torch.equal(first, again)  # create_graph for a first derivative alone changes nothing
+    with pytest.raises(ValueError, match=r"memory_free=True\) gives first derivatives only.*memory_free=False"):
+        torch.autograd.functional.hessian(lambda z: free(z).square().sum(), x.detach())
+    assert torch.autograd.functional.hessian(lambda z: stored(z).square().sum(), x.detach()).abs().max() > 0
