@@ -1,4 +1,5 @@
-"""Tiny runs of the NAIS-digits, MNIST-5k, adjoint-study and conservation reproductions."""
+"""Tiny runs of the MNIST-5k, adjoint-study and conservation reproductions (the NAIS-digits one is read in
+test_experiments_resume.py, beside the test that resumes it, so that one worker makes it)."""
 
 from __future__ import annotations
 
@@ -6,27 +7,11 @@ import importlib.util
 
 import pytest
 
-from cde_nets.experiments import adjoint_study, conservation, mnist5k, nais_digits
+from cde_nets.experiments import adjoint_study, conservation, mnist5k
 
 
 def _by_setting(res: dict) -> dict:
     return {r["setting"]: r for r in res["rows"]}
-
-
-@pytest.mark.slow
-def test_nais_digits_tiny(nais_digits_tiny):
-    import json
-
-    res = json.loads((nais_digits_tiny / "nais_digits.json").read_text())  # the run test_experiments_resume resumes
-    rows = _by_setting(res)
-    K = nais_digits.SETTINGS["tiny"]["K"]
-    nais = rows[f"NAIS-Net, K = {K} shared stages (test)"]
-    assert nais["published"] == 97.28 and rows[f"ResNet-SH, K = {K} shared stages (test)"]["published"] == 95.86
-    # two epochs already beat chance (10 %) by a wide margin for the stable net
-    assert 20.0 < nais["ours"] <= 100.0
-    # evaluation unrolls to convergence: never beyond EVAL_MAX_DEPTH, every sample takes at least one stage
-    depths = [d for ds in res["settings"]["depths_per_class"].values() for d in ds]
-    assert len(depths) == 450 and 1 <= min(depths) and max(depths) <= nais_digits.EVAL_MAX_DEPTH
 
 
 def test_conservation_fixed_steps_are_not_refined_by_the_sample_times():
