@@ -192,7 +192,7 @@ def test_a_new_gradient_method_is_one_file_and_one_registry_line(monkeypatch, tm
     assert row["mode"] == "segmented" and row["rel_grad_error"] < 1e-4
     # through the command line: the adjoint-study reproduction runs every registered method on each of its
     # problems; its stiff and chaotic problems suffice here (the seeds' fields cost most, and their rows come from
-    # the same loop over the registry: tests/experiments/test_experiments_nais_adj.py reads them)
+    # the same loop over the registry: tests/experiments/test_experiments_adjoint_study.py reads them)
     from cde_nets.experiments import adjoint_study as reproduction
     from cde_nets.experiments.__main__ import main
 

