@@ -1,5 +1,6 @@
 """The adjoint study (Chen et al. 2018): errors fall as the tolerance tightens; the discrete-mode row is the exact
-gradient of the discrete net; the benchmark script runs in a tiny configuration."""
+gradient of the discrete net. (The benchmark script's tiny run is read in tests/experiments/test_benchmarks.py,
+which makes that run for its JSON check too.)"""
 
 import json
 import math
@@ -107,25 +108,6 @@ def test_the_reference_holds_the_step_sizes_on_their_mesh(f64):
     held, moved = grad(Backprop(steps="fixed")), grad(Backprop())
     assert torch.equal(study["reference"]["grad"], held)
     assert not torch.equal(held, moved)
-
-
-@pytest.mark.slow
-def test_benchmark_script_runs_tiny(tiny_benchmark):
-    """Every problem has a row for every registered gradient method; refused and failed cells carry a message."""
-    from cde_nets.solvers.gradients import GRADIENTS
-
-    study, folder = tiny_benchmark("adjoint_study")
-    data = json.loads((folder / "adjoint_study_tiny.json").read_text())
-    problems = set(data["reference"])
-    assert len(problems) == 3 and {r["problem"] for r in data["rows"]} == problems
-    for problem in problems:
-        modes = {r["mode"] for r in data["rows"] if r["problem"] == problem}
-        assert {cls().describe() for cls in GRADIENTS.values()} <= modes
-    assert all(r["status"] == "ok" or r.get("refused") or r.get("error") for r in data["rows"])
-    assert all("rel_grad_error" in r for r in data["rows"])
-    assert [r["method"] for r in data["rows"] if r["problem"].startswith("Van der Pol")] == ["radauIIA5"] * (
-        len(GRADIENTS) + 1
-    )
 
 
 class _Broken(GradientMethod):

@@ -1,9 +1,7 @@
-"""Data-parallel ``fit`` (DDP over gloo, loopback) equals single-process training; rank 0 alone snapshots; the
-distributed launcher runs end to end and its 8-process H2-DNN equals the centralised one."""
+"""Data-parallel ``fit`` (DDP over gloo, loopback) equals single-process training; rank 0 alone snapshots. (The
+distributed launcher's end-to-end runs are in test_launcher.py.)"""
 
-import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -153,27 +151,3 @@ def test_shard_outside_a_group_is_the_whole_batch():
     idx = torch.arange(5)
     got, n, w = dp.shard(idx)
     assert got is idx and n == 5 and w == 1.0 and dp.world_size() == 1 and not dp.is_distributed()
-
-
-@pytest.mark.slow
-def test_launcher_tiny_h2_on_8_processes_equals_centralised(tmp_path):
-    from cde_nets.experiments.distributed import main
-
-    assert main(["--tiny", "--nodes", "8", "--mode", "h2", "--out", str(tmp_path)]) == 0
-    h2 = json.loads((Path(tmp_path) / "distributed.json").read_text())["h2"]
-    assert h2["nodes"] == 8 and h2["max_abs_diff_outputs"] < 1e-10 and h2["max_abs_diff_gradients"] < 1e-10
-    for r, partners in enumerate(h2["partners"]):  # every rank talked, and only to its ring neighbours
-        assert partners and set(partners) <= {(r - 1) % 8, (r + 1) % 8}, (r, partners)
-    # per half step each rank sends its 1-entry state to one R-neighbour and its Kᵀσ contribution to the other;
-    # batch 4, float64: forward 2 halves · 2 messages · 4 · 8 = 128 bytes per layer, the same again backward
-    assert h2["forward_bytes_per_rank_per_layer"] == [128.0] * 8 and h2["bytes_per_rank_per_layer"] == [256.0] * 8
-
-
-@pytest.mark.slow
-def test_launcher_tiny_ddp(tmp_path):
-    from cde_nets.experiments.distributed import main
-
-    assert main(["--tiny", "--nodes", "2", "--mode", "ddp", "--out", str(tmp_path)]) == 0
-    ddp = json.loads((Path(tmp_path) / "distributed.json").read_text())["ddp"]
-    assert ddp["processes"] == 2 and ddp["max_abs_parameter_diff"] < 1e-6
-    assert ddp["train_loss_ddp"] == pytest.approx(ddp["train_loss_single"], abs=1e-10)

@@ -1,5 +1,8 @@
-"""The built documentation site, read as a reader would: no raw markup on any page, no broken internal link, and
-every API page's parameter table shows each parameter's true default."""
+"""The documentation site builds with ``mkdocs build --strict`` (every page in the nav exists, every link and
+anchor resolves, mkdocstrings renders every API page from the docstrings, including ``cde_nets.solvers``, found
+through the installed package), and the built site, read as a reader would: no raw markup on any page, no broken
+internal link, and every API page's parameter table shows each parameter's true default. The build is made once
+per session (``built_site``); every test that reads it lives in this file, so that one worker builds it."""
 
 from __future__ import annotations
 
@@ -71,6 +74,15 @@ def site(built_site):
     folder, proc = built_site
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return folder, _pages(folder)
+
+
+def test_mkdocs_build_strict(built_site):
+    site, proc = built_site
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    api = (site / "api" / "discrete" / "index.html").read_text()
+    assert 'id="cde_nets.solvers.schemes.Scheme"' in api  # the installed-only subpackage was found
+    assert ":class:" not in api  # Sphinx roles render as code, not as markup
+    assert (site / "reproductions" / "index.html").exists()
 
 
 def test_no_page_shows_raw_markup(site):

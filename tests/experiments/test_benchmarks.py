@@ -1,4 +1,5 @@
-"""Every benchmark runs in its tiny configuration, so none goes stale; numbers the construction fixes."""
+"""Every benchmark runs in its tiny configuration, so none goes stale (the heaviest in test_benchmarks_heavy.py);
+numbers the construction fixes, read off the tiny runs (shared, once per session, with the JSON checks)."""
 
 from __future__ import annotations
 
@@ -8,170 +9,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmark_cases import EXPECTED, HEAVY, cases, check_tiny_json
 
 import cde_nets.benchmarks
 from cde_nets.benchmarks.__main__ import BENCHMARKS
-
-# module -> (JSON file it writes in tiny mode, top-level keys, keys of every row)
-EXPECTED = {
-    "discrete_overhead": ("discrete_overhead", {"goal", "rows"}, {"net", "mode", "ours_s", "hand_s", "ratio_hand"}),
-    "continuous_overhead": ("continuous_overhead", {"goal", "rows"}, {"ratio", "nfe_ours", "nfe_torchdiffeq"}),
-    "memory_scaling": (
-        "memory_scaling",
-        {"rows", "summary", "goal", "discrete", "discrete_summary"},
-        {"gradient", "steps", "saved_bytes"},
-    ),
-    "jump_nfe": ("jump_nfe", {"setting", "rows"}, {"rtol", "jumps", "nfe_forward", "max_error"}),
-    "adjoint_study": ("adjoint_study_tiny", {"setting", "reference", "rows"}, {"mode", "method", "rel_grad_error"}),
-    "stopping_scaling": (
-        "stopping_scaling",
-        {"setting", "goal", "rows", "fit"},
-        {"mode", "fraction_early", "early_samples", "sum_depths", "time_s", "fit_s"},
-    ),
-    "stopping_saving": ("stopping_saving", {"setup", "rows_ratio", "timings"}, {"mode", "time_ratio"}),
-    "momentum_peer": (
-        "momentum_peer",
-        {"rows"},
-        {
-            "depth",
-            "memory_free",
-            "max_abs_diff_output",
-            "time_ratio",
-            "memory_ratio",
-            "saved_bytes_ours",
-            "saved_bytes_theirs",
-        },
-    ),
-    "training": ("training", {"setting", "reference", "rows"}, {"time_s", "test_accuracy"}),
-    "gradient_modes": ("gradient_modes_tiny", {"setting", "rows", "targets"}, {"field", "method", "mode"}),
-    "adjoint_pieces": (
-        "adjoint_pieces",
-        {"setting", "goal", "rows", "per_piece_growth"},
-        {"pieces", "new_adjoint_s", "old_adjoint_s", "backprop_s", "new_over_backprop"},
-    ),
-    "finiteness": ("finiteness", {"goal", "rows", "worst_overhead"}, {"case", "checked_s", "unchecked_s", "overhead"}),
-    "implicit_methods": (
-        "implicit_methods",
-        {"setting", "goal", "rows", "cost", "cost_vs_step"},
-        {"method", "steps", "nfe", "rel_error"},
-    ),
-    "implicit_tolerance": (
-        "implicit_tolerance",
-        {"setting", "goal", "rows", "cost"},
-        {"tol", "nfe_per_step", "slope_over_rk4", "max_over_first_percent"},
-    ),
-    "events": ("events", {"setting", "goal", "rows"}, {"ratio_to_ideal", "ratio_per_sample_to_ours", "fired"}),
-    "forward_grid": (
-        "forward_grid",
-        {"setting", "goal", "rows"},
-        {"dim", "batch", "nfe", "fe_s", "ours_s", "torchdiffeq_s", "torchode_s", "ours_over_fe"},
-    ),
-    "compiled": (
-        "compiled",
-        {"setting", "goal", "rows"},
-        {"net", "mode", "eager_s", "compiled_s", "speedup", "max_rel_diff", "graphs"},
-    ),
-    "compiled_step": (
-        "compiled_step_tiny",
-        {"setting", "goal", "rows", "spiral", "profile"},
-        {"name", "ratio", "goal", "met"},
-    ),
-    "torchdiffeq_dropin": (
-        "torchdiffeq_dropin_tiny",
-        {"setting", "goal", "rows", "spiral"},
-        {"dim", "batch", "mode", "ours_s", "torchdiffeq_s", "ratio", "max_abs_diff"},
-    ),
-    "torchdiffeq_suite": (
-        "torchdiffeq_suite_tiny",
-        {"counts", "total", "by_reason", "rows", "unexplained"},
-        {"test", "outcome"},
-    ),
-    "per_sample": (
-        "per_sample_tiny",
-        {"setting", "goal", "torchode", "rows"},
-        {"case", "mode", "shared_nfe", "per_sample_nfe", "shared_s", "per_sample_s", "ratio"},
-    ),
-    "per_sample_device": (
-        "per_sample_device_tiny",
-        {"setting", "goal", "torchode", "rows"},
-        {"case", "batch", "mode", "device", "calls", "shared_s", "per_sample_s", "per_sample_over_shared"},
-    ),
-    "ensembles": (
-        "ensembles_tiny",
-        {"setting", "goal", "rows"},
-        {"members", "vmap_s", "stacked_s", "per_sample_s", "loop_s", "vmap_over_stacked", "loop_over_vmap"},
-    ),
-    "forward_sensitivity": (
-        "forward_sensitivity",
-        {"setting", "rows", "crossover_params"},
-        {"params", "forward_s", "backprop_s", "checkpoint_s", "adjoint_s", "forward_over_best_reverse"},
-    ),
-    "default_gradient": (
-        "default_gradient",
-        {"setting", "rows"},
-        {"case", "solver", "default", "steps", "backprop_s", "checkpoint_over_backprop", "backprop_peak_bytes"},
-    ),
-    "interpolating_adjoint": (
-        "interpolating_adjoint",
-        {"setting", "rows", "slopes", "timing", "van_der_pol"},
-        {"gradient", "steps", "saved_bytes"},
-    ),
-    "gauss_adjoint": (
-        "gauss_adjoint",
-        {"setting", "rows", "crossover_params"},
-        {"params", "backprop_s", "adjoint_s", "gauss_s", "gauss_nfe_backward", "gauss_over_adjoint"},
-    ),
-    "binomial_checkpoint": (
-        "binomial_checkpoint",
-        {"setting", "rows"},
-        {"budget", "steps", "stored_states", "recomputed_steps", "offline_optimum", "peak_rss_rise_bytes", "time_s"},
-    ),
-    "reversible_rk": ("reversible_rk", {"setting", "goal", "rows", "summary", "stability"}, {"case", "steps"}),
-    "mixed_precision": (
-        "mixed_precision",
-        {"setting", "goal", "rows", "rtol_sweep", "spiral", "digits"},
-        {"problem", "float32_loss", "bfloat16_loss", "rel_loss_diff", "saved_ratio", "time_ratio"},
-    ),
-}
 
 
 def test_every_benchmark_module_is_in_the_suite_table():
     modules = {m.name for m in pkgutil.iter_modules(cde_nets.benchmarks.__path__)} - {"common", "__main__", "summary"}
     assert modules == {name for name, _, _ in BENCHMARKS} == set(EXPECTED)
+    assert set(HEAVY) < set(EXPECTED)  # test_benchmarks_heavy.py checks these, this file the others
 
 
-# tiny runs over ~2 s on an idle machine (pytest -m "not slow" leaves them out)
-SLOW = {
-    "adjoint_study",
-    "compiled",
-    "compiled_step",
-    "continuous_overhead",
-    "discrete_overhead",
-    "ensembles",
-    "gradient_modes",
-    "implicit_tolerance",
-    "mixed_precision",
-    "per_sample",
-    "per_sample_device",
-    "torchdiffeq_dropin",
-}
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name, _, _ in BENCHMARKS]
-)
+@pytest.mark.parametrize("name", cases(heavy=False))
 def test_tiny_run_writes_its_json(name, tiny_benchmark):
-    file, keys, row_keys = EXPECTED[name]
-    res, folder = tiny_benchmark(name)
-    data = json.loads((folder / f"{file}.json").read_text())
-    assert keys <= set(data) and "machine" in data
-    if "skipped" in data:  # the peer package is optional
-        assert data["skipped"] == "momentumnet not installed" and data["rows"] == []
-        return
-    rows = data["timings"] if name == "stopping_saving" else data["rows"]
-    assert rows and all(row_keys <= set(r) for r in rows)
-    headline = next(h for n, h, _ in BENCHMARKS if n == name)
-    assert headline(res)  # the summary table can read this result
+    check_tiny_json(name, tiny_benchmark)
 
 
 def test_stopping_depths_are_the_designed_ones(tmp_path):
@@ -254,3 +106,45 @@ def test_dropin_spiral_with_torchdiffeqs_steps_has_torchdiffeqs_losses(tiny_benc
         assert race["iterations"] == 3
         assert race["torchdiffeq_steps"]["losses_equal"], (dtype, race["torchdiffeq_steps"]["max_loss_diff"])
         assert race["torchdiffeq_steps"]["max_loss_diff"] == 0.0
+
+
+@pytest.mark.slow
+def test_adjoint_study_benchmark_has_a_row_for_every_registered_gradient(tiny_benchmark):
+    """Every problem has a row for every registered gradient method; refused and failed cells carry a message."""
+    from cde_nets.solvers.gradients import GRADIENTS
+
+    study, folder = tiny_benchmark("adjoint_study")
+    data = json.loads((folder / "adjoint_study_tiny.json").read_text())
+    problems = set(data["reference"])
+    assert len(problems) == 3 and {r["problem"] for r in data["rows"]} == problems
+    for problem in problems:
+        modes = {r["mode"] for r in data["rows"] if r["problem"] == problem}
+        assert {cls().describe() for cls in GRADIENTS.values()} <= modes
+    assert all(r["status"] == "ok" or r.get("refused") or r.get("error") for r in data["rows"])
+    assert all("rel_grad_error" in r for r in data["rows"])
+    assert [r["method"] for r in data["rows"] if r["problem"].startswith("Van der Pol")] == ["radauIIA5"] * (
+        len(GRADIENTS) + 1
+    )
+
+
+@pytest.mark.slow
+def test_bfloat16_training_ends_within_the_tolerance_of_float32(tiny_benchmark):
+    """The mixed-precision benchmark's tiny run: bfloat16 autocast training ends within the stated tolerance of
+    float32's final loss on both problems, and the field evaluations it counts are the solves' own."""
+    from cde_nets.benchmarks.mixed_precision import LOSS_TOLERANCE, U
+
+    res, _ = tiny_benchmark("mixed_precision")
+    rows = {r["problem"]: r for r in res["rows"]}
+    assert set(rows) == {"spiral", "digits"}
+    for r in rows.values():
+        # one seed: the tolerance is LOSS_TOLERANCE relative
+        assert r["tolerance"] == LOSS_TOLERANCE * r["float32_loss"] and r["within_tolerance"]
+        assert r["rel_loss_diff"] <= LOSS_TOLERANCE
+        assert r["float32_loss"] != r["bfloat16_loss"]  # the two trainings are not one computation
+        # dopri5 evaluates the field 6 times a step plus its first step's two: 6n + 2
+        assert r["float32_nfe"] % 6 == 2 and r["bfloat16_nfe"] % 6 == 2
+    # at rtol = u the bfloat16 solve is accurate to u against float64 (measured 2.7e-3 = 0.69 u)
+    sweep = {r["precision"]: r for r in res["rtol_sweep"] if r["rtol"] == U}
+    assert sweep["bfloat16"]["rel_error"] <= U
+    width = res["memory_by_width"][0]
+    assert width["float32_saved_bytes_per_eval"] > 0 and width["bfloat16_saved_bytes_per_eval"] > 0

@@ -44,13 +44,22 @@ def test_bad_preprocessing_settings_are_refused():
         Affine(0.0)
 
 
+N_TEST = 8  # held-out digits (the tiny setting's 64 cost most of a run; the closed form below holds for each)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny run on ``N_TEST`` held-out digits, shared by the tests that read it (it changes nothing in it)."""
+    return flows_digits.run("tiny", 0, tmp_path_factory.mktemp("flows_digits"), n_test=N_TEST)
+
+
 @pytest.mark.slow
-def test_flows_digits_tiny(tmp_path):
-    res = flows_digits.run("tiny", 0, tmp_path)
+def test_flows_digits_tiny(tiny_run):
+    res = tiny_run
     rows = {r["setting"]: r["ours"] for r in res["rows"]}
     # the untrained flow is the identity (zero last layer): log p(y) = log N(g(y)) + log |det ∂g/∂y|, by hand
     s = flows_digits.SETTINGS["tiny"]
-    y = dequantize(digits(0, image=False).x_test[: s["n_test"]], 17, seed=1000).double()
+    y = dequantize(digits(0, image=False).x_test[:N_TEST], 17, seed=1000).double()
     u = s["alpha"] + (1 - 2 * s["alpha"]) * y
     x = torch.log(u / (1 - u))
     log_p = -0.5 * x.square().sum(1) - 32 * math.log(2 * math.pi)
@@ -73,16 +82,17 @@ def test_flows_digits_tiny(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_ends_as_an_uninterrupted_one(tmp_path):
-    """One step, snapshotted; resumed with a budget of two: the same numbers as two steps at once."""
+def test_a_resumed_run_ends_as_an_uninterrupted_one(tmp_path, tiny_run):
+    """One step, snapshotted; resumed with a budget of two: the same numbers as two steps at once (the shared
+    tiny run, made without snapshots)."""
 
     def measured(res):
         return [(r["setting"], r["ours"]) for r in res["rows"] if "CPU" not in r["setting"]]
 
-    whole = flows_digits.run("tiny", 0, tmp_path / "a", n_test=8)
+    whole = tiny_run
     with snapshotting(tmp_path / "ckpt"):
-        flows_digits.run("tiny", 0, tmp_path / "b", n_test=8, max_steps=1)
+        flows_digits.run("tiny", 0, tmp_path / "b", n_test=N_TEST, max_steps=1)
     with snapshotting(tmp_path / "ckpt", resume=True):
-        resumed = flows_digits.run("tiny", 0, tmp_path / "b", n_test=8)
+        resumed = flows_digits.run("tiny", 0, tmp_path / "b", n_test=N_TEST)
     assert measured(resumed) == measured(whole)
     assert len(list((tmp_path / "ckpt").glob("*.snapshot"))) == len(flows_digits.VARIANTS)

@@ -1,4 +1,5 @@
-"""``python -m cde_nets.experiments NAME --resume`` after a SIGKILL ends with the uninterrupted run's results."""
+"""The NAIS-digits tiny run's numbers, and ``python -m cde_nets.experiments NAME --resume`` after a SIGKILL ends
+with that uninterrupted run's results (one run, made once per session, read by both)."""
 
 import json
 import os
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cde_nets.experiments import nais_digits
 from cde_nets.experiments.__main__ import main
 from cde_nets.train.trainer import SnapshotError, Trainer, load_snapshot, snapshotting
 
@@ -23,8 +25,22 @@ def _measured(out: Path) -> list:
 
 
 @pytest.mark.slow
+def test_nais_digits_tiny(nais_digits_tiny):
+    res = json.loads((nais_digits_tiny / "nais_digits.json").read_text())  # the run resumed below
+    rows = {r["setting"]: r for r in res["rows"]}
+    K = nais_digits.SETTINGS["tiny"]["K"]
+    nais = rows[f"NAIS-Net, K = {K} shared stages (test)"]
+    assert nais["published"] == 97.28 and rows[f"ResNet-SH, K = {K} shared stages (test)"]["published"] == 95.86
+    # two epochs already beat chance (10 %) by a wide margin for the stable net
+    assert 20.0 < nais["ours"] <= 100.0
+    # evaluation unrolls to convergence: never beyond EVAL_MAX_DEPTH, every sample takes at least one stage
+    depths = [d for ds in res["settings"]["depths_per_class"].values() for d in ds]
+    assert len(depths) == 450 and 1 <= min(depths) and max(depths) <= nais_digits.EVAL_MAX_DEPTH
+
+
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, nais_digits_tiny):
-    # the uninterrupted run (the same command in this process) is shared with test_experiments_nais_adj.py
+    # the uninterrupted run (the same command in this process) is the one test_nais_digits_tiny reads
     whole, broken = nais_digits_tiny, tmp_path / "broken"
 
     cmd = [sys.executable, "-m", "cde_nets.experiments", NAME, "--tiny", "--threads", "1", "--out", str(broken)]

