@@ -40,7 +40,7 @@ from ..transforms import tracked, wrapped
 
 _F = torch._C._functorch
 
-__all__ = ["CLOSURE_REFUSAL", "adjoint_vmapped", "closure_refusal", "differentiated", "field_inputs", "live"]
+__all__ = ["CLOSURE_REFUSAL", "adjoint_vmapped", "applied", "closure_refusal", "differentiated", "field_inputs", "live"]
 
 #: the refusal where the field reaches a tracked tensor the search of its slots does not find
 CLOSURE_REFUSAL = (
@@ -250,6 +250,17 @@ def live(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def applied(function: Any, name: str, *args: Any) -> Any:
+    """``function.apply(*args)`` (a vmap-ready ``autograd.Function`` of ``gradient=name``), torch.func's error for a
+    tracked tensor the field closes over where it could not be swapped in refused by name."""
+    try:
+        return function.apply(*args)
+    except RuntimeError as exc:
+        if "wrapper" in str(exc) or "functorch" in str(exc).lower():
+            raise ValueError(closure_refusal(name)) from exc
+        raise
+
+
 def closure_refusal(name: str) -> str:
     """The refusal where the field reaches a tracked tensor that no slot holds."""
     return CLOSURE_REFUSAL.replace("gradient='adjoint'", f"gradient={name!r}")
@@ -294,9 +305,4 @@ def adjoint_vmapped(run: Any, gradient: Any, forward_options: dict) -> torch.Ten
         norm=part,
         seminorm=getattr(gradient, "seminorm", True),
     )
-    try:
-        return _VmapAdjoint.apply(run.y0, run.t, cfg, *tensors)
-    except RuntimeError as exc:
-        if "wrapper" in str(exc) or "functorch" in str(exc).lower():
-            raise ValueError(closure_refusal("adjoint")) from exc
-        raise
+    return applied(_VmapAdjoint, "adjoint", run.y0, run.t, cfg, *tensors)

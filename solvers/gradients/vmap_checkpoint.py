@@ -29,7 +29,7 @@ from torch.func import vjp
 from ..steppers.tableaux import TABLEAUX
 from ..steppers.vmappable import _Loop, odeint_vmappable
 from ..transforms import tracked
-from .vmap_adjoint import _Swapped, closure_refusal, field_inputs, live
+from .vmap_adjoint import _Swapped, applied, field_inputs, live
 
 __all__ = ["checkpoint_vmapped"]
 
@@ -169,9 +169,4 @@ def checkpoint_vmapped(run: Any, gradient: Any, options: dict, pull: Pull = repl
         steps=getattr(gradient, "steps", "differentiated"),
     )
     cfg = dict(func=func, slots=groups, forward=forward, intervals=_Intervals(), pull=pull)
-    try:
-        return _VmapCheckpoint.apply(run.y0, run.t, cfg, *tensors)[0]
-    except RuntimeError as exc:
-        if "wrapper" in str(exc) or "functorch" in str(exc).lower():
-            raise ValueError(closure_refusal(gradient.name)) from exc
-        raise
+    return applied(_VmapCheckpoint, gradient.name, run.y0, run.t, cfg, *tensors)[0]

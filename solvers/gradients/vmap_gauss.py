@@ -39,7 +39,7 @@ from ..norms import StateNorm
 from ..steppers.tableaux import TABLEAUX
 from ..steppers.vmappable import _Loop, odeint_vmappable
 from ..transforms import tracked
-from .vmap_adjoint import _Swapped, closure_refusal, field_inputs
+from .vmap_adjoint import _Swapped, applied, field_inputs
 from .vmap_interpolating import Attempts, Caught, DenseAttempts, DenseRecorded, horner
 
 __all__ = ["gauss_vmapped"]
@@ -116,9 +116,4 @@ def gauss_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tensor | None
         options={"norm": norm} if isinstance(norm, StateNorm) else {},
         rule=gradient.rule(s.method),
     )
-    try:
-        return _VmapGauss.apply(run.y0, run.t, cfg, *tensors)[0]
-    except RuntimeError as exc:
-        if "wrapper" in str(exc) or "functorch" in str(exc).lower():
-            raise ValueError(closure_refusal("gauss")) from exc
-        raise
+    return applied(_VmapGauss, "gauss", run.y0, run.t, cfg, *tensors)[0]

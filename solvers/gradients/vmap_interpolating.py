@@ -40,7 +40,7 @@ from torch.func import vjp
 from ..steppers.tableaux import TABLEAUX
 from ..steppers.vmappable import _Loop, odeint_vmappable, vmap_methods
 from ..transforms import tracked
-from .vmap_adjoint import _Swapped, closure_refusal, field_inputs, live
+from .vmap_adjoint import _Swapped, applied, field_inputs, live
 
 __all__ = [
     "Attempts",
@@ -234,9 +234,4 @@ def interpolating_vmapped(run: Any, gradient: Any, options: dict) -> torch.Tenso
         forward=dict(method=s.method, rtol=s.rtol, atol=s.atol, options=options, max_steps=s.max_steps),
         backward=dict(method=method, rtol=rtol, atol=atol, max_steps=s.max_steps),
     )
-    try:
-        return _VmapInterpolating.apply(run.y0, run.t, cfg, *tensors)[0]
-    except RuntimeError as exc:
-        if "wrapper" in str(exc) or "functorch" in str(exc).lower():
-            raise ValueError(closure_refusal("interpolating")) from exc
-        raise
+    return applied(_VmapInterpolating, "interpolating", run.y0, run.t, cfg, *tensors)[0]
