@@ -33,7 +33,7 @@ from torch import nn
 
 from .transforms import under_vmap
 
-__all__ = ["MIN_RTOL", "autocast_field", "check_autocast", "check_autocast_state", "min_rtol"]
+__all__ = ["MIN_RTOL", "autocast_field", "check_autocast", "check_autocast_region", "check_autocast_state", "min_rtol"]
 
 #: the smallest relative tolerance served under autocast, in units of the low precision's unit roundoff
 #: ``u = eps / 2`` (bfloat16 2⁻⁸). Measured (dopri5, an 8-64-8 tanh MLP, benchmarks/mixed_precision.py): under
@@ -75,6 +75,24 @@ def check_autocast(dtype: Any, rtol: Any = None, name: str = "autocast", rtol_na
     return dtype
 
 
+_UNBATCHED_LINEAR = (
+    "torch (2.13) does not apply autocast to a vmapped `nn.Linear` (its batching rule runs below autocast), so the "
+    "field would silently run"
+)
+
+
+def check_autocast_region(y0: torch.Tensor) -> None:
+    """Refuse a caller's ``torch.autocast`` region around a solve under ``torch.vmap``, as the ``autocast`` option
+    is refused there: the field's ``nn.Linear`` layers would run in the state's dtype and the rest in the region's."""
+    device = y0.device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        raise ValueError(
+            f"a torch.autocast region around a solve under torch.vmap: {_UNBATCHED_LINEAR} partly in the state's "
+            "dtype. Leave the region around the vmapped call, or solve the instances as one batch (they share the "
+            "field) inside the region."
+        )
+
+
 def check_autocast_state(dtype: Any, y0: torch.Tensor, name: str = "autocast") -> None:
     """Refuse, naming ``name`` and the fix, a state autocast cannot serve: float64 (autocast casts no float64
     tensor, so the field would silently run in float64) or complex, or a device where ``torch.autocast`` does
@@ -83,8 +101,7 @@ def check_autocast_state(dtype: Any, y0: torch.Tensor, name: str = "autocast") -
         return
     if under_vmap():
         raise ValueError(
-            f"`{name}`={dtype} under torch.vmap: torch (2.13) does not apply autocast to a vmapped `nn.Linear` "
-            "(its batching rule runs below autocast), so the field would silently run in float32. Drop "
+            f"`{name}`={dtype} under torch.vmap: {_UNBATCHED_LINEAR} in float32. Drop "
             f"`{name}` inside vmap, or solve the instances as one batch (they share the field) with `{name}`."
         )
     if y0.dtype == torch.float64 or y0.is_complex():

@@ -36,6 +36,7 @@ from ..controllers import Controller, Integral
 from ..counting import Counted
 from ..errors import Reason, SolverError
 from ..norms import StateNorm, safe_sqrt
+from ..precision import check_autocast_region
 from ..transforms import VmapLevel, host_any, innermost_vmap, physical, tracked
 from .fast_rk import _dense_weights
 from .methods import ADAPTIVE_METHODS, FIXED_METHODS
@@ -345,14 +346,7 @@ def solve_vmapped(run: Any, gradient: Any) -> torch.Tensor | None:
     ``None`` for the fixed-step explicit methods, whose host-side grid ``vmap`` already runs. Anything else is
     refused by name."""
     method = run.method
-    device = run.y0.device.type
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
-        raise ValueError(
-            "a torch.autocast region around a solve under torch.vmap: torch (2.13) does not apply autocast to a "
-            "vmapped `nn.Linear` (its batching rule runs below autocast), so the field would silently run partly in "
-            "the state's dtype. Leave the region around the vmapped call, or solve the instances as one batch (they "
-            "share the field) inside the region."
-        )
+    check_autocast_region(run.y0)
     if method not in vmap_methods():
         if method in FIXED_METHODS:
             if transforms.batched(run.t):
