@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.autograd.functional import jacobian
 
-from cde_nets import discretize, odeint
+from cde_nets import ODEBlock, discretize, odeint
 from cde_nets.fields import CubicFriction
 
 F64 = torch.float64
@@ -58,3 +58,21 @@ def test_the_memory_free_discrete_backward_serves_vmap_and_refuses_vectorize(f64
     assert float((rows.reshape(4, 4) - want).abs().max()) <= 1e-12
     with pytest.raises(ValueError, match=r"memory_free=True\) with batched cotangents"):
         jacobian(lambda z: free(z), x.detach(), vectorize=True)
+
+
+@pytest.mark.parametrize("gradient", ["checkpoint", "adjoint"])
+def test_the_block_door_serves_and_refuses_alike(gradient):
+    block = ODEBlock(_Tanh(), T=1.0, gradient=gradient, rtol=1e-9, atol=1e-11)
+    y = Y0[None].clone().requires_grad_(True)
+    out = block(y)
+    rows = torch.vmap(lambda v: torch.autograd.grad(out, y, v, retain_graph=True)[0])(torch.eye(2, dtype=F64)[:, None])
+    assert float((rows[:, 0] - REF).abs().max()) <= METHODS[gradient] * float(REF.abs().max())
+    with pytest.raises(ValueError, match=f"gradient='{gradient}' with batched cotangents"):
+        jacobian(lambda z: block(z), y.detach(), vectorize=True)
+
+
+class _Tanh(torch.nn.Module):
+    """The module form of :func:`end`'s field."""
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(y @ W.T)
